@@ -1,0 +1,151 @@
+"""Config validation and component builders. Everything here runs before any model is built.
+
+Every error is a ``ConfigError`` naming the offending key (and the path, for files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from adtbench.errors import ConfigError
+from adtbench.policies.ar import ArPolicy
+from adtbench.policies.base import TreePolicy
+from adtbench.policies.eagle2 import Eagle2Policy
+from adtbench.policies.static import SHAPES, ChainPolicy, StaticTreePolicy
+from adtbench.sampling import SamplingParams
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def register_resolvers() -> None:
+    """``${pkg:relative/path}`` → a file shipped inside the adtbench package."""
+    if not OmegaConf.has_resolver("pkg"):
+        OmegaConf.register_new_resolver("pkg", lambda rel: str(PACKAGE_DIR / rel))
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    """``cfg[key]`` with a ConfigError (naming the key) for missing values."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            raise ConfigError(key, "missing")
+        if OmegaConf.is_missing(node, part):
+            raise ConfigError(key, f"is required (value ???) — set it on the command line, e.g. {key}=...")
+        node = node[part]
+    return node
+
+
+def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
+    v = _get(cfg, key)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        raise ConfigError(key, f"must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    if lo is not None and v < lo:
+        raise ConfigError(key, f"must be ≥ {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ConfigError(key, f"must be ≤ {hi}, got {v}")
+    return kind(v)
+
+
+def build_sampling(cfg: DictConfig) -> SamplingParams:
+    t = _number(cfg, "sampling.temperature", float, lo=0.0)
+    k = _number(cfg, "sampling.top_k", int, lo=0)
+    p = _number(cfg, "sampling.top_p", float, hi=1.0)
+    if p <= 0.0:
+        raise ConfigError("sampling.top_p", f"must be in (0, 1], got {p}")
+    s = _number(cfg, "sampling.cfg_scale", float, lo=0.0)
+    return SamplingParams(temperature=t, top_k=k, top_p=p, cfg_scale=s)
+
+
+def build_policy(cfg: DictConfig) -> TreePolicy:
+    """Tree policy from ``cfg.policy`` (constructors validate their own fields)."""
+    name = str(_get(cfg, "policy.name"))
+    if name == "ar":
+        return ArPolicy()
+    if name == "chain":
+        return ChainPolicy(_number(cfg, "policy.depth", int), str(_get(cfg, "policy.draft_sampling")))
+    if name == "static":
+        tree = _get(cfg, "policy.tree")
+        if isinstance(tree, str):
+            if tree not in SHAPES:
+                raise ConfigError("policy.tree", f"unknown shape {tree!r}; shipped shapes: {sorted(SHAPES)}")
+            paths = SHAPES[tree]
+        else:
+            paths = OmegaConf.to_container(tree) if OmegaConf.is_config(tree) else tree
+        return StaticTreePolicy(paths, str(_get(cfg, "policy.draft_sampling")), name="static")  # type: ignore[arg-type]
+    if name == "eagle2":
+        return Eagle2Policy(
+            _number(cfg, "policy.depth", int),
+            _number(cfg, "policy.top_k", int),
+            _number(cfg, "policy.total_tokens", int),
+        )
+    raise ConfigError("policy.name", f"unknown policy {name!r}")
+
+
+def validate_model(cfg: DictConfig) -> None:
+    from adtbench.models.registry import FAMILIES
+
+    family = str(_get(cfg, "model.family"))
+    if family not in FAMILIES:
+        raise ConfigError("model.family", f"unknown family {family!r}; known: {sorted(FAMILIES)}")
+    dtype = str(_get(cfg, "model.dtype"))
+    if dtype not in ("float32", "float64", "bfloat16", "float16"):
+        raise ConfigError("model.dtype", f"unknown dtype {dtype!r}")
+    device = str(_get(cfg, "model.device"))
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError("model.device", f"invalid device {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("model.device", f"{device!r} requested but no CUDA device is available")
+
+
+def validate_drafter(cfg: DictConfig, policy: TreePolicy) -> None:
+    kind = str(_get(cfg, "drafter.kind"))
+    if kind not in ("eagle", "none"):
+        raise ConfigError("drafter.kind", f"unknown drafter {kind!r}; choose eagle or none")
+    if policy.uses_drafter and kind == "none":
+        raise ConfigError("drafter", f"policy={policy.name} drafts a tree and needs a drafter (drafter=eagle)")
+    if kind == "eagle":
+        path = cfg.drafter.get("path")
+        if path is not None and not Path(str(path)).exists():
+            raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
+
+
+def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
+    """Check everything that can be checked without weights. Returns the sampling params and the policy."""
+    _number(cfg, "seed", int)
+    _number(cfg, "warmup", int, lo=0)
+    _number(cfg, "max_tree_nodes", int, lo=1)
+    sp = build_sampling(cfg)
+    policy = build_policy(cfg)
+    validate_model(cfg)
+    validate_drafter(cfg, policy)
+    return sp, policy
+
+
+def prompt_seed(base: int, prompt_id: str) -> int:
+    """Per-prompt seed: the first 60 bits of sha256(f"{base}:{prompt_id}") (stable under sharding/resume)."""
+    return int(hashlib.sha256(f"{base}:{prompt_id}".encode()).hexdigest()[:15], 16)
+
+
+RESUME_IGNORED = ("dataset.limit", "warmup", "progress", "logger", "save_images", "paths")
+
+
+def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config minus keys that may change between a run and its resume."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    for key in RESUME_IGNORED:
+        head, _, tail = key.partition(".")
+        if tail and isinstance(data.get(head), dict):
+            data[head].pop(tail, None)
+        elif not tail:
+            data.pop(head, None)
+    return json.loads(json.dumps(data, sort_keys=True, default=str))

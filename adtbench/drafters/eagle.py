@@ -1,0 +1,154 @@
+"""EAGLE feature-level drafter (EAGLE-1/2, ``cnets1.Model``), generic over targets.
+
+Slot t of the drafter sequence holds the pair ``(f_t, x_{t+1})``: the target's post-norm feature at
+position t and the embedding of the *next* token. ``g_t = layer(fc([e(x_{t+1}); f_t]))`` regresses
+``f_{t+1}``, and ``target.lm_head(g_t)`` gives the drafter's distribution of ``x_{t+2}``. The embedding
+and head are the target's (frozen, shared); the drafter owns ``fc`` and one decoder layer (keys
+``fc.*``, ``layers.0.self_attn.{q,k,v,o}_proj``, ``layers.0.mlp.{gate,up,down}_proj``,
+``layers.0.post_attention_layernorm``, optional ``layers.0.input_layernorm`` — EAGLE drops the input
+norm of layer 0). Positions come from the target's own scheme (``target.drafter_rope``), slot t at the
+target position of ``f_t``.
+
+Runtime state: a KV cache over the *committed* slots (``length``) plus scratch slots appended while a
+policy expands a tree (``scratch``); ``rollback`` discards the scratch after each cycle, so speculative
+entries never survive. CFG rows run exactly like the target's rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adtbench.models.kv import StaticKVCache
+from adtbench.models.llamagen_gpt import RMSNorm
+from adtbench.models.rope import Rope, apply_rope
+
+
+@dataclass
+class EagleConfig:
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-6
+    fc_bias: bool = True
+    attention_bias: bool = False
+    input_norm: bool = False
+    num_layers: int = 1
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class EagleAttention(nn.Module):
+    def __init__(self, c: EagleConfig) -> None:
+        super().__init__()
+        self.h, self.kv, self.d = c.num_heads, c.num_kv_heads, c.head_dim
+        self.q_proj = nn.Linear(c.hidden_size, c.num_heads * c.head_dim, bias=c.attention_bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
+        self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, style, mask, cache: StaticKVCache, layer: int, start: int):
+        R, n, _ = x.shape
+        q = apply_rope(self.q_proj(x).view(R, n, self.h, self.d).transpose(1, 2), cos, sin, style)
+        k = apply_rope(self.k_proj(x).view(R, n, self.kv, self.d).transpose(1, 2), cos, sin, style)
+        v = self.v_proj(x).view(R, n, self.kv, self.d).transpose(1, 2)
+        k_all, v_all = cache.write(layer, start, k, v)
+        if self.kv != self.h:
+            k_all = k_all.repeat_interleave(self.h // self.kv, dim=1)
+            v_all = v_all.repeat_interleave(self.h // self.kv, dim=1)
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
+        return self.o_proj(out.transpose(1, 2).reshape(R, n, -1))
+
+
+class EagleMLP(nn.Module):
+    def __init__(self, c: EagleConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class EagleLayer(nn.Module):
+    def __init__(self, c: EagleConfig, index: int) -> None:
+        super().__init__()
+        self.self_attn = EagleAttention(c)
+        self.mlp = EagleMLP(c)
+        if c.input_norm or index > 0:
+            self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+
+    def forward(self, x, cos, sin, style, mask, cache, layer, start):
+        h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+        x = x + self.self_attn(h, cos, sin, style, mask, cache, layer, start)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class EagleDrafter(nn.Module):
+    def __init__(self, config: EagleConfig, rope: Rope) -> None:
+        super().__init__()
+        self.config, self.rope = config, rope
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.layers = nn.ModuleList(EagleLayer(config, i) for i in range(config.num_layers))
+        self.cache: StaticKVCache | None = None
+        self.length = 0
+        self.scratch = 0
+        self.valid = torch.zeros(1, 0, dtype=torch.bool)
+
+    # --- the network --------------------------------------------------------------------------------
+    def forward(
+        self, embeds: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, start: int
+    ) -> torch.Tensor:
+        """Slots ``(feats, embeds) [R, m, H]`` at positions ``[R, m]`` written at ``start`` → outputs ``[R, m, H]``."""
+        assert self.cache is not None
+        x = self.fc(torch.cat([embeds, feats], dim=-1))
+        cos, sin = self.rope.cos_sin(pos, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, self.rope.style, mask, self.cache, i, start)
+        return x
+
+    # --- runtime state ------------------------------------------------------------------------------
+    def reset(self, rows: int, capacity: int) -> None:
+        p = self.fc.weight
+        c = self.config
+        self.cache = StaticKVCache(c.num_layers, rows, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=p.device)
+        self.length, self.scratch = 0, 0
+
+    @torch.no_grad()
+    def extend(self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Append committed slots; returns the last slot's output ``[R, H]`` (predicts the root's children)."""
+        self.rollback()
+        R, m, _ = feats.shape
+        L, dev = self.length, self.valid.device
+        causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril() & valid.to(dev)[:, None, :]
+        causal = causal | torch.eye(m, dtype=torch.bool, device=dev)
+        mask = torch.cat([self.valid[:, None, :L].expand(R, m, L), causal], dim=-1)[:, None]
+        out = self.forward(embeds, feats.to(embeds.dtype), pos, mask, L)
+        self.valid[:, L : L + m] = valid
+        self.length += m
+        return out[:, -1]
+
+    @torch.no_grad()
+    def expand(
+        self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, slot_mask: torch.Tensor
+    ) -> torch.Tensor:
+        """Scratch slots for tree nodes. ``slot_mask [m, scratch + m]``: which scratch slots each new one sees."""
+        R, m, _ = feats.shape
+        L, S = self.length, self.scratch
+        prefix = self.valid[:, None, :L].expand(R, m, L)
+        mask = torch.cat([prefix, slot_mask.to(prefix.device)[None].expand(R, m, S + m)], dim=-1)[:, None]
+        out = self.forward(embeds, feats, pos, mask, L + S)
+        self.scratch += m
+        return out
+
+    def rollback(self) -> None:
+        self.scratch = 0

@@ -1,0 +1,86 @@
+"""Token layouts: where the image lives in a model's vocabulary and sequence.
+
+A generated image is a sequence of ``num_gen_tokens`` tokens indexed by the *generation index* g
+(0 = the first token after the prompt). For a plain raster layout (Anole, LlamaGen) g runs over the
+``grid_h × grid_w`` codes. Lumina-mGPT ends every row with an end-of-line token and the image with an
+end-of-image token; both are *forced* (the logits constraint allows exactly one token there).
+
+Invariants
+- image token id = VQ code + ``image_token_offset``; codes are ``0 .. num_codes-1``.
+- ``row_len = grid_w + (1 if eol_token is not None else 0)``.
+- ``num_gen_tokens = grid_h · row_len + (1 if eoi_token is not None else 0)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class TokenLayout:
+    """Image-token id range, grid and forced tokens of one model (see module docstring)."""
+
+    vocab_size: int
+    image_token_offset: int
+    num_codes: int
+    grid_h: int
+    grid_w: int
+    eol_token: int | None = None
+    eoi_token: int | None = None
+    special: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.image_token_offset < 0 or self.image_token_offset + self.num_codes > self.vocab_size:
+            raise ValueError(
+                f"image ids {self.image_token_offset}..{self.image_token_offset + self.num_codes - 1} "
+                f"do not fit a vocabulary of {self.vocab_size}"
+            )
+        if self.grid_h < 1 or self.grid_w < 1:
+            raise ValueError(f"grid must be positive, got {self.grid_h}×{self.grid_w}")
+
+    @property
+    def row_len(self) -> int:
+        return self.grid_w + (1 if self.eol_token is not None else 0)
+
+    @property
+    def num_gen_tokens(self) -> int:
+        return self.grid_h * self.row_len + (1 if self.eoi_token is not None else 0)
+
+    @property
+    def image_ids(self) -> range:
+        return range(self.image_token_offset, self.image_token_offset + self.num_codes)
+
+    def grid_position(self, gen_idx: int) -> tuple[int, int] | None:
+        """(row, col) of generation index ``gen_idx`` in the image grid; None for EOL/EOI slots."""
+        if gen_idx >= self.grid_h * self.row_len:
+            return None
+        row, col = divmod(gen_idx, self.row_len)
+        return (row, col) if col < self.grid_w else None
+
+    def forced_tokens(self, gen_idx: torch.Tensor) -> torch.Tensor:
+        """Forced token per generation index (``-1`` where the position is a free image token)."""
+        out = torch.full_like(gen_idx, -1)
+        if self.eol_token is not None:
+            out = torch.where(gen_idx % self.row_len == self.grid_w, self.eol_token, out)
+        if self.eoi_token is not None:
+            out = torch.where(gen_idx == self.grid_h * self.row_len, self.eoi_token, out)
+        return out
+
+    def image_token_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """Bool ``[vocab_size]``: True on image-token ids."""
+        mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+        mask[self.image_token_offset : self.image_token_offset + self.num_codes] = True
+        return mask
+
+    def tokens_to_codes(self, tokens: list[int] | torch.Tensor) -> torch.Tensor:
+        """Generated tokens (``num_gen_tokens``) → VQ code grid ``[grid_h, grid_w]`` (EOL/EOI dropped)."""
+        t = torch.as_tensor(tokens, dtype=torch.long)
+        if t.numel() != self.num_gen_tokens:
+            raise ValueError(f"expected {self.num_gen_tokens} tokens, got {t.numel()}")
+        grid = t[: self.grid_h * self.row_len].view(self.grid_h, self.row_len)[:, : self.grid_w]
+        codes = grid - self.image_token_offset
+        if (codes < 0).any() or (codes >= self.num_codes).any():
+            raise ValueError("generated sequence holds non-image tokens at image positions")
+        return codes

@@ -1,0 +1,141 @@
+"""The target interface every model adapter implements, and its generic tree bookkeeping.
+
+An adapter implements six model-specific pieces:
+
+- ``encode_prompt(text, cfg)`` → ``PromptInputs`` (tokenisation / text encoding; outside the timed scope);
+- ``_prefill(inputs, capacity)`` → ``PrefillResult`` over the prompt rows (cond, and uncond under CFG);
+- ``_forward(tokens, mask, position_ids)`` → raw logits ``[R, n, V]`` and features ``[R, n, H]`` of n
+  candidate tokens, appending their K/V after the current length, given an explicit 4-D boolean attention
+  mask ``[R, 1, n, L + n]`` (True = attend) and explicit position ids ``[R, n]``;
+- ``_compact(start, keep)``: KV compaction after verification (entries ``start + keep`` → ``start..``);
+- ``embed_tokens`` / ``lm_head``: the drafter's shared embedding and head;
+- ``drafter_rope(head_dim)``: the positional scheme a drafter for this target uses.
+
+The base class owns the per-row state that makes CFG rows share one tree: ``length`` (committed KV
+entries, equal for all rows), ``valid [R, capacity]`` (which cache columns are real tokens — pad columns
+of a left-padded uncond row are not) and ``next_pos [R]`` (the position id of each row's next token).
+A tree node at depth d gets position ``next_pos + d`` in every row; its mask row is the row's valid
+prefix plus the node's ancestors (the ancestor closure, self included).
+
+Features are the last-layer hidden states *after* the final norm (EAGLE's ``f_t``).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from adtbench.layout import TokenLayout
+from adtbench.models.rope import Rope
+
+
+@dataclass
+class PromptInputs:
+    """Model-specific encoded prompt (cond and, under CFG, uncond rows)."""
+
+    text: str
+    cfg: bool
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PrefillResult:
+    logits: torch.Tensor  # [R, V] raw logits at the last prompt position (predict generation index 0)
+    features: torch.Tensor  # [R, P, H] target features of the prompt positions
+    input_embeds: torch.Tensor  # [R, P, H] the target's input embedding at each prompt position
+    positions: torch.Tensor  # [R, P] position ids of the prompt positions
+    valid: torch.Tensor  # [R, P] bool: real tokens (False on padding)
+
+
+class Target(ABC):
+    """A verifiable AR image model (see module docstring)."""
+
+    layout: TokenLayout
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    supports_cfg: bool = True
+    device: torch.device
+    dtype: torch.dtype
+
+    def __init__(self) -> None:
+        self.length = 0
+        self.rows = 1
+        self.valid = torch.zeros(1, 0, dtype=torch.bool)
+        self.next_pos = torch.zeros(1, dtype=torch.long)
+        self.forwards = 0  # target forward passes since the last prefill (NFE)
+
+    # --- adapter hooks -------------------------------------------------------------------------------
+    @abstractmethod
+    def encode_prompt(self, text: str, cfg: bool) -> PromptInputs: ...
+
+    @abstractmethod
+    def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult: ...
+
+    @abstractmethod
+    def _forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    @abstractmethod
+    def _compact(self, start: int, keep: torch.Tensor) -> None: ...
+
+    @abstractmethod
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def lm_head(self, features: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def drafter_rope(self, head_dim: int) -> Rope: ...
+
+    @abstractmethod
+    def decode_image(self, codes: torch.Tensor) -> np.ndarray:
+        """VQ codes ``[grid_h, grid_w]`` → uint8 image ``[H, W, 3]``."""
+
+    # --- generic bookkeeping -------------------------------------------------------------------------
+    @torch.no_grad()
+    def start(self, inputs: PromptInputs, max_tree_nodes: int) -> PrefillResult:
+        """Prefill the prompt and reset all per-row state; returns the prompt's logits and features."""
+        prompt_len = self.prompt_length(inputs)
+        capacity = prompt_len + self.layout.num_gen_tokens + max_tree_nodes
+        res = self._prefill(inputs, capacity)
+        rows, plen = res.valid.shape
+        self.rows, self.length = rows, plen
+        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=res.valid.device)
+        self.valid[:, :plen] = res.valid
+        self.next_pos = res.positions[:, -1] + 1
+        self.forwards = 1
+        return res
+
+    @abstractmethod
+    def prompt_length(self, inputs: PromptInputs) -> int:
+        """Number of prompt positions (cache columns) ``_prefill`` will create."""
+
+    @torch.no_grad()
+    def verify_forward(
+        self, tokens: torch.Tensor, tree_mask: torch.Tensor, depth: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward tree nodes ``tokens [n]`` (node 0 = root) with ancestor mask ``[n, n]`` and depths ``[n]``."""
+        n, L, R = tokens.numel(), self.length, self.rows
+        dev = self.valid.device
+        prefix = self.valid[:, None, None, :L].expand(R, 1, n, L)
+        tree = tree_mask.to(dev)[None, None].expand(R, 1, n, n)
+        mask = torch.cat([prefix, tree], dim=-1)
+        pos = self.next_pos[:, None] + depth.to(dev)[None]
+        self.forwards += 1
+        return self._forward(tokens.to(dev), mask, pos)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """Keep tree nodes ``keep`` (the accepted path, root first) as the next committed KV entries."""
+        k = keep.numel()
+        self._compact(self.length, keep)
+        self.valid[:, self.length : self.length + k] = True
+        self.length += k
+        self.next_pos = self.next_pos + k

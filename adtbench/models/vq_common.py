@@ -1,0 +1,385 @@
+"""Shared pieces of the VQ image decoders (LlamaGen VQ-16 and the taming/Chameleon VQGAN).
+
+Both families use the same convolutional building blocks, and their state-dict key names *inside* a block
+agree (``norm1/conv1/norm2/conv2/nin_shortcut`` for a residual block, ``norm/q/k/v/proj_out`` for an
+attention block, ``conv`` for a resampler), so the blocks live here and each family only arranges them in
+its own on-disk layout.
+
+Also here: the :class:`VQDecoder` protocol that the engine codes against, pixel conversion
+(:func:`to_uint8_images`), atomic PNG writing (:func:`save_png`) and a ``weights_only`` checkpoint reader
+that names the file and says how to convert it when the pickle holds something other than tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import Tensor, nn
+
+__all__ = [
+    "AttnBlock",
+    "Downsample",
+    "ResnetBlock",
+    "Upsample",
+    "VQDecoder",
+    "atomic_torch_save",
+    "check_codes",
+    "load_checkpoint",
+    "load_filtered_state_dict",
+    "make_norm",
+    "nearest_codes",
+    "randomize_parameters",
+    "save_png",
+    "swish",
+    "to_uint8_images",
+    "unwrap_state_dict",
+]
+
+
+@runtime_checkable
+class VQDecoder(Protocol):
+    """What the engine needs from an image tokenizer: codes → pixels, plus the codebook.
+
+    Invariants: ``decode_codes(codes, h, w)`` maps ``LongTensor[B, h*w]`` (row-major grid, values in
+    ``[0, codebook_size)``) to ``FloatTensor[B, 3, h*f, w*f]`` with ``f = downsample_factor``, in roughly
+    ``[-1, 1]`` (not clamped); ``codebook()`` is the raw ``[codebook_size, d]`` embedding matrix.
+    """
+
+    def decode_codes(self, codes: Tensor, h: int, w: int) -> Tensor: ...
+
+    def codebook(self) -> Tensor: ...
+
+    @property
+    def downsample_factor(self) -> int: ...
+
+    @property
+    def codebook_size(self) -> int: ...
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Building blocks (key names match taming-transformers and LlamaGen)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def swish(x: Tensor) -> Tensor:
+    """``x * sigmoid(x)`` (the "nonlinearity" of both reference codebases)."""
+    return x * torch.sigmoid(x)
+
+
+def make_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm(32 groups, eps 1e-6, affine); ``channels`` must be a multiple of 32."""
+    if channels % 32 != 0:
+        raise ValueError(f"GroupNorm(32) needs a channel count divisible by 32, got {channels}")
+    return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
+
+
+class ResnetBlock(nn.Module):
+    """Pre-activation residual block: ``x + conv2(drop(swish(norm2(conv1(swish(norm1(x)))))))``.
+
+    Keys: ``norm1, conv1, norm2, conv2`` and, when ``in_ch != out_ch``, a 1×1 ``nin_shortcut``.
+    Shapes: ``[B, in_ch, H, W] -> [B, out_ch, H, W]``. (No ``temb_proj``: the VQ encoders/decoders use
+    ``temb_channels=0``.)
+    """
+
+    def __init__(self, in_ch: int, out_ch: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.in_ch = in_ch
+        self.out_ch = out_ch
+        self.norm1 = make_norm(in_ch)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=1, padding=1)
+        self.norm2 = make_norm(out_ch)
+        self.dropout = nn.Dropout(dropout)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, kernel_size=3, stride=1, padding=1)
+        if in_ch != out_ch:
+            self.nin_shortcut = nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=1, padding=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.conv1(swish(self.norm1(x)))
+        h = self.conv2(self.dropout(swish(self.norm2(h))))
+        if self.in_ch != self.out_ch:
+            x = self.nin_shortcut(x)
+        return x + h
+
+
+class AttnBlock(nn.Module):
+    """Single-head spatial self-attention with 1×1-conv projections ``q, k, v, proj_out`` after ``norm``.
+
+    Shapes: ``[B, C, H, W] -> [B, C, H, W]``; softmax scale ``C**-0.5`` (as in the references).
+    """
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.norm = make_norm(channels)
+        self.q = nn.Conv2d(channels, channels, kernel_size=1)
+        self.k = nn.Conv2d(channels, channels, kernel_size=1)
+        self.v = nn.Conv2d(channels, channels, kernel_size=1)
+        self.proj_out = nn.Conv2d(channels, channels, kernel_size=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, c, hh, ww = x.shape
+        n = self.norm(x)
+
+        def tokens(t: Tensor) -> Tensor:
+            # [B, C, H, W] -> [B, 1, H*W, C] (one head)
+            return t.reshape(b, c, hh * ww).transpose(1, 2).unsqueeze(1)
+
+        out = F.scaled_dot_product_attention(tokens(self.q(n)), tokens(self.k(n)), tokens(self.v(n)))
+        out = out.squeeze(1).transpose(1, 2).reshape(b, c, hh, ww)
+        return x + self.proj_out(out)
+
+
+class Upsample(nn.Module):
+    """Nearest-neighbour ×2 upsampling followed by a 3×3 ``conv``: ``[B,C,H,W] -> [B,C,2H,2W]``."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size=3, stride=1, padding=1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(F.interpolate(x, scale_factor=2.0, mode="nearest"))
+
+
+class Downsample(nn.Module):
+    """Stride-2 3×3 ``conv`` after asymmetric zero padding (right/bottom by 1): ``[B,C,H,W] -> [B,C,H/2,W/2]``."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0.0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Codes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def check_codes(codes: Tensor, h: int, w: int, codebook_size: int) -> None:
+    """Validate ``codes`` as ``LongTensor[B, h*w]`` with values in ``[0, codebook_size)``; raise ValueError."""
+    if codes.dim() != 2 or codes.shape[1] != h * w:
+        raise ValueError(f"codes must have shape [B, h*w] = [B, {h * w}], got {tuple(codes.shape)}")
+    if codes.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        raise ValueError(f"codes must be an integer tensor, got {codes.dtype}")
+    if codes.numel() > 0:
+        lo, hi = int(codes.min()), int(codes.max())
+        if lo < 0 or hi >= codebook_size:
+            raise ValueError(f"codes must lie in [0, {codebook_size}), got min {lo} max {hi}")
+
+
+def nearest_codes(z: Tensor, embedding: Tensor) -> Tensor:
+    """Index of the nearest codebook row (squared L2) for each spatial vector.
+
+    ``z``: ``[B, d, h, w]``; ``embedding``: ``[N, d]``. Returns ``LongTensor[B, h*w]`` (row-major).
+    Uses ``|z|² + |e|² − 2 z·e`` like the references, so ties resolve to the lowest index.
+    """
+    b, d, hh, ww = z.shape
+    flat = z.permute(0, 2, 3, 1).reshape(-1, d).to(embedding.dtype)
+    dist = flat.pow(2).sum(1, keepdim=True) + embedding.pow(2).sum(1) - 2.0 * flat @ embedding.t()
+    return dist.argmin(dim=1).reshape(b, hh * ww)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Deterministic random init for the tiny test instances
+# ---------------------------------------------------------------------------------------------------------
+
+
+def randomize_parameters(module: nn.Module, seed: int) -> None:
+    """Re-initialise every parameter of ``module`` from a local generator seeded with ``seed``.
+
+    Independent of PyTorch's default initialisers and of the global RNG state (neither is read or changed).
+    Convs/linears: normal with std ``1/sqrt(fan_in)``; biases: normal std 0.02; GroupNorm weight ``1 + N(0, 0.05)``,
+    bias ``N(0, 0.05)``; embeddings: standard normal. Buffers are left unchanged.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            leaf = name.rsplit(".", 1)[-1]
+            if p.dim() >= 2:
+                fan_in = int(np.prod(p.shape[1:]))
+                std = 1.0 if "embedding" in name else fan_in**-0.5
+                vals = torch.randn(p.shape, generator=gen) * std
+            elif leaf == "weight":  # GroupNorm scale
+                vals = 1.0 + 0.05 * torch.randn(p.shape, generator=gen)
+            else:
+                vals = 0.02 * torch.randn(p.shape, generator=gen)
+            p.copy_(vals.to(device=p.device, dtype=p.dtype))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Images
+# ---------------------------------------------------------------------------------------------------------
+
+
+def to_uint8_images(x: Tensor) -> np.ndarray:
+    """``Tensor[B, 3, H, W]`` in ``[-1, 1]`` → ``np.ndarray[B, H, W, 3]`` uint8.
+
+    Clamps to ``[-1, 1]``, maps with ``(x + 1) / 2 * 255`` and rounds to nearest (computed in float32 on CPU).
+    """
+    if x.dim() != 4 or x.shape[1] != 3:
+        raise ValueError(f"expected images of shape [B, 3, H, W], got {tuple(x.shape)}")
+    y = x.detach().to(device="cpu", dtype=torch.float32).clamp(-1.0, 1.0)
+    y = torch.round((y + 1.0) * 0.5 * 255.0).to(torch.uint8)
+    return y.permute(0, 2, 3, 1).contiguous().numpy()
+
+
+def save_png(array: np.ndarray, path: str | os.PathLike[str]) -> Path:
+    """Write one ``uint8`` image ``[H, W, 3]`` (or ``[H, W]``) to ``path`` as PNG, atomically.
+
+    The bytes go to ``path.with_suffix('.png.tmp')`` first and are moved into place with ``os.replace``, so a
+    reader never sees a half-written file; the temporary file is removed if writing fails. Parent folders are
+    created. Returns the final path.
+    """
+    arr = np.asarray(array)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"save_png expects a uint8 array, got {arr.dtype}")
+    if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (1, 3, 4))):
+        raise ValueError(f"save_png expects [H, W], [H, W, 3] or [H, W, 4], got {arr.shape}")
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".png.tmp")
+    try:
+        Image.fromarray(np.ascontiguousarray(arr)).save(tmp, format="PNG")
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _known_safe_globals() -> list[Any]:
+    """Non-tensor types that training checkpoints commonly pickle and that are safe to rebuild.
+
+    numpy scalars/dtypes (Lightning callback state), ``argparse.Namespace`` (LlamaGen stores ``args``) and
+    ``_codecs.encode`` (how protocol-2 pickles store bytes of numpy scalars). Nothing here runs code.
+    """
+    import _codecs
+    import argparse
+
+    out: list[Any] = [argparse.Namespace, _codecs.encode, np.dtype]
+    try:  # numpy >= 2 keeps the scalar reconstructor in numpy._core; older pickles name numpy.core
+        from numpy._core.multiarray import scalar  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - numpy 1.x
+        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
+    out.append(scalar)
+    dtypes = getattr(np, "dtypes", None)
+    if dtypes is not None:
+        out.extend(getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType"))
+    return out
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Any:
+    """``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors.
+
+    Raises ``FileNotFoundError`` naming ``path`` when it is missing. If the plain weights-only load is refused
+    because of pickled extras, one retry allows only the known-safe types of :func:`_known_safe_globals`; if
+    that is still refused, raises ``ValueError`` naming the path, the offending globals and how to convert the
+    file (never falls back to ``weights_only=False``).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"VQ checkpoint not found: {p}")
+    try:
+        return torch.load(p, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as first:
+        try:
+            with torch.serialization.safe_globals(_known_safe_globals()):
+                return torch.load(p, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as second:
+            try:
+                unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(p)
+            except Exception:  # best effort only; the torch message below names the global too
+                unsafe = []
+            raise ValueError(
+                f"{p}: refusing to unpickle non-tensor objects with weights_only=True "
+                f"(unsafe globals: {unsafe or 'see below'}). If you trust this file, convert it once to a "
+                f"plain tensor dict, e.g.\n"
+                f"  python -c \"import torch; c = torch.load('{p}', map_location='cpu', weights_only=False); "
+                f"torch.save({{'state_dict': c.get('state_dict', c.get('model', c))}}, '{p}.weights.pt')\"\n"
+                f"and load the converted file instead.\nOriginal error: {second}"
+            ) from first
+
+
+def unwrap_state_dict(obj: Any, path: str | os.PathLike[str], keys: Iterable[str]) -> dict[str, Tensor]:
+    """Pick the tensor dict out of a loaded checkpoint: the first of ``keys`` present, else ``obj`` itself.
+
+    Raises ``ValueError`` naming ``path`` when the result is not a ``str -> Tensor`` mapping.
+    """
+    if not isinstance(obj, Mapping):
+        raise ValueError(f"{path}: expected a dict checkpoint, got {type(obj).__name__}")
+    sd: Any = obj
+    for k in keys:
+        if k in obj and isinstance(obj[k], Mapping):
+            sd = obj[k]
+            break
+    tensors = {k: v for k, v in sd.items() if isinstance(v, Tensor)}
+    if not tensors:
+        raise ValueError(f"{path}: no tensors found (top-level keys: {sorted(map(str, obj))[:20]})")
+    return tensors
+
+
+def load_filtered_state_dict(
+    model: nn.Module,
+    sd: Mapping[str, Tensor],
+    path: str | os.PathLike[str],
+    required_prefixes: tuple[str, ...],
+    optional_keys: frozenset[str] = frozenset(),
+) -> None:
+    """Load ``sd`` into ``model`` checking every key of the model under ``required_prefixes``.
+
+    * every model key starting with one of ``required_prefixes`` must be present (except ``optional_keys``),
+      with the model's shape;
+    * a checkpoint key under ``required_prefixes`` that the model lacks is an error (config mismatch);
+    * checkpoint keys outside ``required_prefixes`` are ignored (loss/discriminator, unused encoder);
+    * model keys outside ``required_prefixes`` keep their current values.
+
+    Raises ``ValueError`` naming ``path`` and listing the offending keys.
+    """
+    own = model.state_dict()
+    wanted = {k for k in own if k.startswith(required_prefixes)}
+    missing = sorted(k for k in wanted - optional_keys if k not in sd)
+    unexpected = sorted(k for k in sd if k.startswith(required_prefixes) and k not in own)
+    bad_shape = sorted(
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in wanted
+        if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)
+    )
+    problems = []
+    if missing:
+        problems.append(f"missing keys ({len(missing)}): {missing}")
+    if unexpected:
+        problems.append(f"unexpected keys ({len(unexpected)}): {unexpected}")
+    if bad_shape:
+        problems.append(f"shape mismatches ({len(bad_shape)}): {bad_shape}")
+    if problems:
+        raise ValueError(f"{path}: checkpoint does not match the model config; " + "; ".join(problems))
+    model.load_state_dict({k: sd[k] for k in wanted if k in sd}, strict=False)
+
+
+def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save`` to ``path + '.tmp'`` then ``os.replace`` into place; creates parent folders."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,15 @@
+"""``policy=ar``: no drafting. The engine decodes one token per target forward (the AR baseline)."""
+
+from __future__ import annotations
+
+from adtbench.drafters.session import DraftSession
+from adtbench.policies.base import TreePolicy
+from adtbench.tree import DraftTree, root_only
+
+
+class ArPolicy(TreePolicy):
+    name = "ar"
+    uses_drafter = False
+
+    def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
+        return root_only(session.root_token)

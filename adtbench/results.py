@@ -1,0 +1,533 @@
+"""Durable per-job result records (crash-safe JSONL + PNG), resume support and summary statistics.
+
+Layout of a job directory (one Hydra job)::
+
+    samples.jsonl        one JSON object per line per finished prompt (the commit marker)
+    trace.jsonl          one JSON object per line per prompt: the compact per-cycle trace
+    images/<id>.png      the generated image of each prompt
+    summary.json         :func:`summarize` of all samples (rewritten atomically)
+
+Crash safety. :meth:`ResultStore.commit` writes (1) the image atomically (temp file + ``os.replace``),
+(2) the trace line, (3) the samples line, each line with a single ``os.write`` on an ``O_APPEND`` descriptor
+followed by ``fsync``. A prompt is *done* iff its samples line is complete, so a kill at any point leaves at
+worst an orphan image (overwritten on rerun), an orphan trace line or a torn last line; all of these are
+repaired when the store is reopened. Nothing is ever written twice for a done prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ResultStore", "bootstrap_ci", "summarize", "to_jsonable"]
+
+log = logging.getLogger(__name__)
+
+SAMPLES_FILE = "samples.jsonl"
+TRACE_FILE = "trace.jsonl"
+SUMMARY_FILE = "summary.json"
+IMAGES_DIR = "images"
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_MAX_STEM = 150
+
+
+# ----------------------------------------------------------------------------------------------------
+# JSON helpers
+# ----------------------------------------------------------------------------------------------------
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Convert ``obj`` to strict-JSON-safe Python types.
+
+    numpy scalars/arrays -> Python numbers/lists, tuples/sets -> lists, ``Path`` -> str, and non-finite floats
+    (NaN, ±inf) -> ``None`` (strict JSON has no NaN). Dict keys are converted to str.
+    """
+    if obj is None or isinstance(obj, bool | str):
+        return obj
+    if isinstance(obj, int):
+        return obj
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set | frozenset):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serialisable: {obj!r}")
+
+
+def _dumps_line(obj: dict[str, Any]) -> bytes:
+    """One compact JSON line (UTF-8, ``\\n``-terminated). ``json.dumps`` escapes newlines inside strings."""
+    return (json.dumps(to_jsonable(obj), ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
+def _fsync_dir(path: Path) -> None:
+    """fsync a directory so that renames/creations in it are durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _append_line(path: Path, data: bytes) -> None:
+    """Append ``data`` (one full line) with a single ``os.write`` on an O_APPEND fd, then fsync.
+
+    If the kernel reports a short write (disk full), the partial bytes are truncated away before raising, so
+    the file never keeps half a line.
+    """
+    created = not path.exists()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            n = os.write(fd, data)
+        except OSError:
+            os.ftruncate(fd, before)
+            raise
+        if n != len(data):
+            os.ftruncate(fd, before)
+            raise OSError(f"short write to {path}: {n} of {len(data)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        _fsync_dir(path.parent)
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same dir, fsync, ``os.replace``, fsync dir."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+def _scan_jsonl(path: Path) -> tuple[list[tuple[int, int, dict[str, Any] | None]], int]:
+    """Parse a JSONL file into ``(start, end, obj_or_None)`` spans of complete lines.
+
+    Returns the spans and the file size. A last line without ``\\n`` is incomplete and is not returned.
+    ``obj`` is ``None`` for lines that are not a JSON object with a string ``prompt_id``.
+    """
+    data = path.read_bytes()
+    spans: list[tuple[int, int, dict[str, Any] | None]] = []
+    pos = 0
+    while True:
+        nl = data.find(b"\n", pos)
+        if nl < 0:
+            break
+        raw = data[pos:nl]
+        obj: dict[str, Any] | None
+        try:
+            parsed = json.loads(raw.decode("utf-8"))
+            obj = parsed if isinstance(parsed, dict) and isinstance(parsed.get("prompt_id"), str) else None
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            obj = None
+        spans.append((pos, nl + 1, obj))
+        pos = nl + 1
+    return spans, len(data)
+
+
+def _rewrite_keep(path: Path, keep: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """Repair a JSONL file in place, keeping complete valid lines for which ``keep(obj)`` is true.
+
+    If the kept lines form a prefix of the file (the normal case after a crash: a torn or orphan tail), the
+    file is truncated to that prefix; otherwise it is rewritten atomically. Returns the kept objects.
+    """
+    if not path.exists():
+        return []
+    spans, size = _scan_jsonl(path)
+    kept: list[tuple[int, int, dict[str, Any]]] = []
+    dropped = 0
+    for s, e, obj in spans:
+        if obj is not None and keep(obj):
+            kept.append((s, e, obj))
+        else:
+            dropped += 1
+    torn_tail = (spans[-1][1] if spans else 0) < size
+    if not dropped and not torn_tail:
+        return [o for _, _, o in kept]
+    # Is the kept set a contiguous prefix of the file?
+    prefix_end = 0
+    is_prefix = True
+    for s, e, _ in kept:
+        if s != prefix_end:
+            is_prefix = False
+            break
+        prefix_end = e
+    log.warning(
+        "repairing %s: dropping %d invalid/orphan line(s)%s",
+        path,
+        dropped,
+        " and a torn last line" if torn_tail else "",
+    )
+    if is_prefix:
+        with open(path, "r+b") as f:
+            f.truncate(prefix_end)
+            f.flush()
+            os.fsync(f.fileno())
+    else:
+        data = path.read_bytes()
+        _atomic_write_bytes(path, b"".join(data[s:e] for s, e, _ in kept))
+    return [o for _, _, o in kept]
+
+
+# ----------------------------------------------------------------------------------------------------
+# ResultStore
+# ----------------------------------------------------------------------------------------------------
+
+
+class ResultStore:
+    """Append-only, crash-safe store of per-prompt results in one job directory.
+
+    On open it creates ``run_dir/images`` and repairs the files left by an interrupted run:
+    ``samples.jsonl`` loses a torn last line (no trailing newline or invalid JSON) and any duplicate
+    prompt ids (first kept); ``trace.jsonl`` loses a torn last line and every line whose ``prompt_id`` has
+    no samples line; stray ``*.tmp`` files are deleted. Orphan images stay and are overwritten on rerun.
+
+    A single process is expected to write a given ``run_dir`` at a time (one Hydra job = one directory).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.images_dir = self.run_dir / IMAGES_DIR
+        self.images_dir.mkdir(parents=True, exist_ok=True)
+        self.samples_path = self.run_dir / SAMPLES_FILE
+        self.trace_path = self.run_dir / TRACE_FILE
+        self.summary_path = self.run_dir / SUMMARY_FILE
+
+        # Leftovers of interrupted atomic writes (images, summary, a rewrite of a JSONL file).
+        stray = [*self.images_dir.glob("*.tmp")]
+        for name in (SAMPLES_FILE, TRACE_FILE, SUMMARY_FILE):
+            stray += self.run_dir.glob(f"{name}.*.tmp")
+        for tmp in stray:
+            tmp.unlink(missing_ok=True)
+
+        seen: set[str] = set()
+
+        def first_seen(obj: dict[str, Any]) -> bool:
+            pid = obj["prompt_id"]
+            if pid in seen:
+                return False
+            seen.add(pid)
+            return True
+
+        _rewrite_keep(self.samples_path, first_seen)
+        self._done: set[str] = seen
+        _rewrite_keep(self.trace_path, lambda obj: obj["prompt_id"] in self._done)
+
+    # -- queries ------------------------------------------------------------------------------------
+
+    def done_ids(self) -> set[str]:
+        """Prompt ids that have a complete samples line (i.e. are committed)."""
+        return set(self._done)
+
+    def is_done(self, prompt_id: str) -> bool:
+        """Whether ``prompt_id`` is committed."""
+        return prompt_id in self._done
+
+    def image_path(self, prompt_id: str) -> Path:
+        """``run_dir/images/<safe id>.png``.
+
+        The safe stem replaces every character outside ``[A-Za-z0-9._-]`` with ``_``. When that changes the
+        id (or the id is empty, ``.``/``..``-like, or too long), a short hash of the original id is appended,
+        so two distinct ids never share a file. Safe ids (``parti-0001``, ``coco-139``) map to themselves.
+        """
+        safe = _UNSAFE.sub("_", prompt_id)
+        if safe != prompt_id or len(safe) > _MAX_STEM or not safe.strip("."):
+            digest = hashlib.sha1(prompt_id.encode("utf-8")).hexdigest()[:10]
+            safe = f"{safe[:_MAX_STEM]}-{digest}"
+        return self.images_dir / f"{safe}.png"
+
+    def records(self) -> list[dict[str, Any]]:
+        """All samples records, in file (commit) order."""
+        return self._read(self.samples_path)
+
+    def traces(self) -> list[dict[str, Any]]:
+        """All trace records, in file order."""
+        return self._read(self.trace_path)
+
+    @staticmethod
+    def _read(path: Path) -> list[dict[str, Any]]:
+        if not path.exists():
+            return []
+        spans, _ = _scan_jsonl(path)
+        return [obj for _, _, obj in spans if obj is not None]
+
+    # -- writes -------------------------------------------------------------------------------------
+
+    def commit(
+        self,
+        record: dict[str, Any],
+        trace: dict[str, Any] | None,
+        image: np.ndarray | None,
+    ) -> None:
+        """Durably store one finished prompt.
+
+        Order: (0) serialise both lines (so bad values fail before anything is written), (1) write the image
+        atomically if given, (2) append the trace line if given, (3) append the samples line LAST: it is the
+        commit marker. The written samples record gets ``"image"`` = ``"images/<safe id>.png"`` (or ``None``
+        without an image); the caller's dict is not modified. The trace line gets the record's ``prompt_id``.
+
+        Args:
+            record: per-prompt metrics; must contain a string ``prompt_id``.
+            trace: compact per-cycle trace, or ``None``.
+            image: ``uint8`` array of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (a PIL image is also
+                accepted), or ``None``.
+
+        Raises:
+            ValueError: if the prompt is already done, the record has no ``prompt_id``, the trace names
+                another prompt, or the image has an unsupported dtype/shape.
+        """
+        pid = record.get("prompt_id")
+        if not isinstance(pid, str) or not pid:
+            raise ValueError(f"record needs a non-empty string 'prompt_id', got {pid!r}")
+        if pid in self._done:
+            raise ValueError(f"prompt {pid!r} is already committed in {self.samples_path}")
+
+        img_path = self.image_path(pid)
+        rec = dict(record)
+        rec["image"] = img_path.relative_to(self.run_dir).as_posix() if image is not None else None
+        sample_line = _dumps_line(rec)
+        trace_line = None
+        if trace is not None:
+            if trace.get("prompt_id", pid) != pid:
+                raise ValueError(f"trace prompt_id {trace.get('prompt_id')!r} != record prompt_id {pid!r}")
+            trace_line = _dumps_line({"prompt_id": pid, **trace})
+        png = _encode_png(image) if image is not None else None
+
+        if png is not None:
+            _atomic_write_bytes(img_path, png)  # temp name ends in .tmp, cleaned on reopen
+        if trace_line is not None:
+            _append_line(self.trace_path, trace_line)
+        _append_line(self.samples_path, sample_line)
+        self._done.add(pid)
+
+    def write_summary(self, summary: dict[str, Any]) -> Path:
+        """Write ``summary.json`` atomically (indent=2, key order kept); return its path."""
+        text = json.dumps(
+            to_jsonable(summary), indent=2, sort_keys=False, ensure_ascii=False, allow_nan=False
+        )
+        _atomic_write_bytes(self.summary_path, (text + "\n").encode("utf-8"))
+        return self.summary_path
+
+
+def _encode_png(image: Any) -> bytes:
+    """Encode an image array (uint8 HxW / HxWx{1,3,4}) or a PIL image as PNG bytes."""
+    import io
+
+    from PIL import Image
+
+    if isinstance(image, Image.Image):
+        pil = image
+    else:
+        arr = np.asarray(image)
+        if arr.dtype != np.uint8:
+            raise ValueError(f"image must be uint8, got dtype {arr.dtype}")
+        if arr.ndim == 3 and arr.shape[2] == 1:
+            arr = arr[:, :, 0]
+        if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))) or 0 in arr.shape:
+            raise ValueError(
+                f"image must have shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got {arr.shape}"
+            )
+        pil = Image.fromarray(np.ascontiguousarray(arr))
+    buf = io.BytesIO()
+    pil.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------------------------------
+# summary statistics
+# ----------------------------------------------------------------------------------------------------
+
+_REQUIRED = ("prompt_id", "cycles", "committed", "drafted_depth_sum", "tree_depth_sum", "latency_s")
+_OPTIONAL_NUM = ("draft_s", "verify_s", "target_forwards")
+
+
+def _stats(x: Sequence[float]) -> tuple[float | None, float | None, float | None]:
+    """(mean, median, std with ddof=1) of ``x``; std is None for n < 2, all None for n = 0."""
+    if len(x) == 0:
+        return None, None, None
+    a = np.asarray(x, dtype=np.float64)
+    std = float(np.std(a, ddof=1)) if a.size >= 2 else None
+    return float(a.mean()), float(np.median(a)), std
+
+
+def _num(rec: dict[str, Any], key: str, *, allow_none: bool = False) -> float | None:
+    if key not in rec:
+        if allow_none:
+            return None
+        raise ValueError(f"record {rec.get('prompt_id')!r} lacks required key {key!r}")
+    v = rec[key]
+    if v is None and allow_none:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float | np.integer | np.floating):
+        raise ValueError(f"record {rec.get('prompt_id')!r}: {key} must be a number, got {v!r}")
+    v = float(v)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"record {rec.get('prompt_id')!r}: {key} must be finite and >= 0, got {v!r}")
+    return v
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Aggregate per-prompt records into the run summary (definitions of ``docs/algorithms.md`` §1.2).
+
+    Let prompt j have C_j cycles, K_j committed tokens (= Σ over its cycles of (a+1), bonus/root included),
+    drafted-depth sum S_j = Σ D, realised tree-depth sum T_j = Σ d, latency L_j and baseline latency B_j.
+
+    * ``tau``                 = Σ_j K_j / Σ_j C_j  (mean over all cycles of a+1; ratio of totals)
+    * ``tau_per_prompt_mean`` = mean_j K_j / C_j   (prompts with C_j > 0)
+    * ``d_bar``               = Σ_j S_j / Σ_j C_j,   ``d_bar_tree`` = Σ_j T_j / Σ_j C_j
+      (τ and the d̄'s are ``None`` when there are no cycles at all.)
+    * ``latency_s`` / ``_median_s`` / ``_std_s``: mean, median, std (ddof=1; None if n < 2) of L_j over all
+      records; the ``baseline_latency_*`` trio likewise over records with a baseline.
+    * ``speedup`` = mean_{j∈P} B_j / mean_{j∈P} L_j, P = records with a baseline (``speedup_aggregation =
+      "ratio_of_means"``, which equals the ratio of total latencies); ``speedup_per_prompt`` = mean, median,
+      std (ddof=1), min, max, p10, p90 of B_j / L_j over P; ``speedup_n`` = |P|. All ``None`` when P is empty.
+    * ``draft_s_total`` = Σ draft_s, ``verify_s_total`` = Σ verify_s, ``draft_frac`` = draft_s_total / Σ L_j,
+      ``verify_frac`` likewise, ``target_forwards_mean`` = mean target forwards per prompt. These are ``None``
+      if any record has the value missing/``None``.
+
+    Raises:
+        ValueError: on empty ``records``, missing required keys, or negative/non-finite values (latency must
+            also be > 0).
+    """
+    if not records:
+        raise ValueError("summarize() needs at least one record")
+
+    cycles, committed, dsum, tsum, lat = [], [], [], [], []
+    base_pairs: list[tuple[float, float]] = []  # (baseline, latency) for prompts with a baseline
+    opt: dict[str, list[float | None]] = {k: [] for k in _OPTIONAL_NUM}
+    for rec in records:
+        for k in _REQUIRED:
+            if k not in rec:
+                raise ValueError(f"record {rec.get('prompt_id')!r} lacks required key {k!r}")
+        c = _num(rec, "cycles")
+        cycles.append(c)
+        committed.append(_num(rec, "committed"))
+        dsum.append(_num(rec, "drafted_depth_sum"))
+        tsum.append(_num(rec, "tree_depth_sum"))
+        lt = _num(rec, "latency_s")
+        if not lt:
+            raise ValueError(f"record {rec['prompt_id']!r}: latency_s must be > 0")
+        lat.append(lt)
+        b = _num(rec, "baseline_latency_s", allow_none=True)
+        if b is not None:
+            if b == 0:
+                raise ValueError(f"record {rec['prompt_id']!r}: baseline_latency_s must be > 0")
+            base_pairs.append((b, lt))
+        for k in _OPTIONAL_NUM:
+            opt[k].append(_num(rec, k, allow_none=True))
+
+    n_cycles = sum(cycles)
+
+    def per_cycle(total: float) -> float | None:
+        return total / n_cycles if n_cycles > 0 else None
+
+    per_prompt_tau = [k / c for k, c in zip(committed, cycles) if c > 0]
+    lat_mean, lat_med, lat_std = _stats(lat)
+    lat_total = float(sum(lat))
+
+    out: dict[str, Any] = {
+        "n_samples": len(records),
+        "cycles_total": int(n_cycles),
+        "committed_total": int(sum(committed)),
+        "tau": per_cycle(sum(committed)),
+        "tau_per_prompt_mean": float(np.mean(per_prompt_tau)) if per_prompt_tau else None,
+        "d_bar": per_cycle(sum(dsum)),
+        "d_bar_tree": per_cycle(sum(tsum)),
+        "latency_s": lat_mean,
+        "latency_median_s": lat_med,
+        "latency_std_s": lat_std,
+        "latency_total_s": lat_total,
+    }
+
+    base = [b for b, _ in base_pairs]
+    b_mean, b_med, b_std = _stats(base)
+    out.update(baseline_latency_s=b_mean, baseline_latency_median_s=b_med, baseline_latency_std_s=b_std)
+    if base_pairs:
+        paired_lat = [lt for _, lt in base_pairs]
+        ratios = np.array([b / lt for b, lt in base_pairs], dtype=np.float64)
+        out["speedup"] = float(np.mean(base) / np.mean(paired_lat))
+        out["speedup_per_prompt"] = {
+            "mean": float(ratios.mean()),
+            "median": float(np.median(ratios)),
+            "std": float(np.std(ratios, ddof=1)) if ratios.size >= 2 else None,
+            "min": float(ratios.min()),
+            "max": float(ratios.max()),
+            "p10": float(np.percentile(ratios, 10)),
+            "p90": float(np.percentile(ratios, 90)),
+        }
+    else:
+        out["speedup"] = None
+        out["speedup_per_prompt"] = None
+    out["speedup_aggregation"] = "ratio_of_means"
+    out["speedup_n"] = len(base_pairs)
+
+    def total(k: str) -> float | None:
+        vals = opt[k]
+        return None if any(v is None for v in vals) else float(sum(vals))  # type: ignore[arg-type]
+
+    draft_total, verify_total, fwd_total = total("draft_s"), total("verify_s"), total("target_forwards")
+    out["draft_s_total"] = draft_total
+    out["verify_s_total"] = verify_total
+    out["draft_frac"] = draft_total / lat_total if draft_total is not None else None
+    out["verify_frac"] = verify_total / lat_total if verify_total is not None else None
+    out["target_forwards_mean"] = fwd_total / len(records) if fwd_total is not None else None
+    return out
+
+
+def bootstrap_ci(
+    values: Iterable[Any] | np.ndarray,
+    stat: Callable[[np.ndarray], Any] = np.mean,
+    n_boot: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of ``stat`` over prompts.
+
+    Draws ``n_boot`` resamples of the n rows of ``values`` (axis 0) with replacement, evaluates ``stat`` on
+    each, and returns the (α/2, 1-α/2) percentiles of those statistics. Rows may be vectors, e.g. pass
+    ``np.c_[baseline, latency]`` with ``stat=lambda a: a[:, 0].mean() / a[:, 1].mean()`` for a CI of the
+    ratio-of-means speedup (prompts resampled as pairs). Deterministic for a given ``seed``.
+    """
+    arr = np.asarray(values if isinstance(values, np.ndarray) else list(values), dtype=np.float64)
+    if arr.ndim == 0 or arr.shape[0] == 0:
+        raise ValueError("bootstrap_ci needs at least one value")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    n = arr.shape[0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    boots = np.array([float(stat(arr[i])) for i in idx], dtype=np.float64)
+    lo, hi = np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return float(lo), float(hi)

@@ -1,0 +1,102 @@
+"""The target distribution, processed exactly as the AR baseline processes it.
+
+Order (one place, used by the AR baseline, the verifier and the drafter alike):
+
+    raw logits per CFG row  →  CFG mix  l_u + s·(l_c − l_u)
+                            →  constraint: only image tokens, or the single forced token (EOL/EOI)
+                            →  temperature  →  top-k (ties kept)  →  top-p (nucleus)
+
+Greedy decoding (temperature 0) stops after the constraint: argmax is invariant to the rest.
+All helpers are pure functions of tensors; processing runs in at least float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adtbench.layout import TokenLayout
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` means greedy; ``top_k <= 0`` and ``top_p >= 1`` switch those filters off."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    cfg_scale: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def use_cfg(self) -> bool:
+        return self.cfg_scale != 1.0
+
+
+def cfg_mix(logits: torch.Tensor, scale: float) -> torch.Tensor:
+    """``[R, ..., V]`` → ``[..., V]``: row 0 alone (R = 1) or ``u + s·(c − u)`` with rows (c, u)."""
+    if logits.shape[0] == 1:
+        return logits[0]
+    cond, uncond = logits[0], logits[1]
+    return uncond + scale * (cond - uncond)
+
+
+def constrain(logits: torch.Tensor, gen_idx: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+    """Mask ``[n, V]`` logits to image tokens, or to the forced token where ``gen_idx`` forces one."""
+    allowed = layout.image_token_mask(logits.device).expand_as(logits).clone()
+    forced = layout.forced_tokens(gen_idx.to(logits.device))
+    rows = (forced >= 0).nonzero(as_tuple=True)[0]
+    if rows.numel():
+        allowed[rows] = False
+        allowed[rows, forced[rows]] = True
+    return logits.masked_fill(~allowed, NEG_INF)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits per row, and every logit tied with the k-th (LlamaGen semantics)."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Smallest set of highest-probability tokens whose mass reaches ``p`` (the top token always kept)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    cum = sorted_logits.softmax(-1).cumsum(-1)
+    drop_sorted = (cum - sorted_logits.softmax(-1)) >= p  # mass strictly before this token already ≥ p
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def process_logits(raw: torch.Tensor, gen_idx: torch.Tensor, layout: TokenLayout, sp: SamplingParams) -> torch.Tensor:
+    """Raw ``[R, n, V]`` logits → processed ``[n, V]`` logits (−inf outside the support).
+
+    ``gen_idx[i]`` is the generation index of the token *predicted* by row i.
+    """
+    dtype = torch.promote_types(raw.dtype, torch.float32)
+    x = constrain(cfg_mix(raw.to(dtype), sp.cfg_scale), gen_idx, layout)
+    if sp.greedy:
+        return x
+    x = x / sp.temperature
+    return top_p_filter(top_k_filter(x, sp.top_k), sp.top_p)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One draw from a probability vector ``[V]``."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def next_token(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> int:
+    """AR next token from processed logits ``[V]``: argmax (greedy) or a sample."""
+    if sp.greedy:
+        return int(processed.argmax())
+    return sample(processed.softmax(-1), generator)

@@ -1,0 +1,158 @@
+"""Tree verification: which drafted path the target accepts, and the bonus token.
+
+Inputs are the target's *processed* logits at every tree node (``sampling.process_logits``), so the
+verifier matches exactly the distribution the AR baseline samples from.
+
+Greedy (temperature 0)
+    A child x of node u is acceptable iff the rule accepts it at u (exact rule: x = argmax p_u).
+    The accepted path is the deepest node whose whole root path is acceptable (first in node order on
+    ties); the bonus token is argmax p at that node. Output equals AR greedy token for token.
+
+Sampling, point-mass proposals (top-k / dynamic trees)
+    Walk down from the root. At node u with target distribution p, try u's children in order, skipping
+    tokens already tried (sibling dedup). Accept x with probability p(x) (q(x) = 1: the draft was a
+    deterministic function of the context); on rejection p ← normalise(p with x zeroed). If a child is
+    accepted, recurse into it with a fresh p; otherwise the bonus is drawn from the residual p.
+    Lossless: P(out = x_j) = Π_{l<j}(1 − p_l(x_l)) · p_j(x_j) = p(x_j), and every y outside the tried set
+    gets p(y) (algorithms.md §2.6).
+
+Sampling, proposals drawn without replacement (sampled trees, true q)
+    Children x_1..x_m of u were drawn in that order from the drafter's q without replacement, so x_j
+    has proposal q_j = q with x_1..x_{j−1} removed, renormalised. Accept x_j with
+    min(1, p_j(x_j)/q_j(x_j)); on rejection p_{j+1} = normalise(max(p_j − q_j, 0)) (recursive rejection
+    sampling; SpecTr / RSD). Each step is a speculative-sampling step with target p_j, so the output
+    follows p.
+
+Relaxations (LANTERN) change only the ``AcceptanceRule``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adtbench.sampling import sample
+from adtbench.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    path: list[int]  # accepted node ids, root first
+    bonus: int  # token chosen by the target after the last accepted node
+
+    @property
+    def accepted(self) -> int:
+        """a: accepted draft tokens, bonus excluded."""
+        return len(self.path) - 1
+
+
+class AcceptanceRule:
+    """Exact (lossless) acceptance. Subclasses relax it (LANTERN) by overriding the three hooks."""
+
+    name = "exact"
+    lossless = True
+
+    def greedy_accept(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Bool ``[m]``: does node row ``logits[i]`` (processed, ``[m, V]``) accept draft ``tokens[i]``?"""
+        return logits.argmax(-1) == tokens
+
+    def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
+        """Acceptance probability of a point-mass draft x under target p, and the unnormalised residual."""
+        residual = p.clone()
+        residual[x] = 0.0
+        return float(p[x]), residual
+
+    def with_proposal(self, p: torch.Tensor, x: int, q: torch.Tensor) -> tuple[float, torch.Tensor]:
+        """Acceptance probability of x drawn from q, and the unnormalised residual ``max(p − q, 0)``."""
+        qx = float(q[x])
+        accept = 1.0 if qx <= 0.0 else min(1.0, float(p[x]) / qx)
+        return accept, (p - q).clamp_min(0.0)
+
+
+EXACT = AcceptanceRule()
+
+
+def _uniform(generator: torch.Generator | None) -> float:
+    device = generator.device if generator is not None else "cpu"
+    return float(torch.rand((), generator=generator, device=device))
+
+
+def _normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    total = residual.sum()
+    # A zero residual only happens when the rejected proposal had probability 1 (a measure-zero event).
+    return residual / total if total > 0 else fallback
+
+
+def verify_greedy(tree: DraftTree, logits: torch.Tensor, rule: AcceptanceRule = EXACT) -> Acceptance:
+    """Deepest fully acceptable path under ``rule``; bonus = argmax of the unmodified logits there."""
+    n = tree.size
+    ok = torch.ones(n, dtype=torch.bool)
+    if n > 1:
+        parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=logits.device)
+        ok[1:] = rule.greedy_accept(logits[parents], tree.tokens[1:].to(logits.device)).cpu()
+    ok_list = ok.tolist()
+    depth = tree.depth.tolist()
+    best, best_depth = 0, 0
+    path_ok = [True] * n
+    for j in range(1, n):
+        path_ok[j] = ok_list[j] and path_ok[tree.parents[j]]
+        if path_ok[j] and depth[j] > best_depth:
+            best, best_depth = j, depth[j]
+    return Acceptance(path=tree.path_to(best), bonus=int(logits[best].argmax()))
+
+
+def verify_sampling(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    generator: torch.Generator | None,
+    rule: AcceptanceRule = EXACT,
+) -> Acceptance:
+    """Multi-candidate recursive rejection (point-mass or without-replacement proposals)."""
+    probs = logits.softmax(-1)
+    u, path = 0, [0]
+    while True:
+        p = probs[u]
+        accepted = None
+        kids = tree.children[u]
+        if tree.proposal is not None and u in tree.proposal and kids:
+            q = tree.proposal[u].to(p)
+            for c in kids:
+                x = int(tree.tokens[c])
+                acc, residual = rule.with_proposal(p, x, q)
+                if _uniform(generator) < acc:
+                    accepted = c
+                    break
+                p = _normalise(residual, p)
+                q = q.clone()
+                q[x] = 0.0
+                q = _normalise(q, q)
+        else:
+            tried: set[int] = set()
+            for c in kids:
+                x = int(tree.tokens[c])
+                if x in tried:
+                    continue
+                tried.add(x)
+                acc, residual = rule.point_mass(p, x)
+                if _uniform(generator) < acc:
+                    accepted = c
+                    break
+                p = _normalise(residual, p)
+        if accepted is None:
+            return Acceptance(path=path, bonus=sample(p, generator))
+        path.append(accepted)
+        u = accepted
+
+
+def verify_tree(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None = None,
+    rule: AcceptanceRule = EXACT,
+) -> Acceptance:
+    """Verify ``tree`` against processed target logits ``[n, V]`` (one row per node)."""
+    if greedy:
+        return verify_greedy(tree, logits, rule)
+    return verify_sampling(tree, logits, generator, rule)
