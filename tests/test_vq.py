@@ -98,9 +98,10 @@ def test_llamagen_tiny_is_deterministic_and_leaves_global_rng() -> None:
 
 
 def test_llamagen_official_key_layout() -> None:
-    with torch.random.fork_rng(devices=[]):  # full size
-        keys = set(LlamaGenVQModel(LlamaGenVQConfig(with_encoder=True)).state_dict())
-        sd = LlamaGenVQModel(LlamaGenVQConfig()).state_dict()
+    # VQ_16 topology (ch_mult (1,1,2,2,4), 2 res blocks) at width 32: key names do not depend on widths
+    narrow = LlamaGenVQConfig(codebook_size=16384, z_channels=32, ch=32)
+    keys = set(LlamaGenVQModel(LlamaGenVQConfig(**{**narrow.__dict__, "with_encoder": True})).state_dict())
+    sd = LlamaGenVQModel(narrow).state_dict()
     # decoder.conv_blocks[0] is the lowest resolution: attention after each of its 3 (=2+1) res blocks
     for j in range(3):
         assert f"decoder.conv_blocks.0.attn.{j}.norm.weight" in keys
@@ -121,8 +122,8 @@ def test_llamagen_official_key_layout() -> None:
     assert {"quant_conv.weight", "post_quant_conv.weight"} <= keys
     assert sd["quantize.embedding.weight"].shape == (16384, 8)
     assert sd["quantize.codebook_used"].shape == (65536,)
-    assert sd["decoder.conv_in.weight"].shape == (512, 256, 3, 3)
-    assert sd["decoder.conv_out.weight"].shape == (3, 128, 3, 3)
+    assert sd["decoder.conv_in.weight"].shape == (4 * 32, 32, 3, 3)  # ch * ch_mult[-1], z_channels
+    assert sd["decoder.conv_out.weight"].shape == (3, 32, 3, 3)
     assert not any(k.startswith(("encoder.", "quant_conv.")) for k in sd)  # decoder-only by default
 
 
@@ -232,9 +233,10 @@ def test_taming_decode_shape_and_range() -> None:
 
 
 def test_taming_official_key_layout() -> None:
-    with torch.random.fork_rng(devices=[]):  # full size
-        keys = set(TamingVQModel(TamingVQConfig(with_encoder=True)).state_dict())
-        sd = TamingVQModel(TamingVQConfig()).state_dict()
+    # Chameleon topology (ch_mult (1,1,2,2,4), 2 res blocks, no level attention) at width 32
+    narrow = TamingVQConfig(z_channels=32, ch=32, embed_dim=16)
+    keys = set(TamingVQModel(TamingVQConfig(**{**narrow.__dict__, "with_encoder": True})).state_dict())
+    sd = TamingVQModel(narrow).state_dict()
     assert "decoder.up.0.block.0.norm1.weight" in keys
     assert "decoder.up.0.block.2.conv2.weight" in keys  # num_res_blocks + 1 = 3 per decoder level
     assert "decoder.up.0.block.3.conv2.weight" not in keys
@@ -252,9 +254,10 @@ def test_taming_official_key_layout() -> None:
     assert "encoder.down.3.downsample.conv.weight" in keys and "encoder.down.4.downsample.conv.weight" not in keys
     assert {"encoder.mid.attn_1.proj_out.weight", "quant_conv.weight", "post_quant_conv.weight"} <= keys
     assert not any("temb_proj" in k for k in keys)
-    assert sd["quantize.embedding.weight"].shape == (8192, 256)
-    assert sd["decoder.conv_in.weight"].shape == (512, 256, 3, 3)
-    assert sd["decoder.up.0.block.0.conv1.weight"].shape == (128, 128, 3, 3)
+    assert sd["quantize.embedding.weight"].shape == (8192, 16)
+    assert sd["decoder.conv_in.weight"].shape == (4 * 32, 32, 3, 3)
+    assert sd["decoder.up.0.block.0.conv1.weight"].shape == (32, 32, 3, 3)
+    assert sd["post_quant_conv.weight"].shape == (32, 16, 1, 1)
     # attention placement follows attn_resolutions, like taming (resolution halves per level)
     cfg = TamingVQConfig(ch=32, ch_mult=(1, 2), num_res_blocks=1, resolution=16, attn_resolutions=(8,), z_channels=32)
     k2 = set(TamingVQModel(cfg).state_dict())

@@ -239,7 +239,7 @@ class ChameleonTarget(Target):
         ids = inputs.data["ids"].to(dev)
         valid = inputs.data["valid"].to(dev)
         pos = inputs.data["positions"].to(dev)
-        R, P = ids.shape
+        P = ids.shape[1]
         causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         eye = torch.eye(P, dtype=torch.bool, device=dev)
         mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]  # [R, 1, P, P]
@@ -263,7 +263,10 @@ class ChameleonTarget(Target):
     def _forward(
         self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``tokens [n]``, bool ``mask [R, 1, n, L + n]``, ``position_ids [R, n]`` → logits ``[R, n, V]``, feats ``[R, n, H]``."""
+        """``tokens [n]``, bool ``mask [R, 1, n, L + n]``, ``position_ids [R, n]``.
+
+        Returns raw logits ``[R, n, V]`` and post-norm features ``[R, n, H]``; appends n K/V entries per row.
+        """
         if self.cache is None:
             raise RuntimeError("call start() (prefill) before verify_forward")
         self._truncate(self.length)  # drop an uncommitted tree block (verify without commit)
@@ -286,11 +289,19 @@ class ChameleonTarget(Target):
                 cache_set(self.cache, i, k[:, :, :length], v[:, :, :length])
 
     def _compact(self, start: int, keep: torch.Tensor) -> None:
-        """Cache entries ``[:start] + (start + keep)``, in that order; everything after is dropped."""
-        idx = torch.cat([torch.arange(start), start + keep.cpu().long()]).to(self.device)
+        """Cache entries ``[:start] + (start + keep)``, in that order; everything after is dropped.
+
+        Only the kept tree entries are copied (in place, into slots ``start..``); the prefix is a view.
+        """
+        n = keep.numel()
+        idx = start + keep.to(self.device).long()
         for i in range(cache_num_layers(self.cache)):
             k, v = cache_get(self.cache, i)
-            cache_set(self.cache, i, k.index_select(2, idx), v.index_select(2, idx))
+            k_sel, v_sel = k.index_select(2, idx), v.index_select(2, idx)  # copies before the overwrite
+            k, v = k[:, :, : start + n], v[:, :, : start + n]
+            k[:, :, start:] = k_sel
+            v[:, :, start:] = v_sel
+            cache_set(self.cache, i, k, v)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm.model.embed_tokens(ids.to(self.device))

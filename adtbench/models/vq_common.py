@@ -272,11 +272,12 @@ def _known_safe_globals() -> list[Any]:
     import argparse
 
     out: list[Any] = [argparse.Namespace, _codecs.encode, np.dtype]
-    try:  # numpy >= 2 keeps the scalar reconstructor in numpy._core; older pickles name numpy.core
+    try:  # numpy >= 2 keeps the scalar reconstructor in numpy._core
         from numpy._core.multiarray import scalar  # type: ignore[attr-defined]
     except ImportError:  # pragma: no cover - numpy 1.x
         from numpy.core.multiarray import scalar  # type: ignore[no-redef]
-    out.append(scalar)
+    # pickles written under numpy 1.x name it numpy.core.multiarray.scalar: allow both spellings
+    out += [(scalar, "numpy.core.multiarray.scalar"), (scalar, "numpy._core.multiarray.scalar")]
     dtypes = getattr(np, "dtypes", None)
     if dtypes is not None:
         out.extend(getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType"))
@@ -297,6 +298,8 @@ def load_checkpoint(path: str | os.PathLike[str]) -> Any:
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as first:
+        if not hasattr(torch.serialization, "safe_globals"):  # torch < 2.5: no scoped allow-list
+            raise ValueError(f"{p}: cannot be loaded with weights_only=True: {first}") from first
         try:
             with torch.serialization.safe_globals(_known_safe_globals()):
                 return torch.load(p, map_location="cpu", weights_only=True)

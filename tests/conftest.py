@@ -1,0 +1,65 @@
+"""Shared fixtures: tiny targets/drafters built from the shipped model configs, and a fake draft session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from adtbench.config import register_resolvers
+from adtbench.drafters.build import build_drafter
+from adtbench.models.registry import build_target
+
+ROOT = Path(__file__).resolve().parents[1]
+register_resolvers()
+torch.set_num_threads(1)  # tiny models: threading only adds overhead (and CI has 2 cores)
+
+
+def model_cfg(name: str, **over):
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / f"{name}.yaml")
+    for k, v in over.items():
+        OmegaConf.update(cfg, k, v, merge=True)
+    return cfg
+
+
+def tiny(name: str = "tiny_llamagen", dtype: str = "float64", **over):
+    """A tiny target and a random EAGLE drafter (float64 by default: exactness tests)."""
+    target = build_target(model_cfg(name, dtype=dtype, **over))
+    dcfg = OmegaConf.create({"kind": "eagle", "path": None, "seed": 1, "num_layers": 1, "input_norm": False})
+    return target, build_drafter(dcfg, target)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = ROOT.parent / "shared" / "data"
+    if not path.exists():
+        pytest.skip("../shared/data not present")
+    return path
+
+
+class FakeSession:
+    """A scripted ``DraftSession``: distributions keyed by the token path from the root."""
+
+    def __init__(self, dists: dict[tuple[int, ...], torch.Tensor], vocab: int, greedy: bool = True, root: int = 99):
+        self.dists, self.vocab, self.greedy, self.root_token = dists, vocab, greedy, root
+        self.generator = torch.Generator().manual_seed(0)
+        self.paths: list[tuple[int, ...]] = [()]
+        self.expansions: list[list[int]] = []
+
+    def _lp(self, path: tuple[int, ...]) -> torch.Tensor:
+        p = self.dists.get(path, torch.full((self.vocab,), 1.0 / self.vocab))
+        return p.log()
+
+    def root_logprobs(self) -> torch.Tensor:
+        return self._lp(())
+
+    def expand(self, parents, tokens):
+        tokens = torch.as_tensor(tokens).view(-1).tolist()
+        ids = []
+        for par, tok in zip(parents, tokens):
+            ids.append(len(self.paths))
+            self.paths.append((*self.paths[par], tok))
+        self.expansions.append(ids)
+        return ids, torch.stack([self._lp(self.paths[i]) for i in ids])

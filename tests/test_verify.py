@@ -1,0 +1,100 @@
+"""Recursive rejection is lossless: χ² tests against the target distribution (fixed seeds)."""
+
+from collections import Counter
+
+import numpy as np
+import torch
+from scipy.stats import chisquare
+
+from adtbench.policies.base import sample_without_replacement
+from adtbench.tree import DraftTree
+from adtbench.verify import AcceptanceRule, verify_greedy, verify_sampling
+
+P_ROOT = torch.tensor([0.35, 0.05, 0.25, 0.1, 0.15, 0.1], dtype=torch.float64)
+
+
+def chi2_pvalue(counts: Counter, probs: dict, n: int) -> float:
+    keys = sorted(probs)
+    obs = np.array([counts.get(k, 0) for k in keys], dtype=float)
+    exp = np.array([probs[k] * n for k in keys])
+    assert sum(counts.values()) == n and set(counts) <= set(keys)
+    return float(chisquare(obs, exp).pvalue)
+
+
+def one_level(tokens: list[int]) -> DraftTree:
+    return DraftTree(torch.tensor([9, *tokens]), [-1] + [0] * len(tokens), drafted_depth=1)
+
+
+def first_token(tree: DraftTree, acc) -> int:
+    return int(tree.tokens[acc.path[1]]) if acc.accepted else acc.bonus
+
+
+def test_single_node_point_mass_with_duplicate_siblings():
+    tree = one_level([2, 0, 2, 5])  # duplicate sibling must be skipped
+    logits = P_ROOT.log()[None].expand(5, -1)
+    g = torch.Generator().manual_seed(0)
+    n = 8_000
+    counts = Counter(first_token(tree, verify_sampling(tree, logits, g)) for _ in range(n))
+    assert chi2_pvalue(counts, dict(enumerate(P_ROOT.tolist())), n) > 1e-3
+
+
+def test_single_node_broken_rule_is_detected():
+    """Negative control: accepting the first draft with probability 1 must fail the same test."""
+
+    class AlwaysAccept(AcceptanceRule):
+        def point_mass(self, p, x):
+            return 1.0, p
+
+    tree = one_level([2, 0])
+    logits = P_ROOT.log()[None].expand(3, -1)
+    g = torch.Generator().manual_seed(0)
+    n = 3_000
+    counts = Counter(first_token(tree, verify_sampling(tree, logits, g, AlwaysAccept())) for _ in range(n))
+    assert chi2_pvalue(counts, dict(enumerate(P_ROOT.tolist())), n) < 1e-6
+
+
+def test_two_level_joint_distribution():
+    # root → children {0, 2}; node(0) → children {1, 3}; node(2) is a leaf
+    tree = DraftTree(torch.tensor([9, 0, 2, 1, 3]), [-1, 0, 0, 1, 1], drafted_depth=2)
+    p0 = torch.tensor([0.1, 0.4, 0.05, 0.3, 0.1, 0.05], dtype=torch.float64)
+    p2 = torch.tensor([0.2, 0.2, 0.2, 0.1, 0.2, 0.1], dtype=torch.float64)
+    logits = torch.stack([P_ROOT, p0, p2, P_ROOT, P_ROOT]).log()
+    expected = {}
+    for x1 in range(6):
+        if x1 == 0:
+            expected |= {(0, x2): float(P_ROOT[0] * p0[x2]) for x2 in range(6)}
+        elif x1 == 2:
+            expected |= {(2, x2): float(P_ROOT[2] * p2[x2]) for x2 in range(6)}
+        else:
+            expected[(x1, -1)] = float(P_ROOT[x1])
+    g = torch.Generator().manual_seed(1)
+    n = 12_000
+    counts: Counter = Counter()
+    for _ in range(n):
+        acc = verify_sampling(tree, logits, g)
+        toks = [int(tree.tokens[j]) for j in acc.path[1:]] + [acc.bonus]
+        counts[(toks[0], toks[1] if len(toks) > 1 else -1)] += 1
+    assert chi2_pvalue(counts, expected, n) > 1e-3
+
+
+def test_sampled_without_replacement_uses_true_q():
+    q = torch.tensor([0.05, 0.4, 0.3, 0.1, 0.05, 0.1], dtype=torch.float64)
+    logits = P_ROOT.log()[None].expand(4, -1)
+    g = torch.Generator().manual_seed(2)
+    n = 8_000
+    counts: Counter = Counter()
+    for _ in range(n):
+        drawn, probs = sample_without_replacement(q.log(), 3, g)
+        tree = DraftTree(torch.tensor([9, *drawn.tolist()]), [-1, 0, 0, 0], drafted_depth=1, proposal={0: probs})
+        counts[first_token(tree, verify_sampling(tree, logits, g))] += 1
+    assert chi2_pvalue(counts, dict(enumerate(P_ROOT.tolist())), n) > 1e-3
+
+
+def test_greedy_deepest_path_and_bonus():
+    tree = DraftTree(torch.tensor([9, 1, 2, 3, 4]), [-1, 0, 0, 2, 3], drafted_depth=3)
+    logits = torch.full((5, 6), -5.0)
+    logits[0, 2] = 1  # root argmax 2 → node 2
+    logits[2, 3] = 1  # node 2 argmax 3 → node 3
+    logits[3, 0] = 1  # node 3 argmax 0 ≠ 4 → stop; bonus 0
+    acc = verify_greedy(tree, logits)
+    assert acc.path == [0, 2, 3] and acc.bonus == 0 and acc.accepted == 2
