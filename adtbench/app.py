@@ -27,7 +27,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench.config import config_fingerprint, prompt_seed, register_resolvers, validate
+from adtbench.config import build_rule, config_fingerprint, prompt_seed, register_resolvers, validate
 from adtbench.data.prompts import Prompt, load_prompts
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import GenerationResult, decode_ar, generate
@@ -113,6 +113,7 @@ def make_summary(store: ResultStore, cfg: DictConfig, choices: dict, env: dict, 
     greedy = float(cfg.sampling.temperature) == 0.0
     matches = [r["tokens_match_baseline"] for r in records if r.get("tokens_match_baseline") is not None]
     s |= {
+        "lantern": bool(cfg.get("lantern", {}).get("enabled", False)),
         "model": choices.get("model", cfg.model.get("name")),
         "drafter": choices.get("drafter"),
         "policy": choices.get("policy", cfg.policy.name),
@@ -158,6 +159,8 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
 
     from adtbench.models.registry import build_target
 
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
     log.info(
         "loading model=%s (family %s) on %s, %s",
         choices.get("model"),
@@ -167,6 +170,7 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     )
     target = build_target(cfg.model)
     drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else None
+    rule = build_rule(cfg, target)
     env = environment(target)
     use_cfg = sp.use_cfg and target.supports_cfg
     gen_device = target.device if target.device.type == "cuda" else torch.device("cpu")
@@ -175,7 +179,7 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
         inputs = target.encode_prompt(p.text, cfg=use_cfg)
         g = torch.Generator(device=gen_device).manual_seed(seed)
         if method:
-            return generate(target, drafter, policy, inputs, sp, g)
+            return generate(target, drafter, policy, inputs, sp, g, rule)
         return decode_ar(target, inputs, sp, g)
 
     if todo:
@@ -194,10 +198,20 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
         if cfg.baseline and i % 2 == 1:
             base = decode(p, seed, False)
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
-        store.commit(sample_record(p, seed, res, base), trace_record(p.prompt_id, res), image)
+        trace = trace_record(p.prompt_id, res)
+        store.commit(sample_record(p, seed, res, base), trace, image)
+        if cfg.get("maps") is not None and cfg.maps.get("per_image"):
+            from adtbench.maps import write_sample_maps
+
+            write_sample_maps(run_dir, trace, target.layout)
         store.write_summary(make_summary(store, cfg, choices, env, len(prompts)))
     summary = make_summary(store, cfg, choices, env, len(prompts))
+    summary["acceptance_rule"] = rule.name
     store.write_summary(summary)
+    if cfg.get("maps") is not None and cfg.maps.get("per_run"):
+        from adtbench.maps import write_run_maps
+
+        write_run_maps(run_dir, store.traces(), target.layout)
     line = (
         f"adtbench: model={summary['model']} policy={summary['policy']} n={summary['n_samples']} "
         f"tau={summary['tau']:.3f} d_bar={summary['d_bar']:.2f} latency={summary['latency_s']:.4f}s"

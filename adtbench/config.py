@@ -19,6 +19,7 @@ from adtbench.policies.base import TreePolicy
 from adtbench.policies.eagle2 import Eagle2Policy
 from adtbench.policies.static import SHAPES, ChainPolicy, StaticTreePolicy
 from adtbench.sampling import SamplingParams
+from adtbench.verify import EXACT, AcceptanceRule
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -84,6 +85,10 @@ def build_policy(cfg: DictConfig) -> TreePolicy:
             _number(cfg, "policy.top_k", int),
             _number(cfg, "policy.total_tokens", int),
         )
+    if name == "adt":
+        from adtbench.policies.adt import build_adt_policy
+
+        return build_adt_policy(cfg.policy)
     raise ConfigError("policy.name", f"unknown policy {name!r}")
 
 
@@ -117,11 +122,23 @@ def validate_drafter(cfg: DictConfig, policy: TreePolicy) -> None:
             raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
 
 
+def build_rule(cfg: DictConfig, target: Any) -> AcceptanceRule:
+    """The acceptance rule: exact unless ``lantern.enabled`` (relaxed acceptance, ``adtbench.lantern``)."""
+    node = cfg.get("lantern")
+    if node is None or not bool(node.get("enabled", False)):
+        return EXACT
+    from adtbench.lantern import build_lantern_rule
+
+    return build_lantern_rule(node, target)
+
+
 def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
     """Check everything that can be checked without weights. Returns the sampling params and the policy."""
     _number(cfg, "seed", int)
     _number(cfg, "warmup", int, lo=0)
     _number(cfg, "max_tree_nodes", int, lo=1)
+    if cfg.get("threads") is not None:
+        _number(cfg, "threads", int, lo=1)
     sp = build_sampling(cfg)
     policy = build_policy(cfg)
     validate_model(cfg)
@@ -134,7 +151,7 @@ def prompt_seed(base: int, prompt_id: str) -> int:
     return int(hashlib.sha256(f"{base}:{prompt_id}".encode()).hexdigest()[:15], 16)
 
 
-RESUME_IGNORED = ("dataset.limit", "warmup", "progress", "logger", "save_images", "paths")
+RESUME_IGNORED = ("dataset.limit", "warmup", "progress", "logger", "save_images", "paths", "threads", "maps")
 
 
 def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:

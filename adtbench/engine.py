@@ -8,7 +8,8 @@
 Bookkeeping per cycle (algorithms.md §1): the root is the last chosen token (not yet in the target's KV
 cache); the target commits root + a accepted drafts and picks the bonus token, which becomes the next root.
 τ = committed / cycles counts the bonus (AR: τ = 1). The tree depth is capped by the image positions left,
-so no cycle overshoots the image. The token sampled at prefill is cycle 1's root; the last chosen token
+minus one, so the last token is always a bonus and no cycle overshoots the image
+(a cycle with no room for drafts verifies the root alone; the policy is not consulted). The token sampled at prefill is cycle 1's root; the last chosen token
 ends the image without a further forward.
 
 Timed scope (``latency_s``): from before the prompt prefill (text encoding excluded) to the last token,
@@ -27,7 +28,7 @@ from adtbench.drafters.session import DraftSession
 from adtbench.models.base import PromptInputs, Target
 from adtbench.policies.base import TreePolicy
 from adtbench.sampling import SamplingParams, next_token, process_logits
-from adtbench.tree import DraftTree
+from adtbench.tree import DraftTree, root_only
 from adtbench.verify import EXACT, Acceptance, AcceptanceRule, verify_tree
 
 
@@ -137,7 +138,7 @@ def speculative_cycle(
 ) -> CycleOutcome:
     """Draft a tree, verify it in one target forward, commit root + accepted drafts."""
     ta = clock.now()
-    tree = policy.propose(session, max_depth)
+    tree = policy.propose(session, max_depth) if max_depth >= 1 else root_only(session.root_token)
     session.drafter.rollback()
     tb = clock.now()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
@@ -176,10 +177,12 @@ def generate(
     while len(tokens) < n_gen:
         g = len(tokens) - 1
         session = DraftSession(drafter, target, sp, tokens[-1], g, target.next_pos.clone(), out, generator)
-        c = speculative_cycle(target, session, policy, sp, rule, generator, n_gen - len(tokens), clock)
+        # drafts stop one short of the image end: the last token is always a bonus (no overshoot)
+        c = speculative_cycle(target, session, policy, sp, rule, generator, n_gen - len(tokens) - 1, clock)
         t = clock.now()
         tree, acc = c.tree, c.acceptance
-        policy.observe(tree, acc, g)
+        if tree.size > 1:
+            policy.observe(tree, acc, g)
         new = [*tree.tokens[acc.path[1:]].tolist(), acc.bonus]
         tokens += new
         cycles.append(

@@ -8,7 +8,6 @@ image decoding.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +43,6 @@ def _target(dtype: str = "float64", attn: str = "eager") -> ChameleonTarget:
     cfg = OmegaConf.load(CONF)
     cfg.dtype, cfg.attn_implementation = dtype, attn
     return build_target(cfg)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread() -> Iterator[None]:
-    """Tiny tensors: intra-op threading only adds overhead (milliseconds per op on a loaded machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

@@ -81,7 +81,7 @@ def test_deep_acceptance_commits_match_ar(model, cfg_scale):
     ar = decode_ar(target, inputs, sp, None)
     res = generate(target, drafter, OraclePolicy(ar.tokens, target.layout.image_token_offset), inputs, sp, None)
     assert res.tokens == ar.tokens
-    assert all(c.a == min(3, target.layout.num_gen_tokens - 1 - c.pos) for c in res.cycles)
+    assert all(c.a == min(3, target.layout.num_gen_tokens - 2 - c.pos) for c in res.cycles)
     assert res.tau > 3.0
 
 

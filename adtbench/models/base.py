@@ -99,6 +99,13 @@ class Target(ABC):
     def decode_image(self, codes: torch.Tensor) -> np.ndarray:
         """VQ codes ``[grid_h, grid_w]`` → uint8 image ``[H, W, 3]``."""
 
+    def codebook(self) -> torch.Tensor:
+        """The VQ codebook ``[num_codes, d]`` (row c = code c; token id = c + layout.image_token_offset)."""
+        vq = getattr(self, "vq", None)
+        if vq is None:
+            raise RuntimeError(f"{type(self).__name__} has no VQ model: no codebook for LANTERN neighbourhoods")
+        return vq.codebook()
+
     # --- generic bookkeeping -------------------------------------------------------------------------
     @torch.no_grad()
     def start(self, inputs: PromptInputs, max_tree_nodes: int) -> PrefillResult:

@@ -189,7 +189,12 @@ class ChameleonTarget(Target):
                 "model.attn_implementation",
                 f"{impl!r} cannot take explicit 4-D tree masks; use one of {ATTN_IMPLEMENTATIONS}",
             )
+        # rotary ``inv_freq`` buffers stay float32 (a bf16 cast would shift the angles at long positions)
+        inv = {n: b.float() for n, b in lm.named_buffers() if n.endswith("inv_freq")}
         self.lm = lm.to(device=device, dtype=dtype).eval()
+        for name, buf in inv.items():
+            mod = self.lm.get_submodule(name.rsplit(".", 1)[0])
+            mod.inv_freq = buf.to(device)
         self.vq = vq.to(device=device).eval() if vq is not None else None
         self.tokenizer = tokenizer
         self.device, self.dtype = torch.device(device), dtype

@@ -1,0 +1,154 @@
+"""The Hydra app from the command line: outputs, resume (incl. a kill), bad input, multirun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+FAST = ["warmup=0", "progress=false", "maps.per_run=false"]
+
+
+def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "group,options",
+    [
+        ("model", ["tiny_llamagen", "tiny_chameleon"]),
+        ("policy", ["ar", "chain", "static", "eagle2"]),
+        ("dataset", ["smoke", "text", "parti", "coco", "inline"]),
+        ("sampling", ["default", "greedy"]),
+        ("drafter", ["eagle", "none"]),
+        ("logger", ["none"]),
+    ],
+)
+def test_every_option_composes(group, options):
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        for opt in options:
+            cfg = compose("config", overrides=[f"{group}={opt}"])
+            assert group in cfg
+
+
+def test_run_writes_records_summary_trace_images(tmp_path):
+    out = tmp_path / "run"
+    proc = run_cli("model=tiny_llamagen", "policy=eagle2", "dataset.limit=3", f"hydra.run.dir={out}", *FAST)
+    assert "speedup=" in proc.stdout and str(out) in proc.stdout
+    recs = lines(out / "samples.jsonl")
+    assert [r["prompt_id"] for r in recs] == ["text-00002", "text-00003", "text-00004"]
+    need = "prompt_id prompt seed tokens cycles tau d_bar target_forwards latency_s draft_s verify_s baseline_latency_s image"
+    for r in recs:
+        assert set(need.split()) <= set(r)
+        assert len(r["tokens"]) == 16 and r["tau"] >= 1.0 and r["baseline_latency_s"] > 0
+        assert Image.open(out / r["image"]).size == (8, 8)
+        assert r["tau"] == pytest.approx(r["committed"] / r["cycles"])
+    s = json.loads((out / "summary.json").read_text())
+    for key in ["tau", "d_bar", "d_bar_tree", "speedup", "latency_s", "baseline_latency_s", "n_samples", "model", "policy", "drafter"]:
+        assert key in s
+    assert s["n_samples"] == 3 and s["model"] == "tiny_llamagen" and s["policy"] == "eagle2" and s["complete"]
+    assert s["tau"] == pytest.approx(sum(r["committed"] for r in recs) / sum(r["cycles"] for r in recs))
+    assert s["speedup"] == pytest.approx(
+        sum(r["baseline_latency_s"] for r in recs) / sum(r["latency_s"] for r in recs)
+    )
+    traces = lines(out / "trace.jsonl")
+    assert [t["prompt_id"] for t in traces] == [r["prompt_id"] for r in recs]
+    assert all(len(t["a"]) == r["cycles"] and len(t["nodes"]) == r["cycles"] for t, r in zip(traces, recs))
+
+
+def test_greedy_run_matches_baseline(tmp_path):
+    out = tmp_path / "g"
+    run_cli("model=tiny_chameleon", "policy=static", "sampling=greedy", "dataset.limit=2", f"hydra.run.dir={out}", *FAST)
+    s = json.loads((out / "summary.json").read_text())
+    assert s["greedy_matches_baseline"] is True
+
+
+def test_resume_skips_done_prompts_and_refuses_other_config(tmp_path):
+    out = tmp_path / "r"
+    run_cli("policy=chain", "dataset.limit=2", f"hydra.run.dir={out}", *FAST)
+    first = (out / "samples.jsonl").read_text().splitlines()
+    run_cli("policy=chain", "dataset.limit=4", f"hydra.run.dir={out}", *FAST)
+    after = (out / "samples.jsonl").read_text().splitlines()
+    assert after[:2] == first and len(after) == 4
+    assert len({json.loads(x)["prompt_id"] for x in after}) == 4
+    proc = run_cli("policy=eagle2", "dataset.limit=4", f"hydra.run.dir={out}", *FAST, check=False)
+    assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr and "policy" in proc.stderr
+
+
+def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "k"
+    args = [sys.executable, str(ROOT / "run.py"), "policy=eagle2", f"hydra.run.dir={out}", *FAST]
+    proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples = out / "samples.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not samples.exists() or samples.read_text().count("\n") < 2):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_killed = samples.read_text().count("\n")
+    assert 2 <= n_killed < 8
+    run_cli("policy=eagle2", f"hydra.run.dir={out}", *FAST)
+    ids = [r["prompt_id"] for r in lines(samples)]
+    assert len(ids) == 8 == len(set(ids))
+    assert sorted(p.name for p in (out / "images").iterdir()) == sorted(f"{i}.png" for i in ids)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("policy.depth=0", "policy.depth"),
+        ("policy.top_k=0", "policy.top_k"),
+        ("policy.total_tokens=500", "policy.total_tokens"),
+        ("sampling.temperature=-1", "sampling.temperature"),
+        ("sampling.top_p=0", "sampling.top_p"),
+        ("drafter=none", "drafter"),
+        ("dataset=text", "dataset.path"),
+        ("dataset.path=/nonexistent/prompts.txt", "dataset.path"),
+        ("model.dtype=float8", "model.dtype"),
+    ],
+)
+def test_bad_input_names_the_key_before_loading(tmp_path, override, key):
+    proc = run_cli(override, f"hydra.run.dir={tmp_path / 'x'}", *FAST, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert key in proc.stderr
+    assert "loading model" not in proc.stderr + proc.stdout
+
+
+def test_empty_prompt_file_and_unknown_option(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing here\n\n")
+    proc = run_cli("dataset=text", f"dataset.path={empty}", f"hydra.run.dir={tmp_path / 'e'}", *FAST, check=False)
+    assert proc.returncode == 2 and "dataset.path" in proc.stderr and str(empty) in proc.stderr
+    proc = run_cli("policy=nonexistent", check=False)
+    assert proc.returncode != 0 and "eagle2" in proc.stderr  # Hydra lists the available options
+
+
+def test_multirun_models_by_policies(tmp_path):
+    sweep = tmp_path / "sweep"
+    run_cli("-m", "model=tiny_llamagen,tiny_chameleon", "policy=ar,chain,static,eagle2", "dataset.limit=1",
+            f"hydra.sweep.dir={sweep}", *FAST, timeout=600)  # fmt: skip
+    summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
+    assert len(summaries) == 8
+    assert {(s["model"], s["policy"]) for s in summaries} == {
+        (m, p) for m in ["tiny_llamagen", "tiny_chameleon"] for p in ["ar", "chain", "static", "eagle2"]
+    }
+    assert all(s["tau"] == 1.0 for s in summaries if s["policy"] == "ar")
