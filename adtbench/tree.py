@@ -65,9 +65,13 @@ class DraftTree:
 
     @cached_property
     def ancestor_mask(self) -> torch.Tensor:
-        m = torch.eye(self.size, dtype=torch.bool)
+        anc: list[list[int]] = [[0]]
         for j in range(1, self.size):
-            m[j] |= m[self.parents[j]]
+            anc.append([*anc[self.parents[j]], j])
+        rows = [i for i, a in enumerate(anc) for _ in a]
+        cols = [c for a in anc for c in a]
+        m = torch.zeros(self.size, self.size, dtype=torch.bool)
+        m[rows, cols] = True
         return m
 
     def path_to(self, node: int) -> list[int]:

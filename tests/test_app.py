@@ -21,7 +21,12 @@ FAST = ["warmup=0", "progress=false", "maps.per_run=false"]
 
 def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout
+        [sys.executable, str(ROOT / "run.py"), *args],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
@@ -63,13 +68,22 @@ def test_run_writes_records_summary_trace_images(tmp_path):
         assert Image.open(out / r["image"]).size == (8, 8)
         assert r["tau"] == pytest.approx(r["committed"] / r["cycles"])
     s = json.loads((out / "summary.json").read_text())
-    for key in ["tau", "d_bar", "d_bar_tree", "speedup", "latency_s", "baseline_latency_s", "n_samples", "model", "policy", "drafter"]:
+    for key in [
+        "tau",
+        "d_bar",
+        "d_bar_tree",
+        "speedup",
+        "latency_s",
+        "baseline_latency_s",
+        "n_samples",
+        "model",
+        "policy",
+        "drafter",
+    ]:
         assert key in s
     assert s["n_samples"] == 3 and s["model"] == "tiny_llamagen" and s["policy"] == "eagle2" and s["complete"]
     assert s["tau"] == pytest.approx(sum(r["committed"] for r in recs) / sum(r["cycles"] for r in recs))
-    assert s["speedup"] == pytest.approx(
-        sum(r["baseline_latency_s"] for r in recs) / sum(r["latency_s"] for r in recs)
-    )
+    assert s["speedup"] == pytest.approx(sum(r["baseline_latency_s"] for r in recs) / sum(r["latency_s"] for r in recs))
     traces = lines(out / "trace.jsonl")
     assert [t["prompt_id"] for t in traces] == [r["prompt_id"] for r in recs]
     assert all(len(t["a"]) == r["cycles"] and len(t["nodes"]) == r["cycles"] for t, r in zip(traces, recs))
@@ -77,7 +91,9 @@ def test_run_writes_records_summary_trace_images(tmp_path):
 
 def test_greedy_run_matches_baseline(tmp_path):
     out = tmp_path / "g"
-    run_cli("model=tiny_chameleon", "policy=static", "sampling=greedy", "dataset.limit=2", f"hydra.run.dir={out}", *FAST)
+    run_cli(
+        "model=tiny_chameleon", "policy=static", "sampling=greedy", "dataset.limit=2", f"hydra.run.dir={out}", *FAST
+    )
     s = json.loads((out / "summary.json").read_text())
     assert s["greedy_matches_baseline"] is True
 

@@ -97,7 +97,9 @@ def _exact_joint(target, inputs, sp, k):
         for i, tok in enumerate(seq):
             lp += float(logits[tok])
             if i + 1 < k:
-                raw, _ = target.verify_forward(torch.tensor([tok]), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
+                raw, _ = target.verify_forward(
+                    torch.tensor([tok]), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+                )
                 target.commit(torch.zeros(1, dtype=torch.long))
                 logits = process_logits(raw, torch.tensor([i + 1]), lay, sp)[0].log_softmax(-1)
         probs[seq] = float(np.exp(lp))
@@ -106,7 +108,10 @@ def _exact_joint(target, inputs, sp, k):
 
 @pytest.mark.parametrize(
     "policy,cfg_scale",
-    [(lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), 3.0), (lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), 1.0)],
+    [
+        (lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), 3.0),
+        (lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), 1.0),
+    ],
     ids=["eagle2-pointmass-cfg", "static-trueq"],
 )
 def test_sampling_joint_distribution_matches_ar(policy, cfg_scale):
@@ -162,7 +167,9 @@ def test_kv_commit_equals_sequential_and_causal_mask_fails():
     # node logits equal the sequential logits along each node's path
     for node, path in [(3, [5, 7, 9]), (5, [5, 8, 10, 11])]:
         _sequential_cache(target, inputs, path[:-1])
-        raw, _ = target.verify_forward(torch.tensor([path[-1]]), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long))
+        raw, _ = target.verify_forward(
+            torch.tensor([path[-1]]), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+        )
         assert torch.allclose(raw_tree[:, node], raw[:, 0], atol=1e-10)
     # negative control: a plain causal mask over the tree block mixes branches
     target.start(inputs, 8)

@@ -76,8 +76,7 @@ class DraftSession:
             depths.append(self.depth[-1])
             rows.append(sorted(anc))
         slot_mask = torch.zeros(m, base + m, dtype=torch.bool)
-        for i, r in enumerate(rows):
-            slot_mask[i, r] = True
+        slot_mask[[i for i, r in enumerate(rows) for _ in r], [c for r in rows for c in r]] = True
         feats = torch.stack([self.outputs[p] for p in parents], dim=1)  # [R, m, H]
         embeds = self.target.embed_tokens(tok)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
         pos = self.root_pos[:, None] + torch.tensor([d - 1 for d in depths], device=self.root_pos.device)[None]

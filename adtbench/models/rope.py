@@ -10,8 +10,15 @@ LlamaGen's table that trained checkpoints depend on.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
+
+
+@lru_cache(maxsize=64)
+def _inv_freq(dim: int, n: int, theta: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``1 / theta^(2i/dim)`` for i < n (cached per device/dtype)."""
+    return 1.0 / (theta ** (torch.arange(0, dim, 2, device=device, dtype=dtype)[:n] / dim))
 
 
 @dataclass(frozen=True)
@@ -23,7 +30,7 @@ class Rope1D:
     def cos_sin(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``pos [R, n]`` → cos, sin ``[R, n, head_dim/2]``."""
         ftype = torch.float64 if dtype == torch.float64 else torch.float32
-        inv = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, device=pos.device, dtype=ftype) / self.head_dim))
+        inv = _inv_freq(self.head_dim, self.head_dim // 2, self.theta, pos.device, ftype)
         ang = pos.to(ftype)[..., None] * inv
         return ang.cos(), ang.sin()
 
@@ -40,7 +47,7 @@ class Rope2D:
         """``pos [R, n]`` → cos, sin ``[R, n, head_dim/2]`` (row freqs then column freqs)."""
         ftype = torch.float64 if dtype == torch.float64 else torch.float32
         half = self.head_dim // 2
-        inv = 1.0 / (self.theta ** (torch.arange(0, half, 2, device=pos.device, dtype=ftype)[: half // 2] / half))
+        inv = _inv_freq(half, half // 2, self.theta, pos.device, ftype)
         k = (pos - self.cls_len).clamp_min(0)
         row, col = (k // self.grid_w).to(ftype), (k % self.grid_w).to(ftype)
         ang = torch.cat([row[..., None] * inv, col[..., None] * inv], dim=-1)

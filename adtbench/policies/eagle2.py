@@ -30,53 +30,63 @@ def eagle2_candidates(depth: int, top_k: int) -> int:
 
 
 def build_eagle2_tree(session: DraftSession, depth: int, top_k: int, total_tokens: int, max_depth: int) -> DraftTree:
+    """Candidates live in flat tensors (score, token, parent candidate id; −1 = root) in creation order."""
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
     lp0 = session.root_logprobs()
     first = stable_topk(lp0, K)
     first = first[torch.isfinite(lp0[first])]
-    scores: list[float] = lp0[first].tolist()
-    toks: list[int] = first.tolist()
-    parent: list[int] = [-1] * len(toks)  # candidate index of the parent, -1 = root
-    frontier = list(range(len(toks)))
-    sess: dict[int, int] = {}
+    dev = lp0.device
+    scores, toks, parents = [lp0[first]], [first], [torch.full_like(first, -1)]
+    frontier = torch.arange(first.numel(), device=dev)  # candidate ids
+    frontier_scores = scores[0]
+    count = first.numel()
+    sess: dict[int, int] = {}  # candidate id → session node id (only ever-expanded candidates)
     for _ in range(rounds):
-        if not frontier:
+        if frontier.numel() == 0:
             break
-        ids, lp = session.expand(
-            [0 if parent[c] < 0 else sess[parent[c]] for c in frontier], [toks[c] for c in frontier]
-        )
-        sess.update(zip(frontier, ids))
+        fr = frontier.tolist()
+        par_ids = parents_of(fr, parents, count)
+        ids, lp = session.expand([0 if q < 0 else sess[q] for q in par_ids], torch.cat(toks)[frontier])
+        sess.update(zip(fr, ids))
         top = torch.sort(lp, dim=-1, descending=True, stable=True)
-        vals, kids = top.values[:, :K], top.indices[:, :K]
-        cum = vals + torch.tensor([scores[c] for c in frontier], dtype=vals.dtype, device=vals.device)[:, None]
-        base = len(toks)
-        flat, flat_tok = cum.flatten(), kids.flatten()
-        keep = torch.isfinite(flat)
-        order = {}  # flattened index → candidate index (only finite children become candidates)
-        for j in keep.nonzero(as_tuple=True)[0].tolist():
-            order[j] = len(toks)
-            scores.append(float(flat[j]))
-            toks.append(int(flat_tok[j]))
-            parent.append(frontier[j // K])
-        if len(toks) == base:
+        cum = (top.values[:, :K] + frontier_scores[:, None]).flatten()
+        kids = top.indices[:, :K].flatten()
+        keep = torch.isfinite(cum)
+        n_new = int(keep.sum())
+        if n_new == 0:
             break
-        best = stable_topk(flat.masked_fill(~keep, float("-inf")), K)
-        frontier = [order[j] for j in best.tolist() if j in order]
-    n_keep = min(total_tokens - 1, len(toks))
-    sel = sorted(stable_topk(torch.tensor(scores, dtype=torch.float64), n_keep).tolist())
-    node = {c: j + 1 for j, c in enumerate(sel)}
-    parents = [-1]
-    for c in sel:
-        if parent[c] >= 0 and parent[c] not in node:
-            raise AssertionError(f"EAGLE-2 rerank kept candidate {c} without its parent {parent[c]}")
-        parents.append(0 if parent[c] < 0 else node[parent[c]])
+        gid = torch.full_like(kids, -1)
+        gid[keep] = count + torch.arange(n_new, device=dev)
+        scores.append(cum[keep])
+        toks.append(kids[keep])
+        parents.append(frontier.repeat_interleave(K)[keep])
+        count += n_new
+        best = stable_topk(cum.masked_fill(~keep, float("-inf")), K)
+        best = best[keep[best]]
+        frontier, frontier_scores = gid[best], cum[best]
+    all_scores, all_toks, all_par = torch.cat(scores), torch.cat(toks), torch.cat(parents)
+    n_keep = min(total_tokens - 1, count)
+    sel = torch.sort(stable_topk(all_scores.double(), n_keep)).values
+    node = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # slot count = root (id −1)
+    node[sel] = torch.arange(1, n_keep + 1, device=dev)
+    node[count] = 0
+    par = all_par[sel]
+    tree_par = node[torch.where(par < 0, count, par)]
+    if (tree_par < 0).any():
+        raise AssertionError("EAGLE-2 rerank kept a candidate without its parent")
     return DraftTree(
-        tokens=torch.tensor([session.root_token] + [toks[c] for c in sel], dtype=torch.long),
-        parents=parents,
-        drafted_depth=rounds + 1 if toks else 0,
+        tokens=torch.cat([torch.tensor([session.root_token], device=dev), all_toks[sel]]).cpu(),
+        parents=[-1, *tree_par.tolist()],
+        drafted_depth=rounds + 1 if count else 0,
         width=K,
     )
+
+
+def parents_of(cands: list[int], parents: list[torch.Tensor], count: int) -> list[int]:
+    """Parent candidate id of each candidate in ``cands`` (−1 = root)."""
+    flat = torch.cat(parents)
+    return flat[torch.tensor(cands, dtype=torch.long, device=flat.device)].tolist()
 
 
 class Eagle2Policy(TreePolicy):

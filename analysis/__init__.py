@@ -1,0 +1,1 @@
+"""Offline analysis of adtbench result directories."""

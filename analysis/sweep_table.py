@@ -1,0 +1,89 @@
+"""Markdown table of a Hydra multirun: one row per job (policy, lantern, τ, d̄, speedup, latency).
+
+    python analysis/sweep_table.py <multirun_dir>
+
+Walks ``<multirun_dir>`` for every job's ``summary.json`` (written by the app, always current) and reads the
+job's command-line overrides from ``.hydra/overrides.yaml`` next to it. τ includes the bonus token, d̄ is the
+mean drafted depth, speedup the ratio of mean latencies vs the AR baseline timed in the same job, latency the
+mean per-image latency (algorithms.md §1.2).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+COLUMNS = ("job", "policy", "lantern", "τ", "d̄", "speedup", "latency (s)")
+
+
+def _job_order(path: Path) -> tuple[int, str]:
+    """Hydra job dirs start with the job number (``3_policy=adt``); sort numerically, then by name."""
+    m = re.match(r"(\d+)", path.name)
+    return (int(m.group(1)) if m else 1 << 30, str(path))
+
+
+def load_summaries(root: str | Path) -> list[dict[str, Any]]:
+    """Every ``summary.json`` under ``root`` (job order), each with ``job_dir`` and ``overrides`` added."""
+    out = []
+    for path in sorted(Path(root).rglob("summary.json"), key=lambda p: _job_order(p.parent)):
+        s = json.loads(path.read_text())
+        ov = path.parent / ".hydra" / "overrides.yaml"
+        s["job_dir"] = str(path.parent)
+        s["overrides"] = (yaml.safe_load(ov.read_text()) or []) if ov.exists() else []
+        out.append(s)
+    return out
+
+
+def _lantern(s: dict[str, Any]) -> str:
+    choice = (s.get("choices") or {}).get("lantern")
+    if choice is not None:
+        return str(choice)
+    return "on" if s.get("lantern") else "off"
+
+
+def _fmt(v: Any, digits: int) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
+
+
+def table_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
+    """One row of strings per summary, in ``COLUMNS`` order."""
+    return [
+        [
+            Path(s.get("job_dir", "")).name,
+            str(s.get("policy")),
+            _lantern(s),
+            _fmt(s.get("tau"), 3),
+            _fmt(s.get("d_bar"), 2),
+            _fmt(s.get("speedup"), 3),
+            _fmt(s.get("latency_s"), 4),
+        ]
+        for s in summaries
+    ]
+
+
+def markdown_table(summaries: list[dict[str, Any]]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(summaries)]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python analysis/sweep_table.py <multirun_dir>", file=sys.stderr)
+        return 2
+    summaries = load_summaries(args[0])
+    if not summaries:
+        print(f"no summary.json under {args[0]}", file=sys.stderr)
+        return 1
+    print(markdown_table(summaries))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
