@@ -8,9 +8,9 @@
 Bookkeeping per cycle (algorithms.md §1): the root is the last chosen token (not yet in the target's KV
 cache); the target commits root + a accepted drafts and picks the bonus token, which becomes the next root.
 τ = committed / cycles counts the bonus (AR: τ = 1). The tree depth is capped by the image positions left,
-minus one, so the last token is always a bonus and no cycle overshoots the image
-(a cycle with no room for drafts verifies the root alone; the policy is not consulted). The token sampled at prefill is cycle 1's root; the last chosen token
-ends the image without a further forward.
+minus one, so the last token is always a bonus and no cycle overshoots the image (a cycle with no room for
+drafts verifies the root alone; the policy is not consulted). The token sampled at prefill is cycle 1's root;
+the last chosen token ends the image without a further forward.
 
 Timed scope (``latency_s``): from before the prompt prefill (text encoding excluded) to the last token,
 prefill and KV allocation included, VQ decoding excluded; CUDA is synchronised at every timer boundary.

@@ -61,7 +61,10 @@ def test_run_writes_records_summary_trace_images(tmp_path):
     assert "speedup=" in proc.stdout and str(out) in proc.stdout
     recs = lines(out / "samples.jsonl")
     assert [r["prompt_id"] for r in recs] == ["text-00002", "text-00003", "text-00004"]
-    need = "prompt_id prompt seed tokens cycles tau d_bar target_forwards latency_s draft_s verify_s baseline_latency_s image"
+    need = (
+        "prompt_id prompt seed tokens cycles tau d_bar target_forwards latency_s draft_s verify_s "
+        "baseline_latency_s image"
+    )
     for r in recs:
         assert set(need.split()) <= set(r)
         assert len(r["tokens"]) == 16 and r["tau"] >= 1.0 and r["baseline_latency_s"] > 0

@@ -1,5 +1,7 @@
 """EAGLE-2 tree builder: the worked example of algorithms.md §2.4 exactly, ties, and invariants."""
 
+import itertools
+
 import pytest
 import torch
 from conftest import FakeSession
@@ -69,11 +71,11 @@ def test_eagle2_ties_keep_parents():
 
 
 def test_eagle2_config_errors():
-    with pytest.raises(ConfigError, match="policy.total_tokens"):
+    with pytest.raises(ConfigError, match=r"policy\.total_tokens"):
         Eagle2Policy(depth=1, top_k=2, total_tokens=8)  # 7 > 2 + 1·4 = 6
-    with pytest.raises(ConfigError, match="policy.depth"):
+    with pytest.raises(ConfigError, match=r"policy\.depth"):
         Eagle2Policy(depth=0)
-    with pytest.raises(ConfigError, match="policy.top_k"):
+    with pytest.raises(ConfigError, match=r"policy\.top_k"):
         Eagle2Policy(top_k=0)
 
 
@@ -100,7 +102,7 @@ def test_eagle2_tree_invariants(seed, depth, top_k, total):
     assert len(tree.retrieve_indices()) == n - len(internal)
     for row in tree.retrieve_indices().tolist():
         path = [v for v in row if v >= 0]
-        assert path[0] == 0 and all(tree.parents[b] == a for a, b in zip(path, path[1:]))
+        assert path[0] == 0 and all(tree.parents[b] == a for a, b in itertools.pairwise(path))
     # siblings in decreasing drafter score
     assert tree.max_depth <= depth + 1
 

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Engine overhead per cycle for every tiny model × drafting policy (the README table).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for model in tiny_llamagen tiny_chameleon; do
+  for policy in eagle2 static chain; do
+    .venv/bin/adtbench bench overhead "model=${model}" "policy=${policy}" threads=1 "$@" | tail -1
+  done
+done
