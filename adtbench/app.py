@@ -107,9 +107,11 @@ def trace_record(prompt_id: str, res: GenerationResult) -> dict:
     return t
 
 
-def make_summary(store: ResultStore, cfg: DictConfig, choices: dict, env: dict, n_prompts: int) -> dict:
+def make_summary(
+    store: ResultStore, cfg: DictConfig, choices: dict, env: dict, n_prompts: int, rule_name: str = "exact"
+) -> dict:
     records = store.records()
-    s = summarize(records)
+    s = summarize(records) if records else {"n_samples": 0, "tau": None, "d_bar": None, "speedup": None}
     greedy = float(cfg.sampling.temperature) == 0.0
     matches = [r["tokens_match_baseline"] for r in records if r.get("tokens_match_baseline") is not None]
     s |= {
@@ -125,10 +127,25 @@ def make_summary(store: ResultStore, cfg: DictConfig, choices: dict, env: dict, 
         "greedy_matches_baseline": (all(matches) if matches else None) if greedy else None,
         "n_prompts": n_prompts,
         "complete": len(records) == n_prompts,
+        "acceptance_rule": rule_name,
         "timing_scope": TIMING_SCOPE,
         "env": env,
     }
     return s
+
+
+def summary_line(s: dict) -> str:
+    """The one-line result a run prints."""
+
+    def f(key: str, fmt: str, unit: str = "") -> str:
+        v = s.get(key)
+        return "n/a" if v is None else f"{v:{fmt}}{unit}"
+
+    line = f"adtbench: model={s.get('model')} policy={s.get('policy')} n={s.get('n_samples')} "
+    line += f"tau={f('tau', '.3f')} d_bar={f('d_bar', '.2f')} latency={f('latency_s', '.4f', 's')}"
+    if s.get("speedup") is not None:
+        line += f" baseline={f('baseline_latency_s', '.4f', 's')} speedup={f('speedup', '.3f', 'x')}"
+    return line
 
 
 def check_resume(run_dir: Path, cfg: DictConfig) -> None:
@@ -187,9 +204,27 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
             decode(todo[0], 0, True)
             if cfg.baseline:
                 decode(todo[0], 0, False)
+    from adtbench.tracking import build_logger
+
+    tracker = build_logger(cfg, run_dir, choices)
+    try:
+        summary = _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, len(prompts), rule)
+    finally:
+        tracker.finish()
+    if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
+        from adtbench.eval import run_eval
+
+        summary = run_eval(cfg, run_dir, target=target)
+    print(f"{summary_line(summary)} -> {run_dir}")
+    return summary
+
+
+def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, n_prompts, rule) -> dict:
+    """Decode every unfinished prompt (baseline and method), commit its records, refresh the summary."""
     from tqdm import tqdm
 
-    for i, p in enumerate(tqdm(todo, desc=f"{policy.name}", disable=not cfg.progress, file=sys.stderr)):
+    policy_name = str(cfg.policy.name)
+    for i, p in enumerate(tqdm(todo, desc=policy_name, disable=not cfg.progress, file=sys.stderr)):
         seed = prompt_seed(int(cfg.seed), p.prompt_id)
         base = None
         if cfg.baseline and i % 2 == 0:
@@ -199,26 +234,21 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
             base = decode(p, seed, False)
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
         trace = trace_record(p.prompt_id, res)
-        store.commit(sample_record(p, seed, res, base), trace, image)
+        record = sample_record(p, seed, res, base)
+        store.commit(record, trace, image)
         if cfg.get("maps") is not None and cfg.maps.get("per_image"):
             from adtbench.maps import write_sample_maps
 
             write_sample_maps(run_dir, trace, target.layout)
-        store.write_summary(make_summary(store, cfg, choices, env, len(prompts)))
-    summary = make_summary(store, cfg, choices, env, len(prompts))
-    summary["acceptance_rule"] = rule.name
+        store.write_summary(make_summary(store, cfg, choices, env, n_prompts, rule.name))
+        tracker.log_sample(record, trace, image)
+    summary = make_summary(store, cfg, choices, env, n_prompts, rule.name)
     store.write_summary(summary)
     if cfg.get("maps") is not None and cfg.maps.get("per_run"):
         from adtbench.maps import write_run_maps
 
         write_run_maps(run_dir, store.traces(), target.layout)
-    line = (
-        f"adtbench: model={summary['model']} policy={summary['policy']} n={summary['n_samples']} "
-        f"tau={summary['tau']:.3f} d_bar={summary['d_bar']:.2f} latency={summary['latency_s']:.4f}s"
-    )
-    if summary.get("speedup") is not None:
-        line += f" baseline={summary['baseline_latency_s']:.4f}s speedup={summary['speedup']:.3f}x"
-    print(f"{line} -> {run_dir}")
+    tracker.log_summary(summary)
     return summary
 
 

@@ -1,20 +1,37 @@
 """``adtbench`` console script.
 
-adtbench [hydra overrides]            decode (the Hydra app; same as ``python run.py``)
-adtbench bench overhead [overrides]   engine overhead per cycle (time outside target/drafter forwards)
+    adtbench [hydra overrides]                 decode (the Hydra app; same as ``python run.py``)
+    adtbench run [hydra overrides]             the same
+    adtbench bench overhead [overrides]        engine overhead per cycle
+    adtbench train vq|ar|drafter|evaluator ... training pipeline (Hydra configs under conf/train/)
+    adtbench make-tiny model=<family> out=DIR  write a tiny random checkpoint in a real on-disk layout
+    adtbench table <results dir> [...]         paper tables from a results tree
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+SUBCOMMANDS = {
+    "bench": "adtbench.bench",
+    "train": "adtbench.train.cli",
+    "make-tiny": "adtbench.make_tiny",
+    "table": "adtbench.tables",
+}
 
 
 def main() -> None:
     args = sys.argv[1:]
-    if args and args[0] == "bench":
-        from adtbench.bench import main as bench_main
-
-        sys.exit(bench_main(args[1:]))
+    if args and args[0] in SUBCOMMANDS:
+        try:
+            module = importlib.import_module(SUBCOMMANDS[args[0]])
+        except ModuleNotFoundError as e:
+            if e.name is not None and e.name.startswith("adtbench"):
+                print(f"adtbench: '{args[0]}' is not available in this version ({e.name} missing)", file=sys.stderr)
+                sys.exit(2)
+            raise
+        sys.exit(module.main(args[1:]))
     if args and args[0] == "run":
         sys.argv = [sys.argv[0], *args[1:]]
     from adtbench.app import main as app_main

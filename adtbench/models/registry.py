@@ -15,6 +15,7 @@ from adtbench.models.base import Target
 FAMILIES: dict[str, str] = {
     "llamagen": "adtbench.models.llamagen",
     "chameleon": "adtbench.models.chameleon",
+    "mini": "adtbench.models.mini",
 }
 
 
