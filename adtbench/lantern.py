@@ -200,7 +200,7 @@ class LanternRule(AcceptanceRule):
         rows = torch.arange(tokens.numel(), device=p.device)
         p_mod = p.clone()
         p_mod[rows, tokens] = p[rows, tokens] + r.extra
-        return torch.where(moved, p_mod.argmax(-1) == tokens, exact)
+        return torch.where(moved, p_mod[rows, tokens] >= p.scatter(1, tokens[:, None], -1.0).max(-1).values, exact)
 
     def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
         r = self.relax(p[None], torch.tensor([x], device=p.device))

@@ -46,6 +46,7 @@ def lines(path: Path) -> list[dict]:
         ("sampling", ["default", "greedy"]),
         ("drafter", ["eagle", "none"]),
         ("logger", ["none"]),
+        ("experiment", ["lossless_check"]),
     ],
 )
 def test_every_option_composes(group, options):

@@ -119,7 +119,7 @@ def test_relaxation_respects_bounds_and_is_a_maximal_prefix(case):
     for x in range(p.numel()):
         A = rule.aggregated(p, x)
         m = len(A)
-        assert A == table[x, :m].tolist()  # A(x) is a proximity-ordered prefix
+        assert table[x, :m].tolist() == A  # A(x) is a proximity-ordered prefix
         moved = float(p[A].sum())
         pt = p.clone()
         pt[x] += moved
@@ -164,6 +164,17 @@ def test_greedy_rule_vectorised_matches_definition():
         want = pt >= float(others.max()) and pt > lower  # ties go to the lower index
         assert bool(got[i]) == want, i
     assert got.sum() > (logits.argmax(-1) == tokens).sum()  # the relaxation accepts more
+
+
+def test_greedy_ties_go_to_the_lower_index():
+    table = torch.tensor([[1, 2, 3], [0, 2, 3], [1, 0, 3], [2, 1, 0]])
+    rule = LanternRule(table, 0, delta=0.25, k=1)
+    log2 = float(torch.tensor(2.0, dtype=torch.float64).log())
+    logits = torch.tensor([[log2, 0.0, 0.0, -torch.inf], [0.0, 0.0, log2, -torch.inf]], dtype=torch.float64)
+    p = logits.softmax(-1)
+    assert p[0, 1] + p[0, 2] == p[0, 0] and p[1, 0] + p[1, 1] == p[1, 2]  # exact ties by construction
+    # row 0: p̃(2) = p(0) with 0 < 2 → rejected; row 1: p̃(0) = p(2) with 2 > 0 → accepted
+    assert rule.greedy_accept(logits, torch.tensor([2, 0])).tolist() == [False, True]
 
 
 def _random_case(seed: int, V: int = 9):
