@@ -5,7 +5,7 @@ Per job (Hydra's run dir):
 - ``trace.jsonl``: the compact per-cycle trace of each prompt (pos, nodes, D, d, K, a);
 - ``images/<prompt_id>.png``;
 - ``summary.json``: τ, d̄, speedup (ratio of mean latencies) and its per-prompt spread, the composed choices,
-  the environment; rewritten after every prompt, so it is always current;
+  the environment; refreshed during the run (every 10 s) and written at the end;
 - ``run_config.json``: the resolved config; a rerun into the same dir resumes only if it matches.
 
 Speedup protocol: the baseline is ``decode_ar`` of the same target, same prompts, seeds, sampling, CFG rows,
@@ -19,6 +19,7 @@ import json
 import logging
 import platform
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from adtbench.results import ResultStore, summarize
 log = logging.getLogger("adtbench")
 register_resolvers()
 
+SUMMARY_EVERY_S = 10.0  # summary.json refresh interval during a run (always written at the end)
 TIMING_SCOPE = "prefill + decode loop (text encoding, VQ decode and image writing excluded); CUDA synchronised"
 
 
@@ -107,10 +109,17 @@ def trace_record(prompt_id: str, res: GenerationResult) -> dict:
     return t
 
 
+SLIM_DROP = ("tokens", "prompt", "meta")
+
+
+def slim(record: dict) -> dict:
+    """A samples record without its bulky fields (kept in memory for summaries)."""
+    return {k: v for k, v in record.items() if k not in SLIM_DROP}
+
+
 def make_summary(
-    store: ResultStore, cfg: DictConfig, choices: dict, env: dict, n_prompts: int, rule_name: str = "exact"
+    records: list[dict], cfg: DictConfig, choices: dict, env: dict, n_prompts: int, rule_name: str = "exact"
 ) -> dict:
-    records = store.records()
     s = summarize(records) if records else {"n_samples": 0, "tau": None, "d_bar": None, "speedup": None}
     greedy = float(cfg.sampling.temperature) == 0.0
     matches = [r["tokens_match_baseline"] for r in records if r.get("tokens_match_baseline") is not None]
@@ -224,6 +233,8 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
     from tqdm import tqdm
 
     policy_name = str(cfg.policy.name)
+    records = [slim(r) for r in store.records()]
+    last_summary = time.perf_counter()
     for i, p in enumerate(tqdm(todo, desc=policy_name, disable=not cfg.progress, file=sys.stderr)):
         seed = prompt_seed(int(cfg.seed), p.prompt_id)
         base = None
@@ -240,9 +251,12 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
             from adtbench.maps import write_sample_maps
 
             write_sample_maps(run_dir, trace, target.layout)
-        store.write_summary(make_summary(store, cfg, choices, env, n_prompts, rule.name))
+        records.append(slim(record))
+        if time.perf_counter() - last_summary > SUMMARY_EVERY_S:  # keep summary.json current, cheaply
+            store.write_summary(make_summary(records, cfg, choices, env, n_prompts, rule.name))
+            last_summary = time.perf_counter()
         tracker.log_sample(record, trace, image)
-    summary = make_summary(store, cfg, choices, env, n_prompts, rule.name)
+    summary = make_summary(records, cfg, choices, env, n_prompts, rule.name)
     store.write_summary(summary)
     if cfg.get("maps") is not None and cfg.maps.get("per_run"):
         from adtbench.maps import write_run_maps
