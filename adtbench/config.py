@@ -141,6 +141,10 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
         _number(cfg, "threads", int, lo=1)
     sp = build_sampling(cfg)
     policy = build_policy(cfg)
+    if cfg.get("lantern") is not None and bool(cfg.lantern.get("enabled", False)):
+        from adtbench.lantern import lantern_params
+
+        lantern_params(cfg.lantern)
     validate_model(cfg)
     validate_drafter(cfg, policy)
     return sp, policy
@@ -151,7 +155,9 @@ def prompt_seed(base: int, prompt_id: str) -> int:
     return int(hashlib.sha256(f"{base}:{prompt_id}".encode()).hexdigest()[:15], 16)
 
 
-RESUME_IGNORED = ("dataset.limit", "warmup", "progress", "logger", "save_images", "paths", "threads", "maps")
+RESUME_IGNORED = (
+    "dataset.limit", "warmup", "progress", "logger", "save_images", "paths", "threads", "maps", "lantern.cache_dir",
+)  # fmt: skip
 
 
 def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:

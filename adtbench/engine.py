@@ -169,7 +169,7 @@ def generate(
     t0 = clock.now()
     root, res = prefill(target, inputs, sp, policy.max_nodes(), generator)
     R = target.rows
-    drafter.reset(R, res.features.shape[1] + n_gen + policy.max_nodes() + 1)
+    drafter.reset(R, res.features.shape[1] + n_gen + max(policy.max_nodes(), policy.max_draft_slots()) + 1)
     root_embed = target.embed_tokens(torch.tensor([root]))[None].expand(R, 1, -1)
     out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
     t_prefill = clock.now() - t0

@@ -29,8 +29,9 @@ Verification hooks (``AcceptanceRule``):
   p (our choice). Given the acceptance, every y receives at least min(q(y), p̃_y(y)); this residual fills only
   the deficit where q < p, proportionally, and never overshoots, so the emitted law o has the smallest
   possible TV(o, p) = Σ_y [min(q(y), p̃_y(y)) − min(q(y), p(y))] ≤ Σ_y min((q − p)⁺(y), C_{m*}(y)), and equals
-  the exact rule when p̃ = p. (Zeroing A(x) here would overshoot non-neighbours.) ``reference_residual``:
-  LANTERN++'s ``max(p − q', 0)`` with q' = q zeroed at the first k + 1 neighbours when m* ≥ 1.
+  the exact rule when p̃ = p (zeroing A(x) as in the point-mass case is not needed for this bound and would
+  make the residual depend on the draft). ``reference_residual``: LANTERN++'s ``max(p − q', 0)`` with
+  q' = q zeroed at the first k + 1 neighbours when m* ≥ 1.
 
 ``lossless`` is True iff the bound is identically 0 (δ = 0 or λ = 1) and the principled residual is used.
 """
@@ -200,7 +201,7 @@ class LanternRule(AcceptanceRule):
         rows = torch.arange(tokens.numel(), device=p.device)
         p_mod = p.clone()
         p_mod[rows, tokens] = p[rows, tokens] + r.extra
-        return torch.where(moved, p_mod[rows, tokens] >= p.scatter(1, tokens[:, None], -1.0).max(-1).values, exact)
+        return torch.where(moved, p_mod.argmax(-1) == tokens, exact)
 
     def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
         r = self.relax(p[None], torch.tensor([x], device=p.device))

@@ -53,7 +53,7 @@ def test_positive_deeper_narrower_negative_shallower_wider():
 
 
 def test_status_through_observe_and_trace_fields():
-    pol = ADTPolicy(beta=0.5)
+    pol = ADTPolicy(beta=0.5, alpha="realised")
     t = cycle(pol, PLAIN, 0, 2)  # uniform drafter: the rerank keeps depth d = 2 of D = 5; a = 2 → α = 1 ≥ β
     assert (t.max_depth, t.drafted_depth) == (2, 5)
     assert t.info["alpha"] == 1.0 and t.info["alpha_D"] == pytest.approx(2 / 5)
@@ -172,7 +172,7 @@ def test_init_none_is_always_default():
 
 
 def test_state_is_per_committed_position_and_skips_eol():
-    pol = ADTPolicy(beta=0.5)
+    pol = ADTPolicy(beta=0.5, alpha="realised")
     cycle(pol, EOL, 0, 2)  # commits 0, 1, 2; α = 1 → (6, 8)
     cycle(pol, EOL, 3, 2)  # reads 2; commits 3, 4 (EOL), 5; α = 1 → (7, 6)
     assert sorted(pol.state) == [0, 1, 2, 3, 5]
@@ -188,13 +188,23 @@ def test_state_is_per_committed_position_and_skips_eol():
 def test_budget_rules():
     fixed, mn = ADTPolicy(budget="fixed", N_max=58), ADTPolicy(budget="min", N_max=58)
     assert fixed.nodes_budget(2, 4) == 58 and mn.nodes_budget(2, 4) == 4 + 16 and mn.nodes_budget(5, 10) == 58
-    assert fixed.max_nodes() == 59
+    assert ADTPolicy(N_max=200).max_nodes() == 201 and fixed.max_nodes() == 59
+    assert fixed.max_draft_slots() == 16 * 7  # drafter scratch: K_max frontier nodes × (D_max − 1) rounds
+
+
+def test_widest_deepest_tree_fits_the_caches():
+    """D = D_max, K = K_max every cycle: the drafter expands K·(D − 1) slots, more than N_max + 1."""
+    target, drafter = tiny("tiny_llamagen")
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    pol = ADTPolicy(D0=8, K0=16, adapt=False)
+    assert generate(target, drafter, pol, inputs, sp, None).tokens == decode_ar(target, inputs, sp, None).tokens
 
 
 def test_yaml_defaults_with_adaptation_off_are_eagle2():
     node = OmegaConf.load(ROOT / "conf" / "policy" / "adt.yaml")
     pol = build_adt_policy(node)
-    assert (pol.D0, pol.K0, pol.N_max, pol.max_nodes()) == (5, 10, 58, Eagle2Policy().max_nodes())
+    assert (pol.D0, pol.K0, pol.N_max) == (5, 10, 58)
     target, drafter = tiny("tiny_llamagen")
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
     inputs = target.encode_prompt("a red circle", cfg=True)

@@ -41,7 +41,8 @@ def lines(path: Path) -> list[dict]:
     "group,options",
     [
         ("model", ["tiny_llamagen", "tiny_chameleon"]),
-        ("policy", ["ar", "chain", "static", "eagle2"]),
+        ("policy", ["ar", "chain", "static", "eagle2", "adt"]),
+        ("lantern", ["on", "off"]),
         ("dataset", ["smoke", "text", "parti", "coco", "inline"]),
         ("sampling", ["default", "greedy"]),
         ("drafter", ["eagle", "none"]),

@@ -176,3 +176,12 @@ def test_kv_commit_equals_sequential_and_causal_mask_fails():
     causal = torch.ones(6, 6, dtype=torch.bool).tril()
     raw_causal, _ = target.verify_forward(tree.tokens, causal, tree.depth)
     assert (raw_causal[:, 5] - raw_tree[:, 5]).abs().max() > 1e-3
+
+
+def test_wide_deep_eagle2_fits_drafter_cache():
+    """K·depth expanded drafter slots can exceed total_tokens: the drafter cache must hold them."""
+    target, drafter = tiny("tiny_llamagen")
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    res = generate(target, drafter, Eagle2Policy(depth=7, top_k=16, total_tokens=20), inputs, sp, None)
+    assert res.tokens == decode_ar(target, inputs, sp, None).tokens

@@ -274,6 +274,8 @@ def test_true_q_step_is_tv_minimal_given_relaxed_acceptance():
             forced[x] = min(float(q[x]), rule.relaxed_prob(p, x))
         assert float(o.sum()) == pytest.approx(1.0)
         assert torch.all(o >= forced - 1e-12)
+        deficit = (p - q).clamp_min(0)  # the residual fills exactly this, proportionally
+        assert torch.allclose(o, forced + (1 - forced.sum()) * deficit / deficit.sum(), atol=1e-12)
         tv = 0.5 * float((o - p).abs().sum())
         overshoot = float((forced - torch.minimum(q, p)).sum())
         assert tv == pytest.approx(overshoot, abs=1e-12)
@@ -354,12 +356,12 @@ def test_delta_zero_sampling_law_matches_ar():
     def policy():
         return Eagle2Policy(depth=2, top_k=3, total_tokens=9)
 
-    for seed in range(15):
+    for seed in range(6):
         a = generate(target, drafter, policy(), inputs, sp, torch.Generator().manual_seed(seed), rule)
         b = generate(target, drafter, policy(), inputs, sp, torch.Generator().manual_seed(seed), EXACT)
         assert a.tokens == b.tokens
     g = torch.Generator().manual_seed(0)
-    n = 500
+    n = 400
     counts, accepted = Counter(), 0
     for _ in range(n):
         res = generate(target, drafter, policy(), inputs, sp, g, rule)

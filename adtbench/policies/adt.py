@@ -23,8 +23,9 @@ end-of-line slot):
    N drafted nodes: ``budget: fixed`` → N = N_max; ``budget: min`` → N = min(N_max, K + (D−1)·K²). EAGLE-2's
    rerank never keeps more than the candidates, so both rules draft the same tree; they differ in the logged N.
 3. After verification with a accepted drafts, realised depth d and drafted depth D_dr (D capped by the image
-   positions left): α = a/d (``alpha: realised``) or a/D_dr (``alpha: drafted``); both are logged
-   (0 when the denominator is 0). Bisectional update (``adapt: true``)::
+   positions left): α = a/D_dr (``alpha: drafted``, default: the issue's "accepted drafts / depth drafted";
+   it makes a deeper tree need more acceptance to keep growing, so D settles near a/β) or a/d (``alpha: realised``);
+   both are logged (0 when the denominator is 0). Bisectional update (``adapt: true``)::
 
        dir' = +1 if α ≥ β else −1
        if halve_on_flip and dir ≠ 0 and dir' ≠ dir: step ← max(1, step // 2)   (a zero step stays 0)
@@ -33,7 +34,7 @@ end-of-line slot):
 
    and S[j] is written for every image position j ∈ [g, g + a] the cycle committed.
 
-Invariants: D ∈ [D_min, D_max] and K ∈ [K_min, K_max] for every drafted tree; the state resets per image;
+Invariants: the policy D ∈ [D_min, D_max] and K ∈ [K_min, K_max] in every cycle; the state resets per image;
 the policy sees only the ``DraftSession`` and its ``TokenLayout``. With ``adapt: false`` (or init ``none``,
 or ``read: final``, which never propagates an update) every tree is EAGLE-2's at (D0, K0, N_max); the
 defaults D0 = 5, K0 = 10, N_max = 58 are EAGLE-2's ``depth=4, top_k=10, total_tokens=59``.
@@ -93,7 +94,7 @@ class ADTPolicy(TreePolicy):
         init: str = "horizontal",
         read: str = "updated",
         adapt: bool = True,
-        alpha: str = "realised",
+        alpha: str = "drafted",
         beta: float = 0.5,
         l_d: int = 1,
         l_k: int = 2,
@@ -144,7 +145,12 @@ class ADTPolicy(TreePolicy):
 
     # --- TreePolicy -------------------------------------------------------------------------------------
     def max_nodes(self) -> int:
+        """Tree size ≤ N_max + 1 (the drafter's scratch is sized by ``max_draft_slots``)."""
         return self.N_max + 1
+
+    def max_draft_slots(self) -> int:
+        """Most drafter slots one cycle expands: K frontier nodes per round, D − 1 rounds."""
+        return self.K_max * (self.D_max - 1)
 
     def reset(self) -> None:
         self.state.clear()

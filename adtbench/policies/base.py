@@ -28,6 +28,10 @@ class TreePolicy(ABC):
         """Upper bound on tree size (root included), used to size KV caches."""
         return 1
 
+    def max_draft_slots(self) -> int:
+        """Upper bound on drafter scratch slots (expanded nodes) per cycle, used to size the drafter's KV cache."""
+        return self.max_nodes()
+
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:  # noqa: B027
         """Verification feedback for adaptive policies (no-op by default)."""
 

@@ -110,5 +110,8 @@ class Eagle2Policy(TreePolicy):
     def max_nodes(self) -> int:
         return self.total_tokens
 
+    def max_draft_slots(self) -> int:
+        return self.top_k * self.depth  # K frontier nodes expanded per round
+
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
         return build_eagle2_tree(session, self.depth, self.top_k, self.total_tokens, max_depth)
