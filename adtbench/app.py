@@ -176,6 +176,10 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
 def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     """Validate, load, decode every unfinished prompt, write records; returns the summary."""
     sp, policy = validate(cfg)
+    if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
+        from adtbench.eval import validate as validate_eval
+
+        validate_eval(cfg)  # missing metric weights fail before any model loads
     prompts = load_dataset(cfg)
     check_resume(run_dir, cfg)
     store = ResultStore(run_dir)
@@ -218,12 +222,13 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     tracker = build_logger(cfg, run_dir, choices)
     try:
         summary = _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, len(prompts), rule)
+        if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
+            from adtbench.eval import run_eval
+
+            summary = run_eval(cfg, run_dir, target=target)
+            tracker.log_summary(summary)
     finally:
         tracker.finish()
-    if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
-        from adtbench.eval import run_eval
-
-        summary = run_eval(cfg, run_dir, target=target)
     print(f"{summary_line(summary)} -> {run_dir}")
     return summary
 

@@ -1,11 +1,13 @@
 """``adtbench`` console script.
 
-    adtbench [hydra overrides]                 decode (the Hydra app; same as ``python run.py``)
-    adtbench run [hydra overrides]             the same
-    adtbench bench overhead [overrides]        engine overhead per cycle
-    adtbench train vq|ar|drafter|evaluator ... training pipeline (Hydra configs under conf/train/)
-    adtbench make-tiny model=<family> out=DIR  write a tiny random checkpoint in a real on-disk layout
-    adtbench table <results dir> [...]         paper tables from a results tree
+adtbench [hydra overrides]                     decode (the Hydra app; same as ``python run.py``)
+adtbench run [hydra overrides]                 the same
+adtbench bench overhead|cost [overrides]       engine overhead per cycle / GPU cost model
+adtbench train vq|ar|drafter|evaluator ...     training pipeline (Hydra configs under conf/train/)
+adtbench make-tiny model=<family> out=DIR      write a tiny random checkpoint in a real on-disk layout
+adtbench eval <run dir | tree> eval=<preset>   quality metrics on existing run dirs
+adtbench merge <shard dirs | array dir> --out DIR   merge prompt shards into one run
+adtbench table <results dir> [...]             paper tables from a results tree
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ SUBCOMMANDS = {
     "bench": "adtbench.bench",
     "train": "adtbench.train.cli",
     "make-tiny": "adtbench.make_tiny",
+    "eval": "adtbench.eval",
+    "merge": "adtbench.merge",
     "table": "adtbench.tables",
 }
 

@@ -156,7 +156,8 @@ def prompt_seed(base: int, prompt_id: str) -> int:
 
 
 RESUME_IGNORED = (
-    "dataset.limit", "warmup", "progress", "logger", "save_images", "paths", "threads", "maps", "lantern.cache_dir",
+    "dataset.limit", "warmup", "progress", "logger", "save_images", "paths", "threads", "maps",
+    "lantern.cache_dir", "eval",
 )  # fmt: skip
 
 

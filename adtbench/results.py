@@ -332,9 +332,7 @@ class ResultStore:
 
     def write_summary(self, summary: dict[str, Any]) -> Path:
         """Write ``summary.json`` atomically (indent=2, key order kept); return its path."""
-        text = json.dumps(
-            to_jsonable(summary), indent=2, sort_keys=False, ensure_ascii=False, allow_nan=False
-        )
+        text = json.dumps(to_jsonable(summary), indent=2, sort_keys=False, ensure_ascii=False, allow_nan=False)
         _atomic_write_bytes(self.summary_path, (text + "\n").encode("utf-8"))
         return self.summary_path
 
@@ -354,9 +352,7 @@ def _encode_png(image: Any) -> bytes:
         if arr.ndim == 3 and arr.shape[2] == 1:
             arr = arr[:, :, 0]
         if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))) or 0 in arr.shape:
-            raise ValueError(
-                f"image must have shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got {arr.shape}"
-            )
+            raise ValueError(f"image must have shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got {arr.shape}")
         pil = Image.fromarray(np.ascontiguousarray(arr))
     buf = io.BytesIO()
     pil.save(buf, format="PNG")

@@ -1,17 +1,40 @@
-"""Experiment-tracking sinks. Local files (samples.jsonl, summary.json) are always the source of truth;
-a tracker only mirrors them and must never make a job fail.
+"""Experiment-tracking sinks. Local files (``samples.jsonl``, ``trace.jsonl``, ``summary.json``) are always the
+source of truth; a tracker only mirrors them and never makes a job fail.
 
 ``build_logger(cfg, run_dir, choices)`` returns an object with ``log_sample(record, trace, image)``,
-``log_summary(summary)`` and ``finish()``. ``logger=none`` gives ``NullLogger``.
+``log_summary(summary)`` and ``finish()``:
+
+- ``logger=none`` → :class:`NullLogger`.
+- ``logger=wandb`` → :class:`WandbLogger`: one W&B run per job (``reinit="finish_previous"``, and the app
+  calls ``finish()`` in ``finally``, so every multirun job gets a fresh run), grouped by sweep (the Hydra
+  sweep dir, or the array dir of ``dataset.shard`` jobs), ``job_type`` = the policy, the resolved config,
+  per-sample scalars and the per-cycle trace summary, image samples and acceptance maps as media, the
+  summary metrics and a table of all samples. ``mode: offline`` by default (no account; ``wandb sync
+  <run_dir>/wandb/offline-run-*`` later); ``logger.mode=online`` to opt in — W&B then finds its own
+  credentials (environment or ``~/.netrc``); adtbench never reads or writes an API key.
+
+Failure policy: if ``wandb`` is missing, ``wandb.init`` fails (unreachable server, no credentials) or any
+later call raises, a warning is logged, the failure is recorded in ``<run_dir>/tracking.json`` and the
+tracker turns itself off; decoding and the local records continue untouched.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import time
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
+TRACKING_FILE = "tracking.json"
+
 
 class NullLogger:
+    """Tracks nothing."""
+
     def log_sample(self, record: dict, trace: dict, image: Any) -> None:
         pass
 
@@ -22,10 +45,197 @@ class NullLogger:
         pass
 
 
-def build_logger(cfg: Any, run_dir: Path, choices: dict[str, Any]) -> Any:
+def _record(run_dir: Path, entry: dict[str, Any]) -> None:
+    """Append/update this job's entry (by ``started``) in ``tracking.json``; never raises."""
+    path = run_dir / TRACKING_FILE
+    try:
+        doc = json.loads(path.read_text()) if path.exists() else {"runs": []}
+        runs = [r for r in doc.get("runs", []) if r.get("started") != entry.get("started")]
+        doc["runs"] = [*runs, entry]
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, default=str))
+        os.replace(tmp, path)
+    except Exception as e:  # the tracker's bookkeeping must not fail a job either
+        log.warning("could not write %s: %s", path, e)
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dict → ``{"a/b": scalar}`` (numbers, strings, bools; lists and None dropped)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{key}/")
+        elif isinstance(v, bool | int | float | str):
+            out[key] = v
+    return out
+
+
+def _mean(xs: list[Any]) -> float | None:
+    vals = [float(x) for x in xs if isinstance(x, int | float)]
+    return sum(vals) / len(vals) if vals else None
+
+
+SAMPLE_KEYS = ("tau", "d_bar", "d_bar_tree", "cycles", "latency_s", "baseline_latency_s", "speedup", "target_forwards")
+TABLE_COLUMNS = ["prompt_id", "prompt", *SAMPLE_KEYS, "a_mean", "nodes_mean", "D_mean", "K_mean"]
+
+
+class WandbLogger:
+    """Mirror one job into one W&B run; any W&B error disables the tracker (see module docstring)."""
+
+    def __init__(self, wandb: Any, run: Any, run_dir: Path, node: Any, entry: dict[str, Any]) -> None:
+        self.wandb, self.run, self.run_dir, self.entry = wandb, run, run_dir, entry
+        self.max_images = int(node.get("max_images", 16))
+        self.log_images = bool(node.get("log_images", True))
+        self.n = 0
+        self.images = 0
+        self.rows: list[list[Any]] = []
+
+    def _fail(self, what: str, e: BaseException) -> None:
+        log.warning("W&B %s failed (%s: %s); W&B logging is off for this job, local records are unaffected",
+                    what, type(e).__name__, e)  # fmt: skip
+        self.entry |= {"status": "failed", "error": f"{what}: {type(e).__name__}: {e}"}
+        _record(self.run_dir, self.entry)
+        self.run = None
+
+    def log_sample(self, record: dict, trace: dict, image: Any) -> None:
+        if self.run is None:
+            return
+        try:
+            data: dict[str, Any] = {f"sample/{k}": record[k] for k in SAMPLE_KEYS if record.get(k) is not None}
+            summ = {f"{k}_mean": _mean(trace.get(k, [])) for k in ("a", "nodes", "D", "K")}
+            data |= {f"trace/{k}": v for k, v in summ.items() if v is not None}
+            caption = f"{record.get('prompt_id')}: {record.get('prompt', '')}"[:200]
+            if self.log_images and image is not None and self.images < self.max_images:
+                data["media/image"] = self.wandb.Image(image, caption=caption)
+                self.images += 1
+                from adtbench.maps import safe_stem
+
+                amap = self.run_dir / "maps" / f"{safe_stem(str(record.get('prompt_id')))}_accept.png"
+                if amap.exists():  # per-image acceptance map (maps.per_image=true)
+                    data["media/accept_map"] = self.wandb.Image(str(amap), caption=caption)
+            self.run.log(data, step=self.n)
+            self.rows.append(
+                [record.get("prompt_id"), record.get("prompt"), *(record.get(k) for k in SAMPLE_KEYS), *summ.values()]
+            )
+            self.n += 1
+        except Exception as e:
+            self._fail("log_sample", e)
+
+    def log_summary(self, summary: dict) -> None:
+        if self.run is None:
+            return
+        try:
+            flat = _flatten({k: v for k, v in summary.items() if k not in ("policy_params", "sampling_params")})
+            self.run.summary.update(flat)
+            media = {
+                f"media/run_{kind}_map": self.wandb.Image(str(p))
+                for kind in ("accept", "depth", "width")
+                if (p := self.run_dir / "maps" / f"run_{kind}.png").exists()
+            }
+            if self.rows:
+                media["samples"] = self.wandb.Table(columns=TABLE_COLUMNS, data=self.rows)
+            if media:
+                self.run.log(media)
+        except Exception as e:
+            self._fail("log_summary", e)
+
+    def finish(self) -> None:
+        if self.run is None:
+            return
+        try:
+            self.run.finish()
+            self.entry |= {"status": "finished", "samples_logged": self.n}
+            _record(self.run_dir, self.entry)
+        except Exception as e:
+            self._fail("finish", e)
+
+
+def _hydra_context(run_dir: Path, cfg: Any) -> tuple[str | None, str]:
+    """(group, name): the sweep (multirun) or array (sharded run) this job belongs to, and a job name."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized():
+            hc = HydraConfig.get()
+            if hc.mode == RunMode.MULTIRUN:
+                sweep = Path(str(hc.sweep.dir))
+                return f"{sweep.parent.name}/{sweep.name}", str(hc.job.override_dirname) or run_dir.name
+    except Exception:  # Hydra is optional context here
+        pass
+    shard = cfg.get("dataset", {}).get("shard") if hasattr(cfg, "get") else None
+    if shard is not None:
+        return run_dir.parent.name, run_dir.name
+    return None, run_dir.name
+
+
+def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str | None) -> Any:
+    from omegaconf import OmegaConf
+
+    node = cfg.logger
+    mode = str(node.get("mode", "offline"))
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    entry: dict[str, Any] = {"kind": "wandb", "mode": mode, "started": started}
+    try:
+        import wandb
+    except ImportError as e:
+        entry |= {"status": "failed", "error": f"import wandb: {e}"}
+        log.warning("logger=wandb but wandb is not installed (%s); continuing with local records only", e)
+        _record(run_dir, entry)
+        return NullLogger()
+    group, name = _hydra_context(run_dir, cfg)
+    group = node.get("group") or group
+    job_type = job_type or str(choices.get("policy") or cfg.get("policy", {}).get("name", "decode"))
+    config = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
+    config.pop("hydra", None)
+    config["choices"] = dict(choices)
+    config["run_dir"] = str(run_dir)
+    tags = [str(t) for t in (node.get("tags") or [])]
+    try:
+        settings = wandb.Settings(
+            init_timeout=float(node.get("init_timeout", 60)),
+            console=str(node.get("console", "off")),
+            silent=bool(node.get("silent", True)),
+            x_disable_stats=not bool(node.get("system_stats", True)),
+        )
+        run = wandb.init(
+            project=str(node.get("project", "adtbench")),
+            entity=node.get("entity"),
+            dir=str(run_dir),
+            mode=mode,
+            group=None if group is None else str(group),
+            job_type=job_type,
+            name=str(node.get("name") or name),
+            tags=tags,
+            config=config,
+            reinit="finish_previous",
+            settings=settings,
+        )
+    except Exception as e:
+        entry |= {"status": "failed", "error": f"wandb.init: {type(e).__name__}: {e}"}
+        log.warning("wandb.init failed (%s: %s); continuing with local records only", type(e).__name__, e)
+        _record(run_dir, entry)
+        return NullLogger()
+    entry |= {
+        "status": "running",
+        "id": getattr(run, "id", None),
+        "group": group,
+        "job_type": job_type,
+        "dir": str(getattr(run, "dir", "") or ""),
+        "sync": f"wandb sync {run_dir / 'wandb'}/offline-run-*" if mode == "offline" else None,
+    }
+    _record(run_dir, entry)
+    return WandbLogger(wandb, run, run_dir, node, entry)
+
+
+def build_logger(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str | None = None) -> Any:
+    """The tracker of ``cfg.logger.kind`` for the job writing ``run_dir`` (``job_type`` overrides the policy)."""
     kind = str(cfg.logger.get("kind", "none"))
     if kind == "none":
         return NullLogger()
+    if kind == "wandb":
+        return _build_wandb(cfg, Path(run_dir), choices, job_type)
     from adtbench.errors import ConfigError
 
-    raise ConfigError("logger.kind", f"unknown logger {kind!r}")
+    raise ConfigError("logger.kind", f"unknown logger {kind!r}; choose none or wandb")

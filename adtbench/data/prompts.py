@@ -85,9 +85,7 @@ def _check_limit(limit: Any, key: str) -> int | None:
     try:
         n = operator.index(limit)
     except TypeError:
-        raise ConfigError(
-            key, f"must be an integer >= 1, or -1/null for all prompts; got {limit!r}"
-        ) from None
+        raise ConfigError(key, f"must be an integer >= 1, or -1/null for all prompts; got {limit!r}") from None
     if n == -1:
         return None
     if n < 1:
@@ -188,8 +186,7 @@ def _load_parti(p: Path, key: str) -> list[Prompt]:
     if header != PARTI_HEADER:
         raise ConfigError(
             key,
-            f"{str(p)!r} is not a PartiPrompts TSV: expected header {_PARTI_HEADER_LINE!r}, "
-            f"got {lines[0][:200]!r}",
+            f"{str(p)!r} is not a PartiPrompts TSV: expected header {_PARTI_HEADER_LINE!r}, got {lines[0][:200]!r}",
         )
     prompts: list[Prompt] = []
     for lineno, line in enumerate(lines[1:], start=2):
@@ -197,9 +194,7 @@ def _load_parti(p: Path, key: str) -> list[Prompt]:
             continue  # blank lines (e.g. a trailing newline) are not rows
         fields = line.split("\t")
         if not 3 <= len(fields) <= 4:
-            raise ConfigError(
-                key, f"{str(p)!r} line {lineno}: expected 4 tab-separated fields, got {len(fields)}"
-            )
+            raise ConfigError(key, f"{str(p)!r} line {lineno}: expected 4 tab-separated fields, got {len(fields)}")
         fields += [""] * (4 - len(fields))
         text, category, challenge, note = (f.strip() for f in fields)
         if not text:
@@ -333,22 +328,16 @@ def load_prompts(
     """
     # Cheap checks first, so a bad override fails before any file is opened.
     if kind not in KINDS:
-        raise ConfigError(
-            f"{key_prefix}.kind", f"unknown prompt dataset kind {kind!r}; expected one of {KINDS}"
-        )
+        raise ConfigError(f"{key_prefix}.kind", f"unknown prompt dataset kind {kind!r}; expected one of {KINDS}")
     n_limit = _check_limit(limit, f"{key_prefix}.limit")
     shard_i, shard_n = parse_shard(shard, key=f"{key_prefix}.shard")
     if caption not in CAPTION_RULES:
-        raise ConfigError(
-            f"{key_prefix}.caption", f"unknown caption rule {caption!r}; expected one of {CAPTION_RULES}"
-        )
+        raise ConfigError(f"{key_prefix}.caption", f"unknown caption rule {caption!r}; expected one of {CAPTION_RULES}")
 
     path_key = f"{key_prefix}.path"
     if kind == "inline":
         if not isinstance(text, str) or not text.strip():
-            raise ConfigError(
-                f"{key_prefix}.text", f"kind='inline' needs a non-empty prompt text, got {text!r}"
-            )
+            raise ConfigError(f"{key_prefix}.text", f"kind='inline' needs a non-empty prompt text, got {text!r}")
         prompts = [Prompt(prompt_id="inline-0000", text=text.strip(), meta={})]
     else:
         p = _resolve_path(path, path_key, kind)

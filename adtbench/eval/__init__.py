@@ -1,0 +1,236 @@
+"""The evaluation stage: score a run's images after decoding (same job) or later on an existing run dir.
+
+    adtbench eval <run_dir | results tree> [hydra overrides]      # e.g. eval=clip eval.clip.pretrained=/w/clip.bin
+    python -m adtbench.eval <run_dir | results tree> [overrides]  # the same
+
+``eval.metrics`` (set by the ``eval=`` preset) lists the metrics, run in order (metric → summary blocks):
+
+- ``clip`` → ``clip_score`` (also per prompt) — :mod:`adtbench.eval.clip_score`
+- ``hps`` → ``hpsv21`` / ``hpsv2`` (also per prompt) — :mod:`adtbench.eval.hps`
+- ``aesthetic`` → ``aesthetic`` (also per prompt) — :mod:`adtbench.eval.aesthetic`
+- ``fid`` → ``fid`` (against ``eval.reference``); ``is`` → ``is`` — :mod:`adtbench.eval.fid`
+- ``prc`` → ``precision``, ``recall`` (improved P&R, k = 3) — :mod:`adtbench.eval.prc`
+- ``mini`` → ``mini_agreement`` (+ ``mini_fid`` / ``mini_precision`` / ``mini_recall``) — :mod:`adtbench.eval.mini`
+- ``geneval`` / ``dpg`` → exports for GenEval / DPG-Bench — :mod:`adtbench.eval.export`
+
+Every block records ``value``, ``n``, the implementation and its version, the weights file (path + sha256)
+and the scale; ``summary["eval"]["values"]`` maps block → value. Per-prompt scores go to
+``eval_samples.jsonl`` (one line per prompt id); the whole block also to ``eval.json``. Images are paired
+with prompts by ``prompt_id`` through ``samples.jsonl``. Every weights path is checked before any model
+loads; a missing one is a ``ConfigError`` naming the key and the expected file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from adtbench.errors import ConfigError
+from adtbench.eval import aesthetic, clip_score, export, fid, hps, mini, prc
+from adtbench.eval.common import load_run_samples, node_get, pick_device, prompt_ids_digest
+from adtbench.eval.context import EvalContext, MetricOutput
+from adtbench.results import SAMPLES_FILE, SUMMARY_FILE, to_jsonable
+
+__all__ = ["EVAL_FILE", "EVAL_SAMPLES_FILE", "METRICS", "main", "run_eval", "validate"]
+
+log = logging.getLogger(__name__)
+
+EVAL_FILE = "eval.json"
+EVAL_SAMPLES_FILE = "eval_samples.jsonl"
+
+Validator = Callable[[Any], None]
+Computer = Callable[[Any, EvalContext], MetricOutput]
+METRICS: dict[str, tuple[Validator, Computer]] = {
+    "clip": (clip_score.validate, clip_score.compute),
+    "hps": (hps.validate, hps.compute),
+    "aesthetic": (aesthetic.validate, aesthetic.compute),
+    "fid": (fid.validate, fid.compute),
+    "is": (fid.validate_is, fid.compute_is),
+    "prc": (prc.validate, prc.compute),
+    "mini": (mini.validate, mini.compute),
+    "geneval": (export.validate_geneval, export.geneval),
+    "dpg": (export.validate_dpg, export.dpg),
+}
+
+
+def selected(cfg: Any) -> list[str]:
+    """The metric names of ``cfg.eval`` (empty for ``eval=none``); unknown names are a ConfigError."""
+    ecfg = cfg.get("eval") if hasattr(cfg, "get") else None
+    if ecfg is None or str(node_get(ecfg, "kind", "none")) == "none":
+        return []
+    names = [str(m) for m in (node_get(ecfg, "metrics", []) or [])]
+    for m in names:
+        if m not in METRICS:
+            raise ConfigError("eval.metrics", f"unknown metric {m!r}; known: {sorted(METRICS)}")
+    return names
+
+
+def validate(cfg: Any, inject: dict[str, Any] | None = None) -> list[str]:
+    """Check every selected metric's config and weight paths without loading anything (call it before a long
+    decode so a missing file fails in seconds). Injected modules stand in for their weights. Returns the
+    metric names."""
+    names = selected(cfg)
+    inject = inject or {}
+    stand_ins = {"clip": "clip", "hps": "hps", "mini": "mini", "aesthetic": "aesthetic_mlp"}
+    for name in names:
+        if stand_ins.get(name) in inject or (name in ("fid", "prc", "is") and _extractor_injected(cfg, name, inject)):
+            continue
+        METRICS[name][0](cfg.eval)
+    return names
+
+
+def _extractor_injected(cfg: Any, name: str, inject: dict[str, Any]) -> bool:
+    kind = {"fid": node_get(cfg.eval, "fid.features", "inception"), "is": "inception"}.get(
+        name, node_get(cfg.eval, "prc.features", "vgg16")
+    )
+    return f"extractor:{kind}" in inject
+
+
+def _atomic_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def run_eval(
+    cfg: Any,
+    run_dir: str | os.PathLike[str],
+    target: Any = None,
+    inject: dict[str, Any] | None = None,
+    shared: dict[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate the run in ``run_dir`` with ``cfg.eval``; write ``eval.json``, ``eval_samples.jsonl`` and the
+    ``eval`` block of ``summary.json``; return the updated summary.
+
+    Args:
+        cfg: the composed config (``cfg.eval`` is used; ``paths`` only through interpolations).
+        run_dir: a job directory holding ``samples.jsonl`` and ``images/``.
+        target: the decoded target (its CUDA device is reused with ``eval.device=auto``).
+        inject: stand-in modules instead of loading weights (see :class:`EvalContext`).
+        shared: a dict reused across calls to keep loaded models (several run dirs in one process).
+    """
+    run = Path(run_dir)
+    names = validate(cfg, inject)
+    ecfg = cfg.eval
+    summary_path = run / SUMMARY_FILE
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if not names:
+        return summary
+    samples = load_run_samples(run)
+    cache = node_get(ecfg, "cache_dir")
+    ctx = EvalContext(
+        run_dir=run,
+        samples=samples,
+        device=pick_device(node_get(ecfg, "device", "auto"), target),
+        batch_size=int(node_get(ecfg, "batch_size", 32)),
+        cache_dir=None if cache is None else Path(str(cache)).expanduser(),
+        inject=dict(inject or {}),
+        memo=shared if shared is not None else {},
+    )
+    # features of generated images are per run: drop those of a previous run sharing the memo
+    for k in [k for k in ctx.memo if isinstance(k, tuple) and k and k[0] == "generated"]:
+        del ctx.memo[k]
+    block: dict[str, Any] = {
+        "kind": str(node_get(ecfg, "kind")),
+        "metrics": names,
+        "n_images": len(samples),
+        "prompt_ids": prompt_ids_digest([s.prompt_id for s in samples]),
+        "device": str(ctx.device),
+        "values": {},
+        "time_s": {},
+    }
+    per_prompt: dict[str, dict[str, float]] = {}
+    log.info("evaluating %d images of %s: %s", len(samples), run, ", ".join(names))
+    error: BaseException | None = None
+    for name in names if samples else []:
+        t0 = time.perf_counter()
+        try:
+            out = METRICS[name][1](ecfg, ctx)
+        except Exception as e:  # keep what finished, record the failure, then re-raise
+            block["error"] = {"metric": name, "type": type(e).__name__, "message": str(e)}
+            error = e
+            break
+        block["time_s"][name] = time.perf_counter() - t0
+        for entry, details in out.entries.items():
+            block[entry] = details
+            block["values"][entry] = details.get("value")
+        for col, vals in out.per_prompt.items():
+            for pid, v in vals.items():
+                per_prompt.setdefault(pid, {})[col] = v
+    if not samples:
+        block["skipped"] = f"no samples in {run / SAMPLES_FILE}"
+    block["complete"] = error is None and bool(samples)
+    summary["eval"] = block
+    rows = [{"prompt_id": s.prompt_id, **per_prompt[s.prompt_id]} for s in samples if s.prompt_id in per_prompt]
+    _atomic_text(run / EVAL_SAMPLES_FILE, "".join(json.dumps(to_jsonable(r)) + "\n" for r in rows))
+    _atomic_text(run / EVAL_FILE, json.dumps(to_jsonable(block), indent=2) + "\n")
+    _atomic_text(summary_path, json.dumps(to_jsonable(summary), indent=2, ensure_ascii=False) + "\n")
+    if error is not None:
+        raise error
+    return summary
+
+
+def eval_line(summary: dict[str, Any]) -> str:
+    """One line with the evaluated values."""
+    vals = (summary.get("eval") or {}).get("values") or {}
+    parts = [f"{k}={v:.4g}" if isinstance(v, int | float) else f"{k}=exported" for k, v in vals.items()]
+    return "adtbench eval: " + (" ".join(parts) if parts else "nothing evaluated")
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """``root`` if it is a run dir, else every run dir (holding ``samples.jsonl``) below it, sorted."""
+    if (root / SAMPLES_FILE).exists():
+        return [root]
+    return sorted(p.parent for p in root.rglob(SAMPLES_FILE) if "export" not in p.parts)
+
+
+def main(args: list[str]) -> int:
+    """``adtbench eval <run_dir | tree> [overrides]``: evaluate existing run dir(s)."""
+    if not args or args[0] in ("-h", "--help") or args[0].find("=") >= 0:
+        print("usage: adtbench eval <run_dir | results tree> eval=<preset> [overrides]", file=sys.stderr)
+        return 2
+    from hydra import compose, initialize_config_dir
+
+    from adtbench.config import register_resolvers
+
+    register_resolvers()
+    root, overrides = Path(args[0]), args[1:]
+    conf = str(Path(__file__).resolve().parent.parent.parent / "conf")
+    with initialize_config_dir(version_base="1.3", config_dir=conf):
+        cfg = compose("config", overrides=list(overrides))
+    runs = find_run_dirs(root)
+    if not runs:
+        print(f"adtbench eval: no run dir (with {SAMPLES_FILE}) at or under {root}", file=sys.stderr)
+        return 1
+    try:
+        if not validate(cfg):
+            print("adtbench eval: nothing to evaluate; choose a preset, e.g. eval=mini or eval=clip", file=sys.stderr)
+            return 2
+        shared: dict[Any, Any] = {}
+        for run in runs:
+            summary = run_eval(cfg, run, shared=shared)
+            print(f"{eval_line(summary)} -> {run}")
+            _log_to_tracker(cfg, run, summary)
+    except ConfigError as e:
+        print(f"adtbench: config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _log_to_tracker(cfg: Any, run: Path, summary: dict[str, Any]) -> None:
+    """With ``logger=wandb``: one W&B run (job_type ``eval``) per evaluated run dir."""
+    if str(node_get(cfg, "logger.kind", "none")) == "none":
+        return
+    from adtbench.tracking import build_logger
+
+    tracker = build_logger(cfg, run, dict(summary.get("choices") or {}), job_type="eval")
+    try:
+        tracker.log_summary(summary)
+    finally:
+        tracker.finish()

@@ -1,0 +1,143 @@
+"""`adtbench table` and analysis/ on a synthetic results tree with hand-computed numbers: ratio-of-sums τ /
+d̄ / speedup, per-prompt metric means, set metrics, bootstrap CIs identical to results.bootstrap_ci, merged
+runs superseding their shards, repeats pooled by prompt; markdown / LaTeX / CSV; plots and the notebook."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from adtbench.results import bootstrap_ci
+from adtbench.tables import aggregate, load_tree, main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_run(d: Path, policy: str, rows: list[tuple], lantern: str = "off", fid: float | None = None,
+              shard: str | None = None, overrides: list[str] | None = None) -> Path:  # fmt: skip
+    """rows: (prompt_id, committed, cycles, drafted_depth_sum, latency, baseline, clip)."""
+    d.mkdir(parents=True)
+    recs, evals = [], []
+    for pid, k, c, ds, lat, base, clip in rows:
+        recs.append({"prompt_id": pid, "committed": k, "cycles": c, "drafted_depth_sum": ds, "tree_depth_sum": ds,
+                     "latency_s": lat, "baseline_latency_s": base, "tau": k / c, "speedup": base / lat})  # fmt: skip
+        if clip is not None:
+            evals.append({"prompt_id": pid, "clip_score": clip})
+    (d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"prompt_id": "torn')
+    (d / "eval_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in evals))
+    choices = {"model": "tiny_llamagen", "policy": policy, "lantern": lantern, "dataset": "smoke"}
+    summary = {"model": "tiny_llamagen", "policy": policy, "lantern": lantern == "on", "dataset": "smoke",
+               "choices": choices, "n_samples": len(recs), "eval": {"values": {"fid": fid} if fid else {}}}  # fmt: skip
+    (d / "summary.json").write_text(json.dumps(summary))
+    cfg = {"policy": {"name": policy}, "lantern": {"enabled": lantern == "on"}, "dataset": {"shard": shard}}
+    (d / "run_config.json").write_text(json.dumps(cfg))
+    if overrides is not None:
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    return d
+
+
+AR = [("p1", 16, 16, 0, 1.0, 1.0, 30.0), ("p2", 16, 16, 0, 1.0, 1.0, 31.0), ("p3", 16, 16, 0, 1.0, 1.0, 32.0)]
+EAGLE = [("p1", 16, 8, 40, 0.5, 1.0, 29.0), ("p2", 16, 4, 20, 0.25, 1.0, 30.0), ("p3", 16, 8, 40, 0.5, 1.0, 34.0)]
+LANTERN = [(f"p{i}", 16, 4 + i, 5 * (4 + i), 0.2 * (1 + i), 1.0, None) for i in range(1, 5)]
+
+
+@pytest.fixture
+def tree(tmp_path) -> Path:
+    root = tmp_path / "results"
+    write_run(root / "sweep" / "0_policy=ar", "ar", AR, overrides=["policy=ar"])
+    write_run(root / "sweep" / "1_policy=eagle2", "eagle2", EAGLE, fid=12.5, overrides=["policy=eagle2"])
+    s0 = write_run(root / "array" / "shard_0_of_2", "eagle2", LANTERN[:2], "on", shard="0/2")
+    s1 = write_run(root / "array" / "shard_1_of_2", "eagle2", LANTERN[2:], "on", shard="1/2")
+    merged = write_run(root / "array" / "merged", "eagle2", LANTERN, "on")
+    (merged / "merge.json").write_text(json.dumps({"sources": [{"dir": str(s0)}, {"dir": str(s1)}]}))
+    return root
+
+
+def test_load_tree_reads_runs_and_samples_and_drops_superseded_shards(tree):
+    runs, samples = load_tree(tree)
+    assert sorted(runs["job"]) == ["0_policy=ar", "1_policy=eagle2", "merged"]
+    assert len(samples) == 3 + 3 + 4  # the torn last lines are skipped, shards superseded by the merged run
+    assert runs.set_index("job").loc["1_policy=eagle2", "fid"] == 12.5
+    assert runs.set_index("job").loc["0_policy=ar", "ov.policy"] == "ar"
+    assert samples.set_index(["run_dir", "prompt_id"])["clip_score"].notna().sum() == 6
+
+
+def test_table_numbers_by_hand(tree):
+    runs, samples = load_tree(tree)
+    t = aggregate(runs, samples, by=["policy", "lantern"], n_boot=500, seed=3).set_index(["policy", "lantern"])
+    ar, ea, la = t.loc[("ar", "off")], t.loc[("eagle2", "off")], t.loc[("eagle2", "on")]
+    assert (ar["tau"], ar["d_bar"], ar["speedup"], ar["clip_score"]) == (1.0, 0.0, 1.0, 31.0)
+    assert (ar["tau_lo"], ar["tau_hi"], ar["speedup_lo"], ar["speedup_hi"]) == (1.0, 1.0, 1.0, 1.0)
+    assert ea["tau"] == pytest.approx(48 / 20) and ea["d_bar"] == pytest.approx(100 / 20)
+    assert ea["speedup"] == pytest.approx(3.0 / 1.25) and ea["latency_s"] == pytest.approx(1.25 / 3)
+    assert ea["clip_score"] == pytest.approx(31.0) and ea["fid"] == 12.5 and np.isnan(ea["fid_lo"])
+    assert la["n"] == 4 and la["runs"] == 1 and la["tau"] == pytest.approx(64 / 26) and np.isnan(la["clip_score"])
+    # the cluster bootstrap equals results.bootstrap_ci (same seed → same resamples) for one sample per prompt
+    k = np.array([[16, 8, 1.0, 0.5], [16, 4, 1.0, 0.25], [16, 8, 1.0, 0.5]])
+    lo, hi = bootstrap_ci(k, stat=lambda a: a[:, 0].sum() / a[:, 1].sum(), n_boot=500, seed=3)
+    assert (ea["tau_lo"], ea["tau_hi"]) == pytest.approx((lo, hi), abs=1e-12) and lo < ea["tau"] < hi
+    lo, hi = bootstrap_ci(k, stat=lambda a: a[:, 2].sum() / a[:, 3].sum(), n_boot=500, seed=3)
+    assert (ea["speedup_lo"], ea["speedup_hi"]) == pytest.approx((lo, hi), abs=1e-12)
+    lo, hi = bootstrap_ci(np.array([29.0, 30.0, 34.0]), n_boot=500, seed=3)
+    assert (ea["clip_score_lo"], ea["clip_score_hi"]) == pytest.approx((lo, hi), abs=1e-12)
+
+
+def test_repeats_are_pooled_and_resampled_by_prompt(tmp_path):
+    root = tmp_path / "r"
+    write_run(root / "a", "eagle2", EAGLE)
+    write_run(root / "b", "eagle2", [(p, k, c + 8, ds, lat, base, clip) for p, k, c, ds, lat, base, clip in EAGLE])
+    t = aggregate(*load_tree(root), by=["policy"], n_boot=200).iloc[0]
+    assert t["n"] == 3 and t["runs"] == 2 and t["tau"] == pytest.approx(96 / (20 + 44))
+    assert t["tau_lo"] <= t["tau"] <= t["tau_hi"]
+
+
+def test_table_command_formats(tree, capsys):
+    import pandas as pd
+
+    assert main([str(tree), "--format", "csv", "--n-boot", "200", "--by", "policy,lantern"]) == 0
+    csv = pd.read_csv(io.StringIO(capsys.readouterr().out)).set_index(["policy", "lantern"])
+    assert csv.loc[("eagle2", "off"), "speedup"] == pytest.approx(2.4) and csv.loc[("ar", "off"), "n"] == 3
+    assert main([str(tree), "--n-boot", "200"]) == 0  # default --by: what varies (policy, lantern)
+    md = capsys.readouterr().out
+    assert "| model" in md and "lantern" in md and "2.400 [" in md and "31.000 [" in md and "12.500" in md
+    assert main([str(tree), "--format", "latex", "--n-boot", "50"]) == 0
+    tex = capsys.readouterr().out
+    assert "\\toprule" in tex and "\\bottomrule" in tex and "tiny\\_llamagen" in tex and "$\\tau$" in tex
+    assert main([str(tree), "--by", "nonexistent"]) == 2
+    assert main([str(tree / "nothing-here")]) == 1
+    from adtbench.cli import SUBCOMMANDS
+
+    assert SUBCOMMANDS["table"] == "adtbench.tables"
+
+
+def test_analysis_tables_plots_and_notebook(tree, tmp_path, monkeypatch):
+    from analysis.plots import nice_ticks, pareto_front
+    from analysis.tables import main_table, pivot, write_tables
+
+    assert pareto_front([1.0, 2.0, 3.0, 2.5], [5.0, 4.0, 1.0, 0.5]) == [0, 1, 2]
+    assert pareto_front([1.0, 2.0, 3.0], [5.0, 4.0, 1.0], maximize_y=False) == [2]
+    assert nice_ticks(0.93, 2.41) == [1.0, 1.5, 2.0]
+    table = main_table(tree, by=["policy", "lantern"], n_boot=100)
+    pv = pivot(table, "speedup", ["policy"], "lantern")
+    assert list(pv.columns) == ["policy", "lantern=off", "lantern=on"] and pv.iloc[0]["lantern=on"] == "—"
+    assert [p.suffix for p in write_tables(table, tmp_path / "t")] == [".md", ".tex", ".csv"]
+    # the notebook, cell by cell (the display cell needs Jupyter)
+    nb = json.loads((ROOT / "analysis" / "main_table.ipynb").read_text())
+    out = tmp_path / "nb"
+    monkeypatch.setenv("ADTBENCH_SWEEP", str(tree))
+    monkeypatch.setenv("ADTBENCH_TABLES", str(out))
+    monkeypatch.setenv("ADTBENCH_N_BOOT", "50")
+    monkeypatch.chdir(ROOT)
+    ns: dict = {}
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "code" and "IPython" not in src:
+            exec(compile(src, "main_table.ipynb", "exec"), ns)
+    assert sorted(p.name for p in out.iterdir()) == ["main.csv", "main.md", "main.tex", "speedup_vs_clip_score.png",
+                                                     "tau_vs_dbar.png"]  # fmt: skip
+    assert len(ns["table"]) == 3
