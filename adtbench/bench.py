@@ -1,17 +1,28 @@
 """Benchmarks (scripts, not tests).
 
     adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.out=FILE]
+    adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.kv_len=1024]
+                        [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE] [bench.allow_cpu=false]
 
 ``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify
 forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
 (the target prompt pass and the drafter's prefix pass) is excluded from both sides. Timers wrap the forward
 calls; on CUDA each reading synchronises. Reports the mean per cycle over ``bench.prompts`` prompts after
 one warm-up generation.
+
+``cost``: the GPU cost model of one draft–verify cycle for a real-shaped model with random weights (timing does
+not depend on the weights): the target's verification forward vs tree size (1…128 nodes by default) at a KV
+length of about ``bench.kv_len``, one drafter expansion step (``top_k`` = 10 nodes: drafter forward + LM head +
+processing), and — unless ``bench.overhead_prompts=0`` — the engine's non-model overhead per cycle measured by
+``overhead`` on full generations. Each timing is the median of ``bench.repeats`` CUDA-synchronised runs after
+warm-up. Without a CUDA device it prints a skip line and exits 0 (``bench.allow_cpu=true`` runs it on the CPU,
+for smoke tests only).
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +57,8 @@ class _Timed:
         setattr(obj, name, wrapped)
 
 
-def overhead(cfg: Any) -> dict:
+def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
+    """Engine overhead per cycle (module docstring); ``target``/``drafter`` reuse already-built models."""
     register_resolvers()
     sp, policy = validate(cfg)
     if not policy.uses_drafter:
@@ -57,8 +69,10 @@ def overhead(cfg: Any) -> dict:
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
-    target = build_target(cfg.model)
-    drafter = build_drafter(cfg.drafter, target)
+    if target is None:
+        target = build_target(cfg.model)
+    if drafter is None:
+        drafter = build_drafter(cfg.drafter, target)
     rule = build_rule(cfg, target)
     sync = target.device.type == "cuda"
     use_cfg = sp.use_cfg and target.supports_cfg
@@ -102,23 +116,171 @@ def overhead(cfg: Any) -> dict:
     }
 
 
+DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
+
+
+def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``n``-node tree (node 0 = root; each node's parent is an earlier node, biased to recent ones).
+
+    Returns ``(ancestor_mask [n, n] bool incl. self, depth [n])``.
+    """
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(int(torch.randint(max(0, i - 8), i, (1,), generator=gen)))
+    mask = torch.eye(n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+        depth[i] = depth[parents[i]] + 1
+    return mask, depth
+
+
+def _median_ms(fn: Any, repeats: int, sync: bool) -> float:
+    times = []
+    for _ in range(repeats):
+        if sync:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -> int:
+    """Prefill a prompt, then commit chains of random image tokens until ~``kv_len`` cache entries; returns it."""
+    inputs = target.encode_prompt("a photograph of a red fox in the snow", cfg=target.supports_cfg)
+    target.start(inputs, max_nodes)
+    lay = target.layout
+    budget = target.prompt_length(inputs) + lay.num_gen_tokens - 1  # stay inside the image (static caches)
+    goal = min(kv_len, budget)
+    while target.length < goal:
+        n = min(128, goal - target.length)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        chain = torch.ones(n, n, dtype=torch.bool).tril()
+        target.verify_forward(toks, chain, torch.arange(n))
+        target.commit(torch.arange(n))
+    return target.length
+
+
+@torch.no_grad()
+def cost(cfg: Any) -> dict:
+    """The cost-model measurements (module docstring) as a dict; ``{"skipped": reason}`` without a GPU."""
+    from omegaconf import OmegaConf
+
+    from adtbench.drafters.build import build_drafter
+    from adtbench.drafters.session import DraftSession
+    from adtbench.models.registry import build_target
+    from adtbench.sampling import SamplingParams
+
+    b = cfg.bench
+    if not torch.cuda.is_available() and not bool(b.get("allow_cpu", False)):
+        return {"skipped": "no CUDA device: the cost model is a GPU measurement (bench.allow_cpu=true to force)"}
+    register_resolvers()
+    sizes = [int(x) for x in (b.get("tree_sizes") or DEFAULT_TREE_SIZES)]
+    if not sizes or min(sizes) < 1:
+        raise ConfigError("bench.tree_sizes", f"need positive tree sizes, got {sizes}")
+    repeats, kv_len = int(b.get("repeats", 20)), int(b.get("kv_len", 1024))
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    target = build_target(cfg.model)
+    sync = target.device.type == "cuda"
+    drafter = build_drafter(OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None}), target)
+    gen = torch.Generator().manual_seed(int(cfg.seed))
+    length = fill_cache(target, kv_len, max(sizes), gen)
+    rows = []
+    for n in sizes:
+        mask, depth = random_tree(n, gen)
+        toks = target.layout.image_token_offset + torch.randint(0, target.layout.num_codes, (n,), generator=gen)
+        for _ in range(3):  # warm-up (kernels, allocator)
+            target.verify_forward(toks, mask, depth)
+        ms = _median_ms(lambda t=toks, m=mask, d=depth: target.verify_forward(t, m, d), repeats, sync)
+        rows.append({"tree_nodes": n, "target_forward_ms": ms, "ms_per_node": ms / n})
+    # one drafter expansion step over the same prefix: K = 10 children of the root
+    R, H = target.rows, target.hidden_size
+    drafter.reset(R, length + 2 * max(sizes) + 16)
+    feats = torch.randn(R, length, H, generator=gen).to(target.device, target.dtype)
+    pos = torch.arange(length, device=target.device)[None].expand(R, length)
+    embeds = target.embed_tokens(torch.zeros(length, dtype=torch.long))[None].expand(R, -1, -1)
+    out = drafter.extend(feats, embeds, pos, torch.ones(R, length, dtype=torch.bool))
+    sp = SamplingParams(temperature=1.0, top_k=0, cfg_scale=3.0 if R > 1 else 1.0)
+    k = 10
+    kids = target.layout.image_token_offset + torch.arange(k)
+
+    def step() -> None:
+        s = DraftSession(drafter, target, sp, int(kids[0]), 0, target.next_pos.clone(), out, None)
+        s.expand([0] * k, kids)
+        drafter.rollback()
+
+    for _ in range(3):
+        step()
+    drafter_ms = _median_ms(step, repeats, sync)
+    result: dict[str, Any] = {
+        "model": str(cfg.model.name),
+        "device": torch.cuda.get_device_name(target.device) if sync else str(target.device),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "cfg_rows": R,
+        "kv_len": length,
+        "repeats": repeats,
+        "verify": rows,
+        "drafter_step_ms": drafter_ms,
+        "drafter_step_nodes": k,
+    }
+    n_over = int(b.get("overhead_prompts", 2))
+    if n_over > 0:
+        resolved = {"dtype": result["dtype"], "device": str(target.device)}  # `auto` → what was built
+        over_cfg = OmegaConf.merge(cfg, {"bench": {"prompts": n_over}, "model": resolved})
+        result["overhead"] = overhead(over_cfg, target=target, drafter=drafter)
+    return result
+
+
+def cost_table(r: dict) -> str:
+    """Markdown tables of a ``cost`` result (for docs/README)."""
+    head = f"{r['model']} on {r['device']}, {r['dtype']}, {r['cfg_rows']} CFG row(s), KV ≈ {r['kv_len']}"
+    lines = [head, "", "| tree nodes | target forward (ms) | ms / node |", "|---:|---:|---:|"]
+    lines += [f"| {x['tree_nodes']} | {x['target_forward_ms']:.2f} | {x['ms_per_node']:.3f} |" for x in r["verify"]]
+    lines += ["", f"drafter step ({r['drafter_step_nodes']} nodes): {r['drafter_step_ms']:.2f} ms"]
+    if "overhead" in r:
+        o = r["overhead"]
+        lines.append(
+            f"engine overhead: {o['overhead_ms']:.2f} ms of a {o['cycle_ms']:.2f} ms cycle "
+            f"({100 * o['overhead_frac']:.1f} %; target {o['target_forward_ms']:.2f} ms, "
+            f"drafter {o['drafter_ms']:.2f} ms)"
+        )
+    return "\n".join(lines)
+
+
+USAGE = "usage: adtbench bench overhead|cost [hydra overrides]"
+
+
 def main(args: list[str]) -> int:
-    if not args or args[0] != "overhead":
-        print("usage: adtbench bench overhead [hydra overrides]")
+    if not args or args[0] not in ("overhead", "cost"):
+        print(USAGE)
         return 2
     conf = str(Path(__file__).resolve().parent.parent / "conf")
     register_resolvers()
+    extra = ["+bench.prompts=8", "+bench.out=null"]
+    if args[0] == "cost":
+        extra += ["+bench.tree_sizes=null", "+bench.kv_len=1024", "+bench.repeats=20", "+bench.overhead_prompts=2"]
+        extra += ["+bench.allow_cpu=false"]
     with initialize_config_dir(version_base="1.3", config_dir=conf):
-        cfg = compose("config", overrides=["+bench.prompts=8", "+bench.out=null", *args[1:]])
+        cfg = compose("config", overrides=[*extra, *args[1:]])
     try:
-        r = overhead(cfg)
+        r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:
         print(f"adtbench: config error: {e}")
         return 2
-    cols = ["model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
-            "overhead_ms", "overhead_frac"]  # fmt: skip
-    print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-    print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    if "skipped" in r:
+        print(f"adtbench: bench cost skipped: {r['skipped']}")
+        return 0
+    if args[0] == "cost":
+        print(cost_table(r))
+    else:
+        cols = ["model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
+                "overhead_ms", "overhead_frac"]  # fmt: skip
+        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
     if cfg.bench.out:
         Path(str(cfg.bench.out)).write_text(json.dumps(r, indent=2))
     return 0

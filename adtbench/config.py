@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench.errors import ConfigError
@@ -98,16 +97,10 @@ def validate_model(cfg: DictConfig) -> None:
     family = str(_get(cfg, "model.family"))
     if family not in FAMILIES:
         raise ConfigError("model.family", f"unknown family {family!r}; known: {sorted(FAMILIES)}")
-    dtype = str(_get(cfg, "model.dtype"))
-    if dtype not in ("float32", "float64", "bfloat16", "float16"):
-        raise ConfigError("model.dtype", f"unknown dtype {dtype!r}")
-    device = str(_get(cfg, "model.device"))
-    try:
-        dev = torch.device(device)
-    except RuntimeError as e:
-        raise ConfigError("model.device", f"invalid device {device!r}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("model.device", f"{device!r} requested but no CUDA device is available")
+    from adtbench.models.registry import resolve_device, resolve_dtype
+
+    dev = resolve_device(_get(cfg, "model.device"))  # accepts auto (cuda if available)
+    resolve_dtype(_get(cfg, "model.dtype"), dev)  # accepts auto (bf16 on GPU, fp32 on CPU)
 
 
 def validate_drafter(cfg: DictConfig, policy: TreePolicy) -> None:

@@ -38,10 +38,24 @@ class EagleConfig:
     fc_bias: bool = True
     attention_bias: bool = False
     input_norm: bool = False
+    qk_norm: bool = False  # per-head q/k LayerNorm (LANTERN's Chameleon drafters)
     num_layers: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+class HeadLayerNorm(nn.Module):
+    """LayerNorm over head_dim with a per-head affine (Chameleon's q/k norm): weight/bias ``[heads, head_dim]``."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [R, n, heads, head_dim]
+        return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
 
 
 class EagleAttention(nn.Module):
@@ -52,11 +66,17 @@ class EagleAttention(nn.Module):
         self.k_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_kv_heads * c.head_dim, bias=c.attention_bias)
         self.o_proj = nn.Linear(c.num_heads * c.head_dim, c.hidden_size, bias=False)
+        if c.qk_norm:
+            self.q_norm = HeadLayerNorm(c.num_heads, c.head_dim)
+            self.k_norm = HeadLayerNorm(c.num_kv_heads, c.head_dim)
 
     def forward(self, x, cos, sin, style, mask, cache: StaticKVCache, layer: int, start: int):
         R, n, _ = x.shape
-        q = apply_rope(self.q_proj(x).view(R, n, self.h, self.d).transpose(1, 2), cos, sin, style)
-        k = apply_rope(self.k_proj(x).view(R, n, self.kv, self.d).transpose(1, 2), cos, sin, style)
+        q, k = self.q_proj(x).view(R, n, self.h, self.d), self.k_proj(x).view(R, n, self.kv, self.d)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin, style)
+        k = apply_rope(k.transpose(1, 2), cos, sin, style)
         v = self.v_proj(x).view(R, n, self.kv, self.d).transpose(1, 2)
         k_all, v_all = cache.write(layer, start, k, v)
         if self.kv != self.h:

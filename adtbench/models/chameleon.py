@@ -1,31 +1,44 @@
-"""Chameleon-family adapter (Anole): transformers' ``ChameleonForConditionalGeneration`` behind ``Target``.
+"""Chameleon-family adapter (Anole) and the generic transformers-LM target it is built on.
 
-The LM runs through ``lm.model`` (a ``ChameleonModel``) and ``lm.lm_head`` directly, never through
-``ChameleonForConditionalGeneration.forward``, which sets every image-token logit to ``finfo.min``.
+``HFCausalTarget`` drives any transformers causal LM with ``.model`` + ``.lm_head`` (Chameleon, Qwen2) behind
+``Target``: explicit 4-D float masks ``[R, 1, q, kv]`` (0 = attend, ``finfo(dtype).min`` = blocked) and explicit
+``position_ids`` on a ``DynamicCache``; transformers (4.57 and 5.x) passes a 4-D mask through
+``create_causal_mask`` unchanged. Flash attention ignores such masks (algorithms.md §10, pitfall 7), so only
+``eager`` and ``sdpa`` are accepted. CFG rows run either *batched* (one forward, one cache, the uncond row
+left-padded with masked pad columns) or *sequential* (one forward and one cache per row; a row's cache holds
+only its valid columns — Lumina-mGPT's official unbatched CFG). Both give the same logits up to float
+rounding. After verification ``_compact`` keeps the committed prefix plus the accepted tree nodes, in order,
+leaving every cache exactly as a sequential forward over the committed tokens would.
+
+The Chameleon LM runs through ``lm.model`` + ``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``,
+which sets every image-token logit to ``finfo.min``.
 
 Vocabulary: image tokens are the ``IMGIMG<letters>Z`` entries of ``config.vocabulary_map`` (letters A–J
-spell the decimal VQ code); their id range is derived from the map and must be contiguous,
+spell the decimal VQ code); their id range is derived from the map and asserted contiguous,
 ``id = code + image_token_offset`` (Anole: offset 4, 8192 codes). Anole generates a plain raster grid
 (32×32 real, 4×4 tiny): no end-of-line or end-of-image tokens inside the generated sequence.
 
-Prompt rows (batched CFG, models.md §2): cond ``[<s>] + text + [<reserved08706> (eot), <racm3:break> (boi)]``
+Anole prompt rows (batched CFG, models.md §2): cond ``[<s>] + text + [<reserved08706> (eot), <racm3:break> (boi)]``
 at positions ``0..P-1``; uncond ``[<s>, <racm3:break>]`` left-padded with ``<pad>`` to the cond length, its
 two real tokens at positions 0 and 1 (pad columns get position 0 and are masked as keys; every position
-still attends to itself so no mask row is empty). Both rows then continue at their own ``next_pos``.
+still attends to itself so no mask row is empty) — LANTERN's ``uncond = cond − (P − 2)`` positions. Both rows
+then continue at their own ``next_pos``.
 
-Attention masks are always built here as explicit 4-D float masks ``[R, 1, q, kv]`` (0 = attend,
-``finfo(dtype).min`` = blocked) with explicit ``position_ids``; transformers (4.57 and 5.x) passes a 4-D
-mask through ``create_causal_mask`` unchanged. Flash attention ignores such masks (algorithms.md §10,
-pitfall 7), so only ``eager`` and ``sdpa`` are accepted.
+Official sampling (GAIR-NLP/anole ``text2image.py``): image tokens only, CFG 3.0 (the 3-way in-batch CFG
+reduces to 2-way for text-to-image), temperature 0.7, top-p 0.9, no top-k. LANTERN/ADT-Tree runs: CFG 3.0,
+temperature 1.0, top-k 2000, top-p 1.0.
 
-KV cache: a transformers ``DynamicCache``; after verification ``_compact`` keeps the committed prefix plus
-the accepted tree nodes, in order, and drops everything else — leaving the cache exactly as a sequential
-forward over the committed tokens would.
+Checkpoint loading (``load_chameleon_lm``): an HF folder (``config.json`` + safetensors shards). q/k-norm
+tensors stored as ``(d0, head_dim)`` with ``d0`` < heads (Lumina-mGPT's pre-release layout, models.md §1.4) are
+expanded with ``repeat_interleave`` to ``(heads, head_dim)``; every other shape must match, and only
+``model.vqmodel.*`` (the unused VQ encoder) may be missing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,6 +66,8 @@ SPECIAL_NAMES: dict[str, str] = {
 }
 REQUIRED_SPECIALS = ("bos", "pad", "boi", "eot")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
+CFG_MODES = ("batched", "sequential")
+FILLER_PREFIX = "<reserved9"  # tiny-vocabulary filler names <reserved9xxxx> (stand-in text ids)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -116,16 +131,19 @@ def special_token_ids(vocab_map: Mapping[str, int]) -> dict[str, int]:
     return out
 
 
-def tiny_vocabulary_map(vocab_size: int, num_codes: int) -> dict[str, int]:
+def tiny_vocabulary_map(vocab_size: int, num_codes: int, extra: Sequence[str] = ()) -> dict[str, int]:
     """The tiny test vocabulary (models.md §6.3).
 
     ``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3, image tokens at ``4 .. 4+K-1``, then ``<eoss>``,
-    ``<racm3:break>``, ``<image>``, ``<reserved08706>``; the remaining ids are filler ``<reserved9xxxx>`` names
-    (the stand-in text tokens; they cannot collide with real reserved names, which stop below 10000).
+    ``<racm3:break>``, ``<image>``, ``<reserved08706>``, then the ``extra`` names (e.g. Lumina's end-of-line
+    ``<reserved08799>`` and size tokens ``<reserved088NN>``); the remaining ids are filler ``<reserved9xxxx>``
+    names (the stand-in text tokens; they cannot collide with real reserved names, which stop below 10000).
     """
     names = ["<s>", "<pad>", "</s>", "<unk>"]
     names += [image_token_name(c) for c in range(num_codes)]
-    names += ["<eoss>", "<racm3:break>", "<image>", "<reserved08706>"]
+    names += ["<eoss>", "<racm3:break>", "<image>", "<reserved08706>", *extra]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate names in the tiny vocabulary")
     if len(names) >= vocab_size:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for text tokens after {len(names)} specials")
     names += [f"<reserved{90000 + i}>" for i in range(len(names), vocab_size)]
@@ -161,26 +179,24 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The target
+# The generic transformers-LM target
 # ---------------------------------------------------------------------------------------------------------
 
 
-class ChameleonTarget(Target):
-    """Anole-style Chameleon target (see module docstring).
+class HFCausalTarget(Target):
+    """A transformers causal LM (``lm.model`` + ``lm.lm_head``) behind ``Target`` (see module docstring).
 
-    ``lm``: a ``ChameleonForConditionalGeneration`` (its ``.model`` and ``.lm_head`` are used);
-    ``vq``: a taming VQGAN decoder (``decode_codes(codes [1, h*w], h, w)``) or None;
-    ``tokenizer``: a callable ``text → list[int]`` of text-token ids (no specials).
+    Subclasses set ``layout`` and implement ``encode_prompt`` (returning ``data`` with ``ids``, ``valid`` and
+    ``positions``, all ``[R, P]``), ``drafter_rope`` and ``decode_image``. ``cfg_mode``: ``batched`` (one cache,
+    ``R`` rows) or ``sequential`` (one cache per row holding only that row's valid columns).
     """
 
     def __init__(
         self,
         lm: nn.Module,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        cfg_mode: str = "batched",
     ) -> None:
         super().__init__()
         impl = getattr(lm.config, "_attn_implementation", None)
@@ -189,74 +205,72 @@ class ChameleonTarget(Target):
                 "model.attn_implementation",
                 f"{impl!r} cannot take explicit 4-D tree masks; use one of {ATTN_IMPLEMENTATIONS}",
             )
+        if cfg_mode not in CFG_MODES:
+            raise ConfigError("model.cfg_mode", f"unknown CFG mode {cfg_mode!r}; choose one of {CFG_MODES}")
         # rotary ``inv_freq`` buffers stay float32 (a bf16 cast would shift the angles at long positions)
         inv = {n: b.float() for n, b in lm.named_buffers() if n.endswith("inv_freq")}
         self.lm = lm.to(device=device, dtype=dtype).eval()
         for name, buf in inv.items():
             mod = self.lm.get_submodule(name.rsplit(".", 1)[0])
             mod.inv_freq = buf.to(device)
-        self.vq = vq.to(device=device).eval() if vq is not None else None
-        self.tokenizer = tokenizer
         self.device, self.dtype = torch.device(device), dtype
+        self.cfg_mode = cfg_mode
         c = lm.config
-        offset, k = image_token_range(c.vocabulary_map)
-        self.special = special_token_ids(c.vocabulary_map)
-        if self.vq is not None and self.vq.codebook_size != k:
-            raise ConfigError("model.vq", f"VQ codebook {self.vq.codebook_size} ≠ {k} image tokens in the vocabulary")
-        self.layout = TokenLayout(
-            vocab_size=c.vocab_size,
-            image_token_offset=offset,
-            num_codes=k,
-            grid_h=int(grid[0]),
-            grid_w=int(grid[1]),
-            special=dict(self.special),
-        )
         self.hidden_size, self.num_heads = c.hidden_size, c.num_attention_heads
-        self.num_kv_heads = c.num_key_value_heads
-        self.head_dim = c.hidden_size // c.num_attention_heads
+        self.num_kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
         self.intermediate_size = c.intermediate_size
         self.rope_theta = _rope_theta(c)
-        self.cache: Any = None
-
-    # --- prompt ------------------------------------------------------------------------------------
-    def encode_prompt(self, text: str, cfg: bool) -> PromptInputs:
-        """Token rows ``ids [R, P]`` (cond, then uncond under CFG), ``valid [R, P]`` and ``positions [R, P]``."""
-        sp = self.special
-        cond = [sp["bos"], *self.tokenizer(text), sp["eot"], sp["boi"]]
-        rows = [cond]
-        if cfg:  # uncond: [bos, boi], left-padded to the cond length
-            rows.append([sp["pad"]] * (len(cond) - 2) + [sp["bos"], sp["boi"]])
-        ids = torch.tensor(rows, dtype=torch.long)
-        valid = torch.ones_like(ids, dtype=torch.bool)
-        if cfg:
-            valid[1, : len(cond) - 2] = False
-        positions = (valid.long().cumsum(1) - 1).clamp_min(0)  # real tokens 0, 1, …; pads 0
-        return PromptInputs(text=text, cfg=cfg, data={"ids": ids, "valid": valid, "positions": positions})
+        self.cache: Any = None  # batched: one DynamicCache over all rows
+        self.caches: list[Any] = []  # sequential: one DynamicCache per row
 
     def prompt_length(self, inputs: PromptInputs) -> int:
         return int(inputs.data["ids"].shape[1])
 
-    # --- target hooks ------------------------------------------------------------------------------
-    def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
+    @property
+    def sequential(self) -> bool:
+        return self.cfg_mode == "sequential" and self.rows > 1
+
+    def _new_cache(self) -> Any:
         from transformers import DynamicCache
 
-        dev = self.device
-        ids = inputs.data["ids"].to(dev)
-        valid = inputs.data["valid"].to(dev)
-        pos = inputs.data["positions"].to(dev)
-        P = ids.shape[1]
-        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-        eye = torch.eye(P, dtype=torch.bool, device=dev)
-        mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]  # [R, 1, P, P]
-        self.cache = DynamicCache(config=self.lm.config)  # grows on demand: ``capacity`` is not preallocated
+        return DynamicCache(config=self.lm.config)  # grows on demand: capacity is not preallocated
+
+    def _run(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
+        """One LM forward: ids ``[B, n]``, bool mask ``[B, 1, n, kv]``, positions ``[B, n]`` → features."""
         out = self.lm.model(
             input_ids=ids,
             attention_mask=additive_mask(mask, self.dtype),
             position_ids=pos,
-            past_key_values=self.cache,
+            past_key_values=cache,
             use_cache=True,
         )
-        feats = out.last_hidden_state  # post final norm
+        return out.last_hidden_state  # post final norm
+
+    # --- target hooks ------------------------------------------------------------------------------
+    def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
+        dev = self.device
+        ids = inputs.data["ids"].to(dev)
+        valid = inputs.data["valid"].to(dev)
+        pos = inputs.data["positions"].to(dev)
+        R, P = ids.shape
+        self.rows = R  # ``sequential`` reads it before ``start`` sets it
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        if self.sequential:  # each row alone, its pad columns dropped
+            self.cache, self.caches = None, []
+            feats = torch.zeros(R, P, self.hidden_size, dtype=self.dtype, device=dev)
+            for r in range(R):
+                cols = valid[r]
+                n = int(cols.sum())
+                cache = self._new_cache()
+                mask = causal[:n, :n][None, None]
+                feats[r, cols] = self._run(ids[r : r + 1, cols], mask, pos[r : r + 1, cols], cache)[0]
+                self.caches.append(cache)
+        else:
+            eye = torch.eye(P, dtype=torch.bool, device=dev)
+            mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]  # [R, 1, P, P]
+            self.cache, self.caches = self._new_cache(), []
+            feats = self._run(ids, mask, pos, self.cache)
         return PrefillResult(
             logits=self.lm.lm_head(feats[:, -1]),
             features=feats,
@@ -272,41 +286,30 @@ class ChameleonTarget(Target):
 
         Returns raw logits ``[R, n, V]`` and post-norm features ``[R, n, H]``; appends n K/V entries per row.
         """
-        if self.cache is None:
+        if self.cache is None and not self.caches:
             raise RuntimeError("call start() (prefill) before verify_forward")
-        self._truncate(self.length)  # drop an uncommitted tree block (verify without commit)
         R, n = position_ids.shape
-        out = self.lm.model(
-            input_ids=tokens[None].expand(R, n),
-            attention_mask=additive_mask(mask, self.dtype),
-            position_ids=position_ids,
-            past_key_values=self.cache,
-            use_cache=True,
-        )
-        feats = out.last_hidden_state
-        return self.lm.lm_head(feats), feats
-
-    def _truncate(self, length: int) -> None:
-        """Keep the first ``length`` cache entries of every layer."""
-        for i in range(cache_num_layers(self.cache)):
-            k, v = cache_get(self.cache, i)
-            if k.shape[-2] > length:
-                cache_set(self.cache, i, k[:, :, :length], v[:, :, :length])
+        L = self.length
+        if self.caches:
+            feats = []
+            for r in range(R):
+                cols = self.valid[r, :L]
+                _truncate(self.caches[r], int(cols.sum()))  # drop an uncommitted tree block
+                m = torch.cat([mask[r : r + 1, :, :, :L][..., cols], mask[r : r + 1, :, :, L:]], dim=-1)
+                feats.append(self._run(tokens[None], m, position_ids[r : r + 1], self.caches[r]))
+            f = torch.cat(feats, dim=0)
+        else:
+            _truncate(self.cache, L)
+            f = self._run(tokens[None].expand(R, n), mask, position_ids, self.cache)
+        return self.lm.lm_head(f), f
 
     def _compact(self, start: int, keep: torch.Tensor) -> None:
-        """Cache entries ``[:start] + (start + keep)``, in that order; everything after is dropped.
-
-        Only the kept tree entries are copied (in place, into slots ``start..``); the prefix is a view.
-        """
-        n = keep.numel()
-        idx = start + keep.to(self.device).long()
-        for i in range(cache_num_layers(self.cache)):
-            k, v = cache_get(self.cache, i)
-            k_sel, v_sel = k.index_select(2, idx), v.index_select(2, idx)  # copies before the overwrite
-            k, v = k[:, :, : start + n], v[:, :, : start + n]
-            k[:, :, start:] = k_sel
-            v[:, :, start:] = v_sel
-            cache_set(self.cache, i, k, v)
+        """Cache entries ``[:start] + (start + keep)``, in that order, per row; everything after is dropped."""
+        if self.caches:
+            for r, cache in enumerate(self.caches):
+                _compact_cache(cache, int(self.valid[r, :start].sum()), keep, self.device)
+        else:
+            _compact_cache(self.cache, start, keep, self.device)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm.model.embed_tokens(ids.to(self.device))
@@ -315,7 +318,79 @@ class ChameleonTarget(Target):
         return self.lm.lm_head(features)
 
     def drafter_rope(self, head_dim: int) -> Rope:
-        return Rope1D(head_dim, theta=self.rope_theta)  # HF rotate_half pairing, as Chameleon
+        return Rope1D(head_dim, theta=self.rope_theta)  # HF rotate_half pairing
+
+
+def _truncate(cache: Any, length: int) -> None:
+    """Keep the first ``length`` entries of every layer of ``cache``."""
+    for i in range(cache_num_layers(cache)):
+        k, v = cache_get(cache, i)
+        if k.shape[-2] > length:
+            cache_set(cache, i, k[:, :, :length], v[:, :, :length])
+
+
+def _compact_cache(cache: Any, start: int, keep: torch.Tensor, device: torch.device) -> None:
+    """Entries ``[:start] + (start + keep)``; only the kept tree entries are copied (into slots ``start..``)."""
+    n = keep.numel()
+    idx = start + keep.to(device).long()
+    for i in range(cache_num_layers(cache)):
+        k, v = cache_get(cache, i)
+        k_sel, v_sel = k.index_select(2, idx), v.index_select(2, idx)  # copies before the overwrite
+        k, v = k[:, :, : start + n], v[:, :, : start + n]
+        k[:, :, start:] = k_sel
+        v[:, :, start:] = v_sel
+        cache_set(cache, i, k, v)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Anole
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ChameleonTarget(HFCausalTarget):
+    """Anole-style Chameleon target (see module docstring).
+
+    ``lm``: a ``ChameleonForConditionalGeneration`` (its ``.model`` and ``.lm_head`` are used);
+    ``vq``: a taming VQGAN decoder (``decode_codes(codes [1, h*w], h, w)``) or None;
+    ``tokenizer``: a callable ``text → list[int]`` of text-token ids (no specials).
+    """
+
+    def __init__(
+        self,
+        lm: nn.Module,
+        vq: Any,
+        tokenizer: Any,
+        grid: tuple[int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        cfg_mode: str = "batched",
+    ) -> None:
+        super().__init__(lm, device, dtype, cfg_mode)
+        self.vq = vq.to(device=device).eval() if vq is not None else None
+        self.tokenizer = tokenizer
+        c = lm.config
+        offset, k = image_token_range(c.vocabulary_map)
+        self.special = special_token_ids(c.vocabulary_map)
+        if self.vq is not None and self.vq.codebook_size != k:
+            raise ConfigError("model.vq", f"VQ codebook {self.vq.codebook_size} ≠ {k} image tokens in the vocabulary")
+        self.layout = self._make_layout(c, offset, k, grid)
+
+    def _make_layout(self, c: Any, offset: int, k: int, grid: tuple[int, int]) -> TokenLayout:
+        return TokenLayout(
+            vocab_size=c.vocab_size,
+            image_token_offset=offset,
+            num_codes=k,
+            grid_h=int(grid[0]),
+            grid_w=int(grid[1]),
+            special=dict(self.special),
+        )
+
+    # --- prompt ------------------------------------------------------------------------------------
+    def encode_prompt(self, text: str, cfg: bool) -> PromptInputs:
+        """Token rows ``ids [R, P]`` (cond, then uncond under CFG), ``valid [R, P]`` and ``positions [R, P]``."""
+        sp = self.special
+        cond = [sp["bos"], *self.tokenizer(text), sp["eot"], sp["boi"]]
+        return _rows(text, cfg, cond, [sp["bos"], sp["boi"]], sp["pad"])
 
     @torch.no_grad()
     def decode_image(self, codes: torch.Tensor) -> np.ndarray:
@@ -326,6 +401,120 @@ class ChameleonTarget(Target):
         h, w = codes.shape
         pixels = self.vq.decode_codes(codes.reshape(1, -1).to(self.device), h, w)
         return to_uint8_images(pixels.float().cpu())[0]
+
+
+def _rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) -> PromptInputs:
+    """Cond row and (under CFG) the uncond row left-padded with ``pad``; positions count real tokens only."""
+    rows = [cond]
+    if cfg:
+        if len(uncond) > len(cond):
+            raise ValueError("the uncond prompt is longer than the cond prompt")
+        rows.append([pad] * (len(cond) - len(uncond)) + uncond)
+    ids = torch.tensor(rows, dtype=torch.long)
+    valid = torch.ones_like(ids, dtype=torch.bool)
+    if cfg:
+        valid[1, : len(cond) - len(uncond)] = False
+    positions = (valid.long().cumsum(1) - 1).clamp_min(0)  # real tokens 0, 1, …; pads 0
+    return PromptInputs(text=text, cfg=cfg, data={"ids": ids, "valid": valid, "positions": positions})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Checkpoint loading
+# ---------------------------------------------------------------------------------------------------------
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight shards of an HF folder: from ``model.safetensors.index.json`` if present, else ``*.safetensors``."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [path / n for n in names]
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing:
+            raise ConfigError("model.path", f"{index} lists shards that are missing: {missing}")
+        return files
+    return sorted(path.glob("*.safetensors"))
+
+
+def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Tensor name → shape for every tensor in ``files`` (safetensors headers only; no data is read)."""
+    from safetensors import safe_open
+
+    out: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            for k in h.keys():  # noqa: SIM118 - safe_open has no __iter__
+                out[k] = tuple(h.get_slice(k).get_shape())
+    return out
+
+
+def is_qk_norm(key: str) -> bool:
+    return ".q_norm." in key or ".k_norm." in key
+
+
+def expand_qk_norm(t: torch.Tensor, heads: int, key: str = "") -> torch.Tensor:
+    """``(d0, head_dim)`` → ``(heads, head_dim)`` by ``repeat_interleave(heads // d0)`` (models.md §1.4)."""
+    d0 = t.shape[0]
+    if d0 == heads:
+        return t
+    if t.dim() != 2 or heads % d0:
+        raise ValueError(f"{key}: q/k-norm of shape {tuple(t.shape)} cannot be expanded to {heads} heads")
+    return t.repeat_interleave(heads // d0, dim=0)
+
+
+def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "model.path") -> nn.Module:
+    """``ChameleonForConditionalGeneration`` from an HF folder, with the q/k-norm fix (module docstring).
+
+    Checks (``ConfigError(key, …)``): at least one safetensors shard; every checkpoint tensor's shape equals the
+    model's, except q/k-norms of shape ``(d0, head_dim)`` with ``d0`` dividing the head count; only
+    ``model.vqmodel.*`` may be missing. Extra keys (e.g. a VQ decoder) are ignored.
+    """
+    from safetensors import safe_open
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    files = safetensors_files(path)
+    if not files:
+        raise ConfigError(key, f"{path} holds no *.safetensors weights")
+    config = ChameleonConfig.from_pretrained(str(path))
+    if getattr(config, "vocabulary_map", None) is None:
+        raise ConfigError(key, f"{path / 'config.json'} has no vocabulary_map (needed for the image-token ids)")
+    shapes = checkpoint_shapes(files)
+    qk = {k: s for k, s in shapes.items() if is_qk_norm(k)}
+    need_fix = any(len(s) == 2 and s[0] != _heads_for(k, config) for k, s in qk.items())
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the expected q/k-norm / VQ-encoder reports are checked below instead
+    try:
+        lm, info = ChameleonForConditionalGeneration.from_pretrained(
+            str(path), dtype=dtype, attn_implementation=attn, ignore_mismatched_sizes=need_fix, output_loading_info=True
+        )
+    finally:
+        hf_logging.set_verbosity(level)
+    own = lm.state_dict()
+    bad = [
+        f"{k}: checkpoint {s} vs model {tuple(own[k].shape)}"
+        for k, s in shapes.items()
+        if k in own and tuple(own[k].shape) != s and not (is_qk_norm(k) and len(s) == 2 and s[1:] == own[k].shape[1:])
+    ]
+    missing = [k for k in info["missing_keys"] if not k.startswith("model.vqmodel.")]
+    if bad or missing:
+        raise ConfigError(
+            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
+        )
+    if need_fix:  # copy every q/k-norm from the files, expanded to (heads, head_dim)
+        with torch.no_grad():
+            for f in files:
+                with safe_open(str(f), framework="pt") as h:
+                    for k in h.keys():  # noqa: SIM118
+                        if is_qk_norm(k) and k in own:
+                            t = expand_qk_norm(h.get_tensor(k), _heads_for(k, config), k)
+                            own[k].copy_(t.to(own[k].dtype))
+    return lm.eval()
+
+
+def _heads_for(key: str, config: Any) -> int:
+    return config.num_attention_heads if ".q_norm." in key else config.num_key_value_heads
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -341,56 +530,33 @@ def _rope_theta(config: Any) -> float:
     return float(theta)
 
 
-def _plain(node: Any) -> Any:
-    """OmegaConf node → plain Python containers (plain dicts/lists pass through)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-
-        if isinstance(node, DictConfig | ListConfig):
-            return OmegaConf.to_container(node, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    return node
-
-
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
-def _dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in table:
-        raise ConfigError("model.dtype", f"unknown dtype {name!r}; choose one of {sorted(table)}")
-    return table[name]
-
-
 def spread_init_(lm: nn.Module, seed: int, head_std: float = 2.0) -> None:
-    """Re-initialise a random tiny LM so its logits are non-degenerate (spread over a few units).
+    """Re-initialise a random LM so its logits are non-degenerate (spread over a few units).
 
     Linear weights ~ N(0, 1/fan_in) (``lm_head``: std ``head_std/sqrt(fan_in)``), embeddings ~ N(0, 1),
-    biases 0; norm weights stay 1. Draws from a local generator seeded with ``seed``.
+    biases 0; norm weights stay 1. Draws from a local generator seeded with ``seed`` on the parameters' device
+    (CPU for the tiny models; the GPU for full-size cost-model instances).
     """
-    gen = torch.Generator().manual_seed(int(seed))
+    dev = next(lm.parameters()).device
+    gen = torch.Generator(device=dev).manual_seed(int(seed))
     with torch.no_grad():
         for name, mod in lm.named_modules():
             if isinstance(mod, nn.Linear):
                 std = mod.in_features**-0.5 * (head_std if name.endswith("lm_head") else 1.0)
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * std)
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen, device=dev) * std)
                 if mod.bias is not None:
                     mod.bias.zero_()
             elif isinstance(mod, nn.Embedding):
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen))
+                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen, device=dev))
 
 
 class HFTokenizer:
     """``text → ids`` through a transformers tokenizer (no special tokens added: the prompt adds them)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str | Path) -> None:
         from transformers import AutoTokenizer
 
-        self.tok = AutoTokenizer.from_pretrained(path)
+        self.tok = AutoTokenizer.from_pretrained(str(path))
 
     def __call__(self, text: str) -> list[int]:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
@@ -410,19 +576,31 @@ class HashTokenizer:
         return text_token_ids(text, self.lo, self.hi, self.max_len)
 
 
-def _make_tokenizer(cfg: Any, config: Any) -> Any:
-    kind = str(_get(cfg, "tokenizer", "hash"))
+def make_tokenizer(cfg: Any, config: Any, base: Path | None = None) -> Any:
+    """``model.tokenizer``: ``hash`` (tiny stand-in over the filler ids) or a tokenizer folder / hub id.
+
+    Random-weight models (``random_init``) use a configured tokenizer only when it is a local folder, ``hash``
+    otherwise (never a download: with random weights a real tokenizer adds nothing).
+    """
+    from adtbench.models.registry import get, resolve_dir
+
+    kind = str(get(cfg, "tokenizer", "hash"))
+    if bool(get(cfg, "random_init", False)) and not Path(kind).expanduser().is_dir():
+        kind = "hash"
     if kind != "hash":
-        return HFTokenizer(kind)  # a local path or hub id of a real Chameleon tokenizer
-    # filler ids: everything above the highest special / image id
+        return HFTokenizer(resolve_dir("model.tokenizer", kind, ["tokenizer*.json"], base))
     vm = config.vocabulary_map
-    offset, k = image_token_range(vm)
-    lo = max([offset + k - 1, *special_token_ids(vm).values()]) + 1
-    return HashTokenizer(lo, int(config.vocab_size), int(_get(cfg, "max_text_tokens", 16)))
+    image_token_range(vm)  # validates the image block
+    # filler ids: everything above the highest named (non-filler) token
+    lo = max(int(i) for n, i in vm.items() if not n.startswith(FILLER_PREFIX)) + 1
+    return HashTokenizer(lo, int(config.vocab_size), int(get(cfg, "max_text_tokens", 16)))
 
 
-def _make_vq(cfg: Any, seed: int) -> Any:
-    vq_cfg = _plain(_get(cfg, "vq", None)) or {}
+def make_vq(cfg: Any, seed: int, base: Path | None = None) -> Any:
+    """``model.vq``: ``tiny`` (random), ``taming`` (``ckpt`` = vqgan.ckpt, ``yaml`` = vqgan.yaml) or ``none``."""
+    from adtbench.models.registry import get, plain, resolve_file
+
+    vq_cfg = plain(get(cfg, "vq", None)) or {}
     kind = vq_cfg.get("kind", "none")
     if kind == "tiny":
         from adtbench.models.vq_taming import make_tiny_taming_vq
@@ -431,74 +609,109 @@ def _make_vq(cfg: Any, seed: int) -> Any:
     if kind == "taming":
         from adtbench.models.vq_taming import load_taming_vqgan
 
-        if "ckpt" not in vq_cfg or "yaml" not in vq_cfg:
-            raise ConfigError("model.vq", "kind taming needs `ckpt` (vqgan.ckpt) and `yaml` (vqgan.yaml)")
-        return load_taming_vqgan(vq_cfg["ckpt"], vq_cfg["yaml"])
+        ckpt = resolve_file("model.vq.ckpt", vq_cfg.get("ckpt"), "vqgan.ckpt (Chameleon VQGAN weights)", base)
+        yml = resolve_file("model.vq.yaml", vq_cfg.get("yaml"), "vqgan.yaml (Chameleon VQGAN config)", base)
+        try:
+            return load_taming_vqgan(ckpt, yml)
+        except (ValueError, FileNotFoundError) as e:
+            raise ConfigError("model.vq.ckpt", str(e)) from e
     if kind in ("none", None):
         return None
     raise ConfigError("model.vq.kind", f"unknown VQ kind {kind!r}; choose tiny, taming or none")
 
 
-def build_target(cfg: Any) -> ChameleonTarget:
-    """Build from a ``model`` config node (see ``conf/model/tiny_chameleon.yaml``).
+def common_options(cfg: Any) -> tuple[torch.device, torch.dtype, str, int]:
+    """``(device, dtype, attn_implementation, seed)`` of a transformers-LM model node, validated."""
+    from adtbench.models.registry import get, resolve_device, resolve_dtype
 
-    ``random_init: true`` builds ``ChameleonConfig(**arch)`` with the tiny vocabulary map (unless ``arch``
-    carries its own ``vocabulary_map``) and seeded, spread-out random weights; otherwise the LM is loaded
-    with ``from_pretrained(model.path)``. ``grid: [h, w]`` is the generated image grid.
-    """
-    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
-
-    dtype = _dtype(str(_get(cfg, "dtype", "float32")))
-    device = str(_get(cfg, "device", "cpu"))
-    seed = int(_get(cfg, "seed", 0))
-    attn = str(_get(cfg, "attn_implementation", "sdpa"))
+    device = resolve_device(get(cfg, "device", "cpu"))
+    dtype = resolve_dtype(get(cfg, "dtype", "auto"), device)
+    attn = str(get(cfg, "attn_implementation", "sdpa"))
     if attn not in ATTN_IMPLEMENTATIONS:
         raise ConfigError(
             "model.attn_implementation", f"{attn!r} ignores explicit tree masks; use one of {ATTN_IMPLEMENTATIONS}"
         )
-    grid = _plain(_get(cfg, "grid", None))
-    if grid is None:
-        raise ConfigError("model.grid", "set the generated image grid, e.g. [32, 32] for Anole")
-    grid = (int(grid), int(grid)) if isinstance(grid, int) else tuple(int(g) for g in grid)
-    if len(grid) != 2:
-        raise ConfigError("model.grid", f"expected [h, w], got {grid}")
+    return device, dtype, attn, int(get(cfg, "seed", 0))
 
-    vq = _make_vq(cfg, seed)
-    if bool(_get(cfg, "random_init", False)):
-        arch = dict(_plain(_get(cfg, "arch", None)) or {})
-        if "vocabulary_map" not in arch:
-            k = vq.codebook_size if vq is not None else int(arch.pop("num_codes", 64))
-            arch["vocabulary_map"] = tiny_vocabulary_map(int(arch["vocab_size"]), k)
-        arch.pop("num_codes", None)
-        config = ChameleonConfig(**arch)
-        config._attn_implementation = attn
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            lm = ChameleonForConditionalGeneration(config)
-        spread_init_(lm, seed, float(_get(cfg, "head_std", 2.0)))
+
+def grid_of(cfg: Any, example: str) -> tuple[int, int]:
+    from adtbench.models.registry import get, plain
+
+    grid = plain(get(cfg, "grid", None))
+    if grid is None:
+        raise ConfigError("model.grid", f"set the generated image grid, e.g. {example}")
+    grid = (int(grid), int(grid)) if isinstance(grid, int) else tuple(int(g) for g in grid)
+    if len(grid) != 2 or min(grid) < 1:
+        raise ConfigError("model.grid", f"expected [h, w] with positive entries, got {grid}")
+    return grid  # type: ignore[return-value]
+
+
+def random_chameleon(cfg: Any, num_codes: int, extra_names: tuple[str, ...] = ()) -> nn.Module:
+    """A seeded random ``ChameleonForConditionalGeneration`` from ``model.arch`` (tiny vocabulary if absent).
+
+    Built directly on ``model.device`` (a full-size 7B cost-model instance never touches host memory), then cast
+    to ``model.dtype``.
+    """
+    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+
+    from adtbench.models.registry import get, plain
+
+    device, dtype, attn, seed = common_options(cfg)
+    arch = dict(plain(get(cfg, "arch", None)) or {})
+    if "vocabulary_map" not in arch:
+        arch["vocabulary_map"] = tiny_vocabulary_map(int(arch["vocab_size"]), num_codes, extra_names)
+    arch.pop("num_codes", None)
+    config = ChameleonConfig(**arch)
+    config._attn_implementation = attn
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        lm = ChameleonForConditionalGeneration(config)  # float32 on the device (7B: 28 GB), cast below
+    spread_init_(lm, seed, float(get(cfg, "head_std", 2.0)))
+    return lm.to(dtype)
+
+
+def build_target(cfg: Any) -> ChameleonTarget:
+    """Build from a ``model`` config node (``conf/model/anole.yaml``, ``conf/model/tiny_chameleon.yaml``).
+
+    ``random_init: true`` builds ``ChameleonConfig(**arch)`` with the tiny vocabulary map (unless ``arch``
+    carries its own ``vocabulary_map``) and seeded, spread-out random weights; otherwise the LM is loaded from
+    ``model.path`` (an HF folder or hub id) by ``load_chameleon_lm``. ``grid: [h, w]`` is the generated grid.
+    """
+    from adtbench.models.registry import get, resolve_dir
+
+    device, dtype, attn, seed = common_options(cfg)
+    grid = grid_of(cfg, "[32, 32] for Anole")
+    base = None
+    if bool(get(cfg, "random_init", False)):  # a checkpoint VQ makes no sense with random LM weights
+        vq = make_vq(cfg, seed) if str(get(cfg, "vq.kind", "none")) == "tiny" else None
+        k = vq.codebook_size if vq is not None else int(get(cfg, "arch.num_codes", 64))
+        lm = random_chameleon(cfg, k)
     else:
-        path = _get(cfg, "path", None)
-        if not path:
-            raise ConfigError("model.path", "set a checkpoint path or random_init: true")
-        # NB: Lumina-mGPT checkpoints need the q/k-norm expansion of models.md §1.4 (not handled here yet).
-        lm = ChameleonForConditionalGeneration.from_pretrained(str(path), dtype=dtype, attn_implementation=attn)
+        base = resolve_dir("model.path", get(cfg, "path"), ["config.json", "*.safetensors"])
+        vq = make_vq(cfg, seed, base)  # validate every path before reading the LM weights
+        lm = load_chameleon_lm(base, dtype, attn)
     try:
-        tokenizer = _make_tokenizer(cfg, lm.config)
+        tokenizer = make_tokenizer(cfg, lm.config, base)
     except ValueError as e:
         raise ConfigError("model.tokenizer", str(e)) from e
-    return ChameleonTarget(lm, vq, tokenizer, grid, device=device, dtype=dtype)
+    return ChameleonTarget(
+        lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=str(get(cfg, "cfg_mode", "batched"))
+    )
 
 
 __all__ = [
     "ChameleonTarget",
+    "HFCausalTarget",
     "additive_mask",
     "build_target",
     "cache_get",
     "cache_num_layers",
     "cache_set",
+    "expand_qk_norm",
     "image_code_of",
     "image_token_name",
     "image_token_range",
+    "load_chameleon_lm",
     "special_token_ids",
     "tiny_vocabulary_map",
 ]

@@ -5,12 +5,28 @@ or one class embedding), then the image tokens; image token k sits at position `
 Token id = VQ code (no offset, no special tokens). CFG is batched: row 0 cond, row 1 uncond (the learned
 ``uncond_embedding`` with the *cond* caption mask for t2i, the null class for c2i), mixed on raw logits.
 Captions are left-padded: valid features are right-aligned and pad columns are masked as keys (each
-position still attends to itself), as in ``sample_t2i``.
+position still attends to itself), as in ``sample_t2i``. c2i prompts are ImageNet class ids (a prompt that
+starts with an integer, e.g. ``"207"`` or ``"207 golden retriever"``).
+
+Drafter positions (``drafter_cls_shift``): drafter slot t holds ``(f_t, x_{t+1})``. With shift 0 its 2-D RoPE
+uses the grid cell of position t (zero rotation on the condition prefix); with shift 1 (LANTERN's drafters,
+``cnets_llamagen``: ``cls_token_num`` 119 for t2i, 0 for c2i) it uses the grid cell of the input token
+``x_{t+1}``. Converted LANTERN drafters need shift 1 (``drafter_rope: lantern`` in the model yaml).
+
+Official sampling: ``sample_t2i.py`` (GPT-XL, 512 px) CFG 7.5, top-k 1000, top-p 1.0, T 1.0;
+``sample_c2i.py`` (GPT-B, 384 px) CFG 4.0, top-k 2000, top-p 1.0, T 1.0; bf16.
+
+Loading (``build_target``): ``model.path`` is the GPT checkpoint file (or the folder / hub repo holding
+``model.checkpoint``), or a LANTERN HF folder (``checkpoint: null``); ``model.vq`` the VQ-16 checkpoint
+(``vq_ds16_t2i.pt`` / ``vq_ds16_c2i.pt``); ``model.text_encoder`` the FLAN-T5 folder (t2i). Relative
+companion paths are looked up next to the GPT checkpoint first (``registry`` conventions).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,8 +47,12 @@ class LlamaGenTarget(Target):
         text_encoder: Callable[[str], torch.Tensor] | None,
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
+        drafter_cls_shift: int = 0,
     ) -> None:
         super().__init__()
+        if drafter_cls_shift not in (0, 1):
+            raise ValueError(f"drafter_cls_shift must be 0 or 1, got {drafter_cls_shift}")
+        self.drafter_cls_shift = drafter_cls_shift
         self.gpt = gpt.to(device=device, dtype=dtype).eval()
         self.vq = vq.to(device=device).eval() if vq is not None else None
         self.text_encoder = text_encoder
@@ -49,10 +69,10 @@ class LlamaGenTarget(Target):
     def encode_prompt(self, text: str, cfg: bool) -> PromptInputs:
         c = self.gpt.cfg
         if c.model_type == "c2i":
-            try:
-                label = int(text)
-            except ValueError as e:
-                raise ValueError(f"c2i LlamaGen expects an ImageNet class id as the prompt, got {text!r}") from e
+            m = re.match(r"\s*(\d+)", text)
+            if m is None:
+                raise ValueError(f"c2i LlamaGen expects an ImageNet class id as the prompt, got {text!r}")
+            label = int(m.group(1))
             if not 0 <= label < c.num_classes:
                 raise ValueError(f"class id {label} outside 0..{c.num_classes - 1}")
             return PromptInputs(text=text, cfg=cfg, data={"label": label})
@@ -117,7 +137,7 @@ class LlamaGenTarget(Target):
 
     def drafter_rope(self, head_dim: int) -> Rope:
         c = self.gpt.cfg
-        return Rope2D(head_dim, c.grid, c.cls_token_num, c.rope_base)
+        return Rope2D(head_dim, c.grid, c.cls_token_num - self.drafter_cls_shift, c.rope_base)
 
     @torch.no_grad()
     def decode_image(self, codes: torch.Tensor) -> np.ndarray:
@@ -130,36 +150,143 @@ class LlamaGenTarget(Target):
         return to_uint8_images(pixels.float().cpu())[0]
 
 
-def _dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if name not in table:
-        from adtbench.errors import ConfigError
-
-        raise ConfigError("model.dtype", f"unknown dtype {name!r}; choose one of {sorted(table)}")
-    return table[name]
+DRAFTER_ROPE = {"feature": 0, "lantern": 1}
 
 
 def build_target(cfg: Any) -> LlamaGenTarget:
-    """Build from a ``model`` config node (see ``conf/model/tiny_llamagen.yaml``).
+    """Build from a ``model`` config node (``conf/model/llamagen_{t2i,c2i}.yaml``, ``tiny_llamagen.yaml``).
 
-    ``random_init: true`` draws every weight from ``seed`` (tiny vehicles and cost models); real checkpoints
-    are loaded by the LlamaGen checkpoint loader (``model.path``).
+    ``random_init: true`` draws every weight from ``seed`` (tiny vehicles and cost models, ``model.arch`` or the
+    ``gpt_model`` preset); otherwise the checkpoint at ``model.path`` is loaded (module docstring). Every path
+    is checked before any weights are read.
     """
-    from adtbench.models.llamagen_gpt import GPTConfig
-    from adtbench.models.text import HashTextEncoder
-    from adtbench.models.vq_llamagen import make_tiny_llamagen_vq
+    from adtbench.errors import ConfigError
+    from adtbench.models.llamagen_gpt import load_gpt, load_gpt_state_dict
+    from adtbench.models.registry import get, resolve_device, resolve_dtype
 
-    arch = GPTConfig(**dict(cfg.arch))
-    dtype = _dtype(str(cfg.dtype))
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(cfg.seed))
-        gpt = LlamaGenGPT(arch)
+    device = resolve_device(get(cfg, "device", "cpu"))
+    dtype = resolve_dtype(get(cfg, "dtype", "auto"), device)
+    rope = str(get(cfg, "drafter_rope", "feature"))
+    if rope not in DRAFTER_ROPE:
+        raise ConfigError("model.drafter_rope", f"unknown convention {rope!r}; choose one of {sorted(DRAFTER_ROPE)}")
+    seed = int(get(cfg, "seed", 0))
+    if bool(get(cfg, "random_init", False)):
+        arch = _arch(cfg)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            gpt = LlamaGenGPT(arch)
+            if arch.model_type == "t2i":
+                gpt.cls_embedding.uncond_embedding.normal_(0.0, 1.0)
+        # random weights: a checkpoint VQ / T5 makes no sense; keep only the tiny random VQ and hash captions
+        vq = _vq(cfg, arch, None) if str(get(cfg, "vq.kind", "none")) == "tiny" else None
+        text = None
         if arch.model_type == "t2i":
-            gpt.cls_embedding.uncond_embedding.normal_(0.0, 1.0)
-    vq = make_tiny_llamagen_vq(int(cfg.seed) + 1) if cfg.vq.kind == "tiny" else None
-    if vq is not None and vq.config.codebook_size != arch.vocab_size:
-        from adtbench.errors import ConfigError
+            from adtbench.models.text import HashTextEncoder
 
+            text = HashTextEncoder(arch.caption_dim, arch.cls_token_num, seed)
+        return LlamaGenTarget(gpt, vq, text, device=device, dtype=dtype, drafter_cls_shift=DRAFTER_ROPE[rope])
+    ckpt = _checkpoint(cfg)
+    base = ckpt if ckpt.is_dir() else ckpt.parent
+    # validate the companions' paths first (cheap), then read the GPT weights
+    _vq_path(cfg, base)
+    try:
+        sd, lantern = load_gpt_state_dict(ckpt)
+        arch = lantern if lantern is not None else _arch(cfg)
+        gpt = load_gpt(sd, arch, str(ckpt))
+    except (ValueError, FileNotFoundError) as e:
+        raise ConfigError("model.path", str(e)) from e
+    vq = _vq(cfg, arch, base)
+    text = _text_encoder(cfg, arch, base, device, dtype)
+    return LlamaGenTarget(gpt, vq, text, device=device, dtype=dtype, drafter_cls_shift=DRAFTER_ROPE[rope])
+
+
+def _arch(cfg: Any) -> Any:
+    """``GPTConfig`` from ``gpt_model`` (preset) + ``image_size`` (→ ``block_size``) + ``arch`` overrides."""
+    from adtbench.errors import ConfigError
+    from adtbench.models.llamagen_gpt import GPTConfig, gpt_config_fields, preset_config
+    from adtbench.models.registry import get, plain
+
+    arch = dict(plain(get(cfg, "arch", None)) or {})
+    unknown = sorted(set(arch) - gpt_config_fields())
+    if unknown:
+        raise ConfigError("model.arch", f"unknown GPTConfig fields {unknown}")
+    size = get(cfg, "image_size")
+    if size is not None and "block_size" not in arch:
+        if int(size) % 16:
+            raise ConfigError("model.image_size", f"must be a multiple of 16 (VQ-16), got {size}")
+        arch["block_size"] = (int(size) // 16) ** 2
+    name = get(cfg, "gpt_model")
+    try:
+        return preset_config(str(name), **arch) if name is not None else GPTConfig(**arch)
+    except ValueError as e:
+        raise ConfigError("model.gpt_model" if name is not None else "model.arch", str(e)) from e
+
+
+def _checkpoint(cfg: Any) -> Path:
+    """The GPT checkpoint: a file, a folder holding ``model.checkpoint``, a LANTERN HF folder, or a hub repo."""
+    from adtbench.models.registry import get, resolve_dir, resolve_file
+
+    path, name = get(cfg, "path"), get(cfg, "checkpoint")
+    if path is not None and Path(str(path)).expanduser().is_file():
+        return Path(str(path)).expanduser()
+    if name is None:  # LANTERN HF layout
+        return resolve_dir("model.path", path, ["config.json"])
+    return resolve_file("model.path", path, f"the LlamaGen GPT checkpoint {name}", repo_file=str(name))
+
+
+def _vq_path(cfg: Any, base: Path | None) -> Path | None:
+    from adtbench.models.registry import get, resolve_file
+
+    if str(get(cfg, "vq.kind", "none")) != "llamagen":
+        return None
+    file = str(get(cfg, "vq.file", "vq_ds16_t2i.pt"))
+    return resolve_file("model.vq.path", get(cfg, "vq.path", file), f"{file} (LlamaGen VQ-16)", base, file)
+
+
+def _vq(cfg: Any, arch: Any, base: Path | None) -> Any:
+    """``model.vq.kind``: ``llamagen`` (checkpoint), ``tiny`` (random, seed + 1) or ``none``."""
+    from adtbench.errors import ConfigError
+    from adtbench.models.registry import get, plain
+    from adtbench.models.vq_llamagen import LlamaGenVQConfig, load_llamagen_vq, make_tiny_llamagen_vq
+
+    kind = str(get(cfg, "vq.kind", "none"))
+    if kind == "none":
+        return None
+    if kind == "tiny":
+        vq = make_tiny_llamagen_vq(int(get(cfg, "seed", 0)) + 1)
+    elif kind == "llamagen":
+        path = _vq_path(cfg, base)
+        try:
+            vq = load_llamagen_vq(path, LlamaGenVQConfig(**(plain(get(cfg, "vq.config", None)) or {})))
+        except (ValueError, TypeError, FileNotFoundError) as e:
+            raise ConfigError("model.vq.path", str(e)) from e
+    else:
+        raise ConfigError("model.vq.kind", f"unknown VQ kind {kind!r}; choose llamagen, tiny or none")
+    if vq.config.codebook_size != arch.vocab_size:
         raise ConfigError("model.vq", f"codebook {vq.config.codebook_size} ≠ GPT vocabulary {arch.vocab_size}")
-    text = HashTextEncoder(arch.caption_dim, arch.cls_token_num, int(cfg.seed)) if arch.model_type == "t2i" else None
-    return LlamaGenTarget(gpt, vq, text, device=str(cfg.device), dtype=dtype)
+    return vq
+
+
+def _text_encoder(cfg: Any, arch: Any, base: Path | None, device: torch.device, dtype: torch.dtype) -> Any:
+    """t2i caption features: ``text_encoder.kind`` ``t5`` (FLAN-T5 folder) or ``hash`` (tiny stand-in)."""
+    from adtbench.errors import ConfigError
+    from adtbench.models.registry import get, resolve_dir, resolve_dtype
+    from adtbench.models.text import HashTextEncoder
+
+    if arch.model_type != "t2i":
+        return None
+    kind = str(get(cfg, "text_encoder.kind", "hash"))
+    if kind == "hash":
+        return HashTextEncoder(arch.caption_dim, arch.cls_token_num, int(get(cfg, "seed", 0)))
+    if kind != "t5":
+        raise ConfigError("model.text_encoder.kind", f"unknown text encoder {kind!r}; choose t5 or hash")
+    from adtbench.models.t5 import T5CaptionEncoder
+
+    path = resolve_dir(
+        "model.text_encoder.path", get(cfg, "text_encoder.path"), ["config.json", "tokenizer*.json"], base
+    )
+    t_dtype = resolve_dtype(get(cfg, "text_encoder.dtype", "auto"), device, "model.text_encoder.dtype")
+    enc = T5CaptionEncoder(path, int(get(cfg, "text_encoder.max_length", arch.cls_token_num)), device, t_dtype)
+    if enc.dim != arch.caption_dim:
+        raise ConfigError("model.text_encoder", f"T5 width {enc.dim} ≠ GPT caption_dim {arch.caption_dim}")
+    return enc

@@ -9,11 +9,21 @@ no biases, 2-D interleaved RoPE with all-zero rows for the ``cls_token_num`` con
 
 Unlike the original, every forward takes explicit position ids and a 4-D boolean mask over a static KV
 cache, so the same code runs prefill, AR steps and tree verification.
+
+Checkpoints (``load_gpt_state_dict``): the official ``.pt`` files hold the weights under ``["model"]`` (DDP) or
+as the bare state dict (FSDP: ``c2i_XXL_384.pt``, ``c2i_3B_384.pt``); ``"module"`` / ``"state_dict"`` wrappers
+are accepted too. LANTERN's HF conversion (``jadohu/LlamaGen-T2I``: ``config.json`` + ``model.safetensors`` or
+``pytorch_model.bin``) uses Llama names with split q/k/v (not permuted: LlamaGen's interleaved RoPE is applied
+to them as-is) and is mapped back by ``lantern_to_official``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +49,7 @@ class GPTConfig:
     model_type: str = "c2i"  # "c2i" (class label) or "t2i" (caption features)
     num_classes: int = 1000
     caption_dim: int = 2048
+    intermediate_size: int | None = None  # explicit SwiGLU width (LANTERN configs); None = LlamaGen's rule
 
     @property
     def head_dim(self) -> int:
@@ -50,6 +61,8 @@ class GPTConfig:
 
     @property
     def ffn_hidden(self) -> int:
+        if self.intermediate_size is not None:
+            return int(self.intermediate_size)
         hidden = int(2 * (4 * self.dim) / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
@@ -119,8 +132,8 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
+        cos: torch.Tensor | None,
+        sin: torch.Tensor | None,
         mask: torch.Tensor,
         cache: StaticKVCache,
         layer: int,
@@ -128,8 +141,11 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         R, n, _ = x.shape
         q, k, v = self.wqkv(x).split([self.n_head * self.hd, self.n_kv * self.hd, self.n_kv * self.hd], dim=-1)
-        q = apply_rope(q.view(R, n, self.n_head, self.hd).transpose(1, 2), cos, sin, "interleaved")
-        k = apply_rope(k.view(R, n, self.n_kv, self.hd).transpose(1, 2), cos, sin, "interleaved")
+        q = q.view(R, n, self.n_head, self.hd).transpose(1, 2)
+        k = k.view(R, n, self.n_kv, self.hd).transpose(1, 2)
+        if cos is not None:  # None: no rotary embedding (absolute-PE models such as Tar's AR-DTok)
+            q = apply_rope(q, cos, sin, "interleaved")
+            k = apply_rope(k, cos, sin, "interleaved")
         v = v.view(R, n, self.n_kv, self.hd).transpose(1, 2)
         k_all, v_all = cache.write(layer, start, k, v)
         if self.n_kv != self.n_head:
@@ -193,3 +209,170 @@ class LlamaGenGPT(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, i, start)
         return self.norm(x)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Presets and checkpoint loading
+# ---------------------------------------------------------------------------------------------------------
+
+# ``GPT_models`` of ``autoregressive/models/gpt.py``: (n_layer, n_head, dim)
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "GPT-B": (12, 12, 768),
+    "GPT-L": (24, 16, 1024),
+    "GPT-XL": (36, 20, 1280),
+    "GPT-XXL": (48, 24, 1536),
+    "GPT-XXXL": (48, 40, 2560),
+    "GPT-3B": (24, 32, 3200),
+}
+
+
+def preset_config(name: str, **overrides: Any) -> GPTConfig:
+    """``GPTConfig`` of a LlamaGen size preset (``GPT-B`` … ``GPT-3B``) plus ``overrides``."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown LlamaGen model {name!r}; choose one of {sorted(PRESETS)}")
+    n_layer, n_head, dim = PRESETS[name]
+    return GPTConfig(**{"n_layer": n_layer, "n_head": n_head, "dim": dim, **overrides})
+
+
+def config_from_lantern(config: Mapping[str, Any]) -> GPTConfig:
+    """``GPTConfig`` from a LANTERN HF ``config.json`` (Llama names + ``input_type``/``block_size``/…)."""
+    model_type = str(config.get("input_type", config.get("model_type_llamagen", "t2i")))
+    if model_type not in ("t2i", "c2i"):
+        raise ValueError(f"config.json input_type must be t2i or c2i, got {model_type!r}")
+    return GPTConfig(
+        dim=int(config["hidden_size"]),
+        n_layer=int(config["num_hidden_layers"]),
+        n_head=int(config["num_attention_heads"]),
+        n_kv_head=int(config.get("num_key_value_heads") or config["num_attention_heads"]),
+        intermediate_size=int(config["intermediate_size"]),
+        norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        rope_base=float(config.get("rope_base", 10000.0)),
+        vocab_size=int(config["vocab_size"]),
+        block_size=int(config["block_size"]),
+        cls_token_num=int(config.get("cls_token_num", 120 if model_type == "t2i" else 1)),
+        model_type=model_type,
+        num_classes=int(config.get("num_classes", 1000)),
+        caption_dim=int(config.get("caption_dim", 2048)),
+    )
+
+
+_LANTERN_LAYER = {
+    "self_attn.o_proj": "attention.wo",
+    "mlp.gate_proj": "feed_forward.w1",
+    "mlp.up_proj": "feed_forward.w3",
+    "mlp.down_proj": "feed_forward.w2",
+    "input_layernorm": "attention_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
+def lantern_to_official(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """LANTERN HF keys → official keys (q/k/v rows concatenated into ``wqkv`` as ``[q | k | v]``).
+
+    ``model.embed_tokens`` → ``tok_embeddings``, ``model.cls_embedding.*`` → ``cls_embedding.*``,
+    ``model.layers.i.self_attn.{q,k,v}_proj`` → ``layers.i.attention.wqkv``, ``o_proj`` → ``wo``,
+    ``mlp.{gate,up,down}_proj`` → ``feed_forward.{w1,w3,w2}``, ``{input,post_attention}_layernorm`` →
+    ``{attention,ffn}_norm``, ``model.norm`` → ``norm``, ``lm_head`` → ``output``. Unknown keys raise.
+    """
+    out: dict[str, torch.Tensor] = {}
+    qkv: dict[int, dict[str, torch.Tensor]] = {}
+    for key, t in sd.items():
+        if key == "model.embed_tokens.weight":
+            out["tok_embeddings.weight"] = t
+        elif key.startswith("model.cls_embedding."):
+            out[key[len("model.") :]] = t
+        elif key == "model.norm.weight":
+            out["norm.weight"] = t
+        elif key == "lm_head.weight":
+            out["output.weight"] = t
+        elif key.startswith("model.layers."):
+            i_str, rest = key[len("model.layers.") :].split(".", 1)
+            i, name = int(i_str), rest.rsplit(".", 1)[0]
+            if name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"):
+                qkv.setdefault(i, {})[name[-6]] = t
+            elif name in _LANTERN_LAYER and rest.endswith(".weight"):
+                out[f"layers.{i}.{_LANTERN_LAYER[name]}.weight"] = t
+            else:
+                raise ValueError(f"unexpected LANTERN LlamaGen key {key!r}")
+        elif key.endswith("freqs_cis") or key.endswith("rotary_emb.inv_freq"):
+            continue  # derived tables, never weights
+        else:
+            raise ValueError(f"unexpected LANTERN LlamaGen key {key!r}")
+    for i, parts in qkv.items():
+        if set(parts) != {"q", "k", "v"}:
+            raise ValueError(f"layer {i}: q/k/v projections incomplete ({sorted(parts)})")
+        out[f"layers.{i}.attention.wqkv.weight"] = torch.cat([parts["q"], parts["k"], parts["v"]], dim=0)
+    return out
+
+
+def _read_lantern_dir(path: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    shards = sorted(path.glob("*.safetensors"))
+    if shards:
+        sd: dict[str, torch.Tensor] = {}
+        for f in shards:
+            sd.update(load_file(str(f)))
+        return sd
+    bins = sorted(path.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights next to config.json")
+    sd = {}
+    for f in bins:
+        sd.update(torch.load(f, map_location="cpu", weights_only=True))
+    return sd
+
+
+def load_gpt_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTConfig | None]:
+    """Official-key state dict from a LlamaGen checkpoint, and the ``GPTConfig`` when the file carries one.
+
+    ``path``: an official ``.pt``/``.pth``/``.bin`` file (``["model"]``, ``["module"]``, ``["state_dict"]`` or a
+    bare dict; ``torch.load(weights_only=True)``), a ``.safetensors`` file, or a LANTERN HF folder
+    (``config.json`` + weights) — the latter also returns its ``GPTConfig``.
+    """
+    from adtbench.models.vq_common import load_checkpoint, unwrap_state_dict
+
+    p = Path(path)
+    if p.is_dir():
+        cfg_file = p / "config.json"
+        if not cfg_file.is_file():
+            raise FileNotFoundError(f"{p}: no config.json (LANTERN HF layout) — pass the .pt file instead")
+        config = config_from_lantern(json.loads(cfg_file.read_text()))
+        return lantern_to_official(_read_lantern_dir(p)), config
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        sd: dict[str, torch.Tensor] = load_file(str(p))
+    else:
+        sd = unwrap_state_dict(load_checkpoint(p), p, ("model", "module", "state_dict"))
+    if any(k.startswith("model.layers.") for k in sd):
+        raise ValueError(f"{p}: LANTERN HF keys; point model.path at the folder holding its config.json")
+    return dict(sd), None
+
+
+def load_gpt(sd: Mapping[str, torch.Tensor], config: GPTConfig, source: str = "checkpoint") -> LlamaGenGPT:
+    """Build ``LlamaGenGPT(config)`` on the meta device and assign ``sd`` into it.
+
+    Every model key must be present with the model's shape (raises ``ValueError`` naming ``source`` and the
+    offending keys); checkpoint keys the model lacks (e.g. a training-time ``freqs_cis``) are ignored.
+    """
+    with torch.device("meta"):
+        gpt = LlamaGenGPT(config)
+    own = gpt.state_dict()
+    missing = sorted(k for k in own if k not in sd)
+    bad = sorted(
+        f"{k}: checkpoint {tuple(sd[k].shape)} vs model {tuple(own[k].shape)}"
+        for k in own
+        if k in sd and tuple(sd[k].shape) != tuple(own[k].shape)
+    )
+    if missing or bad:
+        raise ValueError(
+            f"{source}: does not match the configured LlamaGen architecture; missing keys {missing[:6]}; "
+            f"shape mismatches {bad[:6]}"
+        )
+    gpt.load_state_dict({k: sd[k] for k in own}, strict=True, assign=True)
+    return gpt.eval()
+
+
+def gpt_config_fields() -> set[str]:
+    return {f.name for f in fields(GPTConfig)}
