@@ -95,9 +95,17 @@ class Target(ABC):
     @abstractmethod
     def drafter_rope(self, head_dim: int) -> Rope: ...
 
-    @abstractmethod
+    @torch.no_grad()
     def decode_image(self, codes: torch.Tensor) -> np.ndarray:
-        """VQ codes ``[grid_h, grid_w]`` → uint8 image ``[H, W, 3]``."""
+        """VQ codes ``[grid_h, grid_w]`` → uint8 image ``[H, W, 3]`` through ``self.vq`` (override for other paths)."""
+        from adtbench.models.vq_common import to_uint8_images
+
+        vq = getattr(self, "vq", None)
+        if vq is None:
+            raise RuntimeError(f"{type(self).__name__}: no VQ decoder configured (model.vq)")
+        h, w = codes.shape
+        pixels = vq.decode_codes(codes.reshape(1, -1).to(self.device), h, w)
+        return to_uint8_images(pixels.float().cpu())[0]
 
     def codebook(self) -> torch.Tensor:
         """The VQ codebook ``[num_codes, d]`` (row c = code c; token id = c + layout.image_token_offset)."""
@@ -146,3 +154,29 @@ class Target(ABC):
         self.valid[:, self.length : self.length + k] = True
         self.length += k
         self.next_pos = self.next_pos + k
+
+
+class StaticGPTTarget(Target):
+    """Target hooks shared by in-project GPTs (LlamaGen, AR-DTok): ``self.net`` exposes ``tok_embeddings``,
+    ``output`` and ``forward_embeds(x, pos, mask, cache, start)``; K/V live in a ``StaticKVCache``."""
+
+    net: Any
+    cache: Any = None
+
+    def _forward(
+        self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.cache is not None, "prefill first"
+        x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
+        feats = self.net.forward_embeds(x, position_ids, mask, self.cache, self.length)
+        return self.net.output(feats), feats
+
+    def _compact(self, start: int, keep: torch.Tensor) -> None:
+        assert self.cache is not None, "prefill first"
+        self.cache.compact(start, keep)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.net.tok_embeddings(ids.to(self.device))
+
+    def lm_head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.net.output(features)

@@ -41,7 +41,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -391,16 +390,6 @@ class ChameleonTarget(HFCausalTarget):
         sp = self.special
         cond = [sp["bos"], *self.tokenizer(text), sp["eot"], sp["boi"]]
         return _rows(text, cfg, cond, [sp["bos"], sp["boi"]], sp["pad"])
-
-    @torch.no_grad()
-    def decode_image(self, codes: torch.Tensor) -> np.ndarray:
-        from adtbench.models.vq_common import to_uint8_images
-
-        if self.vq is None:
-            raise RuntimeError("no VQ decoder configured (model.vq)")
-        h, w = codes.shape
-        pixels = self.vq.decode_codes(codes.reshape(1, -1).to(self.device), h, w)
-        return to_uint8_images(pixels.float().cpu())[0]
 
 
 def _rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) -> PromptInputs:

@@ -29,17 +29,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PrefillResult, PromptInputs, Target
+from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.llamagen_gpt import LlamaGenGPT
 from adtbench.models.rope import Rope, Rope2D
 
 
-class LlamaGenTarget(Target):
+class LlamaGenTarget(StaticGPTTarget):
     def __init__(
         self,
         gpt: LlamaGenGPT,
@@ -53,7 +52,7 @@ class LlamaGenTarget(Target):
         if drafter_cls_shift not in (0, 1):
             raise ValueError(f"drafter_cls_shift must be 0 or 1, got {drafter_cls_shift}")
         self.drafter_cls_shift = drafter_cls_shift
-        self.gpt = gpt.to(device=device, dtype=dtype).eval()
+        self.gpt = self.net = gpt.to(device=device, dtype=dtype).eval()
         self.vq = vq.to(device=device).eval() if vq is not None else None
         self.text_encoder = text_encoder
         self.device, self.dtype = torch.device(device), dtype
@@ -117,37 +116,9 @@ class LlamaGenTarget(Target):
             logits=self.gpt.output(feats[:, -1]), features=feats, input_embeds=x, positions=pos, valid=valid
         )
 
-    def _forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.cache is not None
-        x = self.gpt.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
-        feats = self.gpt.forward_embeds(x, position_ids, mask, self.cache, self.length)
-        return self.gpt.output(feats), feats
-
-    def _compact(self, start: int, keep: torch.Tensor) -> None:
-        assert self.cache is not None
-        self.cache.compact(start, keep)
-
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.gpt.tok_embeddings(ids.to(self.device))
-
-    def lm_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.gpt.output(features)
-
     def drafter_rope(self, head_dim: int) -> Rope:
         c = self.gpt.cfg
         return Rope2D(head_dim, c.grid, c.cls_token_num - self.drafter_cls_shift, c.rope_base)
-
-    @torch.no_grad()
-    def decode_image(self, codes: torch.Tensor) -> np.ndarray:
-        from adtbench.models.vq_common import to_uint8_images
-
-        if self.vq is None:
-            raise RuntimeError("no VQ decoder configured (model.vq)")
-        h, w = codes.shape
-        pixels = self.vq.decode_codes(codes.reshape(1, -1).to(self.device), h, w)
-        return to_uint8_images(pixels.float().cpu())[0]
 
 
 DRAFTER_ROPE = {"feature": 0, "lantern": 1}

@@ -24,12 +24,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PrefillResult, PromptInputs, Target
+from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.llamagen_gpt import Block, GPTConfig, RMSNorm
 from adtbench.models.rope import Rope, Rope1D
@@ -168,7 +167,7 @@ def save_ardtok(model: ARDTok, path: str | os.PathLike[str], name: str = "llama-
     atomic_torch_save({"model": {"name": name, "args": args, "sd": sd}}, path)
 
 
-class ARDTokTarget(Target):
+class ARDTokTarget(StaticGPTTarget):
     """AR-DTok behind ``Target``: condition = TA-Tok features ``[cls_token_num, cond_dim]``; CFG row = zeros.
 
     ``encode_prompt(text, cfg)`` needs a ``feature_source(text) → [cls, cond_dim]`` (the Tar LM + TA-Tok, see
@@ -227,36 +226,8 @@ class ARDTokTarget(Target):
         valid = torch.ones(R, P, dtype=torch.bool, device=self.device)
         return PrefillResult(logits=self.net.output(f[:, -1]), features=f, input_embeds=x, positions=pos, valid=valid)
 
-    def _forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.cache is not None
-        x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
-        f = self.net.forward_embeds(x, position_ids, mask, self.cache, self.length)
-        return self.net.output(f), f
-
-    def _compact(self, start: int, keep: torch.Tensor) -> None:
-        assert self.cache is not None
-        self.cache.compact(start, keep)
-
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.net.tok_embeddings(ids.to(self.device))
-
-    def lm_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.net.output(features)
-
     def drafter_rope(self, head_dim: int) -> Rope:
         return Rope1D(head_dim)  # AR-DTok has no RoPE of its own; drafters trained here use 1-D RoPE
-
-    @torch.no_grad()
-    def decode_image(self, codes: torch.Tensor) -> np.ndarray:
-        from adtbench.models.vq_common import to_uint8_images
-
-        if self.vq is None:
-            raise RuntimeError("no VQ decoder configured (model.vq)")
-        h, w = codes.shape
-        pixels = self.vq.decode_codes(codes.reshape(1, -1).to(self.device), h, w)
-        return to_uint8_images(pixels.float().cpu())[0]
 
 
 __all__ = ["PRESETS", "ARDTok", "ARDTokConfig", "ARDTokTarget", "load_ardtok", "save_ardtok"]
