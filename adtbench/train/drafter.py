@@ -36,6 +36,7 @@ gradient-norm clipping; every step's batch is drawn from the step generator (res
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -343,8 +344,10 @@ def run(cfg: DictConfig) -> dict:
         torch.set_num_threads(int(cfg.threads))
     target = build_target(cfg.model)
     freeze(target)
+    t0 = time.perf_counter()
     train = build_teacher(cfg, target, out, "train", int(cfg.teacher.count))
     held = build_teacher(cfg, target, out, "heldout", int(cfg.teacher.eval_count))
+    teacher_s = time.perf_counter() - t0  # this invocation (cached shards load in seconds)
     drafter = build_student(cfg, target).train()
     optim = torch.optim.AdamW(
         drafter.parameters(), lr=float(cfg.lr), betas=(0.9, 0.95), weight_decay=float(cfg.weight_decay)
@@ -372,6 +375,7 @@ def run(cfg: DictConfig) -> dict:
         "stage": "drafter",
         **res,
         **stats,
+        "teacher_s": teacher_s,
         "teacher_train": len(train),
         "teacher_heldout": len(held),
         "params": sum(p.numel() for p in drafter.parameters()),

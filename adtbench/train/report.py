@@ -2,6 +2,12 @@
 
     python -m adtbench.train.report ratios [model=mini] [threads=N] [repeats=R]
     python -m adtbench.train.report grid [out=docs/mini_samples.png] [n=8]
+    python -m adtbench.train.report sweep DIR      # τ / d̄ / speedup rows of a `run.py -m` sweep
+    python -m adtbench.train.report card           # regenerate adtbench/weights/mini/MODEL_CARD.md
+
+``ratios``, ``grid`` and ``sweep`` also store what they measured in ``adtbench/weights/mini/figures.json``
+(with the machine and thread count); ``card`` renders the model card from the stages' ``train_info.json``
+and ``figures.json`` only — no figure in the card is typed by hand.
 
 ``ratios`` measures, on the current machine, with the shipped drafter and CFG (2 rows), mid-image
 (128 committed tokens), medians over ``repeats``:
@@ -9,10 +15,12 @@
 - ``step_ms``: one target AR step = ``verify_forward`` of one token (+ LM head), the AR baseline's unit;
 - ``verify_ms``: one ``verify_forward`` of a real EAGLE-2 tree (depth 4, K 10, 59 nodes incl. the root);
 - ``draft_ms``: one drafter level = ``DraftSession.expand`` of K = 10 nodes (drafter forward, LM head,
-  logits processing) — what each of the D sequential drafting levels costs;
+  logits processing, tree bookkeeping) — what each of the D sequential drafting levels costs;
+- ``draft_forward_ms``: the drafter network alone on those 10 nodes (``EagleDrafter.expand`` + LM head), the
+  counterpart of ``step_ms`` (target forward + LM head);
 
-and reports ``verify / step`` (target ≲ 2: verification is nearly free, as on a GPU) and
-``draft / step`` (target ≤ 1/5).
+and reports ``verify / step`` (goal ≲ 2: verification is nearly free, as on a GPU) and
+``draft / step``, ``draft_forward / step`` (goal ≤ 1/5).
 
 ``grid`` decodes ``n`` held-out prompts with AR and with EAGLE-2 speculative decoding (same seeds, T = 1,
 CFG 3) and writes rows: AR samples, speculative samples, ground-truth renders.
@@ -21,6 +29,8 @@ CFG 3) and writes rows: AR samples, speculative samples, ground-truth renders.
 from __future__ import annotations
 
 import json
+import os
+import platform
 import statistics
 import sys
 import time
@@ -94,6 +104,18 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
         s.expand([0] * 10, top)
 
     draft = _median_ms(level, repeats)
+    s0 = session()
+    top = s0.root_logprobs().topk(10).indices
+    feats = s0.outputs[0][:, None].expand(R, 10, -1)
+    embeds = target.embed_tokens(top)[None].expand(R, -1, -1)
+    dpos = target.next_pos[:, None].expand(R, 10)
+    eye = torch.eye(10, dtype=torch.bool)
+
+    def forward() -> None:
+        drafter.rollback()
+        target.lm_head(drafter.expand(feats, embeds, dpos, eye))
+
+    fwd = _median_ms(forward, repeats)
     drafter.rollback()
     return {
         "threads": torch.get_num_threads(),
@@ -101,8 +123,10 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
         "step_ms": step,
         "verify_ms": verify,
         "draft_ms": draft,
+        "draft_forward_ms": fwd,
         "verify_over_step": verify / step,
         "draft_over_step": draft / step,
+        "draft_forward_over_step": fwd / step,
     }
 
 
@@ -149,20 +173,159 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0) -> dict:
     }
 
 
+WEIGHTS = ROOT / "adtbench" / "weights" / "mini"
+FIGURES = WEIGHTS / "figures.json"
+STAGES = ("vq", "ar8", "ar16", "drafter", "evaluator")
+REPRODUCE = """adtbench train vq
+adtbench train vq init_from=outputs/train/vq/final out_dir=outputs/train/vq2 steps=300 lr=1e-3 warmup=10 \\
+    export='${pkg:weights/mini/vq}'
+adtbench train evaluator
+adtbench train evaluator init_from=outputs/train/evaluator/final out_dir=outputs/train/evaluator2 steps=800 \\
+    lr=1e-3 warmup=10 export='${pkg:weights/mini/evaluator}'
+adtbench train ar config=ar_lowres export='${pkg:weights/mini/ar8}'
+adtbench train ar
+adtbench train ar init_from=outputs/train/ar16/final out_dir=outputs/train/ar16b data.count=10000 steps=2000 \\
+    lr=1e-3 warmup=20 export='${pkg:weights/mini/ar16}'
+adtbench train drafter export='${pkg:weights/mini/drafter}'"""
+
+
+def sweep_rows(root: Path) -> list[dict[str, Any]]:
+    """One row per job ``summary.json`` under ``root``: policy, lantern, τ, d̄, speedup, latencies, n."""
+    rows = []
+    for path in sorted(root.rglob("summary.json")):
+        s = json.loads(path.read_text())
+        choices = s.get("choices") or {}
+        rows.append(
+            {
+                "policy": s.get("policy"),
+                "policy_params": s.get("policy_params"),
+                "lantern": choices.get("lantern", "on" if s.get("lantern") else "off"),
+                "dataset": s.get("dataset"),
+                "n": s.get("n_samples"),
+                **{k: s.get(k) for k in ("tau", "d_bar", "speedup", "latency_s", "baseline_latency_s")},
+                "agreement": ((s.get("eval") or {}).get("values") or {}).get("mini_agreement"),
+                "sampling": s.get("sampling_params"),
+                "threads": (s.get("env") or {}).get("threads"),
+            }
+        )
+    return rows
+
+
+def _store(key: str, value: Any) -> None:
+    figs = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    figs[key] = value
+    FIGURES.write_text(json.dumps(figs, indent=1, sort_keys=True) + "\n")
+
+
+def _metrics(d: dict[str, Any], prefix: str = "") -> str:
+    return ", ".join(
+        f"{k[len(prefix) :]} {v:.3f}"
+        for k, v in d.items()
+        if k.startswith(prefix) and k != "grad_norm" and isinstance(v, float)
+    )
+
+
+def render_card() -> str:
+    """MODEL_CARD.md from every stage's ``train_info.json`` and ``figures.json`` (see module docstring)."""
+    info = {st: json.loads((WEIGHTS / st / "train_info.json").read_text()) for st in STAGES}
+    figs = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    size = {st: sum(p.stat().st_size for p in (WEIGHTS / st).glob("*.safetensors")) / 2**20 for st in STAGES}
+    lines = [
+        "# Mini model card (adtbench's embedded default)",
+        "",
+        "Generated by `python -m adtbench.train.report card` from each stage's `train_info.json` and the measured",
+        "`figures.json` next to the weights; full description in `docs/mini_model.md`.",
+        "",
+        "| stage | steps (last run) | wall (min, last run) | weights (MiB) | seed | training items | final train "
+        "| held-out |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for st in STAGES:
+        i, c = info[st], info[st].get("config", {})
+        items = i.get("train_scenes") or i.get("teacher_train") or (c.get("data") or {}).get("count") or "fresh"
+        held = {
+            k: v
+            for k, v in i.items()
+            if k.startswith("heldout_")
+            or k.startswith("psnr")
+            or k.startswith("agreement")
+            or k.endswith("_agreement")
+            or k == "engine_tau_greedy"
+            or k == "engine_tau_t1"
+        }
+        lines.append(
+            f"| `{st}` | {i['steps']} | {i['wall_s'] / 60:.1f} | {size[st]:.2f} | {c.get('seed')} | {items} | "
+            f"{_metrics(i['final'])} | {_metrics(held)} |"
+        )
+    lines += ["", f"Total weights: {sum(size.values()):.1f} MiB (budget 40 MiB).", ""]
+    for key, r in sorted(figs.items()):
+        if key.startswith("ratios"):
+            lines += [
+                f"**Cost ratios** ({r['threads']} threads, {r.get('machine', '?')}): "
+                f"target step {r['step_ms']:.1f} ms, "
+                f"59-node tree verify {r['verify_ms']:.1f} ms (verify/step **{r['verify_over_step']:.2f}**), drafter "
+                f"network on 10 nodes {r['draft_forward_ms']:.2f} ms (/step **{r['draft_forward_over_step']:.2f}**), "
+                f"drafting level incl. bookkeeping {r['draft_ms']:.2f} ms (/step {r['draft_over_step']:.2f}).",
+                "",
+            ]
+    if "grid" in figs:
+        g = figs["grid"]
+        lines += [
+            f"**Caption agreement** (mini evaluator, {len(g['captions'])} held-out prompts, T = 1, CFG 3): AR "
+            f"{g['agreement_ar']:.3f}, EAGLE-2 speculative {g['agreement_spec']:.3f}, ground truth "
+            f"{g['agreement_truth']:.3f}.",
+            "",
+        ]
+    for key, rows in sorted(figs.items()):
+        if not key.startswith("sweep"):
+            continue
+        r0 = rows["rows"][0]
+        lines += [
+            f"**Speculative decoding** (`{rows['command']}`; {r0['n']} prompts of `{r0['dataset']}`, "
+            f"sampling {r0['sampling']}, {r0['threads']} threads; speedup = mean AR latency / mean method latency, "
+            "same job):",
+            "",
+            "| policy | lantern | τ | d̄ | speedup | latency (s) | AR latency (s) | caption agreement |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['policy']} | {r['lantern']} | {r['tau']:.2f} | {r['d_bar']:.2f} | {r['speedup']:.2f} | "
+            f"{r['latency_s']:.2f} | {r['baseline_latency_s']:.2f} | "
+            + ("–" if r.get("agreement") is None else f"{r['agreement']:.3f}")
+            + " |"
+            for r in rows["rows"]
+        ]
+        lines.append("")
+    lines += ["## Reproduce", "", "```bash", REPRODUCE, "```", ""]
+    return "\n".join(lines)
+
+
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("ratios", "grid"):
+    if not args or args[0] not in ("ratios", "grid", "sweep", "card"):
         print(__doc__)
         return 2
-    kv = dict(a.split("=", 1) for a in args[1:])
+    pos = [a for a in args[1:] if "=" not in a]
+    kv = dict(a.split("=", 1) for a in args[1:] if "=" in a)
     if "threads" in kv:
         torch.set_num_threads(int(kv["threads"]))
     if args[0] == "ratios":
         target, drafter = _load(kv.get("model", "mini"), kv.get("drafter", "mini"))
-        print(json.dumps(cost_ratios(target, drafter, int(kv.get("repeats", 30))), indent=2))
-    else:
+        r = cost_ratios(target, drafter, int(kv.get("repeats", 30)))
+        r["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
+        _store(f"ratios_t{r['threads']}", r)
+        print(json.dumps(r, indent=2))
+    elif args[0] == "grid":
         out = Path(kv.get("out", str(ROOT / "docs" / "mini_samples.png")))
         out.parent.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(sample_grid(out, int(kv.get("n", 8))), indent=2))
+        g = sample_grid(out, int(kv.get("n", 8)))
+        _store("grid", g)
+        print(json.dumps(g, indent=2))
+    elif args[0] == "sweep":
+        rows = sweep_rows(Path(pos[0]))
+        _store(f"sweep_{kv.get('name', 'main')}", {"command": kv.get("command", ""), "rows": rows})
+        print(json.dumps(rows, indent=1))
+    else:
+        (WEIGHTS / "MODEL_CARD.md").write_text(render_card())
     return 0
 
 
