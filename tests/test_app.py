@@ -17,11 +17,20 @@ from PIL import Image
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 FAST = ["warmup=0", "progress=false", "maps.per_run=false"]
+# The default run is the trained mini model (tests/test_mini.py); these tests drive the tiny random vehicles.
+TINY = {"model": "tiny_llamagen", "drafter": "eagle", "dataset": "smoke", "policy": "eagle2"}
+
+
+def with_tiny(args: tuple[str, ...] | list[str]) -> list[str]:
+    """``TINY`` for every group that ``args`` does not choose itself."""
+    chosen = {a.split("=", 1)[0] for a in args if "=" in a}
+    flags = [a for a in args if a.startswith("-")]  # e.g. -m, before any override
+    return flags + [f"{k}={v}" for k, v in TINY.items() if k not in chosen] + [a for a in args if a not in flags]
 
 
 def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "run.py"), *args],
+        [sys.executable, str(ROOT / "run.py"), *with_tiny(args)],
         cwd=ROOT,
         env=ENV,
         capture_output=True,
@@ -40,12 +49,12 @@ def lines(path: Path) -> list[dict]:
 @pytest.mark.parametrize(
     "group,options",
     [
-        ("model", ["tiny_llamagen", "tiny_chameleon"]),
+        ("model", ["tiny_llamagen", "tiny_chameleon", "mini", "mini_lowres"]),
         ("policy", ["ar", "chain", "static", "eagle2", "adt"]),
         ("lantern", ["on", "off"]),
-        ("dataset", ["smoke", "text", "parti", "coco", "inline"]),
+        ("dataset", ["smoke", "text", "parti", "coco", "inline", "mini", "mini_quick"]),
         ("sampling", ["default", "greedy"]),
-        ("drafter", ["eagle", "none"]),
+        ("drafter", ["eagle", "mini", "none"]),
         ("logger", ["none"]),
         ("experiment", ["lossless_check"]),
     ],
@@ -120,7 +129,7 @@ def test_resume_skips_done_prompts_and_refuses_other_config(tmp_path):
 
 def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     out = tmp_path / "k"
-    args = [sys.executable, str(ROOT / "run.py"), "policy=eagle2", f"hydra.run.dir={out}", *FAST]
+    args = [sys.executable, str(ROOT / "run.py"), *with_tiny(["policy=eagle2", f"hydra.run.dir={out}", *FAST])]
     proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = out / "samples.jsonl"
     deadline = time.time() + 120

@@ -397,7 +397,8 @@ def _tiny_loader() -> TinyMini:
 def test_app_runs_eval_after_decoding(tiny_clip, tmp_path):
     from adtbench.app import run
 
-    cfg = compose_cfg("dataset.limit=2", "warmup=0", "progress=false", "maps.per_run=false", "eval=clip",
+    cfg = compose_cfg("model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "policy=eagle2", "dataset.limit=2",
+                      "warmup=0", "progress=false", "maps.per_run=false", "eval=clip",
                       *clip_overrides(tiny_clip, tmp_path))  # fmt: skip
     s = run(cfg, tmp_path / "job", {"model": "tiny_llamagen", "policy": "eagle2"})
     assert s["n_samples"] == 2 and s["eval"]["clip_score"]["n"] == 2

@@ -13,7 +13,9 @@ from hydra import compose, initialize_config_dir
 from adtbench.merge import MergeError, find_shard_dirs, main, merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-COMMON = ["sampling=greedy", "dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false"]
+# the default run is the (slower) mini model with policy=adt; these tests drive the tiny vehicle
+TINY = ["model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "policy=eagle2"]
+COMMON = [*TINY, "sampling=greedy", "dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false"]
 
 
 def decode(run_dir: Path, *overrides: str) -> Path:

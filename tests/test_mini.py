@@ -108,3 +108,71 @@ def test_dataset_config_lists_heldout_prompts():
     d = OmegaConf.load(ROOT / "conf" / "dataset" / "mini.yaml")
     prompts = load_prompts(str(d.kind), str(d.path), d.limit, d.shard)
     assert [p.text for p in prompts] == PROMPTS and len(prompts) >= 20
+
+
+def test_default_config_is_the_mini_model_with_its_drafter():
+    """``python run.py`` with no arguments: model=mini, its trained drafter, held-out prompts; drafter=eagle loads
+    the model's own trained drafter (``model.drafter_path``) unless ``drafter.path`` is given."""
+    from hydra import compose, initialize_config_dir
+
+    from adtbench.config import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("config", return_hydra_config=True)
+        other = compose("config", overrides=["model=tiny_llamagen"])
+        explicit = compose("config", overrides=["drafter.path=null"])
+        named = compose("config", overrides=["drafter=mini"])
+    choices = cfg.hydra.runtime.choices
+    assert (choices.model, choices.drafter, choices.dataset, choices.lantern) == ("mini", "eagle", "mini_quick", "off")
+    assert choices.policy == "adt"
+    assert cfg.drafter.path.endswith("weights/mini/drafter") and cfg.sampling.temperature == 1.0
+    assert named.drafter.path == cfg.drafter.path
+    assert other.drafter.path is None and explicit.drafter.path is None
+
+
+def test_mini_drafter_refuses_another_target(tmp_path):
+    from adtbench.errors import ConfigError
+
+    tiny = build_target(model_cfg("tiny_llamagen"))
+    with pytest.raises(ConfigError, match=r"drafter\.path"):
+        build_drafter(OmegaConf.load(ROOT / "conf" / "drafter" / "mini.yaml"), tiny)
+
+
+def test_default_run_from_the_command_line(tmp_path):
+    """The default run, shortened to one prompt: images, samples.jsonl, summary.json, the summary line."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "default"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "run.py"), "dataset.limit=1", "warmup=0", f"hydra.run.dir={out}"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "adtbench: model=mini" in proc.stdout and "speedup=" in proc.stdout
+    s = json.loads((out / "summary.json").read_text())
+    assert s["model"] == "mini" and s["policy"] == "adt" and s["n_samples"] == 1
+    assert s["tau"] > 1.3  # the trained drafter (a random one: τ ≈ 1)
+    rec = json.loads((out / "samples.jsonl").read_text())
+    assert rec["prompt"] == PROMPTS[0] and len(rec["tokens"]) == 256 and rec["baseline_latency_s"] > 0
+    from PIL import Image
+
+    assert Image.open(out / rec["image"]).size == (64, 64)
+
+
+def test_model_card_is_generated_from_the_recorded_figures():
+    """MODEL_CARD.md is exactly what ``report card`` renders from train_info.json + figures.json (no hand edits)."""
+    import json
+
+    from adtbench.train.report import FIGURES, render_card
+
+    assert (WEIGHTS / "MODEL_CARD.md").read_text() == render_card()
+    figs = json.loads(FIGURES.read_text())
+    assert {"ratios_t1", "ratios_t2", "grid", "sweep_t1", "sweep_greedy"} <= set(figs)
+    rows = figs["sweep_t1"]["rows"]
+    assert {(r["policy"], r["lantern"]) for r in rows} == {
+        (p, lan) for p in ("chain", "static", "eagle2", "adt") for lan in ("on", "off")
+    }
+    assert all(r["n"] >= 20 and r["tau"] >= 1.0 for r in rows)

@@ -49,8 +49,9 @@ def test_load_summaries_walks_jobs_in_order(tmp_path):
 def test_four_job_sweep_and_table(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ADTBENCH_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
-    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "policy=adt,eagle2", "lantern=on,off", "dataset.limit=2",
-           "warmup=0", f"hydra.sweep.dir={sweep}", "progress=false"]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "policy=adt,eagle2", "lantern=on,off", "model=tiny_llamagen",
+           "drafter=eagle", "dataset=smoke", "dataset.limit=2", "warmup=0", f"hydra.sweep.dir={sweep}",
+           "progress=false"]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = sweep_table().load_summaries(sweep)

@@ -15,7 +15,8 @@ from adtbench.errors import ConfigError
 from adtbench.tracking import NullLogger, build_logger
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST = ["dataset.limit=2", "warmup=0", "progress=false"]
+TINY = ["model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "policy=eagle2"]  # not the (mini) default run
+FAST = [*TINY, "dataset.limit=2", "warmup=0", "progress=false"]
 
 
 def compose_cfg(*overrides: str):

@@ -51,6 +51,13 @@ def build_drafter(cfg: Any, target: Target) -> EagleDrafter | None:
         meta = Path(str(path)) / "config.json"
         if meta.exists():
             dcfg = EagleConfig(**json.loads(meta.read_text()))
+            if dcfg.hidden_size != target.hidden_size:
+                raise ConfigError(
+                    "drafter.path",
+                    f"{meta}: a drafter of hidden size {dcfg.hidden_size} cannot draft for this target (hidden size "
+                    f"{target.hidden_size}); choose the drafter trained for this model (e.g. drafter=eagle "
+                    "drafter.path=<dir>)",
+                )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(int(cfg.get("seed", 0)))
         drafter = EagleDrafter(dcfg, target.drafter_rope(dcfg.head_dim))

@@ -225,6 +225,12 @@ def _metrics(d: dict[str, Any], prefix: str = "") -> str:
     )
 
 
+def _sampling(sp: dict[str, Any]) -> str:
+    t = "greedy" if sp["temperature"] == 0 else f"T = {sp['temperature']:g}"
+    extra = [f"top-k {sp['top_k']}"] * (sp["top_k"] > 0) + [f"top-p {sp['top_p']:g}"] * (sp["top_p"] < 1)
+    return ", ".join([t, f"CFG {sp['cfg_scale']:g}", *extra])
+
+
 def render_card() -> str:
     """MODEL_CARD.md from every stage's ``train_info.json`` and ``figures.json`` (see module docstring)."""
     info = {st: json.loads((WEIGHTS / st / "train_info.json").read_text()) for st in STAGES}
@@ -261,7 +267,7 @@ def render_card() -> str:
     for key, r in sorted(figs.items()):
         if key.startswith("ratios"):
             lines += [
-                f"**Cost ratios** ({r['threads']} threads, {r.get('machine', '?')}): "
+                f"**Cost ratios** ({r['threads']} thread(s), {r.get('machine', '?')}): "
                 f"target step {r['step_ms']:.1f} ms, "
                 f"59-node tree verify {r['verify_ms']:.1f} ms (verify/step **{r['verify_over_step']:.2f}**), drafter "
                 f"network on 10 nodes {r['draft_forward_ms']:.2f} ms (/step **{r['draft_forward_over_step']:.2f}**), "
@@ -276,13 +282,13 @@ def render_card() -> str:
             f"{g['agreement_truth']:.3f}.",
             "",
         ]
-    for key, rows in sorted(figs.items()):
+    for key, rows in sorted(figs.items(), reverse=True):  # sweep_t1 before sweep_greedy
         if not key.startswith("sweep"):
             continue
         r0 = rows["rows"][0]
         lines += [
             f"**Speculative decoding** (`{rows['command']}`; {r0['n']} prompts of `{r0['dataset']}`, "
-            f"sampling {r0['sampling']}, {r0['threads']} threads; speedup = mean AR latency / mean method latency, "
+            f"{_sampling(r0['sampling'])}, {r0['threads']} thread(s); speedup = mean AR latency / mean method latency, "
             "same job):",
             "",
             "| policy | lantern | τ | d̄ | speedup | latency (s) | AR latency (s) | caption agreement |",
