@@ -36,9 +36,11 @@ from adtbench.scenes import VOCAB, to_tensor_range
 from adtbench.train.common import (
     batches,
     export_dir,
+    init_from,
     resolve_device,
     save_safetensors,
     scene_pool,
+    stage_dir,
     step_rng,
     train_loop,
     write_json,
@@ -123,21 +125,14 @@ def coded_data(cfg: DictConfig, split: str, count: int, vq, dev: torch.device) -
 
 
 def run(cfg: DictConfig) -> dict:
-    out = Path(str(cfg.out_dir))
-    out.mkdir(parents=True, exist_ok=True)
+    out = stage_dir(cfg)
     dev = resolve_device(str(cfg.device))
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
     vq = load_vq(str(cfg.vq_path), dev)
     grid = int(cfg.data.size) // vq.downsample_factor
     captions, codes = coded_data(cfg, "train", int(cfg.data.count), vq, dev)
     model = build(cfg, grid)
-    if cfg.get("init_from"):  # warm start from an earlier run's final/ (same shapes)
-        from safetensors.torch import load_file
-
-        src = Path(str(cfg.init_from))
-        model.gpt.load_state_dict(load_file(str(src / "gpt.safetensors")))
-        model.text.load_state_dict(load_file(str(src / "text_encoder.safetensors")))
+    init_from(model.gpt, cfg, "gpt.safetensors")  # warm start from an earlier run's final/ (same shapes)
+    init_from(model.text, cfg, "text_encoder.safetensors")
     model = model.to(dev).train()
     if model.gpt.cfg.vocab_size != vq.config.codebook_size:
         raise ValueError(f"gpt.vocab_size {model.gpt.cfg.vocab_size} ≠ VQ codebook {vq.config.codebook_size}")

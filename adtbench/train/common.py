@@ -67,6 +67,15 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def stage_dir(cfg: DictConfig) -> Path:
+    """Start of every stage's ``run``: create ``cfg.out_dir`` and apply ``cfg.threads`` (when set)."""
+    out = Path(str(cfg.out_dir))
+    out.mkdir(parents=True, exist_ok=True)
+    if cfg.get("threads"):
+        torch.set_num_threads(int(cfg.threads))
+    return out
+
+
 def _mix(*parts: int) -> int:
     h = hashlib.sha256(":".join(str(int(p)) for p in parts).encode()).hexdigest()
     return int(h[:15], 16)

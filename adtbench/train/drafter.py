@@ -54,6 +54,7 @@ from adtbench.train.common import (
     export_dir,
     save_safetensors,
     scene_pool,
+    stage_dir,
     step_rng,
     train_loop,
     write_json,
@@ -338,10 +339,7 @@ def build_student(cfg: DictConfig, target: Target) -> EagleDrafter:
 def run(cfg: DictConfig) -> dict:
     from adtbench.models.registry import build_target
 
-    out = Path(str(cfg.out_dir))
-    out.mkdir(parents=True, exist_ok=True)
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
+    out = stage_dir(cfg)
     target = build_target(cfg.model)
     freeze(target)
     t0 = time.perf_counter()

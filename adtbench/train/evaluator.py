@@ -27,6 +27,7 @@ from adtbench.train.common import (
     init_from,
     resolve_device,
     save_safetensors,
+    stage_dir,
     step_rng,
     train_loop,
     write_json,
@@ -57,11 +58,8 @@ def augment(x: torch.Tensor) -> torch.Tensor:
 
 
 def run(cfg: DictConfig) -> dict:
-    out = Path(str(cfg.out_dir))
-    out.mkdir(parents=True, exist_ok=True)
+    out = stage_dir(cfg)
     dev = resolve_device(str(cfg.device))
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
     a = cfg.arch
     ecfg = EvaluatorConfig(
         image_size=int(a.image_size),

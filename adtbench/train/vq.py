@@ -38,6 +38,7 @@ from adtbench.train.common import (
     resolve_device,
     save_safetensors,
     scene_pool,
+    stage_dir,
     step_rng,
     train_loop,
     write_json,
@@ -81,11 +82,8 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def run(cfg: DictConfig) -> dict:
-    out = Path(str(cfg.out_dir))
-    out.mkdir(parents=True, exist_ok=True)
+    out = stage_dir(cfg)
     dev = resolve_device(str(cfg.device))
-    if cfg.get("threads"):
-        torch.set_num_threads(int(cfg.threads))
     d = cfg.data
     cache = Path(str(cfg.cache_dir)) if cfg.get("cache_dir") else None
     pools = [scene_pool(int(d.seed), "train", int(d.count), int(s), cache)[1] for s in d.sizes]
