@@ -135,7 +135,8 @@ def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     return mask, depth
 
 
-def _median_ms(fn: Any, repeats: int, sync: bool) -> float:
+def median_ms(fn: Any, repeats: int, sync: bool) -> float:
+    """Median wall time (ms) of ``repeats`` calls of ``fn``, CUDA-synchronised around each when ``sync``."""
     times = []
     for _ in range(repeats):
         if sync:
@@ -195,7 +196,7 @@ def cost(cfg: Any) -> dict:
         toks = target.layout.image_token_offset + torch.randint(0, target.layout.num_codes, (n,), generator=gen)
         for _ in range(3):  # warm-up (kernels, allocator)
             target.verify_forward(toks, mask, depth)
-        ms = _median_ms(lambda t=toks, m=mask, d=depth: target.verify_forward(t, m, d), repeats, sync)
+        ms = median_ms(lambda t=toks, m=mask, d=depth: target.verify_forward(t, m, d), repeats, sync)
         rows.append({"tree_nodes": n, "target_forward_ms": ms, "ms_per_node": ms / n})
     # one drafter expansion step over the same prefix: K = 10 children of the root
     R, H = target.rows, target.hidden_size
@@ -215,7 +216,7 @@ def cost(cfg: Any) -> dict:
 
     for _ in range(3):
         step()
-    drafter_ms = _median_ms(step, repeats, sync)
+    drafter_ms = median_ms(step, repeats, sync)
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
         "device": torch.cuda.get_device_name(target.device) if sync else str(target.device),

@@ -111,7 +111,8 @@ def _config_id(run_dir: Path, summary: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def _lantern(s: dict[str, Any]) -> str:
+def lantern_choice(s: dict[str, Any]) -> str:
+    """The ``lantern`` option of a run's ``summary.json`` (its Hydra choice; older summaries: the bool)."""
     choice = (s.get("choices") or {}).get("lantern")
     if choice is not None:
         return str(choice)
@@ -166,7 +167,7 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
             "run_dir": str(d),
             "job": d.name,
             "config_id": cid,
-            **{c: s.get(c) if c != "lantern" else _lantern(s) for c in CHOICE_COLUMNS},
+            **{c: s.get(c) if c != "lantern" else lantern_choice(s) for c in CHOICE_COLUMNS},
             "shard": ((s.get("choices") or {}).get("dataset.shard")) or _shard_of(d),
             "merged": (d / "merge.json").exists(),
             **{k: s.get(k) for k in ("n_samples", "n_prompts", "complete", "tau", "d_bar", "d_bar_tree")},

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from adtbench.tables import lantern_choice
+
 COLUMNS = ("job", "policy", "lantern", "τ", "d̄", "speedup", "latency (s)")
 
 
@@ -39,13 +41,6 @@ def load_summaries(root: str | Path) -> list[dict[str, Any]]:
     return out
 
 
-def _lantern(s: dict[str, Any]) -> str:
-    choice = (s.get("choices") or {}).get("lantern")
-    if choice is not None:
-        return str(choice)
-    return "on" if s.get("lantern") else "off"
-
-
 def _fmt(v: Any, digits: int) -> str:
     return "—" if v is None else f"{v:.{digits}f}"
 
@@ -56,7 +51,7 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
         [
             Path(s.get("job_dir", "")).name,
             str(s.get("policy")),
-            _lantern(s),
+            lantern_choice(s),
             _fmt(s.get("tau"), 3),
             _fmt(s.get("d_bar"), 2),
             _fmt(s.get("speedup"), 3),

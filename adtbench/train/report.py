@@ -31,9 +31,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +53,12 @@ def _load(model: str = "mini", drafter: str = "mini") -> tuple[Any, Any]:
     return target, d
 
 
-def _median_ms(fn, repeats: int) -> float:
+def _median_ms(fn: Any, repeats: int, device: torch.device) -> float:
+    """One warm-up call, then :func:`adtbench.bench.median_ms` (CUDA-synchronised on a GPU)."""
+    from adtbench.bench import median_ms
+
     fn()
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(ts)
+    return median_ms(fn, repeats, device.type == "cuda")
 
 
 @torch.no_grad()
@@ -95,15 +91,17 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
 
     tree = Eagle2Policy(4, 10, 59).propose(session(), 5)
     drafter.rollback()
-    step = _median_ms(lambda: target.verify_forward(toks[:1], one, zero), repeats)
-    verify = _median_ms(lambda: target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth), repeats)
+    step = _median_ms(lambda: target.verify_forward(toks[:1], one, zero), repeats, target.device)
+    verify = _median_ms(
+        lambda: target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth), repeats, target.device
+    )
 
     def level() -> None:
         s = session()
         top = s.root_logprobs().topk(10).indices
         s.expand([0] * 10, top)
 
-    draft = _median_ms(level, repeats)
+    draft = _median_ms(level, repeats, target.device)
     s0 = session()
     top = s0.root_logprobs().topk(10).indices
     feats = s0.outputs[0][:, None].expand(R, 10, -1)
@@ -115,7 +113,7 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
         drafter.rollback()
         target.lm_head(drafter.expand(feats, embeds, dpos, eye))
 
-    fwd = _median_ms(forward, repeats)
+    fwd = _median_ms(forward, repeats, target.device)
     drafter.rollback()
     return {
         "threads": torch.get_num_threads(),
@@ -191,15 +189,16 @@ adtbench train drafter export='${pkg:weights/mini/drafter}'"""
 
 def sweep_rows(root: Path) -> list[dict[str, Any]]:
     """One row per job ``summary.json`` under ``root``: policy, lantern, τ, d̄, speedup, latencies, n."""
+    from adtbench.tables import _natural, lantern_choice
+
     rows = []
-    for path in sorted(root.rglob("summary.json")):
+    for path in sorted(root.rglob("summary.json"), key=_natural):  # job 10_… after 9_…
         s = json.loads(path.read_text())
-        choices = s.get("choices") or {}
         rows.append(
             {
                 "policy": s.get("policy"),
                 "policy_params": s.get("policy_params"),
-                "lantern": choices.get("lantern", "on" if s.get("lantern") else "off"),
+                "lantern": lantern_choice(s),
                 "dataset": s.get("dataset"),
                 "n": s.get("n_samples"),
                 **{k: s.get(k) for k in ("tau", "d_bar", "speedup", "latency_s", "baseline_latency_s")},
