@@ -15,6 +15,9 @@ from adtbench.models.registry import build_target
 ROOT = Path(__file__).resolve().parents[1]
 register_resolvers()
 torch.set_num_threads(1)  # tiny models: threading only adds overhead (and CI has 2 cores)
+# App tests drive the tiny random vehicle, not the default run (the trained mini model, policy=adt: tests/test_mini.py)
+TINY_RUN = {"model": "tiny_llamagen", "drafter": "eagle", "dataset": "smoke", "policy": "eagle2"}
+TINY_OVERRIDES = [f"{k}={v}" for k, v in TINY_RUN.items()]
 
 
 def model_cfg(name: str, **over):

@@ -11,21 +11,20 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY_RUN
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
 FAST = ["warmup=0", "progress=false", "maps.per_run=false"]
-# The default run is the trained mini model (tests/test_mini.py); these tests drive the tiny random vehicles.
-TINY = {"model": "tiny_llamagen", "drafter": "eagle", "dataset": "smoke", "policy": "eagle2"}
 
 
 def with_tiny(args: tuple[str, ...] | list[str]) -> list[str]:
-    """``TINY`` for every group that ``args`` does not choose itself."""
+    """``TINY_RUN`` for every group that ``args`` does not choose itself."""
     chosen = {a.split("=", 1)[0] for a in args if "=" in a}
     flags = [a for a in args if a.startswith("-")]  # e.g. -m, before any override
-    return flags + [f"{k}={v}" for k, v in TINY.items() if k not in chosen] + [a for a in args if a not in flags]
+    return flags + [f"{k}={v}" for k, v in TINY_RUN.items() if k not in chosen] + [a for a in args if a not in flags]
 
 
 def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:

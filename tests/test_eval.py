@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
@@ -397,7 +398,7 @@ def _tiny_loader() -> TinyMini:
 def test_app_runs_eval_after_decoding(tiny_clip, tmp_path):
     from adtbench.app import run
 
-    cfg = compose_cfg("model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "policy=eagle2", "dataset.limit=2",
+    cfg = compose_cfg(*TINY_OVERRIDES, "dataset.limit=2",
                       "warmup=0", "progress=false", "maps.per_run=false", "eval=clip",
                       *clip_overrides(tiny_clip, tmp_path))  # fmt: skip
     s = run(cfg, tmp_path / "job", {"model": "tiny_llamagen", "policy": "eagle2"})

@@ -8,14 +8,13 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 from adtbench.merge import MergeError, find_shard_dirs, main, merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
-# the default run is the (slower) mini model with policy=adt; these tests drive the tiny vehicle
-TINY = ["model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "policy=eagle2"]
-COMMON = [*TINY, "sampling=greedy", "dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false"]
+COMMON = [*TINY_OVERRIDES, "sampling=greedy", "dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false"]
 
 
 def decode(run_dir: Path, *overrides: str) -> Path:

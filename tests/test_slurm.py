@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +34,8 @@ def test_launcher_presets_compose():
 def test_submitit_local_multirun_of_two_shard_jobs_then_merge(tmp_path):
     out = tmp_path / "array"
     proc = subprocess.run(
-        ["bash", str(ROOT / "jobs" / "decode_array_submitit.sh"), "2", "model=tiny_llamagen", "dataset=smoke",
-         "policy=eagle2", "dataset.limit=3", "warmup=0", "sampling=greedy", "progress=false", "maps.per_run=false"],
+        ["bash", str(ROOT / "jobs" / "decode_array_submitit.sh"), "2", *TINY_OVERRIDES, "dataset.limit=3",
+         "warmup=0", "sampling=greedy", "progress=false", "maps.per_run=false"],
         cwd=ROOT, env={**ENV, "ADTBENCH_LAUNCHER": "submitit_local", "ADTBENCH_OUT": str(out)},
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip

@@ -9,14 +9,14 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 from adtbench.errors import ConfigError
 from adtbench.tracking import NullLogger, build_logger
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "policy=eagle2"]  # not the (mini) default run
-FAST = [*TINY, "dataset.limit=2", "warmup=0", "progress=false"]
+FAST = [*TINY_OVERRIDES, "dataset.limit=2", "warmup=0", "progress=false"]
 
 
 def compose_cfg(*overrides: str):
