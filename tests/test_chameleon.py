@@ -171,9 +171,7 @@ def test_flash_attention_refused() -> None:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def test_transformers_passes_4d_mask_unchanged(
-    eager_target: ChameleonTarget, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_transformers_passes_4d_mask_unchanged(eager_target: ChameleonTarget, monkeypatch: pytest.MonkeyPatch) -> None:
     """The float mask every attention layer receives is exactly the one we built (no causal re-masking)."""
     target = eager_target
     import transformers.models.chameleon.modeling_chameleon as mc
