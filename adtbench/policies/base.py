@@ -8,6 +8,8 @@ image positions left), never the model. ``observe`` feeds back the verification 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -37,6 +39,13 @@ class TreePolicy(ABC):
 
     def reset(self) -> None:  # noqa: B027
         """Start a new image."""
+
+    def bind(self, target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> None:  # noqa: B027
+        """Called once by the app after the models are built, before warm-up and outside the timed scope.
+
+        Policies that size their trees to the machine (``budget: cost``) load or measure their cost model
+        here (cached under ``cache_dir``); others do nothing.
+        """
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
