@@ -165,6 +165,21 @@ def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -
     return target.length
 
 
+def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Generator, cfg: bool) -> int:
+    """Prefill a prompt (CFG rows when ``cfg``), then commit random image tokens up to ``fraction`` of the image;
+    returns the KV length (prompt + committed tokens)."""
+    inputs = target.encode_prompt("a large red circle on a striped blue background", cfg=cfg)
+    target.start(inputs, max_nodes)
+    lay = target.layout
+    goal = target.length + max(0, min(int(fraction * lay.num_gen_tokens), lay.num_gen_tokens - 1))
+    while target.length < goal:
+        n = min(128, goal - target.length)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        target.verify_forward(toks, torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n))
+        target.commit(torch.arange(n))
+    return target.length
+
+
 @torch.no_grad()
 def cost(cfg: Any) -> dict:
     """The cost-model measurements (module docstring) as a dict; ``{"skipped": reason}`` without a GPU."""

@@ -83,6 +83,8 @@ def build_policy(cfg: DictConfig) -> TreePolicy:
             _number(cfg, "policy.depth", int),
             _number(cfg, "policy.top_k", int),
             _number(cfg, "policy.total_tokens", int),
+            str(cfg.policy.get("budget", "fixed")),
+            cfg.policy.get("calibrate", True),
         )
     if name == "adt":
         from adtbench.policies.adt import build_adt_policy

@@ -42,6 +42,15 @@ def shared_data() -> Path:
     return path
 
 
+def synthetic_cost_model():
+    """A cost model whose verify cost grows 2 % per node (1 ms + 0.02 ms · n) with cheap drafter levels: on the
+    tiny random models it yields trees of many sizes and depths (tests assert that)."""
+    from adtbench.cost import CostModel
+
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    return CostModel(sizes, [1.0 + 0.02 * n for n in sizes], [1, 4, 16], [0.02, 0.03, 0.04], 0.05)
+
+
 class FakeSession:
     """A scripted ``DraftSession``: distributions keyed by the token path from the root."""
 

@@ -6,10 +6,12 @@ from itertools import product
 import numpy as np
 import pytest
 import torch
-from conftest import tiny
+from conftest import synthetic_cost_model, tiny
 from scipy.stats import chisquare
 
+from adtbench.cost import TreeBudget
 from adtbench.engine import decode_ar, generate
+from adtbench.policies.adt import ADTPolicy
 from adtbench.policies.ar import ArPolicy
 from adtbench.policies.base import TreePolicy
 from adtbench.policies.eagle2 import Eagle2Policy
@@ -23,7 +25,15 @@ POLICIES = {
     "chain": lambda: ChainPolicy(3),
     "static": lambda: StaticTreePolicy(MC_SIM_7B_63),
     "eagle2": lambda: Eagle2Policy(depth=3, top_k=4, total_tokens=20),
+    "eagle2-cost": lambda: with_cost(Eagle2Policy(depth=3, top_k=4, total_tokens=20, budget="cost")),
+    "adt-cost": lambda: with_cost(ADTPolicy(D0=3, K0=4, K_max=6, N_max=19, budget="cost")),
 }
+
+
+def with_cost(policy):
+    """Bind a synthetic cost model (steep verify cost, so trees of every size occur) instead of measuring one."""
+    policy.cost.tree = TreeBudget(synthetic_cost_model(), calibrate=True)
+    return policy
 
 
 def _skip_missing(name):
@@ -111,8 +121,9 @@ def _exact_joint(target, inputs, sp, k):
     [
         (lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), 3.0),
         (lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), 1.0),
+        (lambda: with_cost(Eagle2Policy(depth=2, top_k=3, total_tokens=9, budget="cost")), 3.0),
     ],
-    ids=["eagle2-pointmass-cfg", "static-trueq"],
+    ids=["eagle2-pointmass-cfg", "static-trueq", "eagle2-cost-cfg"],
 )
 def test_sampling_joint_distribution_matches_ar(policy, cfg_scale):
     """T = 1 with top-k: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary)."""

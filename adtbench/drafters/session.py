@@ -22,6 +22,13 @@ from adtbench.sampling import SamplingParams, process_logits
 
 
 class DraftSession:
+    """Per-cycle drafting state, kept in tensors (no per-node Python objects).
+
+    ``depth [nodes]`` (root 0), ``outputs [R, nodes, H]`` (the drafter output at each node; the root's came from
+    ``extend``) and ``slot_anc [nodes, slots]``: which scratch slots node i's own slot attends (its ancestors'
+    slots and its own; the root has no slot). Node i ≥ 1 occupies scratch slot i − 1.
+    """
+
     def __init__(
         self,
         drafter: EagleDrafter,
@@ -37,51 +44,51 @@ class DraftSession:
         self.layout = target.layout
         self.root_token, self.root_gen, self.root_pos = root_token, root_gen, root_pos
         self.generator = generator
-        self.depth: list[int] = [0]
-        self.outputs: list[torch.Tensor] = [root_out]  # [R, H] drafter output per node
-        self.slot: list[int] = [-1]
-        self.slot_ancestors: list[set[int]] = [set()]  # scratch slots each node's slot may attend
+        self.depth = torch.zeros(1, dtype=torch.long)
+        self.outputs = root_out[:, None]
+        self.slot_anc = torch.zeros(1, 0, dtype=torch.bool)
         self.forwards = 0  # drafter forward passes this cycle (root's came from ``extend``)
 
     @property
     def greedy(self) -> bool:
         return self.sp.greedy
 
-    def _logprobs(self, outputs: torch.Tensor, depths: list[int]) -> torch.Tensor:
+    @property
+    def num_nodes(self) -> int:
+        return self.depth.numel()
+
+    def _logprobs(self, outputs: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
         raw = self.target.lm_head(outputs)  # [R, m, V]
-        gen_idx = torch.tensor([self.root_gen + d + 1 for d in depths], device=raw.device)
+        gen_idx = (depths + (self.root_gen + 1)).to(raw.device)
         return process_logits(raw, gen_idx, self.layout, self.sp).log_softmax(-1)
 
     @torch.no_grad()
     def root_logprobs(self) -> torch.Tensor:
         """Drafter log-probs ``[V]`` over the root's children."""
-        return self._logprobs(self.outputs[0][:, None], [0])[0]
+        return self._logprobs(self.outputs[:, :1], self.depth[:1])[0]
 
     @torch.no_grad()
-    def expand(self, parents: list[int], tokens: torch.Tensor | list[int]) -> tuple[list[int], torch.Tensor]:
+    def expand(
+        self, parents: torch.Tensor | list[int], tokens: torch.Tensor | list[int]
+    ) -> tuple[list[int], torch.Tensor]:
         """Add node ``i`` = child ``tokens[i]`` of ``parents[i]``; return the new ids and log-probs ``[m, V]``."""
-        tok = torch.as_tensor(tokens, dtype=torch.long, device=self.drafter.valid.device).view(-1)
-        m = len(parents)
+        par = torch.as_tensor(parents, dtype=torch.long).view(-1).cpu()
+        m, n0, base = par.numel(), self.num_nodes, self.slot_anc.shape[1]
+        tok = torch.as_tensor(tokens, dtype=torch.long).view(-1)
         if tok.numel() != m or m == 0:
             raise ValueError("expand needs one token per parent and at least one node")
-        base = self.drafter.scratch
-        ids, depths, rows = [], [], []
-        for i, par in enumerate(parents):
-            node = len(self.depth)
-            ids.append(node)
-            self.depth.append(self.depth[par] + 1)
-            self.slot.append(base + i)
-            anc = self.slot_ancestors[par] | {base + i}
-            self.slot_ancestors.append(anc)
-            depths.append(self.depth[-1])
-            rows.append(sorted(anc))
-        slot_mask = torch.zeros(m, base + m, dtype=torch.bool)
-        slot_mask[[i for i, r in enumerate(rows) for _ in r], [c for r in rows for c in r]] = True
-        feats = torch.stack([self.outputs[p] for p in parents], dim=1)  # [R, m, H]
+        if base != self.drafter.scratch:
+            raise RuntimeError(f"drafter scratch ({self.drafter.scratch}) out of step with the session ({base})")
+        # a new node's slot sees its parent's slots and itself
+        new_anc = torch.cat([self.slot_anc[par], torch.eye(m, dtype=torch.bool)], 1)  # [m, base + m]
+        self.slot_anc = torch.cat([torch.nn.functional.pad(self.slot_anc, (0, m)), new_anc], 0)
+        depth = self.depth[par] + 1
+        self.depth = torch.cat([self.depth, depth])
+        dev = self.outputs.device
+        feats = self.outputs.index_select(1, par.to(dev))  # [R, m, H]
         embeds = self.target.embed_tokens(tok)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
-        pos = self.root_pos[:, None] + torch.tensor([d - 1 for d in depths], device=self.root_pos.device)[None]
-        out = self.drafter.expand(feats, embeds, pos, slot_mask)
+        pos = self.root_pos[:, None] + (depth - 1).to(self.root_pos.device)[None]
+        out = self.drafter.expand(feats, embeds, pos, new_anc)
         self.forwards += 1
-        for i in range(m):
-            self.outputs.append(out[:, i])
-        return ids, self._logprobs(out, depths)
+        self.outputs = torch.cat([self.outputs, out], 1)
+        return list(range(n0, n0 + m)), self._logprobs(out, depth)

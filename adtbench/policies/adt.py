@@ -22,6 +22,9 @@ end-of-line slot):
 2. Draft with EAGLE-2 (``build_eagle2_tree``): depth parameter D − 1 (max draft depth D), top_k K,
    N drafted nodes: ``budget: fixed`` → N = N_max; ``budget: min`` → N = min(N_max, K + (D−1)·K²). EAGLE-2's
    rerank never keeps more than the candidates, so both rules draft the same tree; they differ in the logged N.
+   ``budget: cost`` (``adtbench.cost``): D and K as above, but the drafter levels run only while another can pay
+   for itself and N ≤ N_max maximises expected committed tokens per unit of measured time (lossless: it only
+   chooses which drafted nodes are verified; ``calibrate`` scales the drafter's estimate online).
 3. After verification with a accepted drafts, realised depth d and drafted depth D_dr (D capped by the image
    positions left): α = a/D_dr (``alpha: drafted``, default: the issue's "accepted drafts / depth drafted";
    it makes a deeper tree need more acceptance to keep growing, so D settles near a/β) or a/d (``alpha: realised``);
@@ -47,8 +50,10 @@ the record's ``D`` is the drafted depth), ``init``, ``alpha`` (a/d), ``alpha_D``
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from adtbench.cost import PolicyBudget
 from adtbench.drafters.session import DraftSession
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
@@ -60,7 +65,7 @@ from adtbench.verify import Acceptance
 INITS = ("horizontal", "vertical", "none")
 READS = ("updated", "final")
 ALPHAS = ("realised", "drafted")
-BUDGETS = ("fixed", "min")
+BUDGETS = ("fixed", "min", "cost")
 
 
 @dataclass(frozen=True)
@@ -107,6 +112,7 @@ class ADTPolicy(TreePolicy):
         K_max: int = 16,
         N_max: int = 58,
         budget: str = "fixed",
+        calibrate: bool = True,
     ) -> None:
         def choice(key: str, value: str, options: tuple[str, ...]) -> str:
             if value not in options:
@@ -124,6 +130,7 @@ class ADTPolicy(TreePolicy):
         self.read = choice("read", read, READS)
         self.alpha_def = choice("alpha", alpha, ALPHAS)
         self.budget = choice("budget", budget, BUDGETS)
+        self.cost = PolicyBudget(budget, BUDGETS, calibrate)
         for key, flag in (("adapt", adapt), ("halve_on_flip", halve_on_flip)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"policy.{key}", f"must be true or false, got {flag!r}")
@@ -152,6 +159,9 @@ class ADTPolicy(TreePolicy):
         """Most drafter slots one cycle expands: K frontier nodes per round, D − 1 rounds."""
         return self.K_max * (self.D_max - 1)
 
+    def bind(self, target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> None:
+        self.cost.bind(target, drafter, sp, cache_dir, self.N_max + 1, self.K_max)
+
     def reset(self) -> None:
         self.state.clear()
         self._pending = None
@@ -161,7 +171,7 @@ class ADTPolicy(TreePolicy):
 
     def nodes_budget(self, D: int, K: int) -> int:
         """N drafted nodes for a (D, K) tree under the ``budget`` rule."""
-        if self.budget == "fixed":
+        if self.budget in ("fixed", "cost"):
             return self.N_max
         return min(self.N_max, eagle2_candidates(D - 1, K))
 
@@ -181,8 +191,9 @@ class ADTPolicy(TreePolicy):
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
         shape, source = self.initial_shape(session.layout, session.root_gen)
         N = self.nodes_budget(shape.D, shape.K)
-        tree = build_eagle2_tree(session, depth=shape.D - 1, top_k=shape.K, total_tokens=N + 1, max_depth=max_depth)
-        tree.info.update(N=N, D_policy=shape.D, init=source)
+        budget = self.cost.tree_budget(self.name)
+        tree = build_eagle2_tree(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
+        tree.info.update(N=tree.size - 1 if budget is not None else N, D_policy=shape.D, init=source)
         self._pending = (shape, session.layout)
         return tree
 
@@ -191,6 +202,7 @@ class ADTPolicy(TreePolicy):
             raise RuntimeError("ADTPolicy.observe called without a preceding propose")
         shape, layout = self._pending
         self._pending = None
+        self.cost.observe(tree, acceptance)
         a, d, D_dr = acceptance.accepted, tree.max_depth, tree.drafted_depth
         alpha_d = a / d if d > 0 else 0.0
         alpha_D = a / D_dr if D_dr > 0 else 0.0

@@ -16,12 +16,17 @@ parent's and parents have lower indices, every kept node's parent is kept (asser
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
+from adtbench.cost import PolicyBudget, TreeBudget
 from adtbench.drafters.session import DraftSession
 from adtbench.errors import ConfigError
 from adtbench.policies.base import TreePolicy, stable_topk
 from adtbench.tree import DraftTree
+from adtbench.verify import Acceptance
 
 
 def eagle2_candidates(depth: int, top_k: int) -> int:
@@ -29,28 +34,51 @@ def eagle2_candidates(depth: int, top_k: int) -> int:
     return top_k + depth * top_k * top_k
 
 
-def build_eagle2_tree(session: DraftSession, depth: int, top_k: int, total_tokens: int, max_depth: int) -> DraftTree:
-    """Candidates live in flat tensors (score, token, parent candidate id; −1 = root) in creation order."""
+def build_eagle2_tree(
+    session: DraftSession,
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+    max_depth: int,
+    budget: TreeBudget | None = None,
+) -> DraftTree:
+    """EAGLE-2's tree (module docstring); with a ``budget`` (``adtbench.cost``) the rounds run only while one
+    more level can pay for itself, and the rerank keeps the N best candidates that maximise the expected
+    committed tokens per unit of time instead of ``total_tokens − 1``.
+
+    Candidates live in preallocated flat tensors in creation order: score (cumulative drafter log-prob), token,
+    parent candidate id (−1 = root) and, once expanded, the session node id.
+    """
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
     lp0 = session.root_logprobs()
     first = stable_topk(lp0, K)
     first = first[torch.isfinite(lp0[first])]
     dev = lp0.device
-    scores, toks, parents = [lp0[first]], [first], [torch.full_like(first, -1)]
-    frontier = torch.arange(first.numel(), device=dev)  # candidate ids
-    frontier_scores = scores[0]
+    cap = first.numel() + rounds * K * K
+    scores = torch.empty(cap, dtype=lp0.dtype, device=dev)
+    toks = torch.empty(cap, dtype=torch.long, device=dev)
+    parents = torch.empty(cap, dtype=torch.long, device=dev)
+    node = torch.full((cap,), -1, dtype=torch.long)  # session node of each expanded candidate
     count = first.numel()
-    sess: dict[int, int] = {}  # candidate id → session node id (only ever-expanded candidates)
+    scores[:count], toks[:count], parents[:count] = lp0[first], first, -1
+    frontier = torch.arange(count, device=dev)
+    levels = [0] if count else []  # nodes expanded per drafter level (level 0: the root, scored by ``extend``)
     for _ in range(rounds):
         if frontier.numel() == 0:
             break
-        fr = frontier.tolist()
-        par_ids = parents_of(fr, parents, count)
-        ids, lp = session.expand([0 if q < 0 else sess[q] for q in par_ids], torch.cat(toks)[frontier])
-        sess.update(zip(fr, ids))
+        if budget is not None:
+            pi = torch.sort(scores[:count].double(), descending=True).values.exp().cpu().numpy()
+            fpi = float(scores[frontier].double().exp().sum())
+            if not budget.worth_expanding(pi, fpi, frontier.numel(), budget.spent_ms(levels[1:])):
+                break
+        fpar = parents[frontier].cpu()
+        par_node = torch.where(fpar < 0, 0, node[fpar.clamp_min(0)])
+        ids, lp = session.expand(par_node, toks[frontier])
+        node[frontier.cpu()] = torch.tensor(ids)
+        levels.append(frontier.numel())
         top = torch.sort(lp, dim=-1, descending=True, stable=True)
-        cum = (top.values[:, :K] + frontier_scores[:, None]).flatten()
+        cum = (top.values[:, :K] + scores[frontier][:, None]).flatten()
         kids = top.indices[:, :K].flatten()
         keep = torch.isfinite(cum)
         n_new = int(keep.sum())
@@ -58,41 +86,45 @@ def build_eagle2_tree(session: DraftSession, depth: int, top_k: int, total_token
             break
         gid = torch.full_like(kids, -1)
         gid[keep] = count + torch.arange(n_new, device=dev)
-        scores.append(cum[keep])
-        toks.append(kids[keep])
-        parents.append(frontier.repeat_interleave(K)[keep])
-        count += n_new
+        end = count + n_new
+        scores[count:end], toks[count:end] = cum[keep], kids[keep]
+        parents[count:end] = frontier.repeat_interleave(K)[keep]
+        count = end
         best = stable_topk(cum.masked_fill(~keep, float("-inf")), K)
-        best = best[keep[best]]
-        frontier, frontier_scores = gid[best], cum[best]
-    all_scores, all_toks, all_par = torch.cat(scores), torch.cat(toks), torch.cat(parents)
-    n_keep = min(total_tokens - 1, count)
-    sel = torch.sort(stable_topk(all_scores.double(), n_keep)).values
-    node = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # slot count = root (id −1)
-    node[sel] = torch.arange(1, n_keep + 1, device=dev)
-    node[count] = 0
-    par = all_par[sel]
-    tree_par = node[torch.where(par < 0, count, par)]
+        frontier = gid[best[keep[best]]]
+    order = stable_topk(scores[:count].double(), min(total_tokens - 1, count))
+    info: dict[str, float | int | str] = {}
+    if budget is not None:
+        pi = scores[order].double().exp().cpu().numpy()
+        n_keep, _ = budget.best(pi, budget.spent_ms(levels[1:]))
+        info.update(N_cost=n_keep, E_pred=float(pi[:n_keep].sum()), calib=budget.c)
+        order = order[:n_keep]
+    n_keep = order.numel()
+    sel = torch.sort(order).values
+    tree_node = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # slot count = root (id −1)
+    tree_node[sel] = torch.arange(1, n_keep + 1, device=dev)
+    tree_node[count] = 0
+    par = parents[sel]
+    tree_par = tree_node[torch.where(par < 0, count, par)]
     if (tree_par < 0).any():
         raise AssertionError("EAGLE-2 rerank kept a candidate without its parent")
     return DraftTree(
-        tokens=torch.cat([torch.tensor([session.root_token], device=dev), all_toks[sel]]).cpu(),
+        tokens=torch.cat([torch.tensor([session.root_token], device=dev), toks[sel]]).cpu(),
         parents=[-1, *tree_par.tolist()],
-        drafted_depth=rounds + 1 if count else 0,
+        drafted_depth=len(levels),
         width=K,
+        info=info,
     )
 
 
-def parents_of(cands: list[int], parents: list[torch.Tensor], count: int) -> list[int]:
-    """Parent candidate id of each candidate in ``cands`` (−1 = root)."""
-    flat = torch.cat(parents)
-    return flat[torch.tensor(cands, dtype=torch.long, device=flat.device)].tolist()
-
-
 class Eagle2Policy(TreePolicy):
+    """EAGLE-2 trees; ``budget: cost`` sizes each tree to the machine (``adtbench.cost``)."""
+
     name = "eagle2"
 
-    def __init__(self, depth: int = 4, top_k: int = 10, total_tokens: int = 59) -> None:
+    def __init__(
+        self, depth: int = 4, top_k: int = 10, total_tokens: int = 59, budget: str = "fixed", calibrate: bool = True
+    ) -> None:
         if depth < 1:
             raise ConfigError("policy.depth", f"must be ≥ 1, got {depth}")
         if top_k < 1:
@@ -106,6 +138,7 @@ class Eagle2Policy(TreePolicy):
                 f"a tree with depth={depth}, top_k={top_k} can have (K + depth·K²)",
             )
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.cost = PolicyBudget(budget, ("fixed", "cost"), calibrate)
 
     def max_nodes(self) -> int:
         return self.total_tokens
@@ -113,5 +146,13 @@ class Eagle2Policy(TreePolicy):
     def max_draft_slots(self) -> int:
         return self.top_k * self.depth  # K frontier nodes expanded per round
 
+    def bind(self, target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> None:
+        self.cost.bind(target, drafter, sp, cache_dir, self.total_tokens, self.top_k)
+
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
-        return build_eagle2_tree(session, self.depth, self.top_k, self.total_tokens, max_depth)
+        return build_eagle2_tree(
+            session, self.depth, self.top_k, self.total_tokens, max_depth, self.cost.tree_budget(self.name)
+        )
+
+    def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
+        self.cost.observe(tree, acceptance)

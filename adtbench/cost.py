@@ -1,0 +1,331 @@
+"""Cost-aware trees: a measured cost model of the machine, and the node budget it implies.
+
+EAGLE-2 and ADT-Tree verify a fixed number of nodes whatever the hardware. Here each cycle verifies the N
+drafted nodes that maximise the expected throughput
+
+    rate(N) = E[committed](N) / (t_spent + t_verify(N + 1)),    E[committed](N) = 1 + c · Σ_{i ≤ N} π_i
+
+where π_1 ≥ π_2 ≥ … are the drafter's path probabilities of the candidates in EAGLE-2's rerank order
+(π = exp(cumulative log-prob); a parent's π is never below its child's, so every prefix of that order is a
+tree closed under ancestors), ``t_spent`` is what the cycle already cost (fixed per-cycle work plus the drafter
+levels run) and ``t_verify(n)`` the target's forward over n tree nodes. Why the sum: under point-mass
+recursive rejection, child x of an accepted node is accepted with probability exactly p(x) (the rejected
+siblings' renormalisations cancel), so the expected number of accepted drafts is the sum over nodes of their
+target path probabilities; the drafter's π estimates it. ``c`` calibrates the estimate online: the ratio of
+observed accepted drafts to predicted ones over all cycles so far (with a prior of ``PRIOR`` predicted tokens
+at c = 1), clamped to [1/4, 4].
+
+Levels are pruned by the same rule: before an expansion round over frontier F, the best a round can add is
+c · Σ_{f ∈ F} π_f (children's π sum to at most their parent's), for one drafter level t_level(|F|) plus at least
+|F| more nodes to verify. The round runs only if that optimistic rate beats the best rate without it. (Deeper
+rounds add at most as much for the same cost, so a one-level look-ahead decides them too.)
+
+Both choices only decide *which drafted nodes are verified*: acceptance is untouched, so the method stays
+lossless under an exact rule.
+
+The cost model (``CostModel``) is measured for the loaded target and drafter on the current device — the
+target's verify forward at a KV length mid-image for tree sizes 1…``max_nodes``, one drafter level for 1…K
+nodes, and the fixed work of a cycle (the drafter's ``extend`` over two committed tokens plus scoring the root)
+— as medians of repeated, CUDA-synchronised runs, and cached as JSON keyed by the model's shape, device,
+dtype, CPU threads, CFG rows and torch version (``cost_key``). Everything is in milliseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger("adtbench")
+
+PRIOR = 8.0  # pseudo-count (predicted tokens at c = 1) of the online calibration
+C_RANGE = (0.25, 4.0)
+VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+LEVEL_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass
+class CostModel:
+    """Measured costs (ms): ``t_verify(n)`` and ``t_level(m)`` interpolated linearly between measured sizes."""
+
+    verify_nodes: list[int]
+    verify_ms: list[float]
+    level_nodes: list[int]
+    level_ms: list[float]
+    fixed_ms: float  # per-cycle work outside the verify forward and the drafter levels
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def t_verify(self, n: int | np.ndarray) -> Any:
+        return np.interp(n, self.verify_nodes, self.verify_ms)
+
+    def t_level(self, m: int) -> float:
+        return float(np.interp(m, self.level_nodes, self.level_ms))
+
+    @property
+    def step_ms(self) -> float:
+        """One AR step: the verify forward of the root alone."""
+        return float(self.t_verify(1))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostModel:
+        return cls(**data)
+
+    def table(self) -> str:
+        """Markdown: verify cost and drafter level cost as ms and as multiples of one AR step."""
+        s = self.step_ms
+        lines = ["| tree nodes | verify (ms) | × AR step |", "|---:|---:|---:|"]
+        lines += [f"| {n} | {t:.2f} | {t / s:.2f} |" for n, t in zip(self.verify_nodes, self.verify_ms)]
+        lines += ["", "| drafter level, nodes | ms | × AR step |", "|---:|---:|---:|"]
+        lines += [f"| {m} | {t:.2f} | {t / s:.2f} |" for m, t in zip(self.level_nodes, self.level_ms)]
+        lines += ["", f"fixed per-cycle work (drafter extend + root scoring): {self.fixed_ms:.2f} ms "
+                  f"({self.fixed_ms / s:.2f} steps)"]  # fmt: skip
+        return "\n".join(lines)
+
+
+class TreeBudget:
+    """Chooses how many drafted nodes to verify and whether to draft another level (module docstring)."""
+
+    def __init__(self, model: CostModel, calibrate: bool = True) -> None:
+        self.model = model
+        self.calibrate = calibrate
+        self.predicted = 0.0
+        self.accepted = 0.0
+
+    @property
+    def c(self) -> float:
+        if not self.calibrate:
+            return 1.0
+        c = (self.accepted + PRIOR) / (self.predicted + PRIOR)
+        return float(min(max(c, C_RANGE[0]), C_RANGE[1]))
+
+    def spent_ms(self, level_sizes: list[int]) -> float:
+        """What a cycle has cost before its verify: the fixed work and one drafter level per size in the list."""
+        return self.model.fixed_ms + sum(self.model.t_level(m) for m in level_sizes)
+
+    def best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float]:
+        """(N, rate) maximising ``rate(N)`` over N = 0 … len(pi_sorted) (ties → the smaller N)."""
+        gain = 1.0 + self.c * np.concatenate([[0.0], np.cumsum(pi_sorted)])
+        rate = gain / (spent_ms + self.model.t_verify(np.arange(1, gain.size + 1)))
+        n = int(np.argmax(rate))
+        return n, float(rate[n])
+
+    def worth_expanding(self, pi_sorted: np.ndarray, frontier_pi: float, frontier: int, spent_ms: float) -> bool:
+        """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""
+        n, rate = self.best(pi_sorted, spent_ms)
+        gain = 1.0 + self.c * float(pi_sorted[:n].sum())
+        t_more = spent_ms + self.model.t_level(frontier) + float(self.model.t_verify(n + 1 + frontier))
+        return (gain + self.c * frontier_pi) / t_more > rate
+
+    def observe(self, predicted: float, accepted: int) -> None:
+        """Online calibration: predicted Σπ of a verified tree vs the drafts it accepted."""
+        self.predicted += predicted
+        self.accepted += accepted
+
+
+class PolicyBudget:
+    """A policy's ``budget`` option and, under ``budget: cost``, its ``TreeBudget`` (bound by ``bind``)."""
+
+    def __init__(self, budget: str, options: tuple[str, ...], calibrate: bool) -> None:
+        from adtbench.errors import ConfigError
+
+        if budget not in options:
+            raise ConfigError("policy.budget", f"must be one of {list(options)}, got {budget!r}")
+        if not isinstance(calibrate, bool):
+            raise ConfigError("policy.calibrate", f"must be true or false, got {calibrate!r}")
+        self.budget, self.calibrate = budget, calibrate
+        self.tree: TreeBudget | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget == "cost"
+
+    def bind(self, target: Any, drafter: Any, sp: Any, cache_dir: Path | None, max_nodes: int, max_level: int) -> None:
+        if self.enabled and drafter is not None:
+            model = load_or_measure(target, drafter, sp, max_nodes, max_level, cache_dir)
+            self.tree = TreeBudget(model, self.calibrate)
+
+    def tree_budget(self, policy: str) -> TreeBudget | None:
+        if not self.enabled:
+            return None
+        if self.tree is None:
+            raise RuntimeError(f"policy={policy} with budget: cost needs bind() (the app calls it after loading)")
+        return self.tree
+
+    def observe(self, tree: Any, acceptance: Any) -> None:
+        if self.tree is not None and "E_pred" in tree.info:
+            self.tree.observe(float(tree.info["E_pred"]), acceptance.accepted)
+
+
+# --------------------------------------------------------------------------------------------------------
+# measuring the cost model
+# --------------------------------------------------------------------------------------------------------
+
+
+def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
+    """What the costs depend on (never the weights' values)."""
+    dev = target.device
+    return {
+        "target": type(target).__name__,
+        "hidden": int(target.hidden_size),
+        "heads": int(target.num_heads),
+        "kv_heads": int(target.num_kv_heads),
+        "intermediate": int(target.intermediate_size),
+        "params": int(sum(p.numel() for p in target_parameters(target))),
+        "drafter_layers": int(drafter.config.num_layers),
+        "gen_tokens": int(target.layout.num_gen_tokens),
+        "vocab": int(target.layout.vocab_size),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu:{_cpu_name()}",
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "rows": int(rows),
+        "torch": torch.__version__,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def target_parameters(target: Any) -> list[torch.Tensor]:
+    for attr in ("net", "lm", "model"):
+        mod = getattr(target, attr, None)
+        if isinstance(mod, torch.nn.Module):
+            return list(mod.parameters())
+    return []
+
+
+def _median_ms(fn: Any, repeats: int, sync: bool) -> float:
+    times = []
+    for _ in range(repeats):
+        if sync:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t))
+    return float(np.median(times))
+
+
+@torch.no_grad()
+def measure_cost(
+    target: Any,
+    drafter: Any,
+    sp: Any,
+    max_nodes: int,
+    max_level: int,
+    repeats: int = 15,
+    kv_fraction: float = 0.5,
+    sizes: list[int] | None = None,
+) -> CostModel:
+    """Measure the cost model (module docstring). Leaves target and drafter in a reset-able state (the next
+    ``target.start`` / ``drafter.reset`` starts afresh)."""
+    from adtbench.bench import fill_cache_to, random_tree
+    from adtbench.drafters.session import DraftSession
+
+    sync = target.device.type == "cuda"
+    gen = torch.Generator().manual_seed(0)
+    lay = target.layout
+    v_sizes = sorted({n for n in (sizes or VERIFY_SIZES) if n <= max_nodes} | {1, max_nodes})
+    l_sizes = sorted({m for m in LEVEL_SIZES if m <= max_level} | {1, max_level})
+    length = fill_cache_to(target, kv_fraction, max(v_sizes), gen, cfg=sp.use_cfg and target.supports_cfg)
+    rows, dev = target.rows, target.device
+
+    def toks(n: int) -> torch.Tensor:
+        return lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+
+    verify_ms = []
+    for n in v_sizes:
+        mask, depth = random_tree(n, gen)
+        t = toks(n)
+        for _ in range(2):
+            target.verify_forward(t, mask, depth)
+        verify_ms.append(_median_ms(lambda t=t, m=mask, d=depth: target.verify_forward(t, m, d), repeats, sync))
+    # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes
+    drafter.reset(rows, length + 4 * max(l_sizes) + max_nodes + 16)
+    H = target.hidden_size
+    feats = torch.randn(rows, length, H, generator=gen).to(dev, target.dtype)
+    pos = torch.arange(length, device=dev)[None].expand(rows, length)
+    embeds = target.embed_tokens(toks(length).to(dev))[None].expand(rows, -1, -1)
+    valid = torch.ones(rows, length, dtype=torch.bool)
+    drafter.extend(feats[:, :-2], embeds[:, :-2], pos[:, :-2], valid[:, :-2])
+    base_len = drafter.length
+
+    def fixed() -> torch.Tensor:
+        drafter.length = base_len  # re-extend the same two slots each time
+        out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
+        s = DraftSession(drafter, target, sp, int(toks(1)), length // 2, target.next_pos.clone(), out, None)
+        return s.root_logprobs()
+
+    for _ in range(2):
+        fixed()
+    fixed_ms = _median_ms(fixed, repeats, sync)
+    drafter.length = base_len
+    out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
+    level_ms = []
+    for m in l_sizes:
+        kids = toks(m)
+
+        def level(kids: torch.Tensor = kids, m: int = m) -> None:
+            s = DraftSession(drafter, target, sp, int(kids[0]), length // 2, target.next_pos.clone(), out, None)
+            s.expand([0] * m, kids)
+            drafter.rollback()
+
+        for _ in range(2):
+            level()
+        level_ms.append(_median_ms(level, repeats, sync))
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    meta = {"kv_len": length, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load": load}
+    return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)
+
+
+def load_or_measure(
+    target: Any, drafter: Any, sp: Any, max_nodes: int, max_level: int, cache_dir: Path | None
+) -> CostModel:
+    """The cached cost model for this machine and model, measured (and cached) when absent or too small."""
+    rows = 2 if sp.use_cfg and target.supports_cfg else 1
+    key = cost_key(target, drafter, rows)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = None if cache_dir is None else Path(cache_dir) / "cost" / f"{digest}.json"
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            model = CostModel.from_json(data["model"])
+            if max(model.verify_nodes) >= max_nodes and max(model.level_nodes) >= max_level:
+                log.info("cost model: cached %s", path)
+                return model
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("cost model: ignoring unreadable cache %s (%s)", path, e)
+    t0 = time.perf_counter()
+    model = measure_cost(target, drafter, sp, max_nodes, max_level)
+    model.meta["key"] = key
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = model.meta.get("load")
+    if load is not None and cores and load > cores:
+        log.warning("cost model measured under load %.1f > %d cores: its times may be inflated", load, cores)
+    log.info("cost model: measured in %.1f s (AR step %.2f ms)%s", time.perf_counter() - t0, model.step_ms,
+             f" → {path}" if path else "")  # fmt: skip
+    if path is not None:
+        from adtbench.results import _atomic_write_bytes
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write_bytes(path, json.dumps({"key": key, "model": model.to_json()}, indent=2).encode())
+    return model

@@ -1,0 +1,147 @@
+"""Cost-aware trees: the budget's choices, calibration, the cached cost model, and config errors."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import FakeSession, synthetic_cost_model, tiny
+from omegaconf import OmegaConf
+
+from adtbench import cost as cost_mod
+from adtbench.cost import PRIOR, CostModel, TreeBudget, load_or_measure
+from adtbench.errors import ConfigError
+from adtbench.policies.adt import ADTPolicy
+from adtbench.policies.eagle2 import Eagle2Policy, build_eagle2_tree
+from adtbench.sampling import SamplingParams
+
+
+def linear_model(per_node: float, level: float = 0.0, fixed: float = 0.0) -> CostModel:
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    return CostModel(sizes, [1.0 + per_node * (n - 1) for n in sizes], [1, 64], [level, level], fixed)
+
+
+def test_best_maximises_expected_tokens_per_ms_by_brute_force():
+    b = TreeBudget(linear_model(0.1, fixed=0.5), calibrate=False)
+    pi = np.array([0.9, 0.5, 0.3, 0.05, 0.01])
+    n, rate = b.best(pi, spent_ms=0.5)
+    rates = [(1 + pi[:k].sum()) / (0.5 + 1.0 + 0.1 * k) for k in range(6)]
+    assert n == int(np.argmax(rates)) == 3 and rate == pytest.approx(max(rates))
+
+
+def test_free_nodes_are_all_verified_and_costly_ones_none():
+    pi = np.array([0.5, 0.2, 0.1])
+    assert TreeBudget(linear_model(0.0), calibrate=False).best(pi, 0.0)[0] == 3
+    assert TreeBudget(linear_model(10.0), calibrate=False).best(pi, 0.0)[0] == 0
+
+
+def test_worth_expanding_compares_optimistic_gain_with_level_cost():
+    pi = np.array([0.6, 0.3])
+    assert TreeBudget(linear_model(0.01, level=0.01), calibrate=False).worth_expanding(pi, 0.6, 2, 0.0)
+    assert not TreeBudget(linear_model(0.01, level=50.0), calibrate=False).worth_expanding(pi, 0.6, 2, 0.0)
+    assert not TreeBudget(linear_model(0.01, level=0.01), calibrate=False).worth_expanding(pi, 0.0, 2, 0.0)
+
+
+def test_calibration_is_observed_over_predicted_with_a_prior_and_clamped():
+    b = TreeBudget(linear_model(0.1))
+    assert b.c == 1.0
+    b.observe(predicted=10.0, accepted=20)
+    assert b.c == pytest.approx((20 + PRIOR) / (10 + PRIOR))
+    b.observe(predicted=1000.0, accepted=0)
+    assert b.c == 0.25
+    assert TreeBudget(linear_model(0.1), calibrate=False).c == 1.0
+
+
+def session() -> FakeSession:
+    V = 6
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.04, 0.01], dtype=torch.float64)
+    return FakeSession({(): probs, (0,): probs.roll(1), (1,): probs.roll(2)}, V)
+
+
+@pytest.mark.parametrize("per_node", [0.0, 0.02, 0.1, 0.3, 3.0])
+def test_budgeted_eagle2_tree_is_the_best_prefix_of_the_rerank(per_node):
+    """The kept nodes are the N highest-scoring candidates (ancestor-closed) with N the brute-force argmax."""
+    b = TreeBudget(linear_model(per_node, level=0.0), calibrate=False)
+    tree = build_eagle2_tree(session(), depth=2, top_k=3, total_tokens=13, max_depth=5, budget=b)
+    if per_node == 0.0:  # free levels and free nodes: every round runs
+        assert tree.drafted_depth == 3
+    # the fixed tree over the same rounds holds every candidate the budgeted one chose from
+    full = build_eagle2_tree(session(), depth=tree.drafted_depth - 1, top_k=3, total_tokens=13, max_depth=5)
+    pi = sorted((math.exp(s) for s in path_scores(full)), reverse=True)
+    rates = [(1 + sum(pi[:k])) / (1.0 + per_node * k) for k in range(len(pi) + 1)]
+    assert tree.size - 1 == tree.info["N_cost"] == int(np.argmax(rates))
+    assert tree.info["E_pred"] == pytest.approx(sum(pi[: tree.size - 1]))
+    kept = {path(tree, j) for j in range(1, tree.size)}
+    assert all(p[:-1] in kept or len(p) == 1 for p in kept)  # ancestor-closed
+    assert kept <= {path(full, j) for j in range(1, full.size)}
+
+
+def test_expensive_levels_stop_drafting_after_the_root():
+    b = TreeBudget(linear_model(0.01, level=100.0), calibrate=False)
+    s = session()
+    tree = build_eagle2_tree(s, depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
+    assert s.expansions == [] and tree.drafted_depth == 1 and tree.max_depth <= 1
+
+
+def path(tree, j):
+    return tuple(tree.tokens[tree.path_to(j)[1:]].tolist())
+
+
+def path_scores(tree):
+    """Cumulative log-probs of the fixed tree's nodes under ``session()``'s scripted distributions."""
+    s = session()
+    out = []
+    for j in range(1, tree.size):
+        toks = path(tree, j)
+        lp = sum(float(s._lp(toks[:i])[toks[i]]) for i in range(len(toks)))
+        out.append(lp)
+    return out
+
+
+def test_policies_validate_budget_and_calibrate():
+    with pytest.raises(ConfigError, match=r"policy\.budget"):
+        Eagle2Policy(budget="cheap")
+    with pytest.raises(ConfigError, match=r"policy\.calibrate"):
+        Eagle2Policy(budget="cost", calibrate="yes")
+    with pytest.raises(ConfigError, match=r"policy\.budget"):
+        ADTPolicy(budget="cheap")
+    with pytest.raises(RuntimeError, match="bind"):
+        Eagle2Policy(budget="cost").propose(session(), 3)
+
+
+def test_cost_model_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    target, drafter = tiny("tiny_llamagen", dtype="float32")
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    model = load_or_measure(target, drafter, sp, max_nodes=8, max_level=4, cache_dir=tmp_path)
+    files = list((tmp_path / "cost").glob("*.json"))
+    assert len(files) == 1
+    data = json.loads(files[0].read_text())
+    assert data["key"]["rows"] == 2 and data["key"]["dtype"] == "float32" and "threads" in data["key"]
+    assert model.verify_nodes[0] == 1 and model.verify_nodes[-1] == 8 and model.level_nodes[-1] == 4
+    assert all(t > 0 for t in model.verify_ms + model.level_ms) and model.fixed_ms > 0
+
+    def no_measure(*a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(cost_mod, "measure_cost", no_measure)
+    again = load_or_measure(target, drafter, sp, max_nodes=8, max_level=4, cache_dir=tmp_path)
+    assert again.verify_ms == model.verify_ms
+    with pytest.raises(AssertionError, match="measured again"):  # a bigger tree than cached → re-measure
+        load_or_measure(target, drafter, sp, max_nodes=16, max_level=4, cache_dir=tmp_path)
+    # the engine runs normally after measuring (the measurement left no state behind)
+    from adtbench.engine import decode_ar
+
+    res = decode_ar(target, target.encode_prompt("a red circle", cfg=True), sp, torch.Generator().manual_seed(0))
+    assert len(res.tokens) == target.layout.num_gen_tokens
+
+
+def test_bind_through_the_policy_config(tmp_path):
+    from adtbench.config import build_policy
+
+    target, drafter = tiny("tiny_llamagen", dtype="float32")
+    cfg = OmegaConf.create({"policy": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 8, "budget": "cost"}})
+    policy = build_policy(cfg)
+    policy.bind(target, drafter, SamplingParams(), tmp_path)
+    assert policy.cost.tree is not None and max(policy.cost.tree.model.verify_nodes) == 8
+    assert synthetic_cost_model().step_ms == pytest.approx(1.02)
