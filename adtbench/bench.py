@@ -74,6 +74,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     if drafter is None:
         drafter = build_drafter(cfg.drafter, target)
     rule = build_rule(cfg, target)
+    cache_dir = cfg.get("paths", {}).get("cache_dir")
+    policy.bind(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir)))
     sync = target.device.type == "cuda"
     use_cfg = sp.use_cfg and target.supports_cfg
 

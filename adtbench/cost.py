@@ -12,8 +12,9 @@ levels run) and ``t_verify(n)`` the target's forward over n tree nodes. Why the 
 recursive rejection, child x of an accepted node is accepted with probability exactly p(x) (the rejected
 siblings' renormalisations cancel), so the expected number of accepted drafts is the sum over nodes of their
 target path probabilities; the drafter's π estimates it. ``c`` calibrates the estimate online: the ratio of
-observed accepted drafts to predicted ones over all cycles so far (with a prior of ``PRIOR`` predicted tokens
-at c = 1), clamped to [1/4, 4].
+observed accepted drafts to predicted ones over the image's cycles so far (with a prior of ``PRIOR`` predicted
+tokens at c = 1), clamped to [1/4, 4]; it restarts with every image, so a prompt's trees (and, for a given seed,
+its tokens) do not depend on the prompts decoded before it.
 
 Levels are pruned by the same rule: before an expansion round over frontier F, the best a round can add is
 c · Σ_{f ∈ F} π_f (children's π sum to at most their parent's), for one drafter level t_level(|F|) plus at least
@@ -133,6 +134,10 @@ class TreeBudget:
         self.predicted += predicted
         self.accepted += accepted
 
+    def reset(self) -> None:
+        """A new image: calibration restarts (so an image's trees never depend on the images before it)."""
+        self.predicted = self.accepted = 0.0
+
 
 class PolicyBudget:
     """A policy's ``budget`` option and, under ``budget: cost``, its ``TreeBudget`` (bound by ``bind``)."""
@@ -166,6 +171,10 @@ class PolicyBudget:
     def observe(self, tree: Any, acceptance: Any) -> None:
         if self.tree is not None and "E_pred" in tree.info:
             self.tree.observe(float(tree.info["E_pred"]), acceptance.accepted)
+
+    def reset(self) -> None:
+        if self.tree is not None:
+            self.tree.reset()
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ All helpers are pure functions of tensors; processing runs in at least float32.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -47,15 +48,30 @@ def cfg_mix(logits: torch.Tensor, scale: float) -> torch.Tensor:
     return uncond + scale * (cond - uncond)
 
 
+@lru_cache(maxsize=32)
+def _image_bias(vocab: int, offset: int, codes: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Additive ``[V]`` row: 0 on image tokens, −inf elsewhere (one add instead of a mask per call)."""
+    bias = torch.full((vocab,), NEG_INF, dtype=dtype, device=device)
+    bias[offset : offset + codes] = 0.0
+    return bias
+
+
 def constrain(logits: torch.Tensor, gen_idx: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
-    """Mask ``[n, V]`` logits to image tokens, or to the forced token where ``gen_idx`` forces one."""
-    allowed = layout.image_token_mask(logits.device).expand_as(logits).clone()
+    """Mask ``[n, V]`` logits to image tokens, or to the forced token where ``gen_idx`` forces one.
+
+    Allowed logits keep their exact values (x + 0 = x); the rest become −inf.
+    """
+    bias = _image_bias(layout.vocab_size, layout.image_token_offset, layout.num_codes, logits.device, logits.dtype)
+    out = logits + bias
+    if layout.eol_token is None and layout.eoi_token is None:
+        return out
     forced = layout.forced_tokens(gen_idx.to(logits.device))
     rows = (forced >= 0).nonzero(as_tuple=True)[0]
     if rows.numel():
-        allowed[rows] = False
-        allowed[rows, forced[rows]] = True
-    return logits.masked_fill(~allowed, NEG_INF)
+        cols = forced[rows]
+        out[rows] = NEG_INF
+        out[rows, cols] = logits[rows, cols]
+    return out
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:

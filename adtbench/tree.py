@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
 
@@ -36,20 +37,36 @@ class DraftTree:
         n = len(self.parents)
         if self.tokens.numel() != n or n < 1 or self.parents[0] != -1:
             raise ValueError("tree needs tokens[n], parents[n] with parents[0] == -1")
-        for j in range(1, n):
-            if not 0 <= self.parents[j] < j:
-                raise ValueError(f"node {j} has parent {self.parents[j]}: parents must precede children")
+        par = np.asarray(self.parents, dtype=np.int64)
+        bad = np.flatnonzero((par[1:] < 0) | (par[1:] >= np.arange(1, n)))
+        if bad.size:
+            j = int(bad[0]) + 1
+            raise ValueError(f"node {j} has parent {self.parents[j]}: parents must precede children")
+        self._par = par
 
     @property
     def size(self) -> int:
         return len(self.parents)
 
     @cached_property
+    def _ancestry(self) -> tuple[np.ndarray, np.ndarray]:
+        """(depth [n], ancestor closure [n, n]) by pointer jumping: one vectorised step per tree level."""
+        n, par = self.size, self._par
+        mask = np.eye(n, dtype=bool)
+        depth = np.zeros(n, dtype=np.int64)
+        rows, cur = np.arange(n), par.copy()
+        live = cur >= 0
+        while live.any():
+            rows, cur = rows[live], cur[live]
+            mask[rows, cur] = True
+            depth[rows] += 1
+            cur = par[cur]
+            live = cur >= 0
+        return depth, mask
+
+    @cached_property
     def depth(self) -> torch.Tensor:
-        d = [0] * self.size
-        for j in range(1, self.size):
-            d[j] = d[self.parents[j]] + 1
-        return torch.tensor(d, dtype=torch.long)
+        return torch.from_numpy(self._ancestry[0])
 
     @property
     def max_depth(self) -> int:
@@ -65,14 +82,7 @@ class DraftTree:
 
     @cached_property
     def ancestor_mask(self) -> torch.Tensor:
-        anc: list[list[int]] = [[0]]
-        for j in range(1, self.size):
-            anc.append([*anc[self.parents[j]], j])
-        rows = [i for i, a in enumerate(anc) for _ in a]
-        cols = [c for a in anc for c in a]
-        m = torch.zeros(self.size, self.size, dtype=torch.bool)
-        m[rows, cols] = True
-        return m
+        return torch.from_numpy(self._ancestry[1])
 
     def path_to(self, node: int) -> list[int]:
         path = [node]

@@ -73,9 +73,10 @@ class AcceptanceRule:
 EXACT = AcceptanceRule()
 
 
-def _uniform(generator: torch.Generator | None) -> float:
+def _uniforms(n: int, generator: torch.Generator | None) -> list[float]:
+    """n U(0, 1) draws in one call (a tree of n nodes tries at most n − 1 children)."""
     device = generator.device if generator is not None else "cpu"
-    return float(torch.rand((), generator=generator, device=device))
+    return torch.rand(n, generator=generator, device=device).tolist()
 
 
 def _normalise(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
@@ -110,6 +111,8 @@ def verify_sampling(
 ) -> Acceptance:
     """Multi-candidate recursive rejection (point-mass or without-replacement proposals)."""
     probs = logits.softmax(-1)
+    tokens = tree.tokens.tolist()
+    draws = iter(_uniforms(tree.size, generator))
     u, path = 0, [0]
     while True:
         p = probs[u]
@@ -118,9 +121,9 @@ def verify_sampling(
         if tree.proposal is not None and u in tree.proposal and kids:
             q = tree.proposal[u].to(p)
             for c in kids:
-                x = int(tree.tokens[c])
+                x = tokens[c]
                 acc, residual = rule.with_proposal(p, x, q)
-                if _uniform(generator) < acc:
+                if next(draws) < acc:
                     accepted = c
                     break
                 p = _normalise(residual, p)
@@ -130,12 +133,12 @@ def verify_sampling(
         else:
             tried: set[int] = set()
             for c in kids:
-                x = int(tree.tokens[c])
+                x = tokens[c]
                 if x in tried:
                     continue
                 tried.add(x)
                 acc, residual = rule.point_mass(p, x)
-                if _uniform(generator) < acc:
+                if next(draws) < acc:
                     accepted = c
                     break
                 p = _normalise(residual, p)

@@ -145,3 +145,12 @@ def test_bind_through_the_policy_config(tmp_path):
     policy.bind(target, drafter, SamplingParams(), tmp_path)
     assert policy.cost.tree is not None and max(policy.cost.tree.model.verify_nodes) == 8
     assert synthetic_cost_model().step_ms == pytest.approx(1.02)
+
+
+def test_calibration_restarts_with_every_image():
+    policy = Eagle2Policy(budget="cost")
+    policy.cost.tree = TreeBudget(linear_model(0.1))
+    policy.cost.tree.observe(predicted=1.0, accepted=9)
+    assert policy.cost.tree.c > 1.0
+    policy.reset()
+    assert policy.cost.tree.c == 1.0

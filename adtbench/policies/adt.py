@@ -163,6 +163,7 @@ class ADTPolicy(TreePolicy):
         self.cost.bind(target, drafter, sp, cache_dir, self.N_max + 1, self.K_max)
 
     def reset(self) -> None:
+        self.cost.reset()
         self.state.clear()
         self._pending = None
 

@@ -156,3 +156,6 @@ class Eagle2Policy(TreePolicy):
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
         self.cost.observe(tree, acceptance)
+
+    def reset(self) -> None:
+        self.cost.reset()
