@@ -1,8 +1,9 @@
 """Benchmarks (scripts, not tests).
 
     adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.out=FILE]
-    adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.kv_len=1024]
-                        [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE] [bench.allow_cpu=false]
+    adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
+                        [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
+    adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=README.md] [overrides]
 
 ``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify
 forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
@@ -10,13 +11,16 @@ forwards − time inside the drafter (its forwards and the LM-head calls that sc
 calls; on CUDA each reading synchronises. Reports the mean per cycle over ``bench.prompts`` prompts after
 one warm-up generation.
 
-``cost``: the GPU cost model of one draft–verify cycle for a real-shaped model with random weights (timing does
-not depend on the weights): the target's verification forward vs tree size (1…128 nodes by default) at a KV
-length of about ``bench.kv_len``, one drafter expansion step (``top_k`` = 10 nodes: drafter forward + LM head +
-processing), and — unless ``bench.overhead_prompts=0`` — the engine's non-model overhead per cycle measured by
-``overhead`` on full generations. Each timing is the median of ``bench.repeats`` CUDA-synchronised runs after
-warm-up. Without a CUDA device it prints a skip line and exits 0 (``bench.allow_cpu=true`` runs it on the CPU,
-for smoke tests only).
+``cost``: the cost model of one draft–verify cycle on this machine (``adtbench.cost.measure_cost``, the same
+measurement ``budget: cost`` trees use), for any model — real-shaped ones with random weights included (timing
+does not depend on the weights): the target's verification forward vs tree size (1…128 nodes by default) at a
+KV length of half the image, one drafter level vs its node count (drafter forward + LM head + processing), the
+fixed per-cycle work, and — unless ``bench.overhead_prompts=0`` — the engine's non-model overhead per cycle
+measured by ``overhead`` on full generations. Each timing is the median of ``bench.repeats`` runs after warm-up,
+CUDA-synchronised on a GPU. CPU and GPU alike.
+
+``speed``: the speed table (``adtbench.bench_speed``): one app job per row on the same prompts, each timing the
+AR baseline in the same job; τ, d̄, speedup with its CI and median, and the cost model's bound per row.
 """
 
 from __future__ import annotations
@@ -184,66 +188,47 @@ def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Gener
 
 @torch.no_grad()
 def cost(cfg: Any) -> dict:
-    """The cost-model measurements (module docstring) as a dict; ``{"skipped": reason}`` without a GPU."""
+    """The cost model of this machine for ``cfg.model`` (``adtbench.cost.measure_cost``: verify forward vs tree size,
+    one drafter level vs its node count, the fixed per-cycle work) plus, unless ``bench.overhead_prompts=0``, the
+    engine's non-model overhead per cycle on full generations. CPU and GPU alike; weights may be random."""
     from omegaconf import OmegaConf
 
+    from adtbench.cost import measure_cost
     from adtbench.drafters.build import build_drafter
-    from adtbench.drafters.session import DraftSession
     from adtbench.models.registry import build_target
     from adtbench.sampling import SamplingParams
 
     b = cfg.bench
-    if not torch.cuda.is_available() and not bool(b.get("allow_cpu", False)):
-        return {"skipped": "no CUDA device: the cost model is a GPU measurement (bench.allow_cpu=true to force)"}
     register_resolvers()
     sizes = [int(x) for x in (b.get("tree_sizes") or DEFAULT_TREE_SIZES)]
     if not sizes or min(sizes) < 1:
         raise ConfigError("bench.tree_sizes", f"need positive tree sizes, got {sizes}")
-    repeats, kv_len = int(b.get("repeats", 20)), int(b.get("kv_len", 1024))
+    repeats = int(b.get("repeats", 20))
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     target = build_target(cfg.model)
+    drafter = build_drafter(cfg.drafter, target) if str(cfg.drafter.get("kind")) == "eagle" else None
+    if drafter is None:
+        drafter = build_drafter(OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None}), target)
+    sp = SamplingParams(temperature=1.0, top_k=0, cfg_scale=3.0 if target.supports_cfg else 1.0)
+    model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
     sync = target.device.type == "cuda"
-    drafter = build_drafter(OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None}), target)
-    gen = torch.Generator().manual_seed(int(cfg.seed))
-    length = fill_cache(target, kv_len, max(sizes), gen)
-    rows = []
-    for n in sizes:
-        mask, depth = random_tree(n, gen)
-        toks = target.layout.image_token_offset + torch.randint(0, target.layout.num_codes, (n,), generator=gen)
-        for _ in range(3):  # warm-up (kernels, allocator)
-            target.verify_forward(toks, mask, depth)
-        ms = median_ms(lambda t=toks, m=mask, d=depth: target.verify_forward(t, m, d), repeats, sync)
-        rows.append({"tree_nodes": n, "target_forward_ms": ms, "ms_per_node": ms / n})
-    # one drafter expansion step over the same prefix: K = 10 children of the root
-    R, H = target.rows, target.hidden_size
-    drafter.reset(R, length + 2 * max(sizes) + 16)
-    feats = torch.randn(R, length, H, generator=gen).to(target.device, target.dtype)
-    pos = torch.arange(length, device=target.device)[None].expand(R, length)
-    embeds = target.embed_tokens(torch.zeros(length, dtype=torch.long))[None].expand(R, -1, -1)
-    out = drafter.extend(feats, embeds, pos, torch.ones(R, length, dtype=torch.bool))
-    sp = SamplingParams(temperature=1.0, top_k=0, cfg_scale=3.0 if R > 1 else 1.0)
-    k = 10
-    kids = target.layout.image_token_offset + torch.arange(k)
-
-    def step() -> None:
-        s = DraftSession(drafter, target, sp, int(kids[0]), 0, target.next_pos.clone(), out, None)
-        s.expand([0] * k, kids)
-        drafter.rollback()
-
-    for _ in range(3):
-        step()
-    drafter_ms = median_ms(step, repeats, sync)
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
-        "device": torch.cuda.get_device_name(target.device) if sync else str(target.device),
+        "device": torch.cuda.get_device_name(target.device) if sync else f"cpu ({torch.get_num_threads()} threads)",
         "dtype": str(target.dtype).replace("torch.", ""),
-        "cfg_rows": R,
-        "kv_len": length,
+        "cfg_rows": 2 if sp.use_cfg else 1,
+        "kv_len": model.meta["kv_len"],
         "repeats": repeats,
-        "verify": rows,
-        "drafter_step_ms": drafter_ms,
-        "drafter_step_nodes": k,
+        "cost_model": model.to_json(),
+        "verify": [
+            {"tree_nodes": n, "target_forward_ms": ms, "ms_per_node": ms / n, "x_step": ms / model.step_ms}
+            for n, ms in zip(model.verify_nodes, model.verify_ms)
+        ],
+        "drafter_level": [
+            {"nodes": m, "ms": ms, "x_step": ms / model.step_ms} for m, ms in zip(model.level_nodes, model.level_ms)
+        ],
+        "fixed_ms": model.fixed_ms,
     }
     n_over = int(b.get("overhead_prompts", 2))
     if n_over > 0:
@@ -255,10 +240,10 @@ def cost(cfg: Any) -> dict:
 
 def cost_table(r: dict) -> str:
     """Markdown tables of a ``cost`` result (for docs/README)."""
+    from adtbench.cost import CostModel
+
     head = f"{r['model']} on {r['device']}, {r['dtype']}, {r['cfg_rows']} CFG row(s), KV ≈ {r['kv_len']}"
-    lines = [head, "", "| tree nodes | target forward (ms) | ms / node |", "|---:|---:|---:|"]
-    lines += [f"| {x['tree_nodes']} | {x['target_forward_ms']:.2f} | {x['ms_per_node']:.3f} |" for x in r["verify"]]
-    lines += ["", f"drafter step ({r['drafter_step_nodes']} nodes): {r['drafter_step_ms']:.2f} ms"]
+    lines = [head, "", CostModel.from_json(r["cost_model"]).table()]
     if "overhead" in r:
         o = r["overhead"]
         lines.append(
@@ -269,19 +254,22 @@ def cost_table(r: dict) -> str:
     return "\n".join(lines)
 
 
-USAGE = "usage: adtbench bench overhead|cost [hydra overrides]"
+USAGE = "usage: adtbench bench overhead|cost|speed [hydra overrides]"
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("overhead", "cost"):
+    if not args or args[0] not in ("overhead", "cost", "speed"):
         print(USAGE)
         return 2
+    if args[0] == "speed":
+        from adtbench.bench_speed import main as speed_main
+
+        return speed_main(args[1:])
     conf = str(Path(__file__).resolve().parent.parent / "conf")
     register_resolvers()
     extra = ["+bench.prompts=8", "+bench.out=null"]
     if args[0] == "cost":
-        extra += ["+bench.tree_sizes=null", "+bench.kv_len=1024", "+bench.repeats=20", "+bench.overhead_prompts=2"]
-        extra += ["+bench.allow_cpu=false"]
+        extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
     with initialize_config_dir(version_base="1.3", config_dir=conf):
         cfg = compose("config", overrides=[*extra, *args[1:]])
     try:
@@ -289,9 +277,6 @@ def main(args: list[str]) -> int:
     except ConfigError as e:
         print(f"adtbench: config error: {e}")
         return 2
-    if "skipped" in r:
-        print(f"adtbench: bench cost skipped: {r['skipped']}")
-        return 0
     if args[0] == "cost":
         print(cost_table(r))
     else:

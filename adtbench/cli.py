@@ -41,3 +41,7 @@ def main() -> None:
     from adtbench.app import main as app_main
 
     app_main()
+
+
+if __name__ == "__main__":
+    main()

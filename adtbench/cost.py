@@ -28,7 +28,9 @@ The cost model (``CostModel``) is measured for the loaded target and drafter on 
 target's verify forward at a KV length mid-image for tree sizes 1…``max_nodes``, one drafter level for 1…K
 nodes, and the fixed work of a cycle (the drafter's ``extend`` over two committed tokens plus scoring the root)
 — as medians of repeated, CUDA-synchronised runs, and cached as JSON keyed by the model's shape, device,
-dtype, CPU threads, CFG rows and torch version (``cost_key``). Everything is in milliseconds.
+dtype, CPU threads, CFG rows and torch version (``cost_key``). Sizes are timed round-robin so a load burst hits
+all of them alike, and each curve is made non-decreasing (a bigger tree does a superset of a smaller one's work).
+Everything is in milliseconds.
 """
 
 from __future__ import annotations
@@ -221,17 +223,22 @@ def target_parameters(target: Any) -> list[torch.Tensor]:
     return []
 
 
-def _median_ms(fn: Any, repeats: int, sync: bool) -> float:
-    times = []
-    for _ in range(repeats):
-        if sync:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(1e3 * (time.perf_counter() - t))
-    return float(np.median(times))
+def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
+    """Median ms of each of ``fns`` over ``repeats`` round-robin passes (two warm-up passes first), made
+    non-decreasing along the list: interleaving spreads load bursts over all sizes, and a larger tree or level
+    does a superset of a smaller one's work, so a dip is noise."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats + 2):
+        for i, fn in enumerate(fns):
+            if sync:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            if sync:
+                torch.cuda.synchronize()
+            if r >= 2:
+                times[i].append(1e3 * (time.perf_counter() - t))
+    return np.maximum.accumulate([float(np.median(t)) for t in times]).tolist()
 
 
 @torch.no_grad()
@@ -247,7 +254,7 @@ def measure_cost(
 ) -> CostModel:
     """Measure the cost model (module docstring). Leaves target and drafter in a reset-able state (the next
     ``target.start`` / ``drafter.reset`` starts afresh)."""
-    from adtbench.bench import fill_cache_to, random_tree
+    from adtbench.bench import fill_cache_to, median_ms, random_tree
     from adtbench.drafters.session import DraftSession
 
     sync = target.device.type == "cuda"
@@ -261,13 +268,11 @@ def measure_cost(
     def toks(n: int) -> torch.Tensor:
         return lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
 
-    verify_ms = []
+    cases = []
     for n in v_sizes:
         mask, depth = random_tree(n, gen)
-        t = toks(n)
-        for _ in range(2):
-            target.verify_forward(t, mask, depth)
-        verify_ms.append(_median_ms(lambda t=t, m=mask, d=depth: target.verify_forward(t, m, d), repeats, sync))
+        cases.append((toks(n), mask, depth))
+    verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync)
     # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes
     drafter.reset(rows, length + 4 * max(l_sizes) + max_nodes + 16)
     H = target.hidden_size
@@ -286,21 +291,17 @@ def measure_cost(
 
     for _ in range(2):
         fixed()
-    fixed_ms = _median_ms(fixed, repeats, sync)
+    fixed_ms = median_ms(fixed, repeats, sync)
     drafter.length = base_len
     out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
-    level_ms = []
-    for m in l_sizes:
-        kids = toks(m)
 
-        def level(kids: torch.Tensor = kids, m: int = m) -> None:
-            s = DraftSession(drafter, target, sp, int(kids[0]), length // 2, target.next_pos.clone(), out, None)
-            s.expand([0] * m, kids)
-            drafter.rollback()
+    def level(kids: torch.Tensor) -> None:
+        s = DraftSession(drafter, target, sp, int(kids[0]), length // 2, target.next_pos.clone(), out, None)
+        s.expand([0] * kids.numel(), kids)
+        drafter.rollback()
 
-        for _ in range(2):
-            level()
-        level_ms.append(_median_ms(level, repeats, sync))
+    kids = [toks(m) for m in l_sizes]
+    level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     meta = {"kv_len": length, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load": load}
     return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)
