@@ -14,6 +14,7 @@ feature it is paired with) and its children are tokens at generation index ``roo
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from adtbench.drafters.eagle import EagleDrafter
@@ -22,7 +23,7 @@ from adtbench.sampling import SamplingParams, process_logits
 
 
 class DraftSession:
-    """Per-cycle drafting state, kept in tensors (no per-node Python objects).
+    """Per-cycle drafting state: node bookkeeping in numpy (no per-node Python objects, no small torch ops).
 
     ``depth [nodes]`` (root 0), ``outputs [R, nodes, H]`` (the drafter output at each node; the root's came from
     ``extend``) and ``slot_anc [nodes, slots]``: which scratch slots node i's own slot attends (its ancestors'
@@ -44,9 +45,9 @@ class DraftSession:
         self.layout = target.layout
         self.root_token, self.root_gen, self.root_pos = root_token, root_gen, root_pos
         self.generator = generator
-        self.depth = torch.zeros(1, dtype=torch.long)
+        self.depth = np.zeros(1, dtype=np.int64)
         self.outputs = root_out[:, None]
-        self.slot_anc = torch.zeros(1, 0, dtype=torch.bool)
+        self.slot_anc = np.zeros((1, 0), dtype=bool)
         self.forwards = 0  # drafter forward passes this cycle (root's came from ``extend``)
 
     @property
@@ -55,11 +56,11 @@ class DraftSession:
 
     @property
     def num_nodes(self) -> int:
-        return self.depth.numel()
+        return self.depth.size
 
-    def _logprobs(self, outputs: torch.Tensor, depths: torch.Tensor) -> torch.Tensor:
+    def _logprobs(self, outputs: torch.Tensor, depths: np.ndarray) -> torch.Tensor:
         raw = self.target.lm_head(outputs)  # [R, m, V]
-        gen_idx = (depths + (self.root_gen + 1)).to(raw.device)
+        gen_idx = torch.from_numpy(depths + (self.root_gen + 1))
         return process_logits(raw, gen_idx, self.layout, self.sp).log_softmax(-1)
 
     @torch.no_grad()
@@ -72,23 +73,25 @@ class DraftSession:
         self, parents: torch.Tensor | list[int], tokens: torch.Tensor | list[int]
     ) -> tuple[list[int], torch.Tensor]:
         """Add node ``i`` = child ``tokens[i]`` of ``parents[i]``; return the new ids and log-probs ``[m, V]``."""
-        par = torch.as_tensor(parents, dtype=torch.long).view(-1).cpu()
-        m, n0, base = par.numel(), self.num_nodes, self.slot_anc.shape[1]
+        par = parents.cpu().numpy() if isinstance(parents, torch.Tensor) else np.asarray(parents, dtype=np.int64)
+        m, n0, base = par.size, self.num_nodes, self.slot_anc.shape[1]
         tok = torch.as_tensor(tokens, dtype=torch.long).view(-1)
         if tok.numel() != m or m == 0:
             raise ValueError("expand needs one token per parent and at least one node")
         if base != self.drafter.scratch:
             raise RuntimeError(f"drafter scratch ({self.drafter.scratch}) out of step with the session ({base})")
-        # a new node's slot sees its parent's slots and itself
-        new_anc = torch.cat([self.slot_anc[par], torch.eye(m, dtype=torch.bool)], 1)  # [m, base + m]
-        self.slot_anc = torch.cat([torch.nn.functional.pad(self.slot_anc, (0, m)), new_anc], 0)
+        anc = np.zeros((n0 + m, base + m), dtype=bool)  # a new node's slot sees its parent's slots and itself
+        anc[:n0, :base] = self.slot_anc
+        anc[n0:, :base] = self.slot_anc[par]
+        anc[np.arange(n0, n0 + m), np.arange(base, base + m)] = True
+        self.slot_anc = anc
         depth = self.depth[par] + 1
-        self.depth = torch.cat([self.depth, depth])
+        self.depth = np.concatenate([self.depth, depth])
         dev = self.outputs.device
-        feats = self.outputs.index_select(1, par.to(dev))  # [R, m, H]
+        feats = self.outputs[:, torch.from_numpy(par).to(dev)]  # [R, m, H]
         embeds = self.target.embed_tokens(tok)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
-        pos = self.root_pos[:, None] + (depth - 1).to(self.root_pos.device)[None]
-        out = self.drafter.expand(feats, embeds, pos, new_anc)
+        pos = self.root_pos[:, None] + torch.from_numpy(depth - 1).to(self.root_pos.device)
+        out = self.drafter.expand(feats, embeds, pos, torch.from_numpy(anc[n0:]))
         self.forwards += 1
         self.outputs = torch.cat([self.outputs, out], 1)
         return list(range(n0, n0 + m)), self._logprobs(out, depth)

@@ -16,11 +16,12 @@ and ``figures.json`` only — no figure in the card is typed by hand.
 - ``verify_ms``: one ``verify_forward`` of a real EAGLE-2 tree (depth 4, K 10, 59 nodes incl. the root);
 - ``draft_ms``: one drafter level = ``DraftSession.expand`` of K = 10 nodes (drafter forward, LM head,
   logits processing, tree bookkeeping) — what each of the D sequential drafting levels costs;
-- ``draft_forward_ms``: the drafter network alone on those 10 nodes (``EagleDrafter.expand`` + LM head), the
-  counterpart of ``step_ms`` (target forward + LM head);
+- ``draft_forward_ms``: the same level without bookkeeping — the drafter network on those 10 nodes
+  (``EagleDrafter.expand``), LM head and logits processing, the counterpart of ``step_ms``;
+- ``bookkeeping_ms`` = ``draft_ms − draft_forward_ms``: the session's tree bookkeeping per level;
 
-and reports ``verify / step`` (goal ≲ 2: verification is nearly free, as on a GPU) and
-``draft / step``, ``draft_forward / step`` (goal ≤ 1/5).
+and reports ``verify / step`` (goal ≲ 2: verification is nearly free, as on a GPU),
+``draft / step``, ``draft_forward / step`` (goal ≤ 1/5) and ``bookkeeping / step`` (goal ≤ 0.03).
 
 ``grid`` decodes ``n`` held-out prompts with AR and with EAGLE-2 speculative decoding (same seeds, T = 1,
 CFG 3) and writes rows: AR samples, speculative samples, ground-truth renders.
@@ -66,7 +67,7 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
     """Module docstring: target step, tree verify and drafter level costs and their ratios."""
     from adtbench.drafters.session import DraftSession
     from adtbench.policies.eagle2 import Eagle2Policy
-    from adtbench.sampling import SamplingParams
+    from adtbench.sampling import SamplingParams, process_logits
 
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
     prompt = "a large red circle left of a small blue square on a striped green background"
@@ -96,22 +97,22 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
         lambda: target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth), repeats, target.device
     )
 
-    def level() -> None:
-        s = session()
-        top = s.root_logprobs().topk(10).indices
-        s.expand([0] * 10, top)
-
-    draft = _median_ms(level, repeats, target.device)
     s0 = session()
     top = s0.root_logprobs().topk(10).indices
-    feats = s0.outputs[0][:, None].expand(R, 10, -1)
+
+    def level() -> None:
+        session().expand([0] * 10, top)
+
+    draft = _median_ms(level, repeats, target.device)
+    feats = s0.outputs[:, :1].expand(R, 10, -1)
     embeds = target.embed_tokens(top)[None].expand(R, -1, -1)
     dpos = target.next_pos[:, None].expand(R, 10)
     eye = torch.eye(10, dtype=torch.bool)
+    gen_idx = torch.full((10,), prefix + 2)
 
-    def forward() -> None:
+    def forward() -> None:  # the same level without the bookkeeping: network, LM head, logits processing
         drafter.rollback()
-        target.lm_head(drafter.expand(feats, embeds, dpos, eye))
+        process_logits(target.lm_head(drafter.expand(feats, embeds, dpos, eye)), gen_idx, target.layout, sp)
 
     fwd = _median_ms(forward, repeats, target.device)
     drafter.rollback()
@@ -125,6 +126,8 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
         "verify_over_step": verify / step,
         "draft_over_step": draft / step,
         "draft_forward_over_step": fwd / step,
+        "bookkeeping_ms": draft - fwd,
+        "bookkeeping_over_step": (draft - fwd) / step,
     }
 
 
