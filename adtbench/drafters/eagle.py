@@ -12,6 +12,10 @@ target position of ``f_t``.
 Runtime state: a KV cache over the *committed* slots (``length``) plus scratch slots appended while a
 policy expands a tree (``scratch``); ``rollback`` discards the scratch after each cycle, so speculative
 entries never survive. CFG rows run exactly like the target's rows.
+
+The modules are the reference and the autograd (training) path; under ``no_grad`` ``forward`` runs the same
+function through ``lean.decoder_layer`` with inference-only fused weights (q|k|v rows, gate|up rows, RMSNorm
+weights folded; ``adtbench.models.lean``). ``extend``/``expand`` build their masks once, in additive form.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from adtbench.models.kv import StaticKVCache
+from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, compile_stack, fold_t, stack_fn
 from adtbench.models.llamagen_gpt import RMSNorm
-from adtbench.models.rope import Rope, apply_rope
+from adtbench.models.rope import Rope, apply_rope, qkv_tables
 
 
 @dataclass
@@ -111,8 +116,32 @@ class EagleLayer(nn.Module):
         x = x + self.self_attn(h, cos, sin, style, mask, cache, layer, start)
         return x + self.mlp(self.post_attention_layernorm(x))
 
+    def inference_weights(self) -> LayerWeights:
+        """This layer in ``lean.decoder_layer`` form (q|k|v and gate|up fused, RMSNorm weights folded)."""
+        a, mlp, post = self.self_attn, self.mlp, self.post_attention_layernorm
+        pre = getattr(self, "input_layernorm", None)
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)
+        bias = None
+        if a.q_proj.bias is not None:
+            bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        return LayerWeights(
+            qkv=fold_t(qkv, None if pre is None else pre.weight),
+            qkv_bias=bias,
+            o=fold_t(a.o_proj.weight),
+            up=fold_t(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], 0), post.weight),
+            down=fold_t(mlp.down_proj.weight),
+            heads=a.h,
+            kv_heads=a.kv,
+            head_dim=a.d,
+            norm_in=pre is not None,
+            eps_in=0.0 if pre is None else pre.eps,
+            eps_ffn=post.eps,
+            q_norm=getattr(a, "q_norm", None),
+            k_norm=getattr(a, "k_norm", None),
+        )
 
-class EagleDrafter(nn.Module):
+
+class EagleDrafter(InferenceWeights, nn.Module):
     def __init__(self, config: EagleConfig, rope: Rope) -> None:
         super().__init__()
         self.config, self.rope = config, rope
@@ -127,13 +156,34 @@ class EagleDrafter(nn.Module):
     def forward(
         self, embeds: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, start: int
     ) -> torch.Tensor:
-        """Slots ``(feats, embeds) [R, m, H]`` at positions ``[R, m]`` written at ``start`` → outputs ``[R, m, H]``."""
+        """Slots ``(feats, embeds) [R, m, H]`` at positions ``[R, m]`` written at ``start`` → outputs ``[R, m, H]``.
+
+        ``mask [R, 1, m, start + m]``: boolean (True = attend) or additive (0 / −inf in the drafter's dtype).
+        """
         assert self.cache is not None
-        x = self.fc(torch.cat([embeds, feats], dim=-1))
-        cos, sin = self.rope.cos_sin(pos, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, self.rope.style, mask, self.cache, i, start)
-        return x
+        mask = additive_mask(mask, embeds.dtype)
+        x = torch.cat([embeds, feats], dim=-1)
+        if torch.is_grad_enabled():  # reference modules (training)
+            x = self.fc(x)
+            cos, sin = self.rope.cos_sin(pos, x.dtype)
+            for i, layer in enumerate(self.layers):
+                x = layer(x, cos, sin, self.rope.style, mask, self.cache, i, start)
+            return x
+        fc_t, fc_b, layers = self.inference_weights()
+        R, m, _ = x.shape
+        x2 = x.view(R * m, -1)
+        x = (torch.mm(x2, fc_t) if fc_b is None else torch.addmm(fc_b, x2, fc_t)).view(R, m, -1)
+        c = self.config
+        tables = qkv_tables(self.rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
+        return stack_fn(self)(layers, None, 0.0, x, tables, self.rope.style, mask, self.cache, start)
+
+    def _build_inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, list[LayerWeights]]:
+        b = None if self.fc.bias is None else self.fc.bias.detach()
+        return fold_t(self.fc.weight), b, [layer.inference_weights() for layer in self.layers]
+
+    def compile_forward(self) -> None:
+        """Run the inference layer stack through ``torch.compile`` (inductor, dynamic shapes) from now on."""
+        compile_stack(self)
 
     # --- runtime state ------------------------------------------------------------------------------
     def reset(self, rows: int, capacity: int) -> None:
@@ -147,11 +197,14 @@ class EagleDrafter(nn.Module):
     def extend(self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Append committed slots; returns the last slot's output ``[R, H]`` (predicts the root's children)."""
         self.rollback()
-        R, m, _ = feats.shape
+        m = feats.shape[1]
         L, dev = self.length, self.valid.device
-        causal = torch.ones(m, m, dtype=torch.bool, device=dev).tril() & valid.to(dev)[:, None, :]
-        causal = causal | torch.eye(m, dtype=torch.bool, device=dev)
-        mask = torch.cat([self.valid[:, None, :L].expand(R, m, L), causal], dim=-1)[:, None]
+        # slot L+i sees every valid column j ≤ L+i, and always itself
+        keys = torch.cat([self.valid[:, :L], valid.to(dev)], 1)  # [R, L + m]
+        col = torch.arange(L + m, device=dev)
+        row = col[L:, None]
+        allowed = ((col <= row) & keys[:, None]) | (col == row)  # [R, m, L + m]
+        mask = additive_mask(allowed[:, None], embeds.dtype)
         out = self.forward(embeds, feats.to(embeds.dtype), pos, mask, L)
         self.valid[:, L : L + m] = valid
         self.length += m
@@ -165,8 +218,8 @@ class EagleDrafter(nn.Module):
         R, m, _ = feats.shape
         L, S = self.length, self.scratch
         prefix = self.valid[:, None, :L].expand(R, m, L)
-        mask = torch.cat([prefix, slot_mask.to(prefix.device)[None].expand(R, m, S + m)], dim=-1)[:, None]
-        out = self.forward(embeds, feats, pos, mask, L + S)
+        allowed = torch.cat([prefix, slot_mask.to(prefix.device)[None].expand(R, m, S + m)], dim=-1)
+        out = self.forward(embeds, feats, pos, additive_mask(allowed[:, None], embeds.dtype), L + S)
         self.scratch += m
         return out
 

@@ -5,8 +5,10 @@ An adapter implements six model-specific pieces:
 - ``encode_prompt(text, cfg)`` → ``PromptInputs`` (tokenisation / text encoding; outside the timed scope);
 - ``_prefill(inputs, capacity)`` → ``PrefillResult`` over the prompt rows (cond, and uncond under CFG);
 - ``_forward(tokens, mask, position_ids)`` → raw logits ``[R, n, V]`` and features ``[R, n, H]`` of n
-  candidate tokens, appending their K/V after the current length, given an explicit 4-D boolean attention
-  mask ``[R, 1, n, L + n]`` (True = attend) and explicit position ids ``[R, n]``;
+  candidate tokens, appending their K/V after the current length, given an explicit 4-D attention mask
+  ``[R, 1, n, L + n]`` and explicit position ids ``[R, n]``. The mask is what ``_verify_mask`` builds: boolean
+  (True = attend) by default; ``StaticGPTTarget`` overrides it to build the additive form (0 / −inf in the model
+  dtype) once per forward, which its network uses in every layer as is;
 - ``_compact(start, keep)``: KV compaction after verification (entries ``start + keep`` → ``start..``);
 - ``embed_tokens`` / ``lm_head``: the drafter's shared embedding and head;
 - ``drafter_rope(head_dim)``: the positional scheme a drafter for this target uses.
@@ -138,14 +140,17 @@ class Target(ABC):
         self, tokens: torch.Tensor, tree_mask: torch.Tensor, depth: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward tree nodes ``tokens [n]`` (node 0 = root) with ancestor mask ``[n, n]`` and depths ``[n]``."""
-        n, L, R = tokens.numel(), self.length, self.rows
         dev = self.valid.device
-        prefix = self.valid[:, None, None, :L].expand(R, 1, n, L)
-        tree = tree_mask.to(dev)[None, None].expand(R, 1, n, n)
-        mask = torch.cat([prefix, tree], dim=-1)
+        mask = self._verify_mask(tree_mask.to(dev))
         pos = self.next_pos[:, None] + depth.to(dev)[None]
         self.forwards += 1
         return self._forward(tokens.to(dev), mask, pos)
+
+    def _verify_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[R, 1, n, L + n]`` (True = attend): row r's valid cache prefix, then the tree's ``[n, n]``."""
+        n, L, R = tree_mask.shape[0], self.length, self.rows
+        prefix = self.valid[:, None, None, :L].expand(R, 1, n, L)
+        return torch.cat([prefix, tree_mask[None, None].expand(R, 1, n, n)], dim=-1)
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep tree nodes ``keep`` (the accepted path, root first) as the next committed KV entries."""
@@ -163,13 +168,29 @@ class StaticGPTTarget(Target):
     net: Any
     cache: Any = None
 
+    def _verify_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
+        """The verify mask in additive form ``[R, 1, n, L + n]``: 0 where attended, −inf elsewhere (model dtype)."""
+        n, L, R = tree_mask.shape[0], self.length, self.rows
+        from adtbench.models.lean import additive_mask
+
+        allowed = torch.cat([self.valid[:, None, :L].expand(R, n, L), tree_mask[None].expand(R, n, n)], dim=-1)
+        return additive_mask(allowed[:, None], self.dtype)
+
     def _forward(
         self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mask``: boolean or additive ``[R, 1, n, L + n]`` (``net.forward_embeds`` takes either)."""
         assert self.cache is not None, "prefill first"
         x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
         feats = self.net.forward_embeds(x, position_ids, mask, self.cache, self.length)
         return self.net.output(feats), feats
+
+    def compile_forward(self) -> None:
+        """Run the network's inference layer stack through ``torch.compile`` (inductor, dynamic shapes: tree size
+        and KV length vary per call) from now on; the eager path stays the reference. Optional, never required."""
+        from adtbench.models.lean import compile_stack
+
+        compile_stack(self.net)
 
     def _compact(self, start: int, keep: torch.Tensor) -> None:
         assert self.cache is not None, "prefill first"

@@ -6,34 +6,48 @@ import torch
 
 
 class StaticKVCache:
-    """Per-layer K/V buffers ``[R, kv_heads, capacity, head_dim]``; callers track the length.
+    """One buffer ``buf [layers, R, 2·kv_heads, capacity, head_dim]`` (per layer: K heads, then V heads).
 
-    ``write`` stores n new entries at ``start``; ``compact(start, keep)`` moves entries ``start + keep[i]``
-    to ``start + i`` for every layer (the accepted tree path), after which the valid length is
-    ``start + len(keep)``.
+    Callers track the length. Views: ``kv[i]`` (layer i, K|V heads), ``k[i]`` / ``v[i]`` (``[R, kv_heads,
+    capacity, head_dim]``). ``write``/``write_kv`` store n new entries at ``start``; ``compact(start, keep)``
+    moves entries ``start + keep[i]`` to ``start + i`` for every layer in one gather + one copy, after which the
+    valid length is ``start + len(keep)``.
+
+    Autograd: the buffer never joins a graph. Under grad mode a write stores detached values and returns the
+    cached prefix (constant) concatenated with the new, differentiable entries (training runs one forward per
+    cache, ``start = 0``, so gradients are the same as through an uncached forward).
     """
 
     def __init__(
         self, layers: int, rows: int, kv_heads: int, capacity: int, head_dim: int, dtype: torch.dtype, device
     ) -> None:
-        shape = (rows, kv_heads, capacity, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.capacity = capacity
+        self.buf = torch.zeros((layers, rows, 2 * kv_heads, capacity, head_dim), dtype=dtype, device=device)
+        self.kv = list(self.buf.unbind(0))
+        self.k = [b[:, :kv_heads] for b in self.kv]
+        self.v = [b[:, kv_heads:] for b in self.kv]
+        self.kv_heads, self.capacity = kv_heads, capacity
+
+    def write_kv(self, layer: int, start: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``kv [R, 2·kv_heads, n, d]`` (K heads then V heads, any strides) at ``start``; return the K and V
+        views ``[R, kv_heads, start + n, d]``."""
+        end = start + kv.shape[2]
+        if end > self.capacity:
+            raise RuntimeError(f"KV cache overflow: need {end} > capacity {self.capacity}")
+        buf = self.kv[layer]
+        if kv.requires_grad and torch.is_grad_enabled():
+            buf[:, :, start:end] = kv.detach()
+            full = kv if start == 0 else torch.cat([buf[:, :, :start], kv], 2)
+            return full.split(self.kv_heads, 1)
+        buf[:, :, start:end] = kv
+        return buf[:, :, :end].split(self.kv_heads, 1)
 
     def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``k, v [R, kv_heads, n, d]`` at ``start``; return the views ``[:, :, :start+n]``."""
-        end = start + k.shape[2]
-        if end > self.capacity:
-            raise RuntimeError(f"KV cache overflow: need {end} > capacity {self.capacity}")
-        self.k[layer][:, :, start:end] = k
-        self.v[layer][:, :, start:end] = v
-        return self.k[layer][:, :, :end], self.v[layer][:, :, :end]
+        return self.write_kv(layer, start, torch.cat([k, v], 1))
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
         k = keep.numel()
-        if torch.equal(keep.cpu(), torch.arange(k)):
+        if keep.tolist() == list(range(k)):
             return  # already in place (always true for AR steps and fully-left paths)
-        src = start + keep.to(self.k[0].device)
-        for buf in (*self.k, *self.v):
-            buf[:, :, start : start + k] = buf.index_select(2, src)
+        src = start + keep.to(self.buf.device)
+        self.buf[:, :, :, start : start + k] = self.buf.index_select(3, src)

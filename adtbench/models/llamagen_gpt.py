@@ -7,8 +7,10 @@ State-dict keys match the official ``.pt`` checkpoints: ``tok_embeddings``, ``cl
 (eps 1e-5), fused wqkv rows ``[q | k | v]``, SwiGLU hidden ``find_multiple(int(2·4·dim/3), multiple_of)``,
 no biases, 2-D interleaved RoPE with all-zero rows for the ``cls_token_num`` condition positions.
 
-Unlike the original, every forward takes explicit position ids and a 4-D boolean mask over a static KV
-cache, so the same code runs prefill, AR steps and tree verification.
+Unlike the original, every forward takes explicit position ids and a 4-D mask (boolean, True = attend, or
+additive float) over a static KV cache, so the same code runs prefill, AR steps and tree verification. The modules
+are the reference (and the autograd path used by training); under ``no_grad`` ``forward_embeds`` runs the same
+function through ``lean.decoder_layer`` with inference-only fused weights (``lean`` module docstring).
 
 Checkpoints (``load_gpt_state_dict``): the official ``.pt`` files hold the weights under ``["model"]`` (DDP) or
 as the bare state dict (FSDP: ``c2i_XXL_384.pt``, ``c2i_3B_384.pt``); ``"module"`` / ``"state_dict"`` wrappers
@@ -30,7 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.rope import Rope2D, apply_rope
+from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, fold_t, rms, stack_fn
+from adtbench.models.rope import Rope2D, apply_rope, qkv_tables
 
 
 @dataclass
@@ -83,9 +86,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
-        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return out.type_as(x) * self.weight
+        """``x · rsqrt(mean(x²) + eps) · weight``; half types normalise in fp32, cast back, then scale (LlamaGen)."""
+        return rms(x, self.eps, self.weight)
 
 
 class LabelEmbedder(nn.Module):
@@ -178,8 +180,59 @@ class Block(nn.Module):
         h = x + self.attention(self.attention_norm(x), cos, sin, mask, cache, layer, start)
         return h + self.feed_forward(self.ffn_norm(h))
 
+    def inference_weights(self) -> LayerWeights:
+        """This block in ``lean.decoder_layer`` form (norm weights folded into wqkv and w1|w3)."""
+        a, f = self.attention, self.feed_forward
+        up = torch.cat([f.w1.weight, f.w3.weight], 0)
+        return LayerWeights(
+            qkv=fold_t(a.wqkv.weight, self.attention_norm.weight),
+            qkv_bias=None,
+            o=fold_t(a.wo.weight),
+            up=fold_t(up, self.ffn_norm.weight),
+            down=fold_t(f.w2.weight),
+            heads=a.n_head,
+            kv_heads=a.n_kv,
+            head_dim=a.hd,
+            norm_in=True,
+            eps_in=self.attention_norm.eps,
+            eps_ffn=self.ffn_norm.eps,
+        )
 
-class LlamaGenGPT(nn.Module):
+
+def blocks_inference_weights(net: nn.Module) -> tuple[list[LayerWeights], torch.Tensor, float]:
+    """``run_blocks``'s inference form of ``net.layers`` and ``net.norm``: (layer weights, norm weight, eps)."""
+    return [b.inference_weights() for b in net.layers], net.norm.weight.detach(), net.norm.eps
+
+
+def run_blocks(
+    net: nn.Module,
+    x: torch.Tensor,
+    rope: Rope2D | None,
+    pos: torch.Tensor,
+    mask: torch.Tensor,
+    cache: StaticKVCache,
+    start: int,
+) -> torch.Tensor:
+    """``net.layers`` (``Block``s) then ``net.norm`` over ``x [R, n, D]`` → post-norm features ``[R, n, D]``.
+
+    The mask is made additive once. With grad enabled: the reference modules; otherwise ``lean.decoder_layer``
+    with ``net.inference_weights()`` (the same function up to float rounding).
+    """
+    mask = additive_mask(mask, x.dtype)
+    if torch.is_grad_enabled():
+        cos, sin = rope.cos_sin(pos, x.dtype) if rope is not None else (None, None)
+        for i, layer in enumerate(net.layers):
+            x = layer(x, cos, sin, mask, cache, i, start)
+        return net.norm(x)
+    layers, norm_w, eps = net.inference_weights()
+    tables = None
+    if rope is not None:
+        w0 = layers[0]
+        tables = qkv_tables(rope, pos, x.dtype, w0.heads + w0.kv_heads, w0.kv_heads)
+    return stack_fn(net)(layers, norm_w, eps, x, tables, "interleaved", mask, cache, start)
+
+
+class LlamaGenGPT(InferenceWeights, nn.Module):
     """LlamaGen's ``Transformer`` (inference only, explicit masks/positions)."""
 
     def __init__(self, cfg: GPTConfig) -> None:
@@ -201,14 +254,17 @@ class LlamaGenGPT(nn.Module):
         p = self.output.weight
         return StaticKVCache(self.cfg.n_layer, rows, self.cfg.kv_heads, capacity, self.cfg.head_dim, p.dtype, p.device)
 
+    def _build_inference_weights(self) -> tuple[list[LayerWeights], torch.Tensor, float]:
+        return blocks_inference_weights(self)
+
     def forward_embeds(
         self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int
     ) -> torch.Tensor:
-        """Input embeddings ``[R, n, dim]`` at positions ``[R, n]`` → features ``[R, n, dim]`` (post-norm)."""
-        cos, sin = self.rope.cos_sin(pos, x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, cache, i, start)
-        return self.norm(x)
+        """Input embeddings ``[R, n, dim]`` at positions ``[R, n]`` → features ``[R, n, dim]`` (post-norm).
+
+        ``mask [R, 1, n, start + n]``: boolean (True = attend) or additive float in x's dtype (``run_blocks``).
+        """
+        return run_blocks(self, x, self.rope, pos, mask, cache, start)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -5,6 +5,12 @@
 frequency pairs rotates with the grid row, the second half with the column; positions below
 ``cls_len`` (the condition prefix) get cos = sin = 0, so their q and k are exactly zero — a quirk of
 LlamaGen's table that trained checkpoints depend on.
+
+Two ways to apply them: ``apply_rope`` (the reference: split into pairs, rotate, re-interleave) and the lean
+form the inference kernels use, ``rotate(x, C, S) = x·C + partner(x)·S`` with per-forward tables from
+``qkv_tables``: ``partner`` swaps the two members of each rotation pair (``flip`` of the pairs), ``C`` repeats cos
+over both members and ``S`` carries the sign (``−sin`` on the first member, ``+sin`` on the second). Per pair
+``(a, b)`` that is ``(a·c − b·s, b·c + a·s)``, the same products and sums as ``apply_rope``.
 """
 
 from __future__ import annotations
@@ -56,6 +62,83 @@ class Rope2D:
 
 
 Rope = Rope1D | Rope2D
+
+
+@lru_cache(maxsize=64)
+def _table_consts(style: str, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sign [2, 1, 1, 1, 2]`` (row 0 → C: +1 +1, row 1 → S: −1 +1) and the identity pair ``[2, 1, 1, 1, 1]``.
+
+    ``sign`` multiplies ``stack([cos, sin])[..., None]`` (interleaved) or ``[..., None, :]`` (half) so that one
+    ``flatten`` lays out both tables; ``ident`` is C = 1, S = 0 (heads that are not rotated, e.g. v).
+    """
+    sign = torch.tensor([[1.0, 1.0], [-1.0, 1.0]], device=device, dtype=dtype)
+    if style == "interleaved":
+        sign = sign.view(2, 1, 1, 1, 2)
+    elif style == "half":
+        sign = sign.view(2, 1, 1, 2, 1)
+    else:
+        raise ValueError(f"unknown rope style {style!r}")
+    return sign, torch.tensor([1.0, 0.0], device=device, dtype=dtype).view(2, 1, 1, 1, 1)
+
+
+def _direct_tables(rope: Rope, pos: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[2, R, n, 1, head_dim]``: row 0 the C table, row 1 the S table (sign folded in) at ``pos [R, n]``."""
+    cos, sin = rope.cos_sin(pos, dtype)  # [R, n, d/2]
+    R, n, half = cos.shape
+    sign, _ = _table_consts(rope.style, cos.device, cos.dtype)
+    cs = torch.stack([cos, sin])  # [2, R, n, d/2]
+    cs = cs[..., None] if rope.style == "interleaved" else cs[..., None, :]
+    return (cs * sign).view(2, R, n, 1, 2 * half)  # ±1 products are exact
+
+
+_POSITION_TABLES: dict[tuple[Rope, torch.device, torch.dtype], torch.Tensor] = {}
+
+
+def _position_table(rope: Rope, upto: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``_direct_tables`` at positions ``0 … P−1`` (``P > upto``), as ``[2, P, 1, head_dim]``; grown by doubling."""
+    key = (rope, device, dtype)
+    tab = _POSITION_TABLES.get(key)
+    if tab is None or tab.shape[1] <= upto:
+        P = max(upto + 1, 2 * (0 if tab is None else tab.shape[1]), 256)
+        tab = _direct_tables(rope, torch.arange(P, device=device)[None], dtype)[:, 0]
+        _POSITION_TABLES[key] = tab
+    return tab
+
+
+def qkv_tables(
+    rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables ``C, S [R, n, rot_heads + id_heads, head_dim]`` for ``rotate`` over a fused head axis.
+
+    The first ``rot_heads`` heads (q, then k) are rotated at ``pos [R, n]``; the last ``id_heads`` (v) get the
+    identity (C = 1, S = 0, exact). Computed once per forward in cos's dtype (fp32 for half models, fp64 for fp64),
+    shared by every layer. On the CPU the rows come from a per-position table (one gather; no device sync is
+    needed to size it there), elsewhere they are computed directly; both are the same formula.
+    """
+    if pos.device.type == "cpu" and pos.numel() > 0:
+        ftype = torch.float64 if dtype == torch.float64 else torch.float32
+        lo, hi = pos.aminmax()
+        if int(lo) < 0:
+            raise IndexError(f"negative position id {int(lo)}")
+        tab = _position_table(rope, int(hi), pos.device, ftype)[:, pos]  # [2, R, n, 1, d]
+    else:
+        tab = _direct_tables(rope, pos, dtype)
+    _, R, n, _, d = tab.shape
+    _, ident = _table_consts(rope.style, tab.device, tab.dtype)
+    full = torch.cat([tab.expand(2, R, n, rot_heads, d), ident.expand(2, R, n, id_heads, d)], 3)
+    C, S = full.unbind(0)
+    return C, S
+
+
+def rotate(x: torch.Tensor, C: torch.Tensor, S: torch.Tensor, style: str) -> torch.Tensor:
+    """``x·C + partner(x)·S`` over the last dim (module docstring); computed in C's dtype, returned in x's."""
+    xf = x.to(C.dtype)
+    d = xf.shape[-1]
+    if style == "interleaved":
+        partner = xf.unflatten(-1, (d // 2, 2)).flip(-1).flatten(-2)
+    else:
+        partner = xf.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
+    return torch.addcmul(xf * C, partner, S).to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str) -> torch.Tensor:

@@ -30,7 +30,8 @@ from torch import nn
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.llamagen_gpt import Block, GPTConfig, RMSNorm
+from adtbench.models.lean import InferenceWeights, LayerWeights
+from adtbench.models.llamagen_gpt import Block, GPTConfig, RMSNorm, blocks_inference_weights, run_blocks
 from adtbench.models.rope import Rope, Rope1D
 
 # ``llama-abs-*`` presets: (n_layer, n_head, dim)
@@ -100,7 +101,7 @@ class ARDTokConfig:
         return cfg
 
 
-class ARDTok(nn.Module):
+class ARDTok(InferenceWeights, nn.Module):
     """AR-DTok inference network (module docstring); explicit positions, masks and a static KV cache."""
 
     def __init__(self, cfg: ARDTokConfig) -> None:
@@ -126,9 +127,10 @@ class ARDTok(nn.Module):
         if int(pos.max()) >= self.abs_pe.shape[1]:
             raise IndexError(f"position {int(pos.max())} beyond the abs_pe table ({self.abs_pe.shape[1]})")
         x = x + self.abs_pe[0, pos].to(x.dtype)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, None, None, mask, cache, i, start)
-        return self.norm(x)
+        return run_blocks(self, x, None, pos, mask, cache, start)
+
+    def _build_inference_weights(self) -> tuple[list[LayerWeights], torch.Tensor, float]:
+        return blocks_inference_weights(self)
 
 
 def load_ardtok(path: str | os.PathLike[str]) -> ARDTok:
