@@ -9,15 +9,23 @@ Per job (Hydra's run dir):
 - ``run_config.json``: the resolved config; a rerun into the same dir resumes only if it matches.
 
 Speedup protocol: the baseline is ``decode_ar`` of the same target, same prompts, seeds, sampling, CFG rows,
-dtype and device; ``warmup`` untimed generations of both after model load; baseline and method alternate in
-order from prompt to prompt. Timed scope: prefill + decode loop (text encoding and VQ decode excluded).
+dtype and device; ``warmup`` untimed generations of both after model load (and after ``engine.compile``);
+each prompt is timed ``timing.repeats`` times, every repeat one (baseline, method) pair whose order alternates
+from pair to pair (ABBA: baseline first on even pairs); the recorded latencies are the medians of the repeats,
+and every repeat must give the same tokens (the seeded generator makes a decode deterministic). Timed scope:
+prefill + decode loop (text encoding and VQ decode excluded). The speedup is reported as the ratio of total
+times, the median of the paired per-prompt ratios and a two-level bootstrap CI
+(:func:`adtbench.results.summarize`); the load average before and after the timed work is recorded next to
+the thread and core counts, and a load above the available cores is flagged in the log and the printed line.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -28,7 +36,15 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench.config import build_rule, config_fingerprint, prompt_seed, register_resolvers, validate
+from adtbench.config import (
+    build_rule,
+    config_fingerprint,
+    engine_compile,
+    prompt_seed,
+    register_resolvers,
+    timing_repeats,
+    validate,
+)
 from adtbench.data.prompts import Prompt, load_prompts
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import GenerationResult, decode_ar, generate
@@ -60,6 +76,35 @@ def environment(target: Any) -> dict[str, Any]:
     return info
 
 
+def cpus_available() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where affinity is unsupported)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (``None`` where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def load_peak(before: float | None, after: float | None) -> float | None:
+    """The larger of two 1-minute load averages (``None`` without any)."""
+    return max((x for x in (before, after) if x is not None), default=None)
+
+
+def load_warning(before: float | None, after: float | None, cpus: int) -> str | None:
+    """A warning when the 1-minute load average before or after the timed work exceeds the available cores."""
+    peak = load_peak(before, after)
+    if peak is None or peak <= cpus:
+        return None
+    return f"load average {peak:.2f} exceeded the {cpus} available core(s) around the timed work: timings unreliable"
+
+
 def load_dataset(cfg: DictConfig) -> list[Prompt]:
     d = cfg.dataset
     return load_prompts(
@@ -72,7 +117,22 @@ def load_dataset(cfg: DictConfig) -> list[Prompt]:
     )
 
 
-def sample_record(prompt: Prompt, seed: int, res: GenerationResult, base: GenerationResult | None) -> dict:
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def sample_record(
+    prompt: Prompt, seed: int, runs: list[GenerationResult], bases: list[GenerationResult] | None
+) -> dict:
+    """One samples.jsonl line from a prompt's timed repeats (``runs`` of the method, ``bases`` of the baseline).
+
+    Token and count fields come from the first repeat (every repeat decodes the same tokens); ``latency_s``,
+    ``prefill_s``, ``draft_s``, ``verify_s`` and ``baseline_latency_s`` are medians over the repeats, whose
+    latencies are kept in ``latency_repeats_s`` / ``baseline_latency_repeats_s``.
+    """
+    res, base = runs[0], (bases[0] if bases else None)
+    lat = _median([r.latency_s for r in runs])
+    base_lat = None if not bases else _median([b.latency_s for b in bases])
     rec: dict[str, Any] = {
         "prompt_id": prompt.prompt_id,
         "prompt": prompt.text,
@@ -87,13 +147,15 @@ def sample_record(prompt: Prompt, seed: int, res: GenerationResult, base: Genera
         "tree_depth_sum": sum(c.d for c in res.cycles),
         "target_forwards": res.target_forwards,
         "drafter_forwards": res.drafter_forwards,
-        "latency_s": res.latency_s,
-        "prefill_s": res.prefill_s,
-        "draft_s": res.draft_s,
-        "verify_s": res.verify_s,
-        "baseline_latency_s": None if base is None else base.latency_s,
+        "latency_s": lat,
+        "prefill_s": _median([r.prefill_s for r in runs]),
+        "draft_s": _median([r.draft_s for r in runs]),
+        "verify_s": _median([r.verify_s for r in runs]),
+        "latency_repeats_s": [r.latency_s for r in runs],
+        "baseline_latency_s": base_lat,
+        "baseline_latency_repeats_s": None if not bases else [b.latency_s for b in bases],
         "baseline_target_forwards": None if base is None else base.target_forwards,
-        "speedup": None if base is None else base.latency_s / res.latency_s,
+        "speedup": None if base_lat is None else base_lat / lat,
         "tokens_match_baseline": None if base is None else res.tokens == base.tokens,
         "meta": prompt.meta,
     }
@@ -118,8 +180,16 @@ def slim(record: dict) -> dict:
 
 
 def make_summary(
-    records: list[dict], cfg: DictConfig, choices: dict, env: dict, n_prompts: int, rule_name: str = "exact"
+    records: list[dict],
+    cfg: DictConfig,
+    choices: dict,
+    env: dict,
+    n_prompts: int,
+    rule_name: str = "exact",
+    run_info: dict | None = None,
 ) -> dict:
+    """:func:`summarize` of the records plus the config choices, the environment and ``run_info`` (this job's
+    machine state and set-up times: threads, cores, load averages, warm-up / bind times, compile)."""
     s = summarize(records) if records else {"n_samples": 0, "tau": None, "d_bar": None, "speedup": None}
     greedy = float(cfg.sampling.temperature) == 0.0
     matches = [r["tokens_match_baseline"] for r in records if r.get("tokens_match_baseline") is not None]
@@ -138,6 +208,7 @@ def make_summary(
         "complete": len(records) == n_prompts,
         "acceptance_rule": rule_name,
         "timing_scope": TIMING_SCOPE,
+        **(run_info or {}),
         "env": env,
     }
     return s
@@ -154,7 +225,19 @@ def summary_line(s: dict) -> str:
     line += f"tau={f('tau', '.3f')} d_bar={f('d_bar', '.2f')} latency={f('latency_s', '.4f', 's')}"
     if s.get("speedup") is not None:
         line += f" baseline={f('baseline_latency_s', '.4f', 's')} speedup={f('speedup', '.3f', 'x')}"
+        ci = s.get("speedup_ci")
+        if ci and None not in ci:
+            line += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+            if s.get("speedup_ci_caveat"):
+                line += f" (CI over {s.get('speedup_n')} < 5 prompts)"
+        line += f" median={f('speedup_median', '.3f', 'x')}"
+    if s.get("load_warning"):
+        line += f" LOAD {f('load_peak', '.2f')} > {s.get('cpus_available')} CORES: timings unreliable"
     return line
+
+
+# Config nodes added after run dirs existed: a run_config.json without them ran with these values.
+RESUME_NEW_KEYS: dict[str, Any] = {"timing": {"repeats": 1}, "engine": {"compile": False}}
 
 
 def check_resume(run_dir: Path, cfg: DictConfig) -> None:
@@ -162,7 +245,7 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
     path = run_dir / "run_config.json"
     fp = config_fingerprint(cfg)
     if path.exists():
-        old = json.loads(path.read_text())
+        old = {**RESUME_NEW_KEYS, **json.loads(path.read_text())}
         if old != fp:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             raise ConfigError(
@@ -201,6 +284,13 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     target = build_target(cfg.model)
     drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else None
     rule = build_rule(cfg, target)
+    t_bind = time.perf_counter()
+    policy.bind(target, drafter, sp, Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None)
+    bind_s = time.perf_counter() - t_bind
+    log.info("policy bind: %.1f s", bind_s)
+    compile_on = engine_compile(cfg)
+    if compile_on:  # one compiled target serves both sides (baseline and method)
+        compile_models(target, drafter, cfg)
     env = environment(target)
     use_cfg = sp.use_cfg and target.supports_cfg
     gen_device = target.device if target.device.type == "cuda" else torch.device("cpu")
@@ -212,16 +302,30 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
             return generate(target, drafter, policy, inputs, sp, g, rule)
         return decode_ar(target, inputs, sp, g)
 
+    t_warm = time.perf_counter()
     if todo:
         for _ in range(int(cfg.warmup)):
             decode(todo[0], 0, True)
             if cfg.baseline:
                 decode(todo[0], 0, False)
+    warmup_s = time.perf_counter() - t_warm
+    log.info("warm-up: %d generation(s) of each side in %.1f s%s", int(cfg.warmup) if todo else 0, warmup_s,
+             " (compilation included)" if compile_on else "")  # fmt: skip
+    run_info: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": cpus_available(),
+        "engine_compile": compile_on,
+        "bind_s": bind_s,
+        "warmup_s": warmup_s,
+    }
     from adtbench.tracking import build_logger
 
     tracker = build_logger(cfg, run_dir, choices)
     try:
-        summary = _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, len(prompts), rule)
+        summary = _decode_all(
+            cfg, todo, target, decode, store, tracker, run_dir, choices, env, len(prompts), rule, run_info
+        )
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.eval import run_eval
 
@@ -233,24 +337,70 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     return summary
 
 
-def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, n_prompts, rule) -> dict:
-    """Decode every unfinished prompt (baseline and method), commit its records, refresh the summary."""
+def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
+    """``engine.compile``: compile the target's (and the drafter's) forward; the warm-up then compiles it."""
+    family = str(cfg.model.family)
+    for name, obj in (("target", target), ("drafter", drafter)):
+        if obj is None:
+            continue
+        fn = getattr(obj, "compile_forward", None)
+        if not callable(fn):
+            what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
+            raise ConfigError("engine.compile", f"{what} does not support compile")
+        t = time.perf_counter()
+        fn()
+        log.info("engine.compile: %s.compile_forward() in %.1f s", name, time.perf_counter() - t)
+
+
+def timed_prompt(
+    decode: Any, p: Prompt, seed: int, repeats: int, baseline: bool, first_pair: int
+) -> tuple[list[GenerationResult], list[GenerationResult]]:
+    """Time one prompt ``repeats`` times: each repeat is a (baseline, method) pair, the baseline first when the
+    pair's global index (``first_pair`` + repeat) is even, so the order alternates ABBA. Every repeat of a side
+    must decode the same tokens (same seed); returns (method runs, baseline runs)."""
+    runs: list[GenerationResult] = []
+    bases: list[GenerationResult] = []
+    for r in range(repeats):
+        base_first = (first_pair + r) % 2 == 0
+        if baseline and base_first:
+            bases.append(decode(p, seed, False))
+        runs.append(decode(p, seed, True))
+        if baseline and not base_first:
+            bases.append(decode(p, seed, False))
+    for side, results in (("method", runs), ("baseline", bases)):
+        for r, res in enumerate(results[1:], 1):
+            if res.tokens != results[0].tokens:
+                raise RuntimeError(
+                    f"prompt {p.prompt_id}: timing repeat {r} of the {side} decoded other tokens than repeat 0 with "
+                    f"the same seed {seed}; timing.repeats needs a deterministic decode"
+                )
+    return runs, bases
+
+
+def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, n_prompts, rule, run_info) -> dict:
+    """Decode every unfinished prompt (baseline and method, ``timing.repeats`` times), commit its records, refresh
+    the summary; the load average is read just before and just after this timed work."""
     from tqdm import tqdm
 
     policy_name = str(cfg.policy.name)
+    repeats = timing_repeats(cfg)
     records = [slim(r) for r in store.records()]
+    avg = load_average()
+    before = None if avg is None else avg[0]
+    run_info = {**run_info, "load_before": before, "load_after": None, "load_peak": load_peak(before, None)}
+    run_info["load_warning"] = load_warning(before, None, run_info["cpus_available"])
+    log.info("timed work: %d prompt(s) × %d repeat(s), %d torch thread(s), %d core(s), load average (1/5/15 min) %s",
+             len(todo), repeats, run_info["threads"], run_info["cpus_available"], avg)  # fmt: skip
+    if run_info["load_warning"]:
+        log.warning("%s", run_info["load_warning"])
     last_summary = time.perf_counter()
     for i, p in enumerate(tqdm(todo, desc=policy_name, disable=not cfg.progress, file=sys.stderr)):
         seed = prompt_seed(int(cfg.seed), p.prompt_id)
-        base = None
-        if cfg.baseline and i % 2 == 0:
-            base = decode(p, seed, False)
-        res = decode(p, seed, True)
-        if cfg.baseline and i % 2 == 1:
-            base = decode(p, seed, False)
+        runs, bases = timed_prompt(decode, p, seed, repeats, bool(cfg.baseline), i * repeats)
+        res = runs[0]
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
         trace = trace_record(p.prompt_id, res)
-        record = sample_record(p, seed, res, base)
+        record = sample_record(p, seed, runs, bases or None)
         store.commit(record, trace, image)
         if cfg.get("maps") is not None and cfg.maps.get("per_image"):
             from adtbench.maps import write_sample_maps
@@ -258,10 +408,17 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
             write_sample_maps(run_dir, trace, target.layout)
         records.append(slim(record))
         if time.perf_counter() - last_summary > SUMMARY_EVERY_S:  # keep summary.json current, cheaply
-            store.write_summary(make_summary(records, cfg, choices, env, n_prompts, rule.name))
+            store.write_summary(make_summary(records, cfg, choices, env, n_prompts, rule.name, run_info))
             last_summary = time.perf_counter()
         tracker.log_sample(record, trace, image)
-    summary = make_summary(records, cfg, choices, env, n_prompts, rule.name)
+    avg = load_average()
+    after = None if avg is None else avg[0]
+    run_info |= {"load_after": after, "load_peak": load_peak(before, after)}
+    run_info["load_warning"] = load_warning(before, after, run_info["cpus_available"])
+    log.info("load average (1/5/15 min) after the timed work: %s", avg)
+    if run_info["load_warning"]:
+        log.warning("%s", run_info["load_warning"])
+    summary = make_summary(records, cfg, choices, env, n_prompts, rule.name, run_info)
     store.write_summary(summary)
     if cfg.get("maps") is not None and cfg.maps.get("per_run"):
         from adtbench.maps import write_run_maps

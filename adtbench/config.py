@@ -134,6 +134,9 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
     _number(cfg, "max_tree_nodes", int, lo=1)
     if cfg.get("threads") is not None:
         _number(cfg, "threads", int, lo=1)
+    timing_repeats(cfg)
+    if engine_compile(cfg) and int(cfg.warmup) < 1:
+        raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
     sp = build_sampling(cfg)
     policy = build_policy(cfg)
     if cfg.get("lantern") is not None and bool(cfg.lantern.get("enabled", False)):
@@ -143,6 +146,27 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
     validate_model(cfg)
     validate_drafter(cfg, policy)
     return sp, policy
+
+
+def timing_repeats(cfg: DictConfig) -> int:
+    """``timing.repeats``: timed repetitions of each prompt (an integer ≥ 1; 1 without a ``timing`` node)."""
+    if cfg.get("timing") is None:
+        return 1
+    if not isinstance(cfg.timing, DictConfig):
+        raise ConfigError("timing", f"must be a mapping (timing.repeats=...), got {cfg.timing!r}")
+    return _number(cfg, "timing.repeats", int, lo=1)
+
+
+def engine_compile(cfg: DictConfig) -> bool:
+    """``engine.compile``: compile the target's (and drafter's) forward before warm-up (false without the node)."""
+    if cfg.get("engine") is None:
+        return False
+    if not isinstance(cfg.engine, DictConfig):
+        raise ConfigError("engine", f"must be a mapping (engine.compile=...), got {cfg.engine!r}")
+    v = cfg.engine.get("compile", False)
+    if not isinstance(v, bool):
+        raise ConfigError("engine.compile", f"must be true or false, got {v!r}")
+    return v
 
 
 def prompt_seed(base: int, prompt_id: str) -> int:

@@ -28,7 +28,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ResultStore", "bootstrap_ci", "summarize", "to_jsonable"]
+__all__ = [
+    "ResultStore",
+    "bootstrap_ci",
+    "bootstrap_distribution",
+    "percentile_interval",
+    "ratio_of_totals_ci",
+    "summarize",
+    "to_jsonable",
+]
 
 log = logging.getLogger(__name__)
 
@@ -392,6 +400,29 @@ def _num(rec: dict[str, Any], key: str, *, allow_none: bool = False) -> float | 
     return v
 
 
+SPEEDUP_CI_LEVEL = 0.95
+SPEEDUP_N_BOOT = 2000
+SPEEDUP_CI_SEED = 0
+SPEEDUP_CI_MIN_PROMPTS = 5  # fewer paired prompts: ``speedup_ci_caveat`` is set
+SPEEDUP_CI_METHOD = (
+    f"two-level percentile bootstrap of the ratio of totals ({SPEEDUP_N_BOOT} resamples, seed {SPEEDUP_CI_SEED}): "
+    "prompts with replacement, then each drawn prompt's timing repeats with replacement, reduced to their median"
+)
+
+
+def _repeats(rec: dict[str, Any], key: str, value: float) -> list[float]:
+    """The repeated timings ``rec[key]`` (each finite and > 0), or ``[value]`` for a record without repeats."""
+    reps = rec.get(key)
+    if reps is None:
+        return [value]
+    if not isinstance(reps, list) or not reps:
+        raise ValueError(f"record {rec.get('prompt_id')!r}: {key} must be a non-empty list, got {reps!r}")
+    out = [_num({"prompt_id": rec.get("prompt_id"), key: v}, key) for v in reps]
+    if not all(out):
+        raise ValueError(f"record {rec.get('prompt_id')!r}: {key} must be > 0")
+    return out  # type: ignore[return-value]
+
+
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Aggregate per-prompt records into the run summary (definitions of ``docs/algorithms.md`` §1.2).
 
@@ -407,6 +438,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     * ``speedup`` = mean_{j∈P} B_j / mean_{j∈P} L_j, P = records with a baseline (``speedup_aggregation =
       "ratio_of_means"``, which equals the ratio of total latencies); ``speedup_per_prompt`` = mean, median,
       std (ddof=1), min, max, p10, p90 of B_j / L_j over P; ``speedup_n`` = |P|. All ``None`` when P is empty.
+    * Timing repeats: a record may hold ``latency_repeats_s`` / ``baseline_latency_repeats_s`` (the app's
+      ``timing.repeats``; L_j and B_j are then their medians). ``timing_repeats`` = the distinct repeat counts.
+    * ``speedup_median`` = median_{j∈P} B_j / L_j (the paired per-prompt median); ``speedup_ci`` = [lo, hi], the
+      ``speedup_ci_level`` (95 %) two-level bootstrap interval of Σ B_j / Σ L_j (:func:`ratio_of_totals_ci`:
+      prompts, then each prompt's repeats → median), described by ``speedup_ci_method``; ``speedup_ci_caveat``
+      is a warning string when 0 < |P| < 5, else ``None``.
     * ``draft_s_total`` = Σ draft_s, ``verify_s_total`` = Σ verify_s, ``draft_frac`` = draft_s_total / Σ L_j,
       ``verify_frac`` likewise, ``target_forwards_mean`` = mean target forwards per prompt. These are ``None``
       if any record has the value missing/``None``.
@@ -420,6 +457,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     cycles, committed, dsum, tsum, lat = [], [], [], [], []
     base_pairs: list[tuple[float, float]] = []  # (baseline, latency) for prompts with a baseline
+    base_reps: list[list[float]] = []  # per paired prompt: its baseline repeats ...
+    lat_reps: list[list[float]] = []  # ... and its method repeats (one each without timing.repeats)
     opt: dict[str, list[float | None]] = {k: [] for k in _OPTIONAL_NUM}
     for rec in records:
         for k in _REQUIRED:
@@ -439,6 +478,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             if b == 0:
                 raise ValueError(f"record {rec['prompt_id']!r}: baseline_latency_s must be > 0")
             base_pairs.append((b, lt))
+            base_reps.append(_repeats(rec, "baseline_latency_repeats_s", b))
+            lat_reps.append(_repeats(rec, "latency_repeats_s", lt))
+            if len(base_reps[-1]) != len(lat_reps[-1]):
+                raise ValueError(f"record {rec['prompt_id']!r}: baseline and method have different repeat counts")
         for k in _OPTIONAL_NUM:
             opt[k].append(_num(rec, k, allow_none=True))
 
@@ -472,6 +515,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         paired_lat = [lt for _, lt in base_pairs]
         ratios = np.array([b / lt for b, lt in base_pairs], dtype=np.float64)
         out["speedup"] = float(np.mean(base) / np.mean(paired_lat))
+        out["speedup_median"] = float(np.median(ratios))
+        lo, hi = ratio_of_totals_ci(base_reps, lat_reps, SPEEDUP_N_BOOT, 1 - SPEEDUP_CI_LEVEL, SPEEDUP_CI_SEED)
+        out["speedup_ci"] = [lo, hi]
         out["speedup_per_prompt"] = {
             "mean": float(ratios.mean()),
             "median": float(np.median(ratios)),
@@ -482,10 +528,18 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "p90": float(np.percentile(ratios, 90)),
         }
     else:
-        out["speedup"] = None
+        out["speedup"] = out["speedup_median"] = out["speedup_ci"] = None
         out["speedup_per_prompt"] = None
     out["speedup_aggregation"] = "ratio_of_means"
     out["speedup_n"] = len(base_pairs)
+    out["speedup_ci_level"] = SPEEDUP_CI_LEVEL
+    out["speedup_ci_method"] = SPEEDUP_CI_METHOD
+    out["speedup_ci_caveat"] = (
+        f"CI over {len(base_pairs)} prompt(s) < {SPEEDUP_CI_MIN_PROMPTS}: too few to resample; do not trust it"
+        if 0 < len(base_pairs) < SPEEDUP_CI_MIN_PROMPTS
+        else None
+    )
+    out["timing_repeats"] = sorted({len(r) for r in lat_reps}) or None  # repeats per prompt (distinct counts)
 
     def total(k: str) -> float | None:
         vals = opt[k]
@@ -500,6 +554,104 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+# ----------------------------------------------------------------------------------------------------
+# bootstrap: the one implementation (summaries, ``adtbench.tables`` and ``analysis/`` resample through it)
+# ----------------------------------------------------------------------------------------------------
+
+BOOT_CHUNK_ELEMENTS = 4_000_000  # bound on the elements of one chunk of resampled data (32 MB; results unchanged)
+
+
+def _clusters(data: np.ndarray | Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(rows [P, ...], None)`` for one observation per cluster, else ``(padded [P, R_max, ...], counts [P])``
+    with the missing repeats of shorter clusters NaN-padded."""
+    if isinstance(data, np.ndarray):
+        rows = np.asarray(data, dtype=np.float64)
+        if rows.ndim == 0 or rows.shape[0] == 0:
+            raise ValueError("the bootstrap needs at least one cluster")
+        return rows, None
+    reps = [np.asarray(x, dtype=np.float64) for x in data]
+    if not reps:
+        raise ValueError("the bootstrap needs at least one cluster")
+    if any(r.ndim == 0 or r.shape[0] == 0 for r in reps) or len({r.shape[1:] for r in reps}) > 1:
+        raise ValueError("every cluster needs ≥ 1 repeat, all repeats of the same shape")
+    counts = np.array([r.shape[0] for r in reps])
+    if counts.max() == 1:
+        return np.stack([r[0] for r in reps]), None
+    padded = np.full((len(reps), int(counts.max()), *reps[0].shape[1:]), np.nan)
+    for j, r in enumerate(reps):
+        padded[j, : r.shape[0]] = r
+    return padded, counts
+
+
+def bootstrap_distribution(
+    data: np.ndarray | Sequence[Any],
+    stat: Callable[[np.ndarray], Any],
+    n_boot: int = 1000,
+    seed: int = 0,
+    *,
+    vectorized: bool = False,
+) -> np.ndarray:
+    """Bootstrap statistics of a one- or two-level (hierarchical) bootstrap over clusters (prompts).
+
+    ``data``: an array whose axis 0 indexes P clusters with one observation each (a scalar or a row), or a
+    sequence of P arrays ``[R_j, ...]`` holding the R_j repeated observations of cluster j.
+
+    * Level 1 (clusters): ``rng.integers(0, P, size=(n_boot, P))`` with ``rng = default_rng(seed)``, drawn in
+      one call before anything else, so every caller with the same P, ``n_boot`` and seed resamples the
+      same prompts.
+    * Level 2 (repeats), only when some R_j > 1: each drawn cluster draws R_j of its own repeats with
+      replacement (whole rows, so the columns of one repeat stay paired) and is replaced by their element-wise
+      median. With every R_j = 1 nothing is drawn and the result equals the one-level bootstrap of the rows.
+
+    ``stat`` maps one resample ``[P, ...]`` to a scalar or a vector; with ``vectorized`` it maps a chunk of
+    resamples ``[b, P, ...]`` to ``[b]`` or ``[b, m]``. Returns the ``[n_boot]`` (or ``[n_boot, m]``)
+    statistics, in resample order. Deterministic for a given ``seed``.
+    """
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    values, counts = _clusters(data)
+    p = values.shape[0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, p, size=(n_boot, p))
+    step = max(1, BOOT_CHUNK_ELEMENTS // max(1, values.size))
+    ragged = counts is not None and bool((counts != counts.max()).any())
+    out = []
+    for start in range(0, n_boot, step):
+        ix = idx[start : start + step]  # [b, P]
+        if counts is None:
+            x = values[ix]  # [b, P, ...]
+        else:
+            r_max = values.shape[1]
+            n = counts[ix][..., None]  # [b, P, 1] repeats of each drawn cluster
+            j = (rng.random((*ix.shape, r_max)) * n).astype(np.int64)  # uniform in [0, R_j)
+            x = values[ix[..., None], j]  # [b, P, R_max, ...]
+            if ragged:  # draws beyond a cluster's own R_j do not count
+                keep = (np.arange(r_max) < n).reshape(*j.shape, *(1,) * (x.ndim - 3))
+                x = np.nanmedian(np.where(keep, x, np.nan), axis=2)
+            else:
+                x = np.median(x, axis=2)
+        if vectorized:
+            out.append(np.asarray(stat(x), dtype=np.float64))
+        else:
+            out.append(np.array([np.asarray(stat(xi), dtype=np.float64) for xi in x]))
+    return np.concatenate(out, axis=0)
+
+
+def percentile_interval(boots: np.ndarray, alpha: float = 0.05) -> np.ndarray:
+    """The (α/2, 1 − α/2) percentiles of the finite bootstrap statistics: ``[2]`` for ``[n_boot]`` input,
+    ``[m, 2]`` for ``[n_boot, m]`` (one interval per column); NaN where no statistic is finite."""
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    b = np.asarray(boots, dtype=np.float64)
+    cols = b.reshape(b.shape[0], -1)
+    out = np.full((cols.shape[1], 2), np.nan)
+    for c in range(cols.shape[1]):
+        fin = cols[:, c][np.isfinite(cols[:, c])]
+        if fin.size:
+            out[c] = np.percentile(fin, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    return out[0] if b.ndim == 1 else out
+
+
 def bootstrap_ci(
     values: Iterable[Any] | np.ndarray,
     stat: Callable[[np.ndarray], Any] = np.mean,
@@ -507,7 +659,7 @@ def bootstrap_ci(
     alpha: float = 0.05,
     seed: int = 0,
 ) -> tuple[float, float]:
-    """Percentile bootstrap confidence interval of ``stat`` over prompts.
+    """Percentile bootstrap confidence interval of ``stat`` over prompts (:func:`bootstrap_distribution`, one level).
 
     Draws ``n_boot`` resamples of the n rows of ``values`` (axis 0) with replacement, evaluates ``stat`` on
     each, and returns the (α/2, 1-α/2) percentiles of those statistics. Rows may be vectors, e.g. pass
@@ -519,11 +671,33 @@ def bootstrap_ci(
         raise ValueError("bootstrap_ci needs at least one value")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    if n_boot < 1:
-        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
-    n = arr.shape[0]
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, n, size=(n_boot, n))
-    boots = np.array([float(stat(arr[i])) for i in idx], dtype=np.float64)
-    lo, hi = np.percentile(boots, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+    lo, hi = percentile_interval(bootstrap_distribution(arr, stat, n_boot, seed), alpha)
+    return float(lo), float(hi)
+
+
+def _ratio_of_sums(x: np.ndarray) -> np.ndarray:
+    """``[b, P, 2]`` resamples → ``[b]`` ratios Σ column 0 / Σ column 1."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return x[..., 0].sum(axis=-1) / x[..., 1].sum(axis=-1)
+
+
+def ratio_of_totals_ci(
+    numerator: Sequence[Sequence[float]],
+    denominator: Sequence[Sequence[float]],
+    n_boot: int = 2000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Two-level bootstrap CI of Σ_j med(numerator_j) / Σ_j med(denominator_j) (e.g. the speedup: baseline
+    over method latency). ``numerator[j]`` and ``denominator[j]`` are prompt j's repeated timings, paired by
+    repeat (repeat r of both was timed back to back, so they are resampled together). With one repeat per
+    prompt this is the prompt bootstrap of the ratio of totals; repeats that disagree widen the interval."""
+    if len(numerator) != len(denominator):
+        raise ValueError(f"{len(numerator)} numerator vs {len(denominator)} denominator prompts")
+    clusters = []
+    for j, (a, b) in enumerate(zip(numerator, denominator)):
+        if len(a) != len(b):
+            raise ValueError(f"prompt {j}: {len(a)} numerator vs {len(b)} denominator repeats")
+        clusters.append(np.c_[np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)])
+    lo, hi = percentile_interval(bootstrap_distribution(clusters, _ratio_of_sums, n_boot, seed, vectorized=True), alpha)
     return float(lo), float(hi)

@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from adtbench.results import bootstrap_distribution, percentile_interval
+
 SUMMARY_FILE = "summary.json"
 CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling")
 # overrides that never define a table row (run plumbing, not the experiment)
@@ -212,30 +214,23 @@ def cluster_bootstrap(
     """Percentile CIs of ratio-of-sums statistics, resampling rows (prompts) of ``sums`` with replacement.
 
     ``sums``: ``[P, k]`` per-prompt totals; ``ratios``: ``{name: (numerator column, denominator column)}``.
-    The resample indices are drawn exactly as :func:`adtbench.results.bootstrap_ci` draws them.
+    The one bootstrap of :func:`adtbench.results.bootstrap_distribution` (one level: a prompt's samples are
+    already pooled into its row), so the resamples are exactly those of :func:`adtbench.results.bootstrap_ci`.
     """
-    p = sums.shape[0]
-    if p == 0:
+    if sums.shape[0] == 0:
         return {name: (float("nan"), float("nan")) for name in ratios}
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, p, size=(n_boot, p))
-    boots = {name: np.empty(n_boot) for name in ratios}
-    step = max(1, int(2e7 // max(1, p * sums.shape[1])))  # bound memory of sums[idx]
-    for start in range(0, n_boot, step):
-        tot = sums[idx[start : start + step]].sum(axis=1)  # [b, k]
-        for name, (num, den) in ratios.items():
-            with np.errstate(divide="ignore", invalid="ignore"):
-                boots[name][start : start + step] = tot[:, num] / tot[:, den]
-    alpha = 1.0 - ci
-    out = {}
-    for name, b in boots.items():
-        b = b[np.isfinite(b)]
-        if b.size == 0:
-            out[name] = (float("nan"), float("nan"))
-        else:
-            lo, hi = np.percentile(b, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-            out[name] = (float(lo), float(hi))
-    return out
+    names = list(ratios)
+    num = [ratios[n][0] for n in names]
+    den = [ratios[n][1] for n in names]
+
+    def stat(x: np.ndarray) -> np.ndarray:  # [b, P, k] → [b, len(names)]
+        tot = x.sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return tot[:, num] / tot[:, den]
+
+    boots = bootstrap_distribution(np.asarray(sums, dtype=np.float64), stat, n_boot, seed, vectorized=True)
+    bounds = percentile_interval(boots.reshape(n_boot, len(names)), 1.0 - ci)
+    return {name: (float(lo), float(hi)) for name, (lo, hi) in zip(names, bounds)}
 
 
 def _varying(runs: Any, cols: Sequence[str]) -> list[str]:

@@ -72,6 +72,7 @@ def test_run_writes_records_summary_trace_images(tmp_path):
     out = tmp_path / "run"
     proc = run_cli("model=tiny_llamagen", "policy=eagle2", "dataset.limit=3", f"hydra.run.dir={out}", *FAST)
     assert "speedup=" in proc.stdout and str(out) in proc.stdout
+    assert " median=" in proc.stdout and "(CI over 3 < 5 prompts)" in proc.stdout
     recs = lines(out / "samples.jsonl")
     assert [r["prompt_id"] for r in recs] == ["text-00002", "text-00003", "text-00004"]
     need = (
@@ -83,6 +84,8 @@ def test_run_writes_records_summary_trace_images(tmp_path):
         assert len(r["tokens"]) == 16 and r["tau"] >= 1.0 and r["baseline_latency_s"] > 0
         assert Image.open(out / r["image"]).size == (8, 8)
         assert r["tau"] == pytest.approx(r["committed"] / r["cycles"])
+        assert r["latency_repeats_s"] == [r["latency_s"]]  # timing.repeats = 1: the median of one
+        assert r["baseline_latency_repeats_s"] == [r["baseline_latency_s"]]
     s = json.loads((out / "summary.json").read_text())
     for key in [
         "tau",
@@ -100,6 +103,14 @@ def test_run_writes_records_summary_trace_images(tmp_path):
     assert s["n_samples"] == 3 and s["model"] == "tiny_llamagen" and s["policy"] == "eagle2" and s["complete"]
     assert s["tau"] == pytest.approx(sum(r["committed"] for r in recs) / sum(r["cycles"] for r in recs))
     assert s["speedup"] == pytest.approx(sum(r["baseline_latency_s"] for r in recs) / sum(r["latency_s"] for r in recs))
+    # the timing record: paired median, bootstrap CI (flagged: 3 prompts < 5), machine state, set-up times
+    assert s["speedup_median"] == pytest.approx(sorted(r["speedup"] for r in recs)[1])
+    assert s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1] and s["speedup_ci_caveat"]
+    assert s["speedup_ci_level"] == 0.95 and "bootstrap" in s["speedup_ci_method"] and s["timing_repeats"] == [1]
+    assert s["threads"] == 1 and s["cpu_count"] >= s["cpus_available"] >= 1 and s["engine_compile"] is False
+    assert s["load_peak"] == max(s["load_before"], s["load_after"]) >= 0  # 1-minute load averages
+    assert (s["load_warning"] is None) == (s["load_peak"] <= s["cpus_available"])
+    assert s["bind_s"] >= 0 and s["warmup_s"] >= 0
     traces = lines(out / "trace.jsonl")
     assert [t["prompt_id"] for t in traces] == [r["prompt_id"] for r in recs]
     assert all(len(t["a"]) == r["cycles"] and len(t["nodes"]) == r["cycles"] for t, r in zip(traces, recs))

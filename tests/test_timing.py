@@ -1,0 +1,315 @@
+"""A timer that knows when it cannot be trusted: timing repeats (medians, ABBA order, token determinism), the
+two-level bootstrap CI of the speedup, the load-average record and warning, ``engine.compile``, ``policy.bind``
+and — end to end — ``policy=ar`` against its own baseline reading 1.00 ± 0.03 on 8 held-out prompts."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import TINY_OVERRIDES
+from hydra import compose, initialize_config_dir
+
+import adtbench.app as app
+from adtbench.config import validate
+from adtbench.errors import ConfigError
+from adtbench.results import bootstrap_ci, ratio_of_totals_ci, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = ["dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false", "save_images=false"]
+
+
+def config(*overrides: str):
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose("config", overrides=[*TINY_OVERRIDES, *QUICK, *overrides])
+
+
+def decode_in_process(run_dir: Path, *overrides: str) -> dict:
+    cfg = config(*overrides)
+    return app.run(cfg, run_dir, {"model": "tiny_llamagen", "policy": str(cfg.policy.name)})
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the two-level bootstrap
+# ---------------------------------------------------------------------------------------------------------
+
+BASE = [2.0, 2.2, 1.8, 2.5, 2.1, 1.9, 2.4, 2.0]
+LAT = [1.0, 1.2, 0.9, 1.1, 1.0, 1.05, 1.3, 0.95]
+
+
+def test_one_repeat_is_the_prompt_bootstrap() -> None:
+    ci = ratio_of_totals_ci([[b] for b in BASE], [[x] for x in LAT], n_boot=500, seed=7)
+    ref = bootstrap_ci(np.c_[BASE, LAT], stat=lambda a: a[:, 0].sum() / a[:, 1].sum(), n_boot=500, seed=7)
+    assert ci == pytest.approx(ref, abs=1e-12)
+    assert ci[0] < sum(BASE) / sum(LAT) < ci[1]
+
+
+def test_identical_repeats_change_nothing() -> None:
+    """Repeats that agree add no noise: the same interval as one repeat (the prompts drawn are the same)."""
+    one = ratio_of_totals_ci([[b] for b in BASE], [[x] for x in LAT], n_boot=500)
+    same = ratio_of_totals_ci([[b] * 3 for b in BASE], [[x] * 3 for x in LAT], n_boot=500)
+    ragged = ratio_of_totals_ci([[b] * (1 + j % 3) for j, b in enumerate(BASE)],
+                                [[x] * (1 + j % 3) for j, x in enumerate(LAT)], n_boot=500)  # fmt: skip
+    assert same == pytest.approx(one, abs=1e-12) and ragged == pytest.approx(one, abs=1e-12)
+
+
+def test_ci_widens_when_repeats_disagree() -> None:
+    """Same medians (so the same point estimate), but method repeats that scatter ±30 %: a wider interval."""
+    agree = ratio_of_totals_ci([[b] * 3 for b in BASE], [[x] * 3 for x in LAT], n_boot=2000)
+    noisy = ratio_of_totals_ci([[b] * 3 for b in BASE], [[0.7 * x, x, 1.3 * x] for x in LAT], n_boot=2000)
+    point = sum(BASE) / sum(LAT)
+    assert noisy[0] < agree[0] < point < agree[1] < noisy[1]
+    assert noisy[1] - noisy[0] > 1.5 * (agree[1] - agree[0])
+    # a single prompt: no prompt variation at all, the interval is the timing noise alone
+    assert ratio_of_totals_ci([[2.0] * 3], [[1.0] * 3]) == (2.0, 2.0)
+    lo, hi = ratio_of_totals_ci([[2.0, 2.0, 2.0]], [[0.8, 1.0, 1.25]])
+    assert lo < 2.0 < hi
+
+
+def test_chunking_changes_nothing(monkeypatch) -> None:
+    import adtbench.results as results
+
+    rng = np.random.default_rng(3)
+    clusters = [0.5 + rng.random((int(rng.integers(1, 5)), 2)) for _ in range(50)]
+
+    def boots():
+        return results.bootstrap_distribution(clusters, lambda x: x[..., 0].sum(-1) / x[..., 1].sum(-1), 300, 1,
+                                              vectorized=True)  # fmt: skip
+
+    whole = boots()
+    monkeypatch.setattr(results, "BOOT_CHUNK_ELEMENTS", 500)  # many small chunks
+    assert np.array_equal(boots(), whole)
+
+
+def test_ratio_ci_rejects_unpaired_repeats() -> None:
+    with pytest.raises(ValueError, match="repeats"):
+        ratio_of_totals_ci([[1.0, 1.0]], [[1.0]])
+    with pytest.raises(ValueError, match="prompts"):
+        ratio_of_totals_ci([[1.0]], [])
+
+
+def _rec(pid: str, base: list[float], lat: list[float]) -> dict:
+    return {"prompt_id": pid, "cycles": 4, "committed": 8, "drafted_depth_sum": 8, "tree_depth_sum": 8,
+            "latency_s": statistics.median(lat), "baseline_latency_s": statistics.median(base),
+            "latency_repeats_s": lat, "baseline_latency_repeats_s": base}  # fmt: skip
+
+
+def test_summarize_reports_total_ratio_median_and_ci() -> None:
+    recs = [_rec(f"p{j}", [b, b * 1.01, b * 0.99], [x, x * 1.02, x * 0.98]) for j, (b, x) in enumerate(zip(BASE, LAT))]
+    s = summarize(recs)
+    assert s["speedup"] == pytest.approx(sum(BASE) / sum(LAT))  # ratio of totals of the medians
+    assert s["speedup_median"] == pytest.approx(statistics.median(b / x for b, x in zip(BASE, LAT)))
+    assert s["speedup_median"] == s["speedup_per_prompt"]["median"]
+    lo, hi = s["speedup_ci"]
+    assert lo < s["speedup"] < hi and s["speedup_ci_level"] == 0.95
+    assert "two-level" in s["speedup_ci_method"] and "repeats" in s["speedup_ci_method"]
+    assert s["speedup_ci_caveat"] is None and s["timing_repeats"] == [3]
+    few = summarize(recs[:4])
+    assert "4 prompt(s) < 5" in few["speedup_ci_caveat"]
+    none = summarize([dict(r, baseline_latency_s=None, baseline_latency_repeats_s=None) for r in recs])
+    assert none["speedup_ci"] is None and none["speedup_median"] is None and none["speedup_ci_caveat"] is None
+    with pytest.raises(ValueError, match="repeat counts"):
+        summarize([dict(recs[0], latency_repeats_s=[1.0])])
+    with pytest.raises(ValueError, match="latency_repeats_s"):
+        summarize([dict(recs[0], latency_repeats_s=[])])
+    with pytest.raises(ValueError, match="latency_repeats_s"):
+        summarize([dict(recs[0], latency_repeats_s=[1.0, 0.0, 1.0])])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# config
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["timing.repeats=0"], "timing.repeats"),
+        (["timing.repeats=1.5"], "timing.repeats"),
+        (["timing.repeats=three"], "timing.repeats"),
+        (["~timing.repeats"], "timing.repeats"),
+        (["engine.compile=maybe"], "engine.compile"),
+        (["engine.compile=true", "warmup=0"], "warmup"),
+    ],
+)
+def test_bad_timing_and_engine_config_names_the_key(overrides, key) -> None:
+    with pytest.raises(ConfigError) as err:
+        validate(config(*overrides))
+    assert err.value.key == key
+
+
+def test_defaults() -> None:
+    cfg = config()
+    assert cfg.threads == 1 and cfg.timing.repeats == 1 and cfg.engine.compile is False
+    assert str(cfg.paths.cache_dir).endswith(".cache")
+    validate(config("engine.compile=true", "warmup=1", "timing.repeats=5"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the app: repeats, order, determinism, load, bind, compile, resume
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_repeats_alternate_abba_and_must_agree() -> None:
+    calls: list[str] = []
+
+    def decode(p, seed, method):
+        calls.append("M" if method else "B")
+        return SimpleNamespace(tokens=[1, 2, 3], latency_s=1.0)
+
+    p = SimpleNamespace(prompt_id="x")
+    runs, bases = app.timed_prompt(decode, p, 5, 2, True, 0)
+    assert calls == ["B", "M", "M", "B"] and len(runs) == len(bases) == 2
+    calls.clear()
+    app.timed_prompt(decode, p, 5, 1, True, 1)
+    assert calls == ["M", "B"]  # prompt 1 with one repeat: method first, as before repeats existed
+    calls.clear()
+    app.timed_prompt(decode, p, 5, 3, False, 0)
+    assert calls == ["M", "M", "M"]
+
+    n = iter(range(10))
+
+    def drifting(p, seed, method):
+        return SimpleNamespace(tokens=[next(n)] if method else [0], latency_s=1.0)
+
+    with pytest.raises(RuntimeError, match="repeat 1 of the method"):
+        app.timed_prompt(drifting, p, 5, 2, True, 0)
+
+
+def test_repeats_stored_and_medians_used(tmp_path: Path, capsys) -> None:
+    s = decode_in_process(tmp_path / "r", "timing.repeats=3")
+    recs = lines(tmp_path / "r" / "samples.jsonl")
+    for r in recs:
+        assert len(r["latency_repeats_s"]) == 3 and len(r["baseline_latency_repeats_s"]) == 3
+        assert r["latency_s"] == statistics.median(r["latency_repeats_s"])
+        assert r["baseline_latency_s"] == statistics.median(r["baseline_latency_repeats_s"])
+        assert r["speedup"] == pytest.approx(r["baseline_latency_s"] / r["latency_s"])
+    assert s["timing_repeats"] == [3]
+    assert s["speedup"] == pytest.approx(sum(r["baseline_latency_s"] for r in recs) / sum(r["latency_s"] for r in recs))
+    assert s["speedup_median"] == pytest.approx(statistics.median(r["speedup"] for r in recs))
+    lo, hi = s["speedup_ci"]
+    assert lo <= s["speedup"] <= hi and s["speedup_ci_caveat"]  # 3 prompts < 5
+    for key in ("threads", "cpu_count", "cpus_available", "load_before", "load_after", "load_peak",
+                "bind_s", "warmup_s", "engine_compile"):  # fmt: skip
+        assert key in s, key
+    assert s["threads"] == 1 and s["cpus_available"] >= 1 and s["engine_compile"] is False
+    assert json.loads((tmp_path / "r" / "summary.json").read_text())["speedup_ci"] == [lo, hi]
+    out = capsys.readouterr().out
+    assert f"speedup={s['speedup']:.3f}x [{lo:.3f}, {hi:.3f}] (CI over 3 < 5 prompts) median=" in out
+
+
+def test_load_above_cores_is_flagged(tmp_path: Path, monkeypatch, capsys, caplog) -> None:
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 32.0, 16.0))
+    s = decode_in_process(tmp_path / "l")
+    assert s["load_before"] == 64.0 == s["load_after"] and s["load_peak"] == 64.0
+    assert "exceeded" in s["load_warning"]
+    assert "LOAD 64.00 > " in capsys.readouterr().out
+    assert any(r.levelname == "WARNING" and "exceeded" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    s = decode_in_process(tmp_path / "quiet")
+    assert s["load_warning"] is None and "LOAD" not in capsys.readouterr().out
+
+
+def test_load_warning_rule(monkeypatch) -> None:
+    assert app.load_warning(1.9, 2.0, 2) is None  # at most the cores: fine
+    assert "2.10 exceeded the 2 available core(s)" in app.load_warning(0.5, 2.1, 2)
+    assert app.load_warning(None, None, 2) is None and app.load_peak(None, 3.0) == 3.0
+
+    def no_loadavg():
+        raise OSError("no load average here")
+
+    monkeypatch.setattr(os, "getloadavg", no_loadavg)
+    assert app.load_average() is None
+
+
+def test_bind_gets_the_cache_dir_and_is_timed(tmp_path: Path, monkeypatch) -> None:
+    from adtbench.policies.eagle2 import Eagle2Policy
+
+    seen = []
+    monkeypatch.setattr(Eagle2Policy, "bind", lambda self, t, d, sp, cache: seen.append((t, d, cache)))
+    s = decode_in_process(tmp_path / "b", f"paths.root_dir={tmp_path}")
+    assert len(seen) == 1 and seen[0][0] is not None and seen[0][1] is not None
+    assert seen[0][2] == tmp_path / ".cache" and s["bind_s"] >= 0
+
+
+def test_engine_compile_before_warmup(tmp_path: Path, monkeypatch) -> None:
+    events: list[str] = []
+    real_decode_ar = app.decode_ar
+    monkeypatch.setattr(app, "compile_models", lambda target, drafter, cfg: events.append("compile"))
+    monkeypatch.setattr(app, "decode_ar", lambda *a: events.append("decode") or real_decode_ar(*a))
+    s = decode_in_process(tmp_path / "c", "engine.compile=true", "warmup=1", "dataset.limit=1")
+    assert events[0] == "compile" and events.count("compile") == 1 and "decode" in events
+    assert s["engine_compile"] is True and s["warmup_s"] > 0
+
+
+def test_compile_models_needs_the_method() -> None:
+    cfg = config()
+    called = []
+    ok = SimpleNamespace(compile_forward=lambda: called.append("x"))
+    app.compile_models(ok, ok, cfg)
+    app.compile_models(ok, None, cfg)
+    assert called == ["x"] * 3
+    with pytest.raises(ConfigError, match="model family llamagen does not support compile"):
+        app.compile_models(SimpleNamespace(), ok, cfg)
+    with pytest.raises(ConfigError, match=r"^engine\.compile: the eagle drafter of llamagen"):
+        app.compile_models(ok, SimpleNamespace(), cfg)
+
+
+def test_resume_with_repeats(tmp_path: Path) -> None:
+    out = tmp_path / "res"
+    decode_in_process(out, "timing.repeats=2", "dataset.limit=2")
+    first = (out / "samples.jsonl").read_text().splitlines()
+    s = decode_in_process(out, "timing.repeats=2", "dataset.limit=4")
+    after = (out / "samples.jsonl").read_text().splitlines()
+    assert after[:2] == first and len(after) == 4 and s["n_samples"] == 4 and s["complete"]
+    assert all(len(json.loads(x)["latency_repeats_s"]) == 2 for x in after) and s["timing_repeats"] == [2]
+    with pytest.raises(ConfigError, match="timing"):  # other repeats: another measurement protocol
+        decode_in_process(out, "timing.repeats=3", "dataset.limit=4")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# end to end: policy=ar against its own baseline
+# ---------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ar_policy_reads_one_against_the_baseline(tmp_path: Path) -> None:
+    """``policy=ar`` decodes exactly like the baseline, so its speedup must read 1.00 ± 0.03 (ratio of totals and
+    per-prompt median) on the 8 first held-out prompts of the mini model, through the real app."""
+    out = tmp_path / "ar"
+    args = ["policy=ar", "dataset=mini", "dataset.limit=8", "timing.repeats=4", "save_images=false",
+            "maps.per_run=false", "logger=none", "progress=false", f"hydra.run.dir={out}"]  # fmt: skip
+    cmd = [sys.executable, str(ROOT / "run.py"), *args]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HYDRA_FULL_ERROR": "1"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    s = json.loads((out / "summary.json").read_text())
+    print(f"policy=ar: {proc.stdout.strip()} ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()})")
+    assert s["n_samples"] == 8 and s["policy"] == "ar" and s["timing_repeats"] == [4] and s["threads"] == 1
+    assert all(r["tokens_match_baseline"] for r in lines(out / "samples.jsonl"))  # the same work on both sides
+    assert abs(s["speedup"] - 1.0) <= 0.03, s["speedup"]
+    assert abs(s["speedup_median"] - 1.0) <= 0.03, s["speedup_median"]
+    assert s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1] and s["speedup_ci_caveat"] is None
+
+
+def test_resume_of_a_run_dir_from_before_timing_and_engine(tmp_path: Path) -> None:
+    out = tmp_path / "old"
+    decode_in_process(out, "dataset.limit=1")
+    rc = json.loads((out / "run_config.json").read_text())
+    (out / "run_config.json").write_text(json.dumps({k: v for k, v in rc.items() if k not in ("timing", "engine")}))
+    assert decode_in_process(out, "dataset.limit=2")["n_samples"] == 2  # the defaults match the old protocol
+    with pytest.raises(ConfigError, match="timing"):
+        decode_in_process(out, "dataset.limit=3", "timing.repeats=2")
