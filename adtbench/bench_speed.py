@@ -35,7 +35,7 @@ import numpy as np
 ROWS: dict[str, tuple[str, list[str]]] = {
     "ar": ("policy=ar (sanity: must read 1.00)", ["policy=ar"]),
     "adt_fixed": ("adt, fixed 58-node tree, T = 1, exact", ["policy=adt", "policy.budget=fixed"]),
-    "adt_cost": ("adt + budget: cost, T = 1, exact", ["policy=adt", "policy.budget=cost"]),
+    "adt_cost": ("adt + budget: cost, T = 1, exact (the default run)", ["policy=adt", "policy.budget=cost"]),
     "eagle2_cost": ("eagle2 + budget: cost, T = 1, exact", ["policy=eagle2", "policy.budget=cost"]),
     "adt_cost_lantern": ("adt + budget: cost, T = 1, lantern=on", ["policy=adt", "policy.budget=cost", "lantern=on"]),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
@@ -112,7 +112,8 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
         scale = step_ms / model.step_ms
         verify = scale * float(np.mean(model.t_verify(nodes)))
         levels = np.maximum(D - 1, 0) * np.array([model.t_level(int(k) if k > 0 else 1) for k in K])
-        draft = scale * (model.fixed_ms + float(levels.mean()))
+        drafts = bool(D.max() > 0)  # policy=ar drafts nothing: no fixed drafter work either
+        draft = scale * (model.fixed_ms + float(levels.mean())) if drafts else 0.0
         f |= {
             "verify_steps": verify / step_ms,
             "draft_steps": draft / step_ms,

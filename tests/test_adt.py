@@ -203,6 +203,8 @@ def test_widest_deepest_tree_fits_the_caches():
 
 def test_yaml_defaults_with_adaptation_off_are_eagle2():
     node = OmegaConf.load(ROOT / "conf" / "policy" / "adt.yaml")
+    assert node.budget == "cost"  # the default run's budget; the paper's fixed-N trees are budget=fixed
+    node = OmegaConf.merge(node, {"budget": "fixed"})
     pol = build_adt_policy(node)
     assert (pol.D0, pol.K0, pol.N_max) == (5, 10, 58)
     target, drafter = tiny("tiny_llamagen")
