@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from adtbench.cost import PolicyBudget, TreeBudget
@@ -34,6 +35,11 @@ def eagle2_candidates(depth: int, top_k: int) -> int:
     return top_k + depth * top_k * top_k
 
 
+def _desc_stable(x: np.ndarray) -> np.ndarray:
+    """Indices sorting ``x`` descending, ties toward the lower index (``torch.sort(stable=True)``'s order)."""
+    return np.argsort(-x, kind="stable")
+
+
 def build_eagle2_tree(
     session: DraftSession,
     depth: int,
@@ -46,70 +52,74 @@ def build_eagle2_tree(
     more level can pay for itself, and the rerank keeps the N best candidates that maximise the expected
     committed tokens per unit of time instead of ``total_tokens − 1``.
 
-    Candidates live in preallocated flat tensors in creation order: score (cumulative drafter log-prob), token,
-    parent candidate id (−1 = root) and, once expanded, the session node id.
+    Candidates live in flat numpy arrays in creation order (a few dozen entries: numpy's per-call cost is a
+    fraction of a torch op's): score (cumulative drafter log-prob, in the drafter's float dtype, so sums round
+    exactly as in torch), token, parent candidate id (−1 = root) and, once expanded, the session node id. The
+    only torch work per level is the drafter forward and one stable sort of its ``[m, V]`` log-probs.
     """
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
     lp0 = session.root_logprobs()
-    first = stable_topk(lp0, K)
-    first = first[torch.isfinite(lp0[first])]
     dev = lp0.device
-    cap = first.numel() + rounds * K * K
-    scores = torch.empty(cap, dtype=lp0.dtype, device=dev)
-    toks = torch.empty(cap, dtype=torch.long, device=dev)
-    parents = torch.empty(cap, dtype=torch.long, device=dev)
-    node = torch.full((cap,), -1, dtype=torch.long)  # session node of each expanded candidate
-    count = first.numel()
-    scores[:count], toks[:count], parents[:count] = lp0[first], first, -1
-    frontier = torch.arange(count, device=dev)
+    first = stable_topk(lp0, K)
+    first_lp = lp0[first].cpu().numpy()
+    finite = np.isfinite(first_lp)
+    first, first_lp = first.cpu().numpy()[finite], first_lp[finite]
+    count = first.size
+    cap = count + rounds * K * K
+    scores = np.empty(cap, dtype=first_lp.dtype)
+    toks = np.empty(cap, dtype=np.int64)
+    parents = np.empty(cap, dtype=np.int64)
+    node = np.full(cap, -1, dtype=np.int64)  # session node of each expanded candidate
+    scores[:count], toks[:count], parents[:count] = first_lp, first, -1
+    frontier = np.arange(count)
     levels = [0] if count else []  # nodes expanded per drafter level (level 0: the root, scored by ``extend``)
     for _ in range(rounds):
-        if frontier.numel() == 0:
+        if frontier.size == 0:
             break
         if budget is not None:
-            pi = torch.sort(scores[:count].double(), descending=True).values.exp().cpu().numpy()
-            fpi = float(scores[frontier].double().exp().sum())
-            if not budget.worth_expanding(pi, fpi, frontier.numel(), budget.spent_ms(levels[1:])):
+            pi = np.exp(-np.sort(-scores[:count].astype(np.float64)))
+            fpi = float(np.exp(scores[frontier].astype(np.float64)).sum())
+            if not budget.worth_expanding(pi, fpi, frontier.size, budget.spent_ms(levels[1:])):
                 break
-        fpar = parents[frontier].cpu()
-        par_node = torch.where(fpar < 0, 0, node[fpar.clamp_min(0)])
-        ids, lp = session.expand(par_node, toks[frontier])
-        node[frontier.cpu()] = torch.tensor(ids)
-        levels.append(frontier.numel())
+        fpar = parents[frontier]
+        par_node = np.where(fpar < 0, 0, node[np.maximum(fpar, 0)])
+        ids, lp = session.expand(torch.from_numpy(par_node), torch.from_numpy(toks[frontier]).to(dev))
+        node[frontier] = ids
+        levels.append(frontier.size)
         top = torch.sort(lp, dim=-1, descending=True, stable=True)
-        cum = (top.values[:, :K] + scores[frontier][:, None]).flatten()
-        kids = top.indices[:, :K].flatten()
-        keep = torch.isfinite(cum)
+        cum = (top.values[:, :K].cpu().numpy() + scores[frontier][:, None]).ravel()
+        kids = top.indices[:, :K].cpu().numpy().ravel()
+        keep = np.isfinite(cum)
         n_new = int(keep.sum())
         if n_new == 0:
             break
-        gid = torch.full_like(kids, -1)
-        gid[keep] = count + torch.arange(n_new, device=dev)
+        gid = np.full(kids.size, -1, dtype=np.int64)
+        gid[keep] = count + np.arange(n_new)
         end = count + n_new
         scores[count:end], toks[count:end] = cum[keep], kids[keep]
-        parents[count:end] = frontier.repeat_interleave(K)[keep]
+        parents[count:end] = np.repeat(frontier, K)[keep]
         count = end
-        best = stable_topk(cum.masked_fill(~keep, float("-inf")), K)
+        best = _desc_stable(np.where(keep, cum, -np.inf))[:K]
         frontier = gid[best[keep[best]]]
-    order = stable_topk(scores[:count].double(), min(total_tokens - 1, count))
+    order = _desc_stable(scores[:count].astype(np.float64))[: min(total_tokens - 1, count)]
     info: dict[str, float | int | str] = {}
     if budget is not None:
-        pi = scores[order].double().exp().cpu().numpy()
+        pi = np.exp(scores[order].astype(np.float64))
         n_keep, _ = budget.best(pi, budget.spent_ms(levels[1:]))
         info.update(N_cost=n_keep, E_pred=float(pi[:n_keep].sum()), calib=budget.c)
         order = order[:n_keep]
-    n_keep = order.numel()
-    sel = torch.sort(order).values
-    tree_node = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # slot count = root (id −1)
-    tree_node[sel] = torch.arange(1, n_keep + 1, device=dev)
+    n_keep = order.size
+    sel = np.sort(order)
+    tree_node = np.full(count + 1, -1, dtype=np.int64)  # slot count = root (id −1)
+    tree_node[sel] = np.arange(1, n_keep + 1)
     tree_node[count] = 0
     par = parents[sel]
-    tree_par = tree_node[torch.where(par < 0, count, par)]
+    tree_par = tree_node[np.where(par < 0, count, par)]
     if (tree_par < 0).any():
         raise AssertionError("EAGLE-2 rerank kept a candidate without its parent")
     return DraftTree(
-        tokens=torch.cat([torch.tensor([session.root_token], device=dev), toks[sel]]).cpu(),
+        tokens=torch.from_numpy(np.concatenate([[session.root_token], toks[sel]]).astype(np.int64)),
         parents=[-1, *tree_par.tolist()],
         drafted_depth=len(levels),
         width=K,
