@@ -75,3 +75,13 @@ class FakeSession:
             self.paths.append((*self.paths[par], tok))
         self.expansions.append(ids)
         return ids, torch.stack([self._lp(self.paths[i]) for i in ids])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no CUDA device is present."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
