@@ -21,10 +21,14 @@ the thread and core counts, and a load above the available cores is flagged in t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import fcntl
 import json
 import logging
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -34,14 +38,17 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench.config import (
     build_rule,
+    check_prompts,
     config_fingerprint,
     engine_compile,
     prompt_seed,
     register_resolvers,
+    resolve_paths,
     timing_repeats,
     validate,
 )
@@ -50,6 +57,7 @@ from adtbench.drafters.build import build_drafter
 from adtbench.engine import GenerationResult, decode_ar, generate
 from adtbench.errors import ConfigError
 from adtbench.results import ResultStore, summarize
+from adtbench.sampling import SamplingParams
 
 log = logging.getLogger("adtbench")
 register_resolvers()
@@ -231,9 +239,23 @@ def summary_line(s: dict) -> str:
             if s.get("speedup_ci_caveat"):
                 line += f" (CI over {s.get('speedup_n')} < 5 prompts)"
         line += f" median={f('speedup_median', '.3f', 'x')}"
+    line += eval_part(s.get("eval"))
     if s.get("load_warning"):
         line += f" LOAD {f('load_peak', '.2f')} > {s.get('cpus_available')} CORES: timings unreliable"
     return line
+
+
+def eval_part(block: Any) -> str:
+    """`` eval=<kind> name=value ...`` from a summary's ``eval`` block (4 significant digits; ``n/a`` for a
+    metric without a value; ``FAILED(<metric>)`` when a metric raised); empty without an eval block."""
+    if not isinstance(block, dict) or (not block.get("values") and not block.get("error")):
+        return ""
+    parts = [f" eval={block.get('kind', '?')}"]
+    for name, v in (block.get("values") or {}).items():
+        parts.append(f"{name}={'n/a' if not isinstance(v, int | float) else f'{v:.4g}'}")
+    if block.get("error"):
+        parts.append(f"FAILED({block['error'].get('metric', '?')})")
+    return " ".join(parts)
 
 
 # Config nodes added after run dirs existed: a run_config.json without them ran with these values.
@@ -257,14 +279,30 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
-    """Validate, load, decode every unfinished prompt, write records; returns the summary."""
+    """Lock the run dir for this job, validate, load, decode every unfinished prompt, write records; returns the
+    summary. The lock (held from the Hydra callback on in run mode, taken here for sweep jobs and direct calls)
+    is released when the job ends."""
+    lock, owned = _LOCKS.get(os.path.abspath(run_dir)), False
+    if lock is None:
+        lock, owned = RunDirLock(run_dir), True
+    try:
+        return _run(cfg, run_dir, choices)
+    finally:
+        if owned:
+            lock.release()
+
+
+def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
+    fingerprint_cfg = copy.deepcopy(cfg)  # the config as given: resume compares it, not the resolved absolute paths
+    resolve_paths(cfg)
     sp, policy = validate(cfg)
     if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
         from adtbench.eval import validate as validate_eval
 
         validate_eval(cfg)  # missing metric weights fail before any model loads
     prompts = load_dataset(cfg)
-    check_resume(run_dir, cfg)
+    check_prompts(cfg, prompts)
+    check_resume(run_dir, fingerprint_cfg)
     store = ResultStore(run_dir)
     done = store.done_ids()
     todo = [p for p in prompts if p.prompt_id not in done]
@@ -282,6 +320,8 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
         cfg.model.dtype,
     )
     target = build_target(cfg.model)
+    sp = clamp_top_k(sp, target)
+    warn_long_prompts(target, todo, str(choices.get("model", cfg.model.get("name"))))
     drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else None
     rule = build_rule(cfg, target)
     t_bind = time.perf_counter()
@@ -335,6 +375,49 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
         tracker.finish()
     print(f"{summary_line(summary)} -> {run_dir}")
     return summary
+
+
+def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:
+    """``sampling.top_k`` at or above the model's image-token count keeps every image token: it is clamped to 0
+    (off, the same distribution without a top-k pass per step) with a warning naming the count."""
+    n = int(target.layout.num_codes)
+    if sp.top_k < n:
+        return sp
+    log.warning("sampling.top_k=%d ≥ the model's %d image tokens: it keeps every token; running with top-k off",
+                sp.top_k, n)  # fmt: skip
+    return dataclasses.replace(sp, top_k=0)
+
+
+def prompt_overflow(target: Any, text: str) -> tuple[int, int, str] | None:
+    """``(length, limit, unit)`` when ``text`` is longer than the target's text window, else ``None``.
+
+    Known windows: word-level encoders with ``max_len`` (the mini model, the tiny hash encoder: ``words``) and
+    tokenizer encoders with ``max_length`` (FLAN-T5: ``tokens``). The model reads the first ``limit`` units and
+    ignores the rest. Targets that take the whole prompt into their context return ``None``.
+    """
+    enc = getattr(target, "text_encoder", None)
+    owner = getattr(enc, "__self__", enc)  # a bound ``encode`` method: its module holds the limits
+    if owner is None:
+        return None
+    limit = getattr(owner, "max_len", None) or getattr(getattr(owner, "cfg", None), "max_len", None)
+    if isinstance(limit, int):
+        n = len(re.findall(r"[a-z0-9]+", text.lower()))
+        return (n, limit, "words") if n > limit else None
+    limit, tok = getattr(owner, "max_length", None), getattr(owner, "tokenizer", None)
+    if isinstance(limit, int) and tok is not None:
+        n = len(tok(text, add_special_tokens=True)["input_ids"])
+        return (n, limit, "tokens") if n > limit else None
+    return None
+
+
+def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
+    """One warning per prompt longer than the model's text window (:func:`prompt_overflow`); it is truncated."""
+    for p in prompts:
+        over = prompt_overflow(target, p.text)
+        if over is not None:
+            n, limit, unit = over
+            log.warning("prompt %s has %d %s; model=%s reads at most %d (the rest is ignored)",
+                        p.prompt_id, n, unit, model, limit)  # fmt: skip
 
 
 def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
@@ -428,6 +511,87 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
     return summary
 
 
+LOCK_FILE = ".adtbench.lock"
+
+
+class RunDirLock:
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/.adtbench.lock`` held until :meth:`release` (or process death).
+
+    Invariant: at most one adtbench job writes into a run dir. A second writer gets ``ConfigError`` naming the
+    dir and the holder's pid (written into the lock file); a lock left by a dead process is free again (the
+    kernel drops flocks with the process) and is taken over. Creating the dir fails with a ``ConfigError`` too
+    (e.g. ``hydra.run.dir`` names a file).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], key: str = "hydra.run.dir") -> None:
+        self.run_dir = Path(os.path.abspath(run_dir))  # as Hydra names runtime.output_dir
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            what = "is a file" if self.run_dir.is_file() else f"cannot be created or written ({e.strerror})"
+            raise ConfigError(key, f"{self.run_dir} {what}; choose another run dir") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                key,
+                f"{self.run_dir} is in use by another adtbench job (pid {holder}); wait for it or choose another "
+                "run dir",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd: int | None = fd
+        _LOCKS[str(self.run_dir)] = self
+
+    def release(self) -> None:
+        """Unlock and close (idempotent); the lock file stays."""
+        if self.fd is not None:
+            _LOCKS.pop(str(self.run_dir), None)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+_LOCKS: dict[str, RunDirLock] = {}  # run dirs this process holds (absolute path → lock)
+
+
+def _refuse(e: ConfigError, to_log: bool = True) -> None:
+    """The app's one-line config error (stderr, exit 2); ``to_log`` also writes it to the job log."""
+    if to_log:
+        log.error("config error: %s", e)
+    print(f"adtbench: config error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+class RunDirGuard(Callback):
+    """Hydra callback (``conf/hydra/default.yaml``): lock the run dir before Hydra writes ``.hydra/`` into it and
+    release it after the job; check that a sweep dir can be created. Failures are one line, exit 2."""
+
+    def __init__(self) -> None:
+        self.lock: RunDirLock | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self.lock = RunDirLock(str(config.hydra.run.dir))
+        except ConfigError as e:
+            _refuse(e, to_log=False)  # logging is not configured yet: stderr only
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        d = Path(str(config.hydra.sweep.dir))
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            what = "is a file" if d.is_file() else f"cannot be created ({e.strerror})"
+            _refuse(ConfigError("hydra.sweep.dir", f"{d.absolute()} {what}; choose another sweep dir"), to_log=False)
+
+
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 
 
@@ -437,6 +601,4 @@ def main(cfg: DictConfig) -> dict:
     try:
         return run(cfg, Path(hc.runtime.output_dir), dict(hc.runtime.choices))
     except ConfigError as e:
-        log.error("config error: %s", e)
-        print(f"adtbench: config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        _refuse(e)

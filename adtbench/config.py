@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,61 @@ from adtbench.sampling import SamplingParams
 from adtbench.verify import EXACT, AcceptanceRule
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+PROJECT_ROOT = PACKAGE_DIR.parent  # the checkout holding conf/ (the app's config dir)
 
 
 def register_resolvers() -> None:
-    """``${pkg:relative/path}`` → a file shipped inside the adtbench package."""
+    """``${pkg:relative/path}`` → a file shipped inside the adtbench package; ``${project_root:}`` → the checkout
+    root (the folder holding ``conf/``), the default of ``paths.root_dir``."""
     if not OmegaConf.has_resolver("pkg"):
         OmegaConf.register_new_resolver("pkg", lambda rel: str(PACKAGE_DIR / rel))
+    if not OmegaConf.has_resolver("project_root"):
+        OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
+
+
+def _path_keys(node: Any, prefix: str) -> list[str]:
+    """Dotted keys of the string leaves under ``node`` named ``path`` or ``*_path`` (model, drafter, eval ...)."""
+    out: list[str] = []
+    if not isinstance(node, DictConfig):
+        return out
+    for k in node:
+        full = f"{prefix}.{k}"
+        if OmegaConf.is_missing(node, k):
+            continue
+        v = node._get_node(k)
+        if isinstance(v, DictConfig):
+            out += _path_keys(v, full)
+        elif (k == "path" or str(k).endswith("_path")) and isinstance(node[k], str):
+            out.append(full)
+    return out
+
+
+def resolve_paths(cfg: DictConfig) -> None:
+    """Resolve relative file paths against ``paths.root_dir`` in place, so commands work from any working dir.
+
+    ``dataset.path`` is always taken relative to the root (a prompt file is always local). Weight paths
+    (``path`` / ``*_path`` keys under ``model``, ``drafter`` and ``eval``) become ``root_dir/<value>`` only when that
+    exists; otherwise they are left for the loaders, which also look inside the model folder and on the
+    Hugging Face hub (a repo id such as ``leloy/Anole-7b-v0.1-hf`` stays a repo id). Absolute and ``~`` paths are
+    kept. Invariant: an existing path never changes meaning when run from the root itself.
+    """
+    root_value = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None
+    if root_value is None:
+        return
+    root = Path(str(root_value)).expanduser()
+
+    def rel(v: Any) -> bool:
+        return isinstance(v, str) and v not in ("", "???") and not v.startswith(("/", "~"))
+
+    d = cfg.get("dataset")
+    if isinstance(d, DictConfig) and not OmegaConf.is_missing(d, "path") and rel(d.get("path")):
+        d.path = str(root / str(d.path))
+    for group in ("model", "drafter", "eval"):
+        for key in _path_keys(cfg.get(group), group):
+            node, leaf = OmegaConf.select(cfg, key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1]
+            v = node[leaf]
+            if rel(v) and (root / v).exists():
+                node[leaf] = str(root / v)
 
 
 def _get(cfg: DictConfig, key: str) -> Any:
@@ -103,6 +154,14 @@ def validate_model(cfg: DictConfig) -> None:
 
     dev = resolve_device(_get(cfg, "model.device"))  # accepts auto (cuda if available)
     resolve_dtype(_get(cfg, "model.dtype"), dev)  # accepts auto (bf16 on GPU, fp32 on CPU)
+    if family == "mini":  # shipped-layout weights: check their headers and sizes before anything is read
+        from adtbench.io import check_weights
+
+        for key, files in (("model.path", ("gpt.safetensors", "text_encoder.safetensors")),
+                           ("model.vq_path", ("model.safetensors",))):  # fmt: skip
+            base = Path(str(_get(cfg, key)))
+            for f in files:
+                check_weights(key, base / f)
 
 
 def validate_drafter(cfg: DictConfig, policy: TreePolicy) -> None:
@@ -115,6 +174,63 @@ def validate_drafter(cfg: DictConfig, policy: TreePolicy) -> None:
         path = cfg.drafter.get("path")
         if path is not None and not Path(str(path)).exists():
             raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
+        if path is not None and policy.uses_drafter:  # its weights are read: check them first
+            from adtbench.io import check_weights
+
+            p = Path(str(path))
+            check_weights("drafter.path", p / "model.safetensors" if p.is_dir() else p)
+
+
+def check_writable_dir(key: str, value: Any) -> None:
+    """``value`` is (or can be created as) a directory this process can write a file into; else ConfigError.
+
+    Creates the directory (it is a cache the run would create anyway) and writes and removes a probe file, so a
+    read-only mount, a missing permission or a path under a regular file all fail here, before any model loads.
+    """
+    p = Path(str(value)).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        blocker = next((q for q in [p, *p.parents] if q.exists() and not q.is_dir()), None)
+        why = f"{blocker} is a file" if blocker is not None else (e.strerror or str(e))
+        raise ConfigError(key, f"cannot write into {p.absolute()} ({why}); set {key}=<a writable dir>") from e
+
+
+def validate_cache_dirs(cfg: DictConfig) -> None:
+    """The caches this run will write: ``lantern.cache_dir`` (with LANTERN on) and ``paths.cache_dir`` (cost
+    models, with a ``budget: cost`` policy)."""
+    lantern = cfg.get("lantern")
+    if isinstance(lantern, DictConfig) and bool(lantern.get("enabled", False)) and lantern.get("cache_dir"):
+        check_writable_dir("lantern.cache_dir", lantern.cache_dir)
+    paths = cfg.get("paths")
+    budget = cfg.policy.get("budget") if isinstance(cfg.get("policy"), DictConfig) else None
+    if str(budget) == "cost" and isinstance(paths, DictConfig) and paths.get("cache_dir"):
+        check_writable_dir("paths.cache_dir", paths.cache_dir)
+
+
+C2I_PROMPT = re.compile(r"\s*(\d+)")
+
+
+def check_prompts(cfg: DictConfig, prompts: list[Any]) -> None:
+    """Prompts the model cannot take, checked with the dataset (before any weights): a class-conditional LlamaGen
+    (``model.arch.model_type: c2i``) takes ImageNet class ids (``"207"`` or ``"207 golden retriever"``) in
+    ``0 .. num_classes − 1``. ``ConfigError("dataset", ...)`` names the first bad prompt id."""
+    m = cfg.get("model")
+    arch = m.get("arch") if isinstance(m, DictConfig) else None
+    if not isinstance(arch, DictConfig) or str(arch.get("model_type", "")) != "c2i":
+        return
+    n = int(arch.get("num_classes", 1000))
+    for p in prompts:
+        hit = C2I_PROMPT.match(p.text)
+        if hit is None or not 0 <= int(hit.group(1)) < n:
+            raise ConfigError(
+                "dataset",
+                f"prompt {p.prompt_id} ({p.text[:60]!r}) is not an ImageNet class id in 0..{n - 1}; "
+                f"model={m.get('name', 'c2i')} takes prompts like '207' or '207 golden retriever' "
+                "(e.g. dataset=inline dataset.text=207, or a text file of class ids)",
+            )
 
 
 def build_rule(cfg: DictConfig, target: Any) -> AcceptanceRule:
@@ -145,6 +261,7 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
         lantern_params(cfg.lantern)
     validate_model(cfg)
     validate_drafter(cfg, policy)
+    validate_cache_dirs(cfg)
     return sp, policy
 
 

@@ -99,10 +99,13 @@ def load_or_build_table(
             return table, path, True
         log.warning("ignoring LANTERN cache %s of shape %s", path, tuple(table.shape))
     table = nearest_codes(codebook, k, normalize)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
-    np.save(tmp, table.numpy())
-    os.replace(tmp, path)  # atomic: concurrent jobs never read half a table
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.save(tmp, table.numpy())
+        os.replace(tmp, path)  # atomic: concurrent jobs never read half a table
+    except OSError as e:  # validated with the config (config.check_writable_dir); this covers a full disk etc.
+        raise ConfigError("lantern.cache_dir", f"cannot write the neighbour table {path}: {e}") from e
     return table, path, False
 
 

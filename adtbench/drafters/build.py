@@ -28,14 +28,15 @@ def eagle_config_for(target: Target, cfg: Any) -> EagleConfig:
 
 
 def load_eagle_weights(drafter: EagleDrafter, path: str | Path) -> None:
-    """Load ``model.safetensors`` (or a ``.safetensors`` file) into the drafter, strictly."""
-    from safetensors.torch import load_file
+    """Load ``model.safetensors`` (or a ``.safetensors`` file) into the drafter, strictly; a missing or corrupt
+    file is a ``ConfigError`` naming ``drafter.path`` and the file."""
+    from adtbench.io import load_weights
 
     p = Path(path)
     file = p / "model.safetensors" if p.is_dir() else p
     if not file.exists():
         raise ConfigError("drafter.path", f"expected {file} (safetensors weights of an EAGLE drafter)")
-    state = load_file(str(file))
+    state = load_weights("drafter.path", file)
     missing, unexpected = drafter.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ConfigError("drafter.path", f"{file}: missing keys {missing}, unexpected keys {unexpected}")

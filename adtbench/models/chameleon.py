@@ -461,9 +461,13 @@ def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "mod
     from safetensors import safe_open
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
+    from adtbench.io import check_weights
+
     files = safetensors_files(path)
     if not files:
         raise ConfigError(key, f"{path} holds no *.safetensors weights")
+    for f in files:  # a truncated shard: ConfigError naming key and file, before any tensor is read
+        check_weights(key, f)
     config = ChameleonConfig.from_pretrained(str(path))
     if getattr(config, "vocabulary_map", None) is None:
         raise ConfigError(key, f"{path / 'config.json'} has no vocabulary_map (needed for the image-token ids)")

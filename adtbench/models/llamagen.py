@@ -257,6 +257,10 @@ def _text_encoder(cfg: Any, arch: Any, base: Path | None, device: torch.device, 
         "model.text_encoder.path", get(cfg, "text_encoder.path"), ["config.json", "tokenizer*.json"], base
     )
     t_dtype = resolve_dtype(get(cfg, "text_encoder.dtype", "auto"), device, "model.text_encoder.dtype")
+    from adtbench.io import check_weights
+
+    for f in sorted(path.glob("*.safetensors")):  # a truncated file: ConfigError naming key and file
+        check_weights("model.text_encoder.path", f)
     enc = T5CaptionEncoder(path, int(get(cfg, "text_encoder.max_length", arch.cls_token_num)), device, t_dtype)
     if enc.dim != arch.caption_dim:
         raise ConfigError("model.text_encoder", f"T5 width {enc.dim} ≠ GPT caption_dim {arch.caption_dim}")

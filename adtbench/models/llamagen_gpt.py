@@ -362,20 +362,21 @@ def lantern_to_official(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tenso
 
 
 def _read_lantern_dir(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
+    """Every weight of a LANTERN HF folder (``WeightsError``, a ``ValueError``, names a corrupt file)."""
+    from adtbench.io import read_safetensors, read_torch
 
     shards = sorted(path.glob("*.safetensors"))
     if shards:
         sd: dict[str, torch.Tensor] = {}
         for f in shards:
-            sd.update(load_file(str(f)))
+            sd.update(read_safetensors(f))
         return sd
     bins = sorted(path.glob("pytorch_model*.bin"))
     if not bins:
         raise FileNotFoundError(f"{path}: no *.safetensors or pytorch_model*.bin weights next to config.json")
     sd = {}
     for f in bins:
-        sd.update(torch.load(f, map_location="cpu", weights_only=True))
+        sd.update(read_torch(f))
     return sd
 
 
@@ -396,9 +397,9 @@ def load_gpt_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTC
         config = config_from_lantern(json.loads(cfg_file.read_text()))
         return lantern_to_official(_read_lantern_dir(p)), config
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
+        from adtbench.io import read_safetensors
 
-        sd: dict[str, torch.Tensor] = load_file(str(p))
+        sd: dict[str, torch.Tensor] = read_safetensors(p)
     else:
         sd = unwrap_state_dict(load_checkpoint(p), p, ("model", "module", "state_dict"))
     if any(k.startswith("model.layers.") for k in sd):

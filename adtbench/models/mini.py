@@ -131,22 +131,24 @@ def right_align(feats: torch.Tensor, valid: torch.Tensor, width: int) -> tuple[t
     return g * ok[..., None], ok
 
 
-def load_vq(path: str | Path, device: str | torch.device = "cpu") -> LlamaGenVQModel:
-    """The mini tokenizer from ``path/{model.safetensors, config.json}`` (strict)."""
-    from safetensors.torch import load_file
+def load_vq(path: str | Path, device: str | torch.device = "cpu", key: str = "model.vq_path") -> LlamaGenVQModel:
+    """The mini tokenizer from ``path/{model.safetensors, config.json}`` (strict); a corrupt file is a
+    ``ConfigError`` naming ``key`` and the file."""
+    from adtbench.io import load_weights
 
     p = Path(path)
     raw = json.loads((p / "config.json").read_text())
     cfg = LlamaGenVQConfig(**{**raw, "ch_mult": tuple(raw["ch_mult"])})
     with torch.random.fork_rng(devices=[]):
         vq = LlamaGenVQModel(cfg)
-    vq.load_state_dict(load_file(str(p / "model.safetensors")))
+    vq.load_state_dict(load_weights(key, p / "model.safetensors"))
     return vq.to(device).eval()
 
 
-def load_ar(path: str | Path) -> tuple[LlamaGenGPT, MiniTextEncoder]:
-    """GPT + text encoder from ``path/{gpt.safetensors, text_encoder.safetensors, config.json}`` (strict)."""
-    from safetensors.torch import load_file
+def load_ar(path: str | Path, key: str = "model.path") -> tuple[LlamaGenGPT, MiniTextEncoder]:
+    """GPT + text encoder from ``path/{gpt.safetensors, text_encoder.safetensors, config.json}`` (strict); a
+    corrupt file is a ``ConfigError`` naming ``key`` and the file."""
+    from adtbench.io import load_weights
 
     p = Path(path)
     for f in ("config.json", "gpt.safetensors", "text_encoder.safetensors"):
@@ -156,8 +158,8 @@ def load_ar(path: str | Path) -> tuple[LlamaGenGPT, MiniTextEncoder]:
     with torch.random.fork_rng(devices=[]):
         gpt = LlamaGenGPT(GPTConfig(**meta["gpt"]))
         text = MiniTextEncoder(TextEncoderConfig(**meta["text_encoder"]))
-    gpt.load_state_dict(load_file(str(p / "gpt.safetensors")), strict=True)
-    text.load_state_dict(load_file(str(p / "text_encoder.safetensors")), strict=True)
+    gpt.load_state_dict(load_weights(key, p / "gpt.safetensors"), strict=True)
+    text.load_state_dict(load_weights(key, p / "text_encoder.safetensors"), strict=True)
     return gpt.eval(), text.eval()
 
 

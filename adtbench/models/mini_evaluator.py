@@ -109,16 +109,19 @@ class MiniEvaluator(nn.Module):
         return out
 
 
-def load_mini_evaluator(path: str | Path | None = None, device: str | torch.device = "cpu") -> MiniEvaluator:
-    """Load ``model.safetensors`` + ``config.json`` from ``path`` (default: the shipped weights)."""
-    from safetensors.torch import load_file
+def load_mini_evaluator(
+    path: str | Path | None = None, device: str | torch.device = "cpu", key: str = "eval.mini.path"
+) -> MiniEvaluator:
+    """Load ``model.safetensors`` + ``config.json`` from ``path`` (default: the shipped weights); a corrupt file
+    is a ``ConfigError`` naming ``key`` and the file."""
+    from adtbench.io import load_weights
 
     p = Path(path) if path is not None else DEFAULT_PATH
     if not (p / "model.safetensors").exists():
         raise FileNotFoundError(f"no mini evaluator weights at {p} (expected model.safetensors + config.json)")
     cfg = EvaluatorConfig(**json.loads((p / "config.json").read_text()))
     model = MiniEvaluator(cfg)
-    model.load_state_dict(load_file(str(p / "model.safetensors")))
+    model.load_state_dict(load_weights(key, p / "model.safetensors"))
     return model.to(device).eval()
 
 

@@ -205,6 +205,12 @@ def build_target(cfg: Any) -> TarLMTarget | ARDTokTarget:
     detok_path = resolve_file("model.detok.path", get(cfg, "detok.path", detok_file), detok_file, base, detok_file)
     vq_file = str(get(cfg, "vq.file", "vq_ds16_t2i.pt"))
     vq_path = resolve_file("model.vq.path", get(cfg, "vq.path", vq_file), f"{vq_file} (VQ-16)", base, vq_file)
+    from adtbench.io import check_weights
+
+    for shard in sorted(base.glob("*.safetensors")):  # truncated shards: ConfigError naming the file, up front
+        check_weights("model.path", shard)
+    for key, file in (("model.tatok.path", tatok_path), ("model.detok.path", detok_path), ("model.vq.path", vq_path)):
+        check_weights(key, file)
 
     from transformers.utils import logging as hf_logging
 

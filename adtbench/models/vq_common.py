@@ -13,7 +13,6 @@ that names the file and says how to convert it when the pickle holds something o
 from __future__ import annotations
 
 import os
-import pickle
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -262,60 +261,19 @@ def save_png(array: np.ndarray, path: str | os.PathLike[str]) -> Path:
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _known_safe_globals() -> list[Any]:
-    """Non-tensor types that training checkpoints commonly pickle and that are safe to rebuild.
-
-    numpy scalars/dtypes (Lightning callback state), ``argparse.Namespace`` (LlamaGen stores ``args``) and
-    ``_codecs.encode`` (how protocol-2 pickles store bytes of numpy scalars). Nothing here runs code.
-    """
-    import _codecs
-    import argparse
-
-    out: list[Any] = [argparse.Namespace, _codecs.encode, np.dtype]
-    try:  # numpy >= 2 keeps the scalar reconstructor in numpy._core
-        from numpy._core.multiarray import scalar  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - numpy 1.x
-        from numpy.core.multiarray import scalar  # type: ignore[no-redef]
-    # pickles written under numpy 1.x name it numpy.core.multiarray.scalar: allow both spellings
-    out += [(scalar, "numpy.core.multiarray.scalar"), (scalar, "numpy._core.multiarray.scalar")]
-    dtypes = getattr(np, "dtypes", None)
-    if dtypes is not None:
-        out.extend(getattr(dtypes, n) for n in dir(dtypes) if n.endswith("DType"))
-    return out
-
-
 def load_checkpoint(path: str | os.PathLike[str]) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors.
+    """``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors (:func:`adtbench.io.read_torch`).
 
-    Raises ``FileNotFoundError`` naming ``path`` when it is missing. If the plain weights-only load is refused
-    because of pickled extras, one retry allows only the known-safe types of :func:`_known_safe_globals`; if
-    that is still refused, raises ``ValueError`` naming the path, the offending globals and how to convert the
-    file (never falls back to ``weights_only=False``).
+    Raises ``FileNotFoundError`` naming ``path`` when it is missing, and ``ValueError`` (``WeightsError``) naming
+    the path when the file is corrupt, truncated or pickles objects beyond the known-safe types (never falls back
+    to ``weights_only=False``).
     """
+    from adtbench.io import read_torch
+
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"VQ checkpoint not found: {p}")
-    try:
-        return torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as first:
-        if not hasattr(torch.serialization, "safe_globals"):  # torch < 2.5: no scoped allow-list
-            raise ValueError(f"{p}: cannot be loaded with weights_only=True: {first}") from first
-        try:
-            with torch.serialization.safe_globals(_known_safe_globals()):
-                return torch.load(p, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as second:
-            try:
-                unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(p)
-            except Exception:  # best effort only; the torch message below names the global too
-                unsafe = []
-            raise ValueError(
-                f"{p}: refusing to unpickle non-tensor objects with weights_only=True "
-                f"(unsafe globals: {unsafe or 'see below'}). If you trust this file, convert it once to a "
-                f"plain tensor dict, e.g.\n"
-                f"  python -c \"import torch; c = torch.load('{p}', map_location='cpu', weights_only=False); "
-                f"torch.save({{'state_dict': c.get('state_dict', c.get('model', c))}}, '{p}.weights.pt')\"\n"
-                f"and load the converted file instead.\nOriginal error: {second}"
-            ) from first
+    return read_torch(p)
 
 
 def unwrap_state_dict(obj: Any, path: str | os.PathLike[str], keys: Iterable[str]) -> dict[str, Tensor]:

@@ -118,7 +118,7 @@ def coded_data(cfg: DictConfig, split: str, count: int, vq, dev: torch.device) -
     digest = hashlib.sha256((Path(str(cfg.vq_path)) / "model.safetensors").read_bytes()).hexdigest()[:12]
     path = cache / f"codes_{digest}_{d.seed}_{split}_{count}_{d.size}.pt"
     if path.exists():
-        return captions, torch.load(path)
+        return captions, torch.load(path, map_location="cpu", weights_only=True)  # a plain int64 tensor
     codes = encode_pool(vq, images, dev)
     torch.save(codes, path)
     return captions, codes

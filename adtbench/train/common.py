@@ -117,7 +117,11 @@ def atomic_save(obj: Any, path: Path) -> None:
 
 
 class Checkpointer:
-    """``out_dir/checkpoint.pt`` = {model, optim, step, elapsed_s, extra, fingerprint}."""
+    """``out_dir/checkpoint.pt`` = {model, optim, step, elapsed_s, extra, fingerprint}.
+
+    Invariant: the file holds only tensors, dicts, lists, tuples, numbers, strings and None (the optimiser's
+    ``state_dict`` and the stages' ``extra`` are such), so it is read back with ``weights_only=True``.
+    """
 
     def __init__(self, out_dir: Path, cfg: DictConfig) -> None:
         self.path = out_dir / "checkpoint.pt"
@@ -128,7 +132,9 @@ class Checkpointer:
         """Restore into ``model``/``optim``; returns (next step, elapsed seconds, extra). (0, 0, {}) if fresh."""
         if not (self.resume and self.path.exists()):
             return 0, 0.0, {}
-        ck = torch.load(self.path, map_location="cpu", weights_only=False)
+        from adtbench.io import load_weights
+
+        ck = load_weights("out_dir", self.path)  # weights_only=True; a corrupt file names out_dir and the file
         if ck["fingerprint"] != self.fp:
             raise RuntimeError(
                 f"{self.path} was written by a different config (fingerprint {ck['fingerprint']} ≠ {self.fp}); "
@@ -170,9 +176,9 @@ def init_from(model: torch.nn.Module, cfg: DictConfig, file: str = "model.safete
     src = cfg.get("init_from")
     if not src:
         return
-    from safetensors.torch import load_file
+    from adtbench.io import load_weights
 
-    model.load_state_dict(load_file(str(Path(str(src)) / file)))
+    model.load_state_dict(load_weights("init_from", Path(str(src)) / file))
 
 
 def write_json(path: Path, data: Any) -> None:

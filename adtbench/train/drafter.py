@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +76,14 @@ class TeacherSample:
     positions: torch.Tensor  # [R, P+N−1] position ids
     valid: torch.Tensor  # [R, P+N−1] real (non-padding) positions
     prompt_len: int  # P
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain tensors / str / int (what shards store, so they load with ``weights_only=True``)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TeacherSample:
+        return cls(**{f.name: d[f.name] for f in fields(cls)})
 
     def to(self, dtype: torch.dtype) -> TeacherSample:
         return TeacherSample(
@@ -281,10 +289,23 @@ def teacher_sequences(cfg: DictConfig, target: Target, split: str, count: int) -
         sp = SamplingParams(float(s.temperature), int(s.top_k), float(s.top_p), float(s.cfg_scale))
         return generated_sequences(target, prompts, sp, int(cfg.seed) + (0 if split == "train" else 10**6))
     if src == "file":
-        items = torch.load(str(t.file), weights_only=False)
-        items = items[:count] if split == "train" else items[-count:]
-        return [(str(d["prompt"]), list(d["tokens"])) for d in items]
+        return file_sequences(str(t.file), split, count)
     raise ValueError(f"teacher.source must be scenes, generated or file, got {src!r}")
+
+
+def file_sequences(path: str, split: str, count: int) -> list[tuple[str, list[int]]]:
+    """``teacher.file``: a torch file holding a list of ``{"prompt": str, "tokens": [int] | LongTensor}``, read with
+    ``weights_only=True`` (it may come from anyone); the first ``count`` items train, the last ``count`` are held
+    out. A corrupt, unsafe or malformed file is a ``ConfigError`` naming ``teacher.file``."""
+    from adtbench.errors import ConfigError
+    from adtbench.io import load_weights
+
+    items = load_weights("teacher.file", path)
+    ok = isinstance(items, list) and all(isinstance(d, dict) and {"prompt", "tokens"} <= set(d) for d in items)
+    if not ok:
+        raise ConfigError("teacher.file", f"{path}: expected a list of {{'prompt': str, 'tokens': [int]}}")
+    items = items[:count] if split == "train" else items[-count:]
+    return [(str(d["prompt"]), [int(x) for x in d["tokens"]]) for d in items]
 
 
 def build_teacher(cfg: DictConfig, target: Target, out: Path, split: str, count: int) -> list[TeacherSample]:
@@ -306,12 +327,18 @@ def build_teacher(cfg: DictConfig, target: Target, out: Path, split: str, count:
     bar = tqdm(total=count, desc=f"teacher {split}", disable=not cfg.get("progress", True), dynamic_ncols=True)
     for k in range(n_shards):
         path = d / f"shard_{k:04d}.pt"
-        if path.exists():
-            part = torch.load(path, weights_only=False)
-        else:
-            assert seqs is not None
+        if path.exists():  # shards are plain dicts (weights_only=True); earlier pickled-dataclass shards: recompute
+            from adtbench.io import WeightsError, read_torch
+
+            try:
+                part = [TeacherSample.from_dict(d) for d in read_torch(path)]
+            except (WeightsError, TypeError, KeyError):
+                path.unlink()
+        if not path.exists():
+            if seqs is None:
+                seqs = teacher_sequences(cfg, target, split, count)
             part = [teacher_sample(target, p, tok, cfg_rows).to(store) for p, tok in seqs[k * shard : (k + 1) * shard]]
-            atomic_save(part, path)
+            atomic_save([s.as_dict() for s in part], path)
         samples += part
         bar.update(len(part))
     bar.close()

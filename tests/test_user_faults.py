@@ -1,0 +1,311 @@
+"""User faults end as one key-named line (exit 2), never a traceback or silent data loss (issue 14 A).
+
+Run-dir locking and a unique default run dir; corrupt weights files; c2i prompts; unwritable cache dirs;
+``hydra.run.dir`` pointing at a file; over-long prompts and ``top_k``; weights-only loading everywhere;
+relative paths resolved against ``paths.root_dir``; eval scores on the printed line.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime as dt
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY_OVERRIDES, tiny
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from adtbench.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "adtbench"
+MINI = PKG / "weights" / "mini"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+
+
+def cfg_of(*overrides: str, hydra_cfg: bool = False):
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(ROOT / "run.py"), *TINY_OVERRIDES, "warmup=0", "progress=false", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+# --- data loss: the run-dir lock and a unique default run dir ------------------------------------------------
+
+
+def test_run_dir_lock_refuses_a_second_writer_and_takes_over_a_stale_lock(tmp_path):
+    from adtbench.app import LOCK_FILE, RunDirLock
+
+    run_dir = tmp_path / "run"
+    first = RunDirLock(run_dir)
+    try:
+        with pytest.raises(ConfigError) as ei:
+            RunDirLock(run_dir)  # flock is per open file: a second open in this process conflicts too
+        msg = str(ei.value)
+        assert msg.startswith("hydra.run.dir:") and str(run_dir) in msg and f"pid {os.getpid()}" in msg
+    finally:
+        first.release()
+    (run_dir / LOCK_FILE).write_text("999999999\n")  # a dead holder: its flock died with it
+    again = RunDirLock(run_dir)
+    assert (run_dir / LOCK_FILE).read_text().split() == [str(os.getpid())]
+    again.release()
+
+
+def test_cli_refuses_a_locked_run_dir_before_loading(tmp_path):
+    from adtbench.app import RunDirLock
+
+    run_dir = tmp_path / "busy"
+    held = RunDirLock(run_dir)
+    try:
+        proc = run_cli(f"hydra.run.dir={run_dir}")
+    finally:
+        held.release()
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "hydra.run.dir" in err[0] and str(run_dir) in err[0] and f"pid {os.getpid()}" in err[0]
+    assert "loading model" not in proc.stderr + proc.stdout and not (run_dir / ".hydra").exists()
+
+
+def test_default_run_and_sweep_dirs_differ_within_one_second():
+    hc = cfg_of(hydra_cfg=True).hydra
+    for node in (hc.run, hc.sweep):
+        raw = OmegaConf.to_container(node, resolve=False)["dir"]
+        patterns = re.findall(r"\$\{now:([^}]*)\}", raw)
+        t0 = dt.datetime(2026, 11, 23, 14, 59, 3, 100_000)
+        t1 = t0 + dt.timedelta(milliseconds=5)
+        assert [t0.strftime(p) for p in patterns] != [t1.strftime(p) for p in patterns], raw
+
+
+def test_run_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    proc = run_cli(f"hydra.run.dir={f}")
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "hydra.run.dir" in line and str(f) in line
+
+
+# --- bad input -----------------------------------------------------------------------------------------------
+
+
+def test_truncated_mini_gpt_weights_fail_validation_naming_key_and_file(tmp_path):
+    from adtbench.config import validate
+    from adtbench.models.registry import build_target
+
+    ar = tmp_path / "ar16"
+    shutil.copytree(MINI / "ar16", ar)
+    truncate(ar / "gpt.safetensors")
+    cfg = cfg_of(f"model.path={ar}")
+    with pytest.raises(ConfigError) as ei:
+        validate(cfg)  # before any weights are read
+    assert ei.value.key == "model.path" and str(ar / "gpt.safetensors") in str(ei.value)
+    assert "corrupt" in str(ei.value)
+    with pytest.raises(ConfigError, match="corrupt") as ei:
+        build_target(cfg.model)  # the loader says the same
+    assert ei.value.key == "model.path"
+
+
+def test_truncated_drafter_weights_name_drafter_path(tmp_path):
+    from adtbench.config import validate
+    from adtbench.drafters.build import build_drafter
+
+    d = tmp_path / "drafter"
+    shutil.copytree(MINI / "drafter", d)
+    truncate(d / "model.safetensors")
+    cfg = cfg_of(f"drafter.path={d}")
+    with pytest.raises(ConfigError, match="corrupt") as ei:
+        validate(cfg)
+    assert ei.value.key == "drafter.path" and str(d / "model.safetensors") in str(ei.value)
+    target, _ = tiny()
+    dcfg = OmegaConf.create({"kind": "eagle", "path": str(d / "model.safetensors"), "seed": 0})
+    with pytest.raises(ConfigError, match="corrupt") as ei:
+        build_drafter(dcfg, target)
+    assert ei.value.key == "drafter.path"
+
+
+def test_truncated_torch_checkpoint_is_corrupt_not_a_traceback(tmp_path):
+    from adtbench.io import check_weights, load_weights
+
+    p = tmp_path / "vq.pt"
+    torch.save({"model": {"w": torch.zeros(64, 64)}}, p)
+    assert set(load_weights("model.vq.path", p)) == {"model"}
+    truncate(p)
+    for fn in (check_weights, load_weights):
+        with pytest.raises(ConfigError, match="corrupt") as ei:
+            fn("model.vq.path", p)
+        assert ei.value.key == "model.vq.path" and str(p) in str(ei.value)
+
+
+def test_c2i_text_prompt_is_refused_with_the_dataset_naming_the_prompt(tmp_path):
+    from adtbench.app import load_dataset, run
+    from adtbench.config import check_prompts
+
+    cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2")
+    with pytest.raises(ConfigError) as ei:
+        run(cfg, tmp_path / "r", {})  # model.path is a hub id: failing here means no model was touched
+    first = load_dataset(cfg)[0].prompt_id
+    assert ei.value.key == "dataset" and f"prompt {first} " in str(ei.value) and "class id" in str(ei.value)
+    ok = cfg_of("model=llamagen_c2i", "dataset=inline", "dataset.text='207 golden retriever'")
+    check_prompts(ok, load_dataset(ok))
+    bad = cfg_of("model=llamagen_c2i", "dataset=inline", "dataset.text='1000'")
+    with pytest.raises(ConfigError, match=r"inline-0000.*0\.\.999"):
+        check_prompts(bad, load_dataset(bad))
+
+
+def test_unwritable_cache_dirs_fail_with_the_config(tmp_path):
+    from adtbench.config import validate
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError) as ei:
+        validate(cfg_of("lantern=on", f"lantern.cache_dir={blocker}/lantern"))
+    assert ei.value.key == "lantern.cache_dir" and str(blocker) in str(ei.value)
+    with pytest.raises(ConfigError) as ei:  # the default policy (adt, budget: cost) writes cost models there
+        validate(cfg_of(f"paths.cache_dir={blocker}/cost"))
+    assert ei.value.key == "paths.cache_dir"
+    validate(cfg_of("lantern=on", f"lantern.cache_dir={tmp_path}/ok"))
+
+
+def test_long_prompt_and_huge_top_k_warn_naming_the_limit(caplog):
+    from adtbench.app import clamp_top_k, prompt_overflow
+    from adtbench.sampling import SamplingParams
+
+    target, _ = tiny()
+    limit = target.gpt.cfg.cls_token_num
+    assert prompt_overflow(target, "a red cube") is None
+    n, lim, unit = prompt_overflow(target, "word " * 2000)
+    assert (n, lim, unit) == (2000, limit, "words")
+    with caplog.at_level(logging.WARNING, logger="adtbench"):
+        sp = clamp_top_k(SamplingParams(top_k=100000), target)
+    assert sp.top_k == 0 and "100000" in caplog.text and str(target.layout.num_codes) in caplog.text
+    assert clamp_top_k(SamplingParams(top_k=5), target).top_k == 5
+
+
+# --- security ------------------------------------------------------------------------------------------------
+
+
+def _torch_load_calls(tree: ast.AST) -> list[ast.Call]:
+    return [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and n.func.attr == "load"
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "torch"
+    ]
+
+
+def test_package_never_unpickles_arbitrary_objects():
+    bad = []
+    for f in sorted(PKG.rglob("*.py")):
+        for call in _torch_load_calls(ast.parse(f.read_text(), str(f))):
+            kw = {k.arg: k.value for k in call.keywords}
+            safe = isinstance(kw.get("weights_only"), ast.Constant) and kw["weights_only"].value is True
+            if not safe:
+                bad.append(f"{f.relative_to(ROOT)}:{call.lineno}")
+    assert not bad, f"torch.load without weights_only=True: {bad}"
+
+
+class _Smuggled:
+    """Unpickles to a dict through a global call: only ``weights_only=False`` would run it."""
+
+    def __reduce__(self):
+        return (dict, ([("prompt", "a red cube"), ("tokens", list(range(16)))],))
+
+
+def test_teacher_file_and_shards_load_weights_only(tmp_path):
+    from adtbench.train.drafter import build_teacher
+
+    target, _ = tiny(dtype="float32")
+    good = tmp_path / "teacher.pt"
+    torch.save([{"prompt": f"p{i}", "tokens": list(range(16))} for i in range(3)], good)
+    cfg = OmegaConf.create(
+        {"seed": 0, "progress": False, "teacher": {"source": "file", "file": str(good), "cfg": True,
+                                                   "shard_size": 2, "dtype": "float16"}}
+    )  # fmt: skip
+    first = build_teacher(cfg, target, tmp_path / "out", "train", 3)
+    for shard in sorted((tmp_path / "out" / "teacher_train").glob("*.pt")):
+        torch.load(shard, weights_only=True)  # shards hold plain tensors / lists / strings
+    again = build_teacher(cfg, target, tmp_path / "out", "train", 3)  # from the shards
+    assert [s.prompt for s in again] == [s.prompt for s in first]
+    assert all(torch.equal(a.feats, b.feats) for a, b in zip(first, again))
+    evil = tmp_path / "evil.pt"
+    torch.save([_Smuggled()], evil)
+    cfg.teacher.file = str(evil)
+    with pytest.raises(ConfigError) as ei:
+        build_teacher(cfg, target, tmp_path / "out2", "train", 1)
+    assert ei.value.key == "teacher.file" and str(evil) in str(ei.value)
+
+
+def test_training_checkpoint_loads_weights_only(tmp_path):
+    from adtbench.train.common import Checkpointer
+
+    model = torch.nn.Linear(4, 3)
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.ones(2, 4)).sum().backward()
+    optim.step()
+    cfg = OmegaConf.create({"seed": 0, "steps": 3})
+    ck = Checkpointer(tmp_path, cfg)
+    ck.save(model, optim, 2, 1.5, {"counts": torch.arange(5)})
+    torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    fresh = torch.nn.Linear(4, 3)
+    step, elapsed, extra = Checkpointer(tmp_path, cfg).load(fresh, torch.optim.AdamW(fresh.parameters()))
+    assert (step, elapsed) == (2, 1.5) and torch.equal(extra["counts"], torch.arange(5))
+    assert torch.equal(fresh.weight, model.weight)
+
+
+# --- paths ---------------------------------------------------------------------------------------------------
+
+
+def test_relative_paths_resolve_against_root_dir(tmp_path, monkeypatch):
+    from adtbench.app import load_dataset
+    from adtbench.config import resolve_paths
+
+    assert Path(cfg_of().paths.root_dir) == ROOT  # default: the checkout holding conf/, whatever the cwd
+    root = tmp_path / "clone"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "prompts.txt").write_text("a red cube\na blue ball\n")
+    shutil.copytree(MINI / "drafter", root / "drafter")
+    monkeypatch.setenv("ADTBENCH_ROOT", str(root))
+    monkeypatch.chdir(tmp_path)  # not the root: a cwd-relative lookup would miss
+    cfg = cfg_of("dataset=text", "dataset.path=data/prompts.txt", "drafter.path=drafter")
+    resolve_paths(cfg)
+    assert cfg.dataset.path == str(root / "data" / "prompts.txt") and cfg.drafter.path == str(root / "drafter")
+    assert [p.text for p in load_dataset(cfg)] == ["a red cube", "a blue ball"]
+    cfg = cfg_of("model=anole")  # a hub id stays a hub id
+    resolve_paths(cfg)
+    assert cfg.model.path == "leloy/Anole-7b-v0.1-hf"
+
+
+# --- the printed line ----------------------------------------------------------------------------------------
+
+
+def test_summary_line_shows_eval_scores():
+    from adtbench.app import summary_line
+
+    s = {"model": "mini", "policy": "adt", "n_samples": 4, "tau": 2.0, "d_bar": 2.9, "latency_s": 1.0}
+    assert "eval" not in summary_line(s)
+    s["eval"] = {"kind": "mini", "values": {"mini_agreement": 0.8125, "mini_fid": 12.345678, "clip_score": None}}
+    line = summary_line(s)
+    assert "eval=mini" in line and "mini_agreement=0.8125" in line and "mini_fid=12.35" in line
+    assert "clip_score=n/a" in line
+    s["eval"]["error"] = {"metric": "fid", "type": "OSError", "message": "x"}
+    assert "FAILED(fid)" in summary_line(s)
