@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 
-from adtbench.config import build_rule, prompt_seed, register_resolvers, validate
+from adtbench.config import build_rule, prompt_seed, register_resolvers, resolve_paths, validate
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import generate
 from adtbench.errors import ConfigError
@@ -272,6 +272,7 @@ def main(args: list[str]) -> int:
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
     with initialize_config_dir(version_base="1.3", config_dir=conf):
         cfg = compose("config", overrides=[*extra, *args[1:]])
+    resolve_paths(cfg)  # relative dataset / weight paths against paths.root_dir, as in the app
     try:
         r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:

@@ -211,7 +211,7 @@ def machine_cost_model(common: list[str]) -> Any:
     from hydra import compose, initialize_config_dir
 
     from adtbench.app import CONF_DIR
-    from adtbench.config import register_resolvers, validate
+    from adtbench.config import register_resolvers, resolve_paths, validate
     from adtbench.cost import load_or_measure
     from adtbench.drafters.build import build_drafter
     from adtbench.models.registry import build_target
@@ -219,6 +219,7 @@ def machine_cost_model(common: list[str]) -> Any:
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=CONF_DIR):
         cfg = compose("config", overrides=[*common, "policy=adt"])
+    resolve_paths(cfg)
     sp, _ = validate(cfg)
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
