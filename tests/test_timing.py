@@ -300,6 +300,8 @@ def test_ar_policy_reads_one_against_the_baseline(tmp_path: Path) -> None:
     print(f"policy=ar: {proc.stdout.strip()} ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()})")
     assert s["n_samples"] == 8 and s["policy"] == "ar" and s["timing_repeats"] == [4] and s["threads"] == 1
     assert all(r["tokens_match_baseline"] for r in lines(out / "samples.jsonl"))  # the same work on both sides
+    if s["load_warning"]:  # the timer itself says its numbers cannot be trusted: no claim about them either way
+        pytest.skip(f"machine overloaded during the timed work: {s['load_warning']}")
     assert abs(s["speedup"] - 1.0) <= 0.03, s["speedup"]
     assert abs(s["speedup_median"] - 1.0) <= 0.03, s["speedup_median"]
     assert s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1] and s["speedup_ci_caveat"] is None
