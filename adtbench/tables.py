@@ -23,6 +23,11 @@ Confidence intervals: percentile bootstrap over prompts (``n_boot`` resamples, s
 resampled with all their samples (cluster bootstrap; with one sample per prompt this is the plain bootstrap of
 :func:`adtbench.results.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
 are recomputed on each resample (ratio of resampled sums). Set metrics have no interval.
+
+Rendering (:func:`render`): a CI over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` (5) prompts is marked † (LaTeX
+``$^\\dagger$``) and explained in a footnote under the table; LaTeX text (row keys, column names) is escaped by
+pandas' own ``Styler`` escaping (``escape="latex"``; headers ``"latex-math"`` so ``$\\tau$`` labels survive);
+numeric columns are right-aligned (markdown ``---:``, LaTeX ``r``), row keys left-aligned.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from adtbench.results import bootstrap_distribution, percentile_interval
+from adtbench.results import SPEEDUP_CI_MIN_PROMPTS, bootstrap_distribution, percentile_interval
 
 SUMMARY_FILE = "summary.json"
 CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling")
@@ -346,49 +351,87 @@ def _value_columns(table: Any) -> list[str]:
     return [c for c in table.columns if f"{c}_lo" in table.columns]
 
 
-def _fmt(v: Any, lo: Any, hi: Any, digits: int, latex: bool) -> str:
+CAVEAT_MARK = ("†", r"$^\dagger$")  # (markdown, LaTeX)
+
+
+def caveat_note(latex: bool = False) -> str:
+    """The footnote explaining the caveat mark."""
+    mark = CAVEAT_MARK[1 if latex else 0]
+    return (
+        f"{mark} CI over fewer than {SPEEDUP_CI_MIN_PROMPTS} prompts: too few to resample, do not trust the interval."
+    )
+
+
+def _fmt(v: Any, lo: Any, hi: Any, digits: int, latex: bool, caveat: bool = False) -> str:
+    """``v [lo, hi]`` (LaTeX: the interval in ``\\scriptsize``), the CI followed by the caveat mark when
+    ``caveat``; ``—`` (LaTeX ``--``) for a missing value; no interval (and no mark) when lo/hi are missing."""
     if v is None or (isinstance(v, float) and not np.isfinite(v)):
         return "—" if not latex else "--"
     s = f"{v:.{digits}f}"
     if lo is not None and np.isfinite(lo) and np.isfinite(hi):
         ci = f"[{lo:.{digits}f}, {hi:.{digits}f}]"
         s += f" {{\\scriptsize {ci}}}" if latex else f" {ci}"
+        if caveat:
+            s += CAVEAT_MARK[1 if latex else 0]
     return s
 
 
-def _latex_escape(s: str) -> str:
-    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"), ("$", r"\$")):
-        s = s.replace(a, b)
-    return s
+def _is_numeric(col: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.api.types.is_numeric_dtype(col)) and not pd.api.types.is_bool_dtype(col)
 
 
 def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> str:
-    """The aggregated table as markdown (``md``), LaTeX booktabs (``latex``) or ``csv`` (raw numbers)."""
+    """The aggregated table as markdown (``md``), LaTeX booktabs (``latex``) or ``csv`` (raw numbers).
+
+    Row keys first (left-aligned), then the counts and every value column (right-aligned); CIs of groups with
+    fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark, explained under the table."""
     import pandas as pd
 
     if fmt == "csv":
         return table.to_csv(index=False)
     latex = fmt == "latex"
     vals = _value_columns(table)
-    keys = [c for c in table.columns if c not in vals and not c.endswith(("_lo", "_hi"))]
-    out = pd.DataFrame()
+    rest = [c for c in table.columns if c not in vals and not c.endswith(("_lo", "_hi"))]
+    keys = [c for c in rest if not _is_numeric(table[c])]
+    counts = [c for c in rest if c not in keys]
+    few = (
+        pd.to_numeric(table["n"], errors="coerce").fillna(0).lt(SPEEDUP_CI_MIN_PROMPTS).to_numpy()
+        if "n" in table
+        else np.zeros(len(table), dtype=bool)
+    )
+    out = pd.DataFrame(index=range(len(table)))
     for c in keys:
-        col = table[c].astype(str)
-        name = c[3:] if c.startswith("ov.") else c
-        out[_latex_escape(name) if latex else name] = col.map(_latex_escape) if latex else col
+        out[c[3:] if c.startswith("ov.") else c] = table[c].astype(str).to_numpy()
+    for c in counts:
+        out[c] = ["—" if pd.isna(v) else str(int(v)) if float(v).is_integer() else f"{v:g}" for v in table[c]]
+    marked = False
     for c in vals:
-        label = LABELS.get(c, (c, _latex_escape(c)))[1 if latex else 0]
+        label = LABELS.get(c, (c, c))[1 if latex else 0]
         arrow = ("↓" if not latex else r"$\downarrow$") if c in LOWER_IS_BETTER else ""
-        cells = [_fmt(v, lo, hi, digits, latex) for v, lo, hi in zip(table[c], table[f"{c}_lo"], table[f"{c}_hi"])]
+        cells = [
+            _fmt(v, lo, hi, digits, latex, bool(f))
+            for v, lo, hi, f in zip(table[c], table[f"{c}_lo"], table[f"{c}_hi"], few)
+        ]
+        marked |= any(CAVEAT_MARK[1 if latex else 0] in x for x in cells)
         out[f"{label} {arrow}".strip()] = cells
+    n_left = len(keys)
     if latex:
-        body = out.style.hide(axis="index").to_latex(hrules=True, column_format="l" * len(keys) + "r" * len(vals))
+        styler = out.style.hide(axis="index")
+        styler = styler.format(escape="latex", subset=list(out.columns[:n_left]))
+        styler = styler.format_index(escape="latex-math", axis=1)
+        body = styler.to_latex(hrules=True, column_format="l" * n_left + "r" * (len(out.columns) - n_left))
         note = f"% mean [{100 * ci:.0f}% bootstrap CI over prompts]; needs \\usepackage{{booktabs}}"
-        return f"{note}\n{body}"
+        foot = f"\\par\\smallskip{{\\footnotesize {caveat_note(True)}}}\n" if marked else ""
+        return f"{note}\n{body}{foot}".rstrip("\n")
+    align = ["left"] * n_left + ["right"] * (len(out.columns) - n_left)
     note = (
         f"\n\nValues: point estimate [{100 * ci:.0f}% bootstrap CI over prompts]; set metrics (FID, IS, P&R) have none."
     )
-    return out.to_markdown(index=False) + note
+    if marked:
+        note += f"\n{caveat_note(False)}"
+    return out.to_markdown(index=False, colalign=align, disable_numparse=True) + note
 
 
 def main(args: list[str]) -> int:

@@ -13,6 +13,16 @@ source of truth; a tracker only mirrors them and never makes a job fail.
   <run_dir>/wandb/offline-run-*`` later); ``logger.mode=online`` to opt in — W&B then finds its own
   credentials (environment or ``~/.netrc``); adtbench never reads or writes an API key.
 
+Mode (:func:`resolve_mode`): ``logger.mode`` given on the command line wins; else an explicit, non-empty
+``WANDB_MODE`` in the environment; else the config's ``logger.mode``. The winner and its source (``cli`` /
+``env`` / ``config``) are logged and recorded in ``tracking.json`` (``mode``, ``mode_source``, ``mode_env``,
+``mode_config``).
+
+Resume: the W&B run id is :func:`stable_run_id` of the run dir (a hash of its resolved absolute path and the job
+type) and ``wandb.init`` gets ``resume="allow"``, so a resumed, requeued or preempted job continues its own
+W&B run (offline: one ``offline-run-*`` dir per attempt, all with that id; ``wandb sync`` uploads them to one
+run in start order). Sample steps continue after the samples already in ``samples.jsonl``.
+
 Failure policy: if ``wandb`` is missing, ``wandb.init`` fails (unreachable server, no credentials) or any
 later call raises, a warning is logged, the failure is recorded in ``<run_dir>/tracking.json`` and the
 tracker turns itself off; decoding and the local records continue untouched.
@@ -20,10 +30,12 @@ tracker turns itself off; decoding and the local records continue untouched.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
-import time
+from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +95,13 @@ TABLE_COLUMNS = ["prompt_id", "prompt", *SAMPLE_KEYS, "a_mean", "nodes_mean", "D
 class WandbLogger:
     """Mirror one job into one W&B run; any W&B error disables the tracker (see module docstring)."""
 
-    def __init__(self, wandb: Any, run: Any, run_dir: Path, node: Any, entry: dict[str, Any]) -> None:
+    def __init__(
+        self, wandb: Any, run: Any, run_dir: Path, node: Any, entry: dict[str, Any], first_step: int = 0
+    ) -> None:
         self.wandb, self.run, self.run_dir, self.entry = wandb, run, run_dir, entry
         self.max_images = int(node.get("max_images", 16))
         self.log_images = bool(node.get("log_images", True))
+        self.first_step = first_step  # samples of earlier attempts (resume): steps continue after them
         self.n = 0
         self.images = 0
         self.rows: list[list[Any]] = []
@@ -114,7 +129,7 @@ class WandbLogger:
                 amap = self.run_dir / "maps" / f"{safe_stem(str(record.get('prompt_id')))}_accept.png"
                 if amap.exists():  # per-image acceptance map (maps.per_image=true)
                     data["media/accept_map"] = self.wandb.Image(str(amap), caption=caption)
-            self.run.log(data, step=self.n)
+            self.run.log(data, step=self.first_step + self.n)
             self.rows.append(
                 [record.get("prompt_id"), record.get("prompt"), *(record.get(k) for k in SAMPLE_KEYS), *summ.values()]
             )
@@ -151,6 +166,52 @@ class WandbLogger:
             self._fail("finish", e)
 
 
+MODE_KEY = "logger.mode"
+RESUME = "allow"
+
+
+def resolve_mode(env_value: str | None, cfg_value: str, cli_override: bool) -> tuple[str, str]:
+    """(mode, source) of the W&B run: ``logger.mode`` set on the command line (``cli_override``) wins, then an
+    explicit, non-empty ``WANDB_MODE`` (``env_value``, stripped), then the config's ``logger.mode``."""
+    if cli_override:
+        return str(cfg_value), "cli"
+    if env_value is not None and env_value.strip():
+        return env_value.strip(), "env"
+    return str(cfg_value), "config"
+
+
+def mode_on_cli(overrides: Sequence[str] | None = None) -> bool:
+    """Whether ``logger.mode`` is among the command-line ``overrides`` (``key=value`` strings, ``+``/``++``/``~``
+    prefixes allowed); with None, those of the running Hydra app (``HydraConfig.get().overrides.task``), False
+    outside one."""
+    if overrides is None:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            if not HydraConfig.initialized():
+                return False
+            overrides = list(HydraConfig.get().overrides.task)
+        except Exception:  # Hydra is optional context here
+            return False
+    return any(str(o).partition("=")[0].lstrip("+~") == MODE_KEY for o in overrides)
+
+
+def stable_run_id(run_dir: str | os.PathLike[str], job_type: str) -> str:
+    """W&B run id of the job of ``job_type`` writing ``run_dir``: the same for every attempt on the same dir
+    (resolved absolute path, symlinks followed), different across dirs and job types; 20 hex digits."""
+    key = f"{Path(run_dir).resolve()}\n{job_type}"
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
+
+
+def _samples_done(run_dir: Path) -> int:
+    """Complete lines of ``samples.jsonl`` (the samples earlier attempts already logged); 0 if absent."""
+    path = run_dir / "samples.jsonl"
+    try:
+        return path.read_bytes().count(b"\n") if path.exists() else 0
+    except OSError:
+        return 0
+
+
 def _hydra_context(run_dir: Path, cfg: Any) -> tuple[str | None, str]:
     """(group, name): the sweep (multirun) or array (sharded run) this job belongs to, and a job name."""
     try:
@@ -170,13 +231,19 @@ def _hydra_context(run_dir: Path, cfg: Any) -> tuple[str | None, str]:
     return None, run_dir.name
 
 
-def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str | None) -> Any:
+def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str | None, on_cli: bool | None) -> Any:
     from omegaconf import OmegaConf
 
     node = cfg.logger
-    mode = str(node.get("mode", "offline"))
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
-    entry: dict[str, Any] = {"kind": "wandb", "mode": mode, "started": started}
+    cfg_mode = str(node.get("mode", "offline"))
+    env_mode = os.environ.get("WANDB_MODE")
+    on_cli = mode_on_cli() if on_cli is None else on_cli
+    mode, source = resolve_mode(env_mode, cfg_mode, on_cli)
+    log.info("W&B mode %s (from %s; WANDB_MODE=%r, logger.mode=%r, logger.mode on the command line: %s)",
+             mode, source, env_mode, cfg_mode, on_cli)  # fmt: skip
+    started = datetime.now().isoformat(timespec="microseconds")
+    entry: dict[str, Any] = {"kind": "wandb", "mode": mode, "mode_source": source, "mode_env": env_mode,
+                             "mode_config": cfg_mode, "started": started}  # fmt: skip
     try:
         import wandb
     except ImportError as e:
@@ -187,6 +254,7 @@ def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str
     group, name = _hydra_context(run_dir, cfg)
     group = node.get("group") or group
     job_type = job_type or str(choices.get("policy") or cfg.get("policy", {}).get("name", "decode"))
+    run_id = stable_run_id(run_dir, job_type)
     config = OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else dict(cfg)
     config.pop("hydra", None)
     config["choices"] = dict(choices)
@@ -209,6 +277,8 @@ def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str
             name=str(node.get("name") or name),
             tags=tags,
             config=config,
+            id=run_id,
+            resume=RESUME,
             reinit="finish_previous",
             settings=settings,
         )
@@ -217,25 +287,33 @@ def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str
         log.warning("wandb.init failed (%s: %s); continuing with local records only", type(e).__name__, e)
         _record(run_dir, entry)
         return NullLogger()
+    first_step = max(_samples_done(run_dir), int(getattr(run, "step", 0) or 0))
     entry |= {
         "status": "running",
         "id": getattr(run, "id", None),
+        "resume": RESUME,
+        "first_step": first_step,
         "group": group,
         "job_type": job_type,
         "dir": str(getattr(run, "dir", "") or ""),
         "sync": f"wandb sync {run_dir / 'wandb'}/offline-run-*" if mode == "offline" else None,
     }
     _record(run_dir, entry)
-    return WandbLogger(wandb, run, run_dir, node, entry)
+    return WandbLogger(wandb, run, run_dir, node, entry, first_step)
 
 
-def build_logger(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str | None = None) -> Any:
-    """The tracker of ``cfg.logger.kind`` for the job writing ``run_dir`` (``job_type`` overrides the policy)."""
+def build_logger(
+    cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str | None = None, mode_on_cli: bool | None = None
+) -> Any:
+    """The tracker of ``cfg.logger.kind`` for the job writing ``run_dir`` (``job_type`` overrides the policy).
+
+    ``mode_on_cli``: whether ``logger.mode`` was set on the command line (decides against ``WANDB_MODE``, see
+    :func:`resolve_mode`); None reads it from the running Hydra app (False outside one)."""
     kind = str(cfg.logger.get("kind", "none"))
     if kind == "none":
         return NullLogger()
     if kind == "wandb":
-        return _build_wandb(cfg, Path(run_dir), choices, job_type)
+        return _build_wandb(cfg, Path(run_dir), choices, job_type, mode_on_cli)
     from adtbench.errors import ConfigError
 
     raise ConfigError("logger.kind", f"unknown logger {kind!r}; choose none or wandb")

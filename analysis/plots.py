@@ -1,38 +1,179 @@
-"""Plots of a results tree, drawn with PIL (no matplotlib): speedup vs quality with its Pareto front, τ vs d̄,
-and a montage of per-run acceptance maps.
+"""Figures of a results tree, drawn with matplotlib (Agg canvas, no display, no pyplot state; ``pip install -e
+".[plots]"``): speedup per config, speedup vs quality with its Pareto front, τ vs d̄, the runs' acceptance maps
+side by side, and one acceptance / depth / width figure per run.
 
-    python -m analysis.plots <results dir> [--out DIR] [--metric clip_score] [--by model,policy]
+    python -m analysis.plots <results dir> [--out DIR] [--metric clip_score] [--by model,policy] [--n-boot 500]
 
-writes ``speedup_vs_<metric>.png``, ``tau_vs_dbar.png`` and ``acceptance_maps.png`` into ``--out`` (default:
-the results dir). Points are groups of :func:`adtbench.tables.aggregate`; whiskers are their bootstrap CIs.
+writes into ``--out`` (default: the results dir) ``speedup.png``, ``tau_vs_dbar.png``,
+``speedup_vs_<metric>.png`` (when a quality metric was evaluated), ``acceptance_maps.png`` and
+``maps_<job>.png`` per run (when the runs wrote ``maps/run_maps.json``: ``maps.per_run=true``, the default).
+
+Invariants every figure keeps:
+
+- every config choice is on the figure: the choices that vary label the points / bars / panels, the ones shared
+  by all runs are the figure's subtitle (model, policy, LANTERN on/off, tree budget, sampling T / CFG / top-k /
+  top-p, dataset, and every command-line override that defines the experiment);
+- map panels always say policy, LANTERN on/off, budget and sampling, and carry a colour bar with the quantity
+  and its unit (montage: one shared bar, so runs compare); grey cells = no cycle covered the position;
+- points are identified by a legend outside the axes (no label is drawn over the data), intervals are the
+  bootstrap CIs of :func:`adtbench.tables.aggregate`, and figures are saved with a tight bounding box so no
+  label is cut off.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFont
 
-from adtbench.maps import colorize
-from adtbench.tables import LOWER_IS_BETTER, aggregate, load_tree
+from adtbench.tables import IGNORED_OVERRIDES, LOWER_IS_BETTER, aggregate, load_tree
 
-__all__ = ["acceptance_montage", "nice_ticks", "pareto_front", "scatter", "speedup_vs_quality", "tau_vs_dbar"]
+__all__ = [
+    "acceptance_montage",
+    "config_labels",
+    "montage_figure",
+    "pareto_front",
+    "run_maps_figure",
+    "speedup_bars",
+    "speedup_vs_quality",
+    "tau_vs_dbar",
+]
 
-PALETTE = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
-           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]  # fmt: skip
+MAP_LABELS = {
+    "accept": "accepted length a + 1 (tokens committed by the cycle)",
+    "depth": "drafted depth D (drafter levels)",
+    "width": "tree width K (top-k per level)",
+}
+AXIS_LABELS = {
+    "tau": r"$\tau$: tokens committed per cycle (incl. bonus)",
+    "d_bar": r"$\bar{d}$: mean drafted depth per cycle",
+    "speedup": "speedup vs AR baseline (×, ratio of total times)",
+    "latency_s": "latency per image (s)",
+}
+WRAP = 90  # characters per title line
+DPI = 120
 
 
-def _font(size: int) -> Any:
-    try:
-        return ImageFont.load_default(size=size)
-    except TypeError:  # Pillow < 10.1: fixed-size bitmap font
-        return ImageFont.load_default()
+# ----------------------------------------------------------------------------------------------------
+# config descriptions
+# ----------------------------------------------------------------------------------------------------
+
+
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else str(v)
+
+
+def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The experiment choices of one run as short ``{name: value}`` strings, in display order: ``model``,
+    ``policy``, ``lantern`` (``on (δ=…, k=…)`` / ``off``), ``budget`` (tree budget, when the policy has one),
+    ``sampling`` (``T=…, CFG=…`` plus top-k / top-p when active), ``dataset``, then every command-line override
+    of the run that defines the experiment (``row``'s ``ov.*`` columns, run plumbing and group choices
+    excluded). Read from ``run_config.json`` and ``summary.json`` (missing files: fewer entries)."""
+    d = Path(run_dir)
+    cfg = json.loads((d / "run_config.json").read_text()) if (d / "run_config.json").exists() else {}
+    summ = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+    choices = summ.get("choices") or {}
+    pol = cfg.get("policy") or summ.get("policy_params") or {}
+    lan = cfg.get("lantern") or {}
+    smp = cfg.get("sampling") or summ.get("sampling_params") or {}
+    out: dict[str, str] = {}
+    if summ.get("model") or choices.get("model"):
+        out["model"] = str(summ.get("model") or choices.get("model"))
+    if pol.get("name") or summ.get("policy"):
+        out["policy"] = str(pol.get("name") or summ.get("policy"))
+    on = lan.get("enabled", choices.get("lantern") == "on" or summ.get("lantern") is True)
+    if on:
+        bounds = [
+            f"{s}={_num(lan[k])}" for k, s in (("delta", "δ"), ("lam", "λ"), ("k", "k")) if lan.get(k) is not None
+        ]
+        out["lantern"] = "on" + (f" ({', '.join(bounds)})" if bounds else "")
+    else:
+        out["lantern"] = "off"
+    if pol.get("budget") is not None:
+        out["budget"] = str(pol["budget"])
+    if smp:
+        parts = [f"T={_num(smp.get('temperature'))}", f"CFG={_num(smp.get('cfg_scale'))}"]
+        if smp.get("top_k"):
+            parts.append(f"top-k={_num(smp['top_k'])}")
+        if smp.get("top_p") not in (None, 1, 1.0):
+            parts.append(f"top-p={_num(smp['top_p'])}")
+        out["sampling"] = ", ".join(parts)
+    if summ.get("dataset") or choices.get("dataset"):
+        out["dataset"] = str(summ.get("dataset") or choices.get("dataset"))
+    for col, value in (row or {}).items():
+        key = str(col)[3:] if str(col).startswith("ov.") else None
+        if key is None or value is None or (isinstance(value, float) and math.isnan(value)):
+            continue
+        if key in out or any(key == k or key.startswith(k + ".") for k in IGNORED_OVERRIDES):
+            continue
+        if "." not in key and key in ("model", "drafter", "policy", "lantern", "dataset", "sampling"):
+            continue  # a group choice: already shown by its own entry
+        if key == "policy.budget":
+            continue
+        out[key] = str(value)
+    return out
+
+
+def split_common(configs: Sequence[Mapping[str, str]]) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """(entries equal in every config, per config the entries that differ somewhere) — an entry missing from
+    some config counts as differing."""
+    if not configs:
+        return {}, []
+    keys = list(dict.fromkeys(k for c in configs for k in c))
+    common = {k: configs[0][k] for k in keys if all(k in c and c[k] == configs[0][k] for c in configs)}
+    return common, [{k: v for k, v in c.items() if k not in common} for c in configs]
+
+
+def fmt_config(items: Mapping[str, str], sep: str = ", ") -> str:
+    """``lantern=on (δ=0.1)``-style text; LANTERN is always spelled out."""
+    return sep.join(f"LANTERN {v}" if k == "lantern" else f"{k}={v}" for k, v in items.items())
+
+
+def _wrap(text: str, width: int = WRAP) -> str:
+    return "\n".join(textwrap.wrap(text, width, break_on_hyphens=False)) if text else ""
+
+
+def _run_configs(runs: Any) -> list[dict[str, str]]:
+    return [config_labels(r["run_dir"], r.to_dict()) for _, r in runs.iterrows()] if runs is not None else []
+
+
+# ----------------------------------------------------------------------------------------------------
+# matplotlib plumbing (object-oriented, Agg canvas: safe headless and inside a notebook kernel)
+# ----------------------------------------------------------------------------------------------------
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15, facecolor="white")
+    return path
+
+
+def _cmap() -> Any:
+    import matplotlib
+
+    return matplotlib.colormaps["viridis"].with_extremes(bad="0.75")
+
+
+# ----------------------------------------------------------------------------------------------------
+# scatter / bars of an aggregated table
+# ----------------------------------------------------------------------------------------------------
 
 
 def pareto_front(
@@ -50,100 +191,6 @@ def pareto_front(
     return sorted(front, key=lambda i: xs[i])
 
 
-def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About ``n`` round tick values covering [lo, hi]."""
-    if not (np.isfinite(lo) and np.isfinite(hi)):
-        return []
-    if hi <= lo:
-        lo, hi = lo - 0.5, hi + 0.5
-    raw = (hi - lo) / max(1, n - 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    start = math.floor(lo / step) * step
-    ticks = []
-    t = start
-    while t <= hi + 1e-9 * step:
-        if t >= lo - 1e-9 * step:
-            ticks.append(round(t, 12))
-        t += step
-    return ticks
-
-
-def scatter(
-    x: Sequence[float],
-    y: Sequence[float],
-    labels: Sequence[str],
-    path: str | Path,
-    xlabel: str,
-    ylabel: str,
-    title: str = "",
-    xerr: Sequence[tuple[float, float]] | None = None,
-    yerr: Sequence[tuple[float, float]] | None = None,
-    front: Sequence[int] | None = None,
-    size: tuple[int, int] = (900, 640),
-) -> Path:
-    """A labelled scatter plot (PNG) with optional CI whiskers and a Pareto front polyline.
-
-    The bundled PIL font is ASCII-only: keep labels ASCII (``tau``, not ``τ``)."""
-    w, h = size
-    ml, mr, mt, mb = 90, 30, 50, 70
-    img = Image.new("RGB", size, "white")
-    dr = ImageDraw.Draw(img)
-    f_small, f_big = _font(14), _font(18)
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    lo_hi = [*(v for v in xs if np.isfinite(v))]
-    yl = [*(v for v in ys if np.isfinite(v))]
-    for errs, acc in ((xerr, lo_hi), (yerr, yl)):
-        for lo, hi in errs or []:
-            acc += [v for v in (lo, hi) if v is not None and np.isfinite(v)]
-    if not lo_hi or not yl:
-        lo_hi, yl = [0.0, 1.0], [0.0, 1.0]
-    xt, yt = nice_ticks(min(lo_hi), max(lo_hi)), nice_ticks(min(yl), max(yl))
-    xt = xt or [min(lo_hi)]
-    yt = yt or [min(yl)]
-    x0, x1 = min(xt[0], min(lo_hi)), max(xt[-1], max(lo_hi))
-    y0, y1 = min(yt[0], min(yl)), max(yt[-1], max(yl))
-    padx, pady = 0.06 * ((x1 - x0) or 1.0), 0.06 * ((y1 - y0) or 1.0)  # keep edge points and labels inside
-    x0, x1, y0, y1 = x0 - padx, x1 + padx, y0 - pady, y1 + pady
-
-    def px(v: float) -> float:
-        return ml + (v - x0) / ((x1 - x0) or 1.0) * (w - ml - mr)
-
-    def py(v: float) -> float:
-        return h - mb - (v - y0) / ((y1 - y0) or 1.0) * (h - mt - mb)
-
-    dr.rectangle([ml, mt, w - mr, h - mb], outline="black")
-    for t in xt:
-        dr.line([px(t), h - mb, px(t), h - mb + 5], fill="black")
-        dr.line([px(t), mt, px(t), h - mb], fill=(230, 230, 230))
-        dr.text((px(t), h - mb + 8), f"{t:g}", fill="black", font=f_small, anchor="ma")
-    for t in yt:
-        dr.line([ml - 5, py(t), ml, py(t)], fill="black")
-        dr.line([ml, py(t), w - mr, py(t)], fill=(230, 230, 230))
-        dr.text((ml - 8, py(t)), f"{t:g}", fill="black", font=f_small, anchor="rm")
-    dr.text(((ml + w - mr) / 2, h - 30), xlabel, fill="black", font=f_big, anchor="ma")
-    dr.text((10, mt - 30), ylabel, fill="black", font=f_big)
-    if title:
-        dr.text(((ml + w - mr) / 2, 8), title, fill="black", font=f_big, anchor="ma")
-    if front and len(front) > 1:
-        dr.line([(px(xs[i]), py(ys[i])) for i in front], fill=(120, 120, 120), width=2)
-    for i, (a, b) in enumerate(zip(xs, ys)):
-        if not (np.isfinite(a) and np.isfinite(b)):
-            continue
-        c = PALETTE[i % len(PALETTE)]
-        if xerr and all(v is not None and np.isfinite(v) for v in xerr[i]):
-            dr.line([px(xerr[i][0]), py(b), px(xerr[i][1]), py(b)], fill=c, width=2)
-        if yerr and all(v is not None and np.isfinite(v) for v in yerr[i]):
-            dr.line([px(a), py(yerr[i][0]), px(a), py(yerr[i][1])], fill=c, width=2)
-        r = 7 if front and i in front else 5
-        dr.ellipse([px(a) - r, py(b) - r, px(a) + r, py(b) + r], fill=c, outline="black")
-        dr.text((px(a) + 9, py(b) - 9), str(labels[i]), fill=c, font=f_small)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path
-
-
 def _key_columns(table: Any) -> list[str]:
     """The row-key (non-numeric) columns of an aggregated table."""
     import pandas as pd
@@ -151,65 +198,277 @@ def _key_columns(table: Any) -> list[str]:
     return [c for c in table.columns if not pd.api.types.is_numeric_dtype(table[c])]
 
 
-def _labels(table: Any, by: Sequence[str]) -> list[str]:
-    return ["/".join(str(r[c]) for c in by) for _, r in table.iterrows()]
+def _group_configs(table: Any, runs: Any, by: Sequence[str]) -> list[dict[str, str]]:
+    """Per table row, the :func:`config_labels` entries shared by all runs of its group (runs matched on the
+    ``by`` values), plus the row keys themselves."""
+    keys = {c: runs[c].astype(object).where(runs[c].notna(), "—").astype(str) for c in by if c in runs}
+    configs = _run_configs(runs)
+    out = []
+    for _, row in table.iterrows():
+        mask = np.ones(len(runs), dtype=bool)
+        for c, col in keys.items():
+            mask &= (col == str(row[c])).to_numpy()
+        common, _ = split_common([cfg for cfg, m in zip(configs, mask) if m])
+        own = {(c[3:] if c.startswith("ov.") else c): str(row[c]) for c in by}
+        if "budget" in common or own.get("policy.budget") == "—":  # shown as `budget` (or the policy has none)
+            own.pop("policy.budget", None)
+        out.append(common | {k: v for k, v in own.items() if k not in common})
+    return out
 
 
-def _err(table: Any, col: str) -> list[tuple[float, float]]:
-    return list(zip(table[f"{col}_lo"], table[f"{col}_hi"]))
+def _describe_rows(table: Any, by: Sequence[str], runs: Any) -> tuple[list[str], str]:
+    """(per table row a label: the config entries that differ between rows; the entries all rows share)."""
+    own = [{(c[3:] if c.startswith("ov.") else c): str(r[c]) for c in by} for _, r in table.iterrows()]
+    configs = _group_configs(table, runs, by) if runs is not None and len(runs) else own
+    common, varying = split_common(configs)
+    if not any(varying):  # a single row (or identical rows): name each by its keys
+        varying = own
+    return [fmt_config(v) for v in varying], fmt_config(common)
 
 
-def speedup_vs_quality(table: Any, metric: str, path: str | Path, by: Sequence[str] | None = None) -> Path:
-    """Speedup (x) vs ``metric`` (y) per group, CI whiskers, and the Pareto front (higher speedup and better
-    quality; FID-like metrics are minimised)."""
-    by = by or _key_columns(table)
+def _subtitle(common: str, n: Sequence[int] | None = None) -> str:
+    """The shared config, then how many prompts each point / bar pools."""
+    text = common
+    if n is not None and len(n):
+        lo, hi = int(min(n)), int(max(n))
+        text += f"{'; ' if text else ''}{lo if lo == hi else f'{lo}–{hi}'} prompts per point"
+    return text
+
+
+def _errors(table: Any, col: str) -> np.ndarray | None:
+    """``[2, n]`` distances below / above the value for ``errorbar`` (0 where the CI is missing)."""
+    if f"{col}_lo" not in table:
+        return None
+    v = table[col].to_numpy(float)
+    lo = np.nan_to_num(v - table[f"{col}_lo"].to_numpy(float), nan=0.0)
+    hi = np.nan_to_num(table[f"{col}_hi"].to_numpy(float) - v, nan=0.0)
+    return np.clip(np.vstack([lo, hi]), 0.0, None)
+
+
+def scatter_figure(
+    table: Any,
+    xcol: str,
+    ycol: str,
+    by: Sequence[str] | None = None,
+    runs: Any = None,
+    title: str = "",
+    front: Sequence[int] | None = None,
+) -> Any:
+    """One marker per table row at (``xcol``, ``ycol``) with CI error bars, a legend outside the axes naming
+    each row's varying keys, the Pareto front as a dashed line, the shared config as subtitle."""
+    import matplotlib
+
+    by = list(by or _key_columns(table))
+    labels, common = _describe_rows(table, by, runs)
+    fig = _figure(9.5, 5.5)
+    ax = fig.add_subplot()
+    colours = matplotlib.colormaps["tab10"].colors
+    markers = "osD^vP*Xh<>"
+    xe, ye = _errors(table, xcol), _errors(table, ycol)
+    for i, label in enumerate(labels):
+        x, y = float(table[xcol].iloc[i]), float(table[ycol].iloc[i])
+        if not (np.isfinite(x) and np.isfinite(y)):
+            continue
+        ax.errorbar(
+            x, y, xerr=None if xe is None else xe[:, i : i + 1], yerr=None if ye is None else ye[:, i : i + 1],
+            fmt=markers[i % len(markers)], color=colours[i % len(colours)], markersize=8, capsize=4,
+            markeredgecolor="black", label=label, zorder=3,
+        )  # fmt: skip
+    if front and len(front) > 1:
+        fx, fy = table[xcol].to_numpy(float)[list(front)], table[ycol].to_numpy(float)[list(front)]
+        ax.plot(fx, fy, "--", color="0.4", lw=1.2, label="Pareto front", zorder=2)
+    if xcol == "speedup":
+        ax.axvline(1.0, color="0.6", lw=1, ls=":", zorder=1)
+    ax.set_xlabel(AXIS_LABELS.get(xcol, xcol), fontsize=11)
+    ax.set_ylabel(AXIS_LABELS.get(ycol, ycol) + (" (lower is better)" if ycol in LOWER_IS_BETTER else ""), fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.margins(0.12)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9)
+    sub = _subtitle(common, table["n"].tolist() if "n" in table else None)
+    fig.suptitle(title + ("\n" + _wrap(sub) if sub else ""), fontsize=11)
+    return fig
+
+
+def tau_vs_dbar(table: Any, path: str | Path, by: Sequence[str] | None = None, runs: Any = None) -> Path:
+    """τ (y) vs d̄ (x) per group with bootstrap CI error bars."""
+    fig = scatter_figure(
+        table, "d_bar", "tau", by, runs, r"Mean accepted length $\tau$ vs mean drafted depth $\bar{d}$"
+    )
+    return _save(fig, path)
+
+
+def speedup_vs_quality(
+    table: Any, metric: str, path: str | Path, by: Sequence[str] | None = None, runs: Any = None
+) -> Path:
+    """Speedup (x) vs ``metric`` (y) per group with CIs and the Pareto front (higher speedup and better quality;
+    FID-like metrics are minimised)."""
     maximize_y = metric not in LOWER_IS_BETTER
     front = pareto_front(list(table["speedup"]), list(table[metric]), True, maximize_y)
-    return scatter(table["speedup"], table[metric], _labels(table, by), path, "speedup (x) vs AR", metric,
-                   f"speedup vs {metric} ({'higher' if maximize_y else 'lower'} is better)",
-                   _err(table, "speedup"), _err(table, metric), front)  # fmt: skip
+    title = f"Speedup vs {metric} ({'higher' if maximize_y else 'lower'} is better); dashed: Pareto front"
+    return _save(scatter_figure(table, "speedup", metric, by, runs, title, front), path)
 
 
-def tau_vs_dbar(table: Any, path: str | Path, by: Sequence[str] | None = None) -> Path:
-    """Mean accepted length τ (y) vs mean drafted depth d̄ (x) per group, with CI whiskers."""
-    by = by or _key_columns(table)
-    labels = _labels(table, by)
-    return scatter(table["d_bar"], table["tau"], labels, path, "mean drafted depth d_bar", "tau (incl. bonus)",
-                   "tau vs d_bar", _err(table, "d_bar"), _err(table, "tau"))  # fmt: skip
+def speedup_figure(table: Any, by: Sequence[str] | None = None, runs: Any = None) -> Any:
+    """Horizontal bars of the speedup per group (CI whiskers, the AR line at 1×), one labelled row each."""
+    by = list(by or _key_columns(table))
+    labels, common = _describe_rows(table, by, runs)
+    v = table["speedup"].to_numpy(float)
+    fig = _figure(9.0, 1.6 + 0.5 * len(table))
+    ax = fig.add_subplot()
+    y = np.arange(len(table))[::-1]
+    err = _errors(table, "speedup")
+    ax.barh(y, np.nan_to_num(v), xerr=err, color=["tab:green" if s >= 1 else "tab:red" for s in np.nan_to_num(v)],
+            alpha=0.8, capsize=4, edgecolor="black")  # fmt: skip
+    for yi, s in zip(y, v):
+        if np.isfinite(s):
+            ax.annotate(f"{s:.2f}×", (0, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=9,
+                        color="white", fontweight="bold")  # fmt: skip
+    ax.axvline(1.0, color="black", lw=1.2, ls="--")
+    ax.set_yticks(y, labels, fontsize=10)
+    ax.set_xlabel(AXIS_LABELS["speedup"] + "; dashed: AR = 1×", fontsize=11)
+    ax.grid(True, axis="x", alpha=0.3)
+    sub = _subtitle(common, table["n"].tolist() if "n" in table else None)
+    fig.suptitle("Speedup per configuration (bars: 95% bootstrap CI over prompts)" + ("\n" + _wrap(sub) if sub else ""),
+                 fontsize=11)  # fmt: skip
+    return fig
 
 
-def acceptance_montage(runs: Any, path: str | Path, kind: str = "accept", cell: int = 160) -> Path | None:
-    """Per-run acceptance (or depth/width) maps side by side, labelled with model/policy; one shared colour
-    range so runs compare. None when no run wrote ``maps/run_maps.json``."""
+def speedup_bars(table: Any, path: str | Path, by: Sequence[str] | None = None, runs: Any = None) -> Path:
+    """:func:`speedup_figure` saved as PNG."""
+    return _save(speedup_figure(table, by, runs), path)
+
+
+# ----------------------------------------------------------------------------------------------------
+# maps
+# ----------------------------------------------------------------------------------------------------
+
+
+def _grids(run_dir: str | Path) -> tuple[dict[str, np.ndarray], int | None] | None:
     from analysis.results import acceptance_grids
 
+    g = acceptance_grids(run_dir)
+    if g is None:
+        return None
+    doc = json.loads((Path(run_dir) / "maps" / "run_maps.json").read_text())
+    return g, doc.get("n_prompts")
+
+
+def _norm(finite: np.ndarray) -> Any:
+    """Colour range [min, max] of the finite values; a constant map is centred in [v − ½, v + ½] (mid-colour)."""
+    from matplotlib.colors import Normalize
+
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    return Normalize(lo, hi) if hi > lo else Normalize(lo - 0.5, lo + 0.5)
+
+
+def _map_axes(ax: Any, grid: np.ndarray, norm: Any) -> Any:
+    h, w = grid.shape
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=_cmap(), norm=norm, interpolation="nearest", origin="upper")
+    ax.set_xlabel("grid column", fontsize=9)
+    ax.set_ylabel("grid row", fontsize=9)
+    ax.tick_params(labelsize=8)
+    ax.set_xticks([0, w // 2, w - 1])
+    ax.set_yticks([0, h // 2, h - 1])
+    return im
+
+
+def montage_figure(runs: Any, kind: str = "accept", cols: int = 4) -> Any:
+    """The per-run mean ``kind`` maps side by side on one colour scale (one shared colour bar). Each panel's
+    title: policy, LANTERN on/off, budget, sampling and whatever else differs between the runs; the suptitle:
+    what they share. None when no run wrote ``maps/run_maps.json``."""
     items = []
     for _, r in runs.iterrows():
-        g = acceptance_grids(r["run_dir"])
-        if g is not None and kind in g:
-            items.append((f"{r.get('model')}/{r.get('policy')}", g[kind]))
+        got = _grids(r["run_dir"])
+        if got is not None and kind in got[0]:
+            items.append((config_labels(r["run_dir"], r.to_dict()), got[0][kind], got[1]))
     if not items:
         return None
-    finite = np.concatenate([g[np.isfinite(g)] for _, g in items])
-    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    cols = min(4, len(items))
+    common, varying = split_common([c for c, _, _ in items])
+    always = ("policy", "lantern", "budget", "sampling")
+    finite = np.concatenate([g[np.isfinite(g)] for _, g, _ in items])
+    norm = _norm(finite)
+    cols = min(cols, len(items))
     rows = math.ceil(len(items) / cols)
-    img = Image.new("RGB", (cols * (cell + 20) + 20, rows * (cell + 40) + 40), "white")
-    dr = ImageDraw.Draw(img)
-    font = _font(13)
-    dr.text(
-        (10, 8), f"{kind} per position (range {vmin:.3g} to {vmax:.3g}, grey = not covered)", fill="black", font=font
-    )
-    for k, (label, grid) in enumerate(items):
-        r, c = divmod(k, cols)
-        x, y = 20 + c * (cell + 20), 40 + r * (cell + 40)
-        tile = Image.fromarray(colorize(grid, vmin, vmax)).resize((cell, cell), Image.Resampling.NEAREST)
-        img.paste(tile, (x, y))
-        dr.text((x, y + cell + 4), label[:28], fill="black", font=font)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path)
-    return path
+    fig = _figure(3.4 * cols + 1.2, 3.7 * rows + 1.0)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    im = None
+    for k, ((cfg, grid, n), var) in enumerate(zip(items, varying)):
+        ax = axes[k // cols][k % cols]
+        im = _map_axes(ax, grid, norm)
+        shown = {key: cfg[key] for key in always if key in cfg} | var
+        title = "\n".join(textwrap.wrap(fmt_config(shown), 34, break_on_hyphens=False))
+        ax.set_title(title + (f"\n(mean of {n} prompts)" if n else ""), fontsize=9)
+    for k in range(len(items), rows * cols):
+        axes[k // cols][k % cols].set_visible(False)
+    bar = fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.85, pad=0.02)
+    bar.set_label("\n".join(textwrap.wrap(MAP_LABELS.get(kind, kind), 32)), fontsize=10)
+    shared = fmt_config({k: v for k, v in common.items() if k not in always})
+    head = f"Per-position {MAP_LABELS.get(kind, kind).split(' (')[0]}, mean over each run's prompts (grey: not covered)"
+    fig.suptitle(head + ("\n" + _wrap("shared: " + shared) if shared else ""), fontsize=11)
+    return fig
+
+
+def acceptance_montage(runs: Any, path: str | Path, kind: str = "accept") -> Path | None:
+    """:func:`montage_figure` saved as PNG; None when no run has maps."""
+    fig = montage_figure(runs, kind)
+    return None if fig is None else _save(fig, path)
+
+
+def run_maps_figure(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> Any:
+    """One run's mean accept / depth / width maps, each with its own colour bar; the title is the run's full
+    config (:func:`config_labels`). None when the run has no ``maps/run_maps.json``."""
+    got = _grids(run_dir)
+    if got is None:
+        return None
+    grids, n = got
+    kinds = [k for k in ("accept", "depth", "width") if k in grids]
+    fig = _figure(4.3 * len(kinds), 4.6)
+    axes = fig.subplots(1, len(kinds), squeeze=False)[0]
+    for ax, kind in zip(axes, kinds):
+        g = grids[kind]
+        im = _map_axes(ax, g, _norm(g[np.isfinite(g)]))
+        bar = fig.colorbar(im, ax=ax, shrink=0.8)
+        bar.set_label("\n".join(textwrap.wrap(MAP_LABELS[kind], 30)), fontsize=9)
+        ax.set_title({"accept": "accepted length", "depth": "drafted depth D", "width": "width K"}[kind], fontsize=10)
+    cfg = fmt_config(config_labels(run_dir, row))
+    head = f"{Path(run_dir).name}: per-position means over {n} prompt(s); grey = not covered"
+    fig.suptitle(head + "\n" + _wrap(cfg, 110), fontsize=10)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------------
+# command line
+# ----------------------------------------------------------------------------------------------------
+
+
+def write_all(
+    root: str | Path,
+    out: str | Path | None = None,
+    metric: str | None = None,
+    by: Sequence[str] | None = None,
+    n_boot: int = 500,
+) -> list[Path]:
+    """Every figure of the tree under ``root`` (module docstring) into ``out`` (default ``root``)."""
+    runs, samples = load_tree(root)
+    if len(runs) == 0:
+        return []
+    table = aggregate(runs, samples, by, n_boot=n_boot)
+    out = Path(out or root)
+    written = [
+        speedup_bars(table, out / "speedup.png", by, runs),
+        tau_vs_dbar(table, out / "tau_vs_dbar.png", by, runs),
+    ]
+    metric = metric or next((c for c in table.columns if f"{c}_lo" in table and c not in
+                             ("tau", "d_bar", "speedup", "latency_s")), None)  # fmt: skip
+    if metric is not None:
+        written.append(speedup_vs_quality(table, metric, out / f"speedup_vs_{metric}.png", by, runs))
+    m = acceptance_montage(runs, out / "acceptance_maps.png")
+    written += [m] if m is not None else []
+    for _, r in runs.iterrows():
+        fig = run_maps_figure(r["run_dir"], r.to_dict())
+        if fig is not None:
+            written.append(_save(fig, out / f"maps_{r['job']}.png"))
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,22 +476,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("root", type=Path)
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--metric", default=None, help="quality metric for the Pareto plot (default: first evaluated)")
-    ap.add_argument("--by", default=None)
+    ap.add_argument("--by", default=None, help="comma-separated row keys (default: what varies across runs)")
+    ap.add_argument("--n-boot", type=int, default=500)
     ns = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    runs, samples = load_tree(ns.root)
-    if len(runs) == 0:
+    written = write_all(ns.root, ns.out, ns.metric, ns.by.split(",") if ns.by else None, ns.n_boot)
+    if not written:
         print(f"no runs under {ns.root}", file=sys.stderr)
         return 1
-    by = ns.by.split(",") if ns.by else None
-    table = aggregate(runs, samples, by, n_boot=500)
-    out = ns.out or ns.root
-    written = [tau_vs_dbar(table, out / "tau_vs_dbar.png", by)]
-    metric = ns.metric or next((c for c in table.columns if f"{c}_lo" in table and c not in
-                                ("tau", "d_bar", "speedup", "latency_s")), None)  # fmt: skip
-    if metric is not None:
-        written.append(speedup_vs_quality(table, metric, out / f"speedup_vs_{metric}.png", by))
-    m = acceptance_montage(runs, out / "acceptance_maps.png")
-    written += [m] if m is not None else []
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

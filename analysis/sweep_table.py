@@ -21,6 +21,7 @@ import yaml
 from adtbench.tables import lantern_choice
 
 COLUMNS = ("job", "policy", "lantern", "τ", "d̄", "speedup", "latency (s)")
+NUMERIC = frozenset({"τ", "d̄", "speedup", "latency (s)"})  # right-aligned (markdown ``---:``)
 
 
 def _job_order(path: Path) -> tuple[int, str]:
@@ -62,7 +63,9 @@ def table_rows(summaries: list[dict[str, Any]]) -> list[list[str]]:
 
 
 def markdown_table(summaries: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---" for _ in COLUMNS) + "|"]
+    """The rows of :func:`table_rows` as a markdown table; numeric columns right-aligned."""
+    sep = "|" + "|".join("---:" if c in NUMERIC else "---" for c in COLUMNS) + "|"
+    lines = ["| " + " | ".join(COLUMNS) + " |", sep]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(summaries)]
     return "\n".join(lines)
 

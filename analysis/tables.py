@@ -18,7 +18,7 @@ from typing import Any
 
 from adtbench.tables import aggregate, load_tree, render
 
-__all__ = ["main_table", "pivot", "write_tables"]
+__all__ = ["main_table", "pivot", "pivot_latex", "write_tables"]
 
 
 def main_table(
@@ -47,6 +47,13 @@ def pivot(table: Any, value: str = "speedup", index: Sequence[str] = ("model", "
     out = cells.pivot_table(index=list(index), columns=column, values="cell", aggfunc="first").fillna("—")
     out.columns = [f"{column}={c}" for c in out.columns]
     return out.reset_index()
+
+
+def pivot_latex(pv: Any) -> str:
+    """A :func:`pivot` as LaTeX booktabs: text escaped by pandas (``escape="latex"``), value columns right-aligned."""
+    n_keys = sum(1 for c in pv.columns if "=" not in str(c))
+    styler = pv.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    return styler.to_latex(hrules=True, column_format="l" * n_keys + "r" * (len(pv.columns) - n_keys))
 
 
 def write_tables(table: Any, out_dir: str | Path, stem: str = "main", digits: int = 3, ci: float = 0.95) -> list[Path]:
@@ -80,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.pivot:
         pv = pivot(table, "speedup", [c for c in ("model", "policy") if c in table and c != ns.pivot], ns.pivot)
         (out / "speedup_pivot.md").write_text(pv.to_markdown(index=False) + "\n")
-        (out / "speedup_pivot.tex").write_text(pv.style.hide(axis="index").to_latex(hrules=True))
+        (out / "speedup_pivot.tex").write_text(pivot_latex(pv))
         paths += [out / "speedup_pivot.md", out / "speedup_pivot.tex"]
     print(render(table, "md"))
     print("wrote " + ", ".join(str(p) for p in paths))

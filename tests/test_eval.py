@@ -234,7 +234,7 @@ def test_fid_is_prc_against_itself_and_reference_cache(tmp_path):
     assert abs(s["fid"]["value"]) < 1e-6 and s["precision"]["value"] == 1.0 and s["recall"]["value"] == 1.0
     assert s["fid"]["reference"]["n"] == 12 and s["fid"]["reference"]["cached"] is False
     assert s["is"]["value"] >= 1.0 and s["is"]["splits"] == 10 and s["is"]["n"] == 12
-    assert s["precision"]["k"] == 3 and "torchmetrics" in s["fid"]["impl"] and s["fid"]["version"]["torchmetrics"]
+    assert s["precision"]["k"] == 3 and "torch-fidelity" in s["fid"]["impl"] and s["fid"]["version"]["torch-fidelity"]
     n_calls = len(calls)
     s2 = run_eval(compose_cfg(*base, f"eval.reference.dir={other}"), run, inject=inject)["eval"]
     assert s2["fid"]["value"] > 0.0 and s2["fid"]["reference"]["cached"] is False
@@ -406,3 +406,89 @@ def test_app_runs_eval_after_decoding(tiny_clip, tmp_path):
     disk = json.loads((tmp_path / "job" / "summary.json").read_text())
     assert disk["eval"]["values"]["clip_score"] == pytest.approx(s["eval"]["values"]["clip_score"])
     assert disk["tau"] == s["tau"]
+
+
+@pytest.mark.parametrize(("cli", "mode"), [([], "online"), (["logger.mode=offline"], "offline")])
+def test_adtbench_eval_tracker_mode_env_vs_command_line(tmp_path, monkeypatch, cli, mode):
+    """`adtbench eval ... logger=wandb`: WANDB_MODE wins over the config unless logger.mode is on the command line;
+    the eval W&B run has its own stable id (resumed when the dir is evaluated again)."""
+    import sys
+    import types
+
+    from adtbench.eval import main
+    from adtbench.tracking import stable_run_id
+
+    inits: list[dict] = []
+
+    class Run:
+        id, dir, summary = "x", "", {}
+
+        def log(self, *a, **kw): ...
+
+        def finish(self): ...
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kw: inits.append(kw) or Run()
+    fake.Settings = lambda **kw: kw
+    fake.Image = fake.Table = lambda *a, **kw: None
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    run = make_run(tmp_path / "run")
+    assert main([str(run), "eval=mini", f"eval.mini.loader={__name__}:_tiny_loader", "logger=wandb", *cli]) == 0
+    (kw,) = inits
+    assert kw["mode"] == mode and kw["job_type"] == "eval" and kw["resume"] == "allow"
+    assert kw["id"] == stable_run_id(run, "eval")
+    entry = json.loads((run / "tracking.json").read_text())["runs"][0]
+    assert entry["mode_source"] == ("cli" if cli else "env")
+
+
+# ----------------------------------------------------------------------------------------------------
+# set metrics go through torch-fidelity's own functions
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_set_metrics_call_torch_fidelity(monkeypatch):
+    """P&R, FID and IS are torch-fidelity's feature-level functions (the extractor stays ours / injectable)."""
+    import torch_fidelity.metric_fid as tf_fid
+    import torch_fidelity.metric_isc as tf_isc
+    import torch_fidelity.metric_prc as tf_prc
+
+    calls: list[str] = []
+    for mod, name in ((tf_prc, "prc_features_to_metric"), (tf_fid, "fid_statistics_to_metric"),
+                      (tf_isc, "isc_features_to_metric")):  # fmt: skip
+        real_fn = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _f=real_fn, _n=name, **kw: calls.append(_n) or _f(*a, **kw))
+    g = torch.Generator().manual_seed(0)
+    real, fake = torch.randn(30, 5, generator=g), torch.randn(25, 5, generator=g) + 0.3
+    p, r = precision_recall(real, fake, k=3)
+    ref = tf_prc.calculate_precision_recall_full(fake.double(), real.double(), 3)  # generated first, as in tf
+    assert (p, r) == ref
+    assert frechet_distance(real, fake) > 0.0
+    inception_score(torch.randn(12, 6, generator=g), splits=3)
+    assert calls == ["prc_features_to_metric", "fid_statistics_to_metric", "isc_features_to_metric"]
+
+
+def test_inception_score_split_convention():
+    """IS = torch-fidelity's isc: rows permuted by numpy RandomState(seed), split i = rows [i·N//s, (i+1)·N//s),
+    per split exp(mean_x KL(p(y|x) ‖ mean p(y) of the split)), then the mean and the population std (ddof 0)."""
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(10, 4, generator=g, dtype=torch.float64) * 3
+    x = logits.numpy()[np.random.RandomState(7).permutation(10)]
+    p = np.exp(x - x.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    scores = []
+    for i in range(3):  # 10 rows in 3 splits: 3, 3, 4
+        c = p[i * 10 // 3 : (i + 1) * 10 // 3]
+        scores.append(np.exp((c * (np.log(c) - np.log(c.mean(0, keepdims=True)))).sum(1).mean()))
+    mean, std = inception_score(logits, splits=3, seed=7)
+    assert mean == pytest.approx(np.mean(scores), rel=1e-12) and std == pytest.approx(np.std(scores), rel=1e-12)
+    mean, std = inception_score(logits, splits=20, seed=7)  # more splits than rows: one row per split
+    assert mean == pytest.approx(1.0) and std == pytest.approx(0.0, abs=1e-12)
+
+
+def test_mini_fid_notes_rank_deficient_covariance(tmp_path):
+    three = dict(list(PROMPTS.items())[:3])
+    run, ref = make_run(tmp_path / "run", three), make_run(tmp_path / "ref", three, seed=9)
+    ev = run_eval(compose_cfg("eval=mini", f"eval.reference.dir={ref}"), run, inject={"mini": TinyMini()})["eval"]
+    assert "rank-deficient" in ev["mini_fid"]["note"] and "n=3 < feature dim 4" in ev["mini_fid"]["note"]
+    assert "torch-fidelity" in ev["mini_fid"]["impl"]

@@ -1,11 +1,13 @@
 """`adtbench table` and analysis/ on a synthetic results tree with hand-computed numbers: ratio-of-sums τ /
 d̄ / speedup, per-prompt metric means, set metrics, bootstrap CIs identical to results.bootstrap_ci, merged
-runs superseding their shards, repeats pooled by prompt; markdown / LaTeX / CSV; plots and the notebook."""
+runs superseding their shards, repeats pooled by prompt; markdown / LaTeX / CSV with the CI caveat mark, pandas'
+LaTeX escaping and right-aligned numbers; analysis/ tables (plots: test_plots.py, notebook: test_notebook.py)."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -115,29 +117,84 @@ def test_table_command_formats(tree, capsys):
     assert SUBCOMMANDS["table"] == "adtbench.tables"
 
 
-def test_analysis_tables_plots_and_notebook(tree, tmp_path, monkeypatch):
-    from analysis.plots import nice_ticks, pareto_front
+def test_analysis_tables(tree, tmp_path):
+    from analysis.plots import pareto_front
     from analysis.tables import main_table, pivot, write_tables
 
     assert pareto_front([1.0, 2.0, 3.0, 2.5], [5.0, 4.0, 1.0, 0.5]) == [0, 1, 2]
     assert pareto_front([1.0, 2.0, 3.0], [5.0, 4.0, 1.0], maximize_y=False) == [2]
-    assert nice_ticks(0.93, 2.41) == [1.0, 1.5, 2.0]
     table = main_table(tree, by=["policy", "lantern"], n_boot=100)
     pv = pivot(table, "speedup", ["policy"], "lantern")
     assert list(pv.columns) == ["policy", "lantern=off", "lantern=on"] and pv.iloc[0]["lantern=on"] == "—"
     assert [p.suffix for p in write_tables(table, tmp_path / "t")] == [".md", ".tex", ".csv"]
-    # the notebook, cell by cell (the display cell needs Jupyter)
-    nb = json.loads((ROOT / "analysis" / "main_table.ipynb").read_text())
-    out = tmp_path / "nb"
-    monkeypatch.setenv("ADTBENCH_SWEEP", str(tree))
-    monkeypatch.setenv("ADTBENCH_TABLES", str(out))
-    monkeypatch.setenv("ADTBENCH_N_BOOT", "50")
-    monkeypatch.chdir(ROOT)
-    ns: dict = {}
-    for cell in nb["cells"]:
-        src = "".join(cell["source"])
-        if cell["cell_type"] == "code" and "IPython" not in src:
-            exec(compile(src, "main_table.ipynb", "exec"), ns)
-    assert sorted(p.name for p in out.iterdir()) == ["main.csv", "main.md", "main.tex", "speedup_vs_clip_score.png",
-                                                     "tau_vs_dbar.png"]  # fmt: skip
-    assert len(ns["table"]) == 3
+
+
+# ----------------------------------------------------------------------------------------------------
+# readable tables: CI caveat mark, pandas' LaTeX escaping, right-aligned numbers
+# ----------------------------------------------------------------------------------------------------
+
+SIX = [(f"p{i}", 16, 8, 40, 0.5, 1.0, 30.0 + i) for i in range(6)]
+
+
+def _separator(md: str) -> list[str]:
+    return [c.strip() for c in md.splitlines()[1].strip("|").split("|")]
+
+
+def test_ci_over_fewer_than_5_prompts_is_marked_with_a_footnote(tmp_path):
+    from adtbench.tables import render
+
+    root = tmp_path / "r"
+    write_run(root / "few", "ar", AR)  # 3 prompts
+    write_run(root / "many", "eagle2", SIX, fid=3.0)  # 6 prompts
+    t = aggregate(*load_tree(root), by=["policy"], n_boot=50)
+    md = render(t, "md")
+    rows = {line.split("|")[1].strip(): line for line in md.splitlines() if line.startswith("| ") and "---" not in line}
+    assert rows["ar"].count("]†") == 5 and "†" not in rows["eagle2"]  # τ, d̄, speedup, latency, CLIP
+    assert "3.000" in rows["eagle2"] and "3.000 †" not in rows["eagle2"]  # a set metric has no CI: no mark
+    assert md.count("† CI over fewer than 5 prompts") == 1
+    tex = render(t, "latex")
+    assert tex.count(r"$^\dagger$") == 5 + 1 and r"CI over fewer than 5 prompts" in tex  # 5 cells + the footnote
+    t_many = aggregate(*load_tree(root / "many"), by=["policy"], n_boot=50)
+    assert "†" not in render(t_many, "md") and r"\dagger" not in render(t_many, "latex")
+
+
+def test_latex_escaping_is_pandas_own(tmp_path):
+    from adtbench.tables import render
+
+    root = tmp_path / "r"
+    odd = "a_b~c^d{e}&f%g#h$i"
+    write_run(root / "x", "eagle2", EAGLE, overrides=[f"policy.tree_name={odd}"])
+    t = aggregate(*load_tree(root), by=["policy", "ov.policy.tree_name"], n_boot=20)
+    tex = render(t, "latex")
+    assert r"a\_b\textasciitilde c\textasciicircum d\{e\}\&f\%g\#h\$i" in tex
+    assert r"policy.tree\_name" in tex and r"$\tau$" in tex and r"Speedup ($\times$)" in tex
+
+
+def test_numeric_columns_are_right_aligned(tree):
+    from adtbench.tables import render
+
+    t = aggregate(*load_tree(tree), by=["policy", "lantern"], n_boot=20)
+    md = render(t, "md")
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    align = dict(zip(header, _separator(md)))
+    left, right = re.compile(r"^:-+$"), re.compile(r"^-+:$")
+    assert left.match(align["policy"]) and left.match(align["lantern"])
+    assert all(right.match(align[c]) for c in header[2:]), align  # n, runs, τ, d̄, speedup, ...
+    tex = render(t, "latex")
+    n_num = len(header) - 2
+    assert "\\begin{tabular}{ll" + "r" * n_num + "}" in tex
+
+
+def test_sweep_table_and_pivot_alignment_and_escaping(tree):
+    import importlib.util
+
+    from analysis.tables import main_table, pivot, pivot_latex
+
+    spec = importlib.util.spec_from_file_location("sweep_table", ROOT / "analysis" / "sweep_table.py")
+    st = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(st)
+    md = st.markdown_table(st.load_summaries(tree / "sweep"))
+    assert md.splitlines()[1] == "|---|---|---|---:|---:|---:|---:|"  # job policy lantern | τ d̄ speedup latency
+    pv = pivot(main_table(tree, by=["model", "policy", "lantern"], n_boot=20), "speedup", ["model", "policy"])
+    tex = pivot_latex(pv)
+    assert "\\begin{tabular}{llrr}" in tex and "tiny\\_llamagen" in tex and "tiny_llamagen" not in tex

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -114,3 +115,116 @@ def test_wandb_crash_mid_run_keeps_local_records(tmp_path, monkeypatch):
     (entry,) = tracking(tmp_path / "job")
     assert entry["status"] == "failed" and "log_sample" in entry["error"] and "went away" in entry["error"]
     assert mod.calls["log"] == 2 and mod.calls["finish"] == 0  # turned off after the crash, no further calls
+
+
+# ----------------------------------------------------------------------------------------------------
+# mode: WANDB_MODE vs logger.mode; stable run id and resume
+# ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "cfg", "on_cli", "expected"),
+    [
+        ("online", "offline", False, ("online", "env")),  # an explicit environment setting wins over the config
+        ("online", "offline", True, ("offline", "cli")),  # ... unless logger.mode was given on the command line
+        (None, "offline", False, ("offline", "config")),
+        ("", "online", False, ("online", "config")),  # an empty variable is no setting
+        ("disabled", "online", True, ("online", "cli")),
+        ("  offline ", "online", False, ("offline", "env")),
+    ],
+)
+def test_resolve_mode(env, cfg, on_cli, expected):
+    from adtbench.tracking import resolve_mode
+
+    assert resolve_mode(env, cfg, on_cli) == expected
+
+
+def test_mode_on_cli_reads_override_keys():
+    from adtbench.tracking import mode_on_cli
+
+    assert mode_on_cli(["logger=wandb", "logger.mode=online"]) is True
+    assert mode_on_cli(["++logger.mode=offline"]) is True
+    assert mode_on_cli(["logger=wandb", "logger.project=x", "policy=adt"]) is False
+    assert mode_on_cli([]) is False
+
+
+def test_mode_on_cli_from_hydra_config():
+    """Inside a Hydra app the flag comes from HydraConfig.get().overrides.task."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from adtbench.tracking import mode_on_cli
+
+    assert mode_on_cli() is False  # no Hydra app running
+    for overrides, expected in ((["logger=wandb", "logger.mode=online"], True), (["logger=wandb"], False)):
+        with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+            cfg = compose("config", overrides=overrides, return_hydra_config=True)
+        HydraConfig.instance().set_config(cfg)
+        try:
+            assert mode_on_cli() is expected
+        finally:
+            HydraConfig.instance().cfg = None
+
+
+def capture_wandb() -> types.ModuleType:
+    """A fake ``wandb`` whose ``init`` records its keyword arguments."""
+    mod = fake_wandb()
+    mod.inits = []
+    real_init = mod.init
+
+    def init(**kwargs):
+        mod.inits.append(kwargs)
+        return real_init(**kwargs)
+
+    mod.init = init
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("env", "on_cli", "mode", "source"),
+    [("online", False, "online", "env"), ("online", True, "offline", "cli"), (None, False, "offline", "config")],
+)
+def test_environment_mode_reaches_wandb_and_tracking_json(tmp_path, monkeypatch, env, on_cli, mode, source):
+    mod = capture_wandb()
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    if env is None:
+        monkeypatch.delenv("WANDB_MODE", raising=False)
+    else:
+        monkeypatch.setenv("WANDB_MODE", env)
+    tracker = build_logger(compose_cfg("logger=wandb"), tmp_path, {"policy": "adt"}, mode_on_cli=on_cli)
+    tracker.finish()
+    assert mod.inits[0]["mode"] == mode
+    (entry,) = tracking(tmp_path)
+    assert (entry["mode"], entry["mode_source"], entry["mode_config"]) == (mode, source, "offline")
+    assert entry["mode_env"] == env
+
+
+def test_stable_run_id_from_the_resolved_run_dir(tmp_path):
+    from adtbench.tracking import stable_run_id
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    rid = stable_run_id(tmp_path / "a", "adt")
+    assert rid == stable_run_id(tmp_path / "link", "adt") == stable_run_id(tmp_path / "x" / ".." / "a", "adt")
+    assert rid != stable_run_id(tmp_path / "b", "adt")
+    assert rid != stable_run_id(tmp_path / "a", "eval")  # evaluating a run dir is its own W&B run
+    assert len(rid) <= 64 and rid.replace("-", "").isalnum()
+
+
+def test_resumed_job_continues_its_own_wandb_run(tmp_path, monkeypatch):
+    """A requeued job (same run dir) resumes the W&B run of its first attempt: same id, resume='allow', and its
+    sample steps continue after the samples already in samples.jsonl."""
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    job = tmp_path / "job"
+    t0 = time.time()
+    decode(job, "logger=wandb", "logger.system_stats=false", "dataset.limit=1")
+    time.sleep(max(0.0, 1.05 - (time.time() - t0)))  # W&B names offline dirs by start second (+ run id)
+    decode(job, "logger=wandb", "logger.system_stats=false", "dataset.limit=2")  # the requeue
+    first, second = tracking(job)
+    assert first["id"] == second["id"] and first["status"] == second["status"] == "finished"
+    assert (first["first_step"], first["samples_logged"]) == (0, 1)
+    assert (second["first_step"], second["samples_logged"]) == (1, 1)  # steps continue after the first attempt
+    assert second["resume"] == "allow"
+    offline = sorted((job / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(p.name.endswith(first["id"]) for p in offline)
+    assert len(samples(job)) == 2

@@ -216,20 +216,22 @@ def main(args: list[str]) -> int:
         for run in runs:
             summary = run_eval(cfg, run, shared=shared)
             print(f"{eval_line(summary)} -> {run}")
-            _log_to_tracker(cfg, run, summary)
+            _log_to_tracker(cfg, run, summary, overrides)
     except ConfigError as e:
         print(f"adtbench: config error: {e}", file=sys.stderr)
         return 2
     return 0
 
 
-def _log_to_tracker(cfg: Any, run: Path, summary: dict[str, Any]) -> None:
-    """With ``logger=wandb``: one W&B run (job_type ``eval``) per evaluated run dir."""
+def _log_to_tracker(cfg: Any, run: Path, summary: dict[str, Any], overrides: list[str]) -> None:
+    """With ``logger=wandb``: one W&B run (job_type ``eval``, resumed on re-evaluation) per evaluated run dir;
+    ``overrides`` (this command's) tell whether ``logger.mode`` was set on the command line."""
     if str(node_get(cfg, "logger.kind", "none")) == "none":
         return
-    from adtbench.tracking import build_logger
+    from adtbench.tracking import build_logger, mode_on_cli
 
-    tracker = build_logger(cfg, run, dict(summary.get("choices") or {}), job_type="eval")
+    choices = dict(summary.get("choices") or {})
+    tracker = build_logger(cfg, run, choices, job_type="eval", mode_on_cli=mode_on_cli(overrides))
     try:
         tracker.log_summary(summary)
     finally:

@@ -156,7 +156,7 @@ def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
 def _set_metrics(ecfg: Any, ctx: EvalContext, out: MetricOutput) -> MetricOutput:
     """FID and improved P&R in the mini evaluator's feature space against ``eval.reference``."""
     from adtbench.eval import features as feat
-    from adtbench.eval.fid import frechet_distance
+    from adtbench.eval.fid import FID_IMPL, frechet_distance, rank_note
     from adtbench.eval.prc import precision_recall
 
     ext = feat.build(ecfg, "mini", ctx, "eval.mini")
@@ -165,10 +165,13 @@ def _set_metrics(ecfg: Any, ctx: EvalContext, out: MetricOutput) -> MetricOutput
     base = {"n": len(gen), "reference": desc, "features": "mini evaluator features()"}
     out.entries["mini_fid"] = base | {
         "value": frechet_distance(ref["features"], gen),
-        "impl": "torchmetrics Fréchet distance on mini evaluator features",
+        "impl": f"{FID_IMPL} on mini evaluator features",
         "scale": "FID in mini-feature space (lower is better; not comparable to Inception FID)",
         "higher_is_better": False,
     }
+    note = rank_note(len(gen), len(ref["features"]), gen.shape[1], "mini_fid")
+    if note is not None:
+        out.entries["mini_fid"]["note"] = note
     k = int(node_get(ecfg, "prc.k", 3))
     if min(len(gen), len(ref["features"])) > k:
         p, r = precision_recall(ref["features"], gen, k)

@@ -1,10 +1,13 @@
-"""Improved precision and recall (Kynkäänniemi et al., 2019) on image features, k = 3 by default.
+"""Improved precision and recall (Kynkäänniemi et al., 2019) on image features, k = 3 by default, computed by
+torch-fidelity's own ``metric_prc.prc_features_to_metric`` (the features come from our injectable extractors,
+:mod:`adtbench.eval.features`).
 
 Each set's manifold is the union of balls centred at its points with radius = the distance to the point's
-k-th nearest neighbour within the same set (the point itself excluded). Precision = fraction of generated
-points inside the reference manifold; recall = fraction of reference points inside the generated manifold.
-A point on a ball's boundary counts as inside (``≤``, as in the paper's reference code; ``prdc`` uses ``<``,
-which differs only on exact ties). Distances are Euclidean, computed in float64 in row blocks.
+k-th nearest neighbour within the same set (the point itself excluded: torch-fidelity's ``kthvalue(k + 1)``).
+Precision = fraction of generated points inside the reference manifold; recall = fraction of reference points
+inside the generated manifold. A point on a ball's boundary counts as inside (``≤``, as in torch-fidelity and
+the paper's reference code; ``prdc`` uses ``<``, which differs only on exact ties). Distances are Euclidean,
+computed in float64.
 """
 
 from __future__ import annotations
@@ -17,38 +20,24 @@ from adtbench.eval import features as feat
 from adtbench.eval.common import node_get, package_version
 from adtbench.eval.context import EvalContext, MetricOutput
 
-_BLOCK = 1024
-
-
-def knn_radii(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Distance of every row of ``x`` to its k-th nearest other row (self excluded)."""
-    if len(x) <= k:
-        raise ValueError(f"need more than k={k} points per set, got {len(x)}")
-    out = []
-    for i in range(0, len(x), _BLOCK):
-        d = torch.cdist(x[i : i + _BLOCK], x)
-        # the k+1 smallest include the point itself (distance 0): take the (k+1)-th
-        out.append(d.topk(k + 1, dim=1, largest=False).values[:, k])
-    return torch.cat(out)
-
-
-def _covered(points: torch.Tensor, centres: torch.Tensor, radii: torch.Tensor) -> torch.Tensor:
-    """Bool per row of ``points``: inside at least one ball (centre, radius)."""
-    hits = []
-    for i in range(0, len(points), _BLOCK):
-        d = torch.cdist(points[i : i + _BLOCK], centres)
-        hits.append((d <= radii.unsqueeze(0)).any(dim=1))
-    return torch.cat(hits)
+_BLOCK = 10000  # torch-fidelity's prc_batch_size default
+IMPL = "torch-fidelity prc_features_to_metric (improved P&R, Kynkäänniemi et al. 2019; inside = ≤ k-NN radius)"
 
 
 def precision_recall(real: torch.Tensor, fake: torch.Tensor, k: int = 3) -> tuple[float, float]:
-    """Improved (precision, recall) of ``fake`` against ``real`` (feature rows ``[N, d]``, ``[M, d]``)."""
-    real, fake = real.double(), fake.double()
+    """Improved (precision, recall) of ``fake`` against ``real`` (feature rows ``[N, d]``, ``[M, d]``; each set
+    needs more than ``k`` rows), by torch-fidelity in float64."""
+    from torch_fidelity.metric_prc import KEY_METRIC_PRECISION, KEY_METRIC_RECALL, prc_features_to_metric
+
+    real, fake = real.detach().double().cpu(), fake.detach().double().cpu()
     if real.ndim != 2 or fake.ndim != 2 or real.shape[1] != fake.shape[1]:
         raise ValueError(f"feature sets must be [N, d] with equal d, got {tuple(real.shape)} and {tuple(fake.shape)}")
-    precision = _covered(fake, real, knn_radii(real, k)).double().mean().item()
-    recall = _covered(real, fake, knn_radii(fake, k)).double().mean().item()
-    return precision, recall
+    if min(len(real), len(fake)) <= k:
+        raise ValueError(f"need more than k={k} points per set, got {len(real)} and {len(fake)}")
+    out = prc_features_to_metric(  # torch-fidelity's convention: features_1 = generated, features_2 = real
+        fake, real, prc_neighborhood=int(k), prc_batch_size=_BLOCK, save_cpu_ram=False, verbose=False
+    )
+    return float(out[KEY_METRIC_PRECISION]), float(out[KEY_METRIC_RECALL])
 
 
 def validate(ecfg: Any) -> None:
@@ -68,7 +57,7 @@ def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
     common = {
         "n": len(gen),
         "k": k,
-        "impl": "adtbench improved precision/recall (Kynkäänniemi et al. 2019; inside = distance ≤ k-NN radius)",
+        "impl": IMPL,
         "version": {"torch": torch.__version__, "torch-fidelity": package_version("torch-fidelity")},
         "features": feat.describe(ext, ctx),
         "weights": feat.describe(ext, ctx)["weights"],
