@@ -238,7 +238,7 @@ def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
                 torch.cuda.synchronize()
             if r >= 2:
                 times[i].append(1e3 * (time.perf_counter() - t))
-    return np.maximum.accumulate([float(np.median(t)) for t in times]).tolist()
+    return [float(m) for m in np.maximum.accumulate([float(np.median(t)) for t in times])]
 
 
 @torch.no_grad()
@@ -266,7 +266,7 @@ def measure_cost(
     rows, dev = target.rows, target.device
 
     def toks(n: int) -> torch.Tensor:
-        return lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        return int(lay.image_token_offset) + torch.randint(0, lay.num_codes, (n,), generator=gen)
 
     cases = []
     for n in v_sizes:
@@ -287,7 +287,8 @@ def measure_cost(
         drafter.length = base_len  # re-extend the same two slots each time
         out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
         s = DraftSession(drafter, target, sp, int(toks(1)), length // 2, target.next_pos.clone(), out, None)
-        return s.root_logprobs()
+        logprobs: torch.Tensor = s.root_logprobs()
+        return logprobs
 
     for _ in range(2):
         fixed()

@@ -25,7 +25,7 @@ import torch
 
 from adtbench.drafters.eagle import EagleDrafter
 from adtbench.drafters.session import DraftSession
-from adtbench.models.base import PromptInputs, Target
+from adtbench.models.base import PrefillResult, PromptInputs, Target
 from adtbench.policies.base import TreePolicy
 from adtbench.sampling import SamplingParams, next_token, process_logits
 from adtbench.tree import DraftTree, root_only
@@ -85,7 +85,7 @@ class Clock:
 
 def prefill(
     target: Target, inputs: PromptInputs, sp: SamplingParams, max_tree_nodes: int, generator: torch.Generator | None
-):
+) -> tuple[int, PrefillResult]:
     """Run the prompt; returns (first image token, ``PrefillResult``)."""
     res = target.start(inputs, max_tree_nodes)
     processed = process_logits(res.logits[:, None], torch.zeros(1, dtype=torch.long), target.layout, sp)[0]
