@@ -32,6 +32,7 @@ import re
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -363,9 +364,8 @@ def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
 
     tracker = build_logger(cfg, run_dir, choices)
     try:
-        summary = _decode_all(
-            cfg, todo, target, decode, store, tracker, run_dir, choices, env, len(prompts), rule, run_info
-        )
+        ctx = RunContext(cfg, run_dir, choices, target, decode, store, tracker, env, len(prompts), rule.name)
+        summary = _decode_all(ctx, todo, run_info)
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.eval import run_eval
 
@@ -460,11 +460,34 @@ def timed_prompt(
     return runs, bases
 
 
-def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env, n_prompts, rule, run_info) -> dict:
+@dataclasses.dataclass
+class RunContext:
+    """What one job's decode loop works with, fixed once the models are built: the composed config, where
+    results go, the target and the ``decode(prompt, seed, method)`` closure over it, the result store and
+    tracker, and what every summary records (choices, environment, prompt count, acceptance rule)."""
+
+    cfg: DictConfig
+    run_dir: Path
+    choices: dict[str, str]
+    target: Any
+    decode: Callable[[Prompt, int, bool], GenerationResult]
+    store: ResultStore
+    tracker: Any
+    env: dict[str, Any]
+    n_prompts: int
+    rule_name: str = "exact"
+
+    def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
+        """:func:`make_summary` of ``records`` for this job."""
+        return make_summary(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info)
+
+
+def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -> dict:
     """Decode every unfinished prompt (baseline and method, ``timing.repeats`` times), commit its records, refresh
     the summary; the load average is read just before and just after this timed work."""
     from tqdm import tqdm
 
+    cfg, target, store, tracker, run_dir = ctx.cfg, ctx.target, ctx.store, ctx.tracker, ctx.run_dir
     policy_name = str(cfg.policy.name)
     repeats = timing_repeats(cfg)
     records = [slim(r) for r in store.records()]
@@ -479,7 +502,7 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
     last_summary = time.perf_counter()
     for i, p in enumerate(tqdm(todo, desc=policy_name, disable=not cfg.progress, file=sys.stderr)):
         seed = prompt_seed(int(cfg.seed), p.prompt_id)
-        runs, bases = timed_prompt(decode, p, seed, repeats, bool(cfg.baseline), i * repeats)
+        runs, bases = timed_prompt(ctx.decode, p, seed, repeats, bool(cfg.baseline), i * repeats)
         res = runs[0]
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
         trace = trace_record(p.prompt_id, res)
@@ -491,7 +514,7 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
             write_sample_maps(run_dir, trace, target.layout)
         records.append(slim(record))
         if time.perf_counter() - last_summary > SUMMARY_EVERY_S:  # keep summary.json current, cheaply
-            store.write_summary(make_summary(records, cfg, choices, env, n_prompts, rule.name, run_info))
+            store.write_summary(ctx.summary(records, run_info))
             last_summary = time.perf_counter()
         tracker.log_sample(record, trace, image)
     avg = load_average()
@@ -501,7 +524,7 @@ def _decode_all(cfg, todo, target, decode, store, tracker, run_dir, choices, env
     log.info("load average (1/5/15 min) after the timed work: %s", avg)
     if run_info["load_warning"]:
         log.warning("%s", run_info["load_warning"])
-    summary = make_summary(records, cfg, choices, env, n_prompts, rule.name, run_info)
+    summary = ctx.summary(records, run_info)
     store.write_summary(summary)
     if cfg.get("maps") is not None and cfg.maps.get("per_run"):
         from adtbench.maps import write_run_maps

@@ -25,6 +25,7 @@ AR baseline in the same job; τ, d̄, speedup with its CI and median, and the co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -34,7 +35,7 @@ from typing import Any
 import torch
 from hydra import compose, initialize_config_dir
 
-from adtbench.config import build_rule, prompt_seed, register_resolvers, resolve_paths, validate
+from adtbench.config import build_rule, build_sampling, prompt_seed, register_resolvers, resolve_paths, validate
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import generate
 from adtbench.errors import ConfigError
@@ -196,7 +197,6 @@ def cost(cfg: Any) -> dict:
     from adtbench.cost import measure_cost
     from adtbench.drafters.build import build_drafter
     from adtbench.models.registry import build_target
-    from adtbench.sampling import SamplingParams
 
     b = cfg.bench
     register_resolvers()
@@ -210,7 +210,9 @@ def cost(cfg: Any) -> dict:
     drafter = build_drafter(cfg.drafter, target) if str(cfg.drafter.get("kind")) == "eagle" else None
     if drafter is None:
         drafter = build_drafter(OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None}), target)
-    sp = SamplingParams(temperature=1.0, top_k=0, cfg_scale=3.0 if target.supports_cfg else 1.0)
+    sp = build_sampling(cfg.sampling)  # the composed sampling group (default: T = 1, CFG 3)
+    if not target.supports_cfg:
+        sp = dataclasses.replace(sp, cfg_scale=1.0)
     model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
     sync = target.device.type == "cuda"
     result: dict[str, Any] = {

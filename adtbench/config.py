@@ -14,11 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from adtbench import schema
 from adtbench.errors import ConfigError
-from adtbench.policies.ar import ArPolicy
-from adtbench.policies.base import TreePolicy
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.policies.static import SHAPES, ChainPolicy, StaticTreePolicy
+from adtbench.policies import POLICIES, TreePolicy
 from adtbench.sampling import SamplingParams
 from adtbench.verify import EXACT, AcceptanceRule
 
@@ -92,8 +90,9 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
-def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
-    v = _get(cfg, key)
+def _check_number(value: Any, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
+    """``value`` as ``kind`` (int: no bools, no floats) within [lo, hi]; else ConfigError naming ``key``."""
+    v = value
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
         raise ConfigError(key, f"must be {'an integer' if kind is int else 'a number'}, got {v!r}")
     if lo is not None and v < lo:
@@ -103,54 +102,50 @@ def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: 
     return kind(v)
 
 
-def build_sampling(cfg: DictConfig) -> SamplingParams:
-    t = _number(cfg, "sampling.temperature", float, lo=0.0)
-    k = _number(cfg, "sampling.top_k", int, lo=0)
-    p = _number(cfg, "sampling.top_p", float, hi=1.0)
-    if p <= 0.0:
-        raise ConfigError("sampling.top_p", f"must be in (0, 1], got {p}")
-    s = _number(cfg, "sampling.cfg_scale", float, lo=0.0)
-    return SamplingParams(temperature=t, top_k=k, top_p=p, cfg_scale=s)
+def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
+    return _check_number(_get(cfg, key), key, kind, lo, hi)
+
+
+SAMPLING_FIELDS = {"temperature": (float, 0.0, None), "top_k": (int, 0, None), "top_p": (float, None, 1.0),
+                   "cfg_scale": (float, 0.0, None)}  # fmt: skip
+
+
+def build_sampling(node: Any, key: str = "sampling") -> SamplingParams:
+    """The one place a ``SamplingParams`` is made from config: ``node`` is a sampling mapping (``cfg.sampling``,
+    a training stage's ``sampling`` / ``teacher.sampling``, a model's ``lm_sampling``, or a dict) with any of
+    ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``; an absent key takes ``SamplingParams``' default, a
+    ``???`` one is an error. Checked: types (no bools; ``top_k`` an integer), temperature ≥ 0, top_k ≥ 0,
+    top_p in (0, 1], cfg_scale ≥ 0. Errors name ``<key>.<field>`` (``<field>`` when ``key`` is empty)."""
+    if node is None or not (isinstance(node, dict) or OmegaConf.is_dict(node)):
+        raise ConfigError(key or "sampling", f"must be a mapping of {sorted(SAMPLING_FIELDS)}, got {node!r}")
+    values: dict[str, Any] = {}
+    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
+        full = f"{key}.{name}" if key else name
+        if name not in list(node.keys()):  # a DictConfig is False for `in` on a ??? value; keys() hold it
+            continue
+        if OmegaConf.is_config(node) and OmegaConf.is_missing(node, name):
+            raise ConfigError(full, f"is required (value ???) — set it on the command line, e.g. {full}=...")
+        values[name] = _check_number(node[name], full, kind, lo, hi)
+    if values.get("top_p", 1.0) <= 0.0:
+        raise ConfigError(f"{key}.top_p" if key else "top_p", f"must be in (0, 1], got {values['top_p']}")
+    return SamplingParams(**values)
 
 
 def build_policy(cfg: DictConfig) -> TreePolicy:
-    """Tree policy from ``cfg.policy`` (constructors validate their own fields)."""
+    """``POLICIES.build(policy.name, cfg.policy)``: the node is checked against its schema first
+    (``adtbench.schema``); each policy's builder (in its own module) and constructor check values."""
     name = str(_get(cfg, "policy.name"))
-    if name == "ar":
-        return ArPolicy()
-    if name == "chain":
-        return ChainPolicy(_number(cfg, "policy.depth", int), str(_get(cfg, "policy.draft_sampling")))
-    if name == "static":
-        tree = _get(cfg, "policy.tree")
-        if isinstance(tree, str):
-            if tree not in SHAPES:
-                raise ConfigError("policy.tree", f"unknown shape {tree!r}; shipped shapes: {sorted(SHAPES)}")
-            paths = SHAPES[tree]
-        else:
-            paths = OmegaConf.to_container(tree) if OmegaConf.is_config(tree) else tree
-        return StaticTreePolicy(paths, str(_get(cfg, "policy.draft_sampling")), name="static")  # type: ignore[arg-type]
-    if name == "eagle2":
-        return Eagle2Policy(
-            _number(cfg, "policy.depth", int),
-            _number(cfg, "policy.top_k", int),
-            _number(cfg, "policy.total_tokens", int),
-            str(cfg.policy.get("budget", "fixed")),
-            cfg.policy.get("calibrate", True),
-        )
-    if name == "adt":
-        from adtbench.policies.adt import build_adt_policy
-
-        return build_adt_policy(cfg.policy)
-    raise ConfigError("policy.name", f"unknown policy {name!r}")
+    builder = POLICIES.get(name)  # unknown names: ConfigError naming ``policy`` and the known ones
+    schema.check_group(cfg, "policy")
+    return builder(cfg.policy)
 
 
 def validate_model(cfg: DictConfig) -> None:
-    from adtbench.models.registry import FAMILIES
+    from adtbench.models.registry import FAMILIES, resolve_device, resolve_dtype
 
     family = str(_get(cfg, "model.family"))
-    if family not in FAMILIES:
-        raise ConfigError("model.family", f"unknown family {family!r}; known: {sorted(FAMILIES)}")
-    from adtbench.models.registry import resolve_device, resolve_dtype
+    if family not in FAMILIES:  # checked without importing the family's adapter
+        FAMILIES.get(family)  # raises the registry's ConfigError naming model.family and the known families
 
     dev = resolve_device(_get(cfg, "model.device"))  # accepts auto (cuda if available)
     resolve_dtype(_get(cfg, "model.dtype"), dev)  # accepts auto (bf16 on GPU, fp32 on CPU)
@@ -244,7 +239,11 @@ def build_rule(cfg: DictConfig, target: Any) -> AcceptanceRule:
 
 
 def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
-    """Check everything that can be checked without weights. Returns the sampling params and the policy."""
+    """Check everything that can be checked without weights. Returns the sampling params and the policy.
+
+    First the whole config against its typed schema (``adtbench.schema.check``: unknown keys, types), then the
+    ranges and the cross-key rules below; every error is a ConfigError naming the key."""
+    schema.check(cfg)
     _number(cfg, "seed", int)
     _number(cfg, "warmup", int, lo=0)
     _number(cfg, "max_tree_nodes", int, lo=1)
@@ -253,7 +252,7 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, TreePolicy]:
     timing_repeats(cfg)
     if engine_compile(cfg) and int(cfg.warmup) < 1:
         raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
-    sp = build_sampling(cfg)
+    sp = build_sampling(_get(cfg, "sampling"))
     policy = build_policy(cfg)
     if cfg.get("lantern") is not None and bool(cfg.lantern.get("enabled", False)):
         from adtbench.lantern import lantern_params

@@ -155,24 +155,49 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     assert sorted(p.name for p in (out / "images").iterdir()) == sorted(f"{i}.png" for i in ids)
 
 
-@pytest.mark.parametrize(
-    "override,key",
-    [
-        ("policy.depth=0", "policy.depth"),
-        ("policy.top_k=0", "policy.top_k"),
-        ("policy.total_tokens=500", "policy.total_tokens"),
-        ("sampling.temperature=-1", "sampling.temperature"),
-        ("sampling.top_p=0", "sampling.top_p"),
-        ("drafter=none", "drafter"),
-        ("dataset=text", "dataset.path"),
-        ("dataset.path=/nonexistent/prompts.txt", "dataset.path"),
-        ("model.dtype=float8", "model.dtype"),
-    ],
-)
-def test_bad_input_names_the_key_before_loading(tmp_path, override, key):
+BAD_INPUT = [
+    ("policy.depth=0", "policy.depth"),
+    ("policy.top_k=0", "policy.top_k"),
+    ("policy.total_tokens=500", "policy.total_tokens"),
+    ("sampling.temperature=-1", "sampling.temperature"),
+    ("sampling.top_p=0", "sampling.top_p"),
+    ("drafter=none", "drafter"),
+    ("dataset=text", "dataset.path"),
+    ("dataset.path=/nonexistent/prompts.txt", "dataset.path"),
+    ("model.dtype=float8", "model.dtype"),
+    ("policy.depth=deep", "policy.depth"),  # a type the schema cannot convert
+    ("+policy.width=3", "policy.width"),  # a key the schema does not know
+]
+
+
+def compose_app(*overrides: str):
+    """The app's config for ``overrides`` (tiny defaults, ``FAST``), composed in-process like ``run.py``."""
+    from adtbench.config import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose("config", overrides=with_tiny([*overrides, *FAST]))
+
+
+@pytest.mark.parametrize("override,key", BAD_INPUT)
+def test_bad_input_names_the_key_before_loading(tmp_path, caplog, override, key):
+    """In-process: the app's ``run`` raises the ConfigError naming ``key`` before any model is loaded (the
+    ``main`` wrapper turns it into one line and exit 2: the end-to-end cases below)."""
+    from adtbench.app import run
+    from adtbench.errors import ConfigError
+
+    caplog.set_level("INFO", logger="adtbench")
+    with pytest.raises(ConfigError) as e:
+        run(compose_app(override), tmp_path / "x", {})
+    assert e.value.key == key
+    assert not any("loading model" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("override,key", [BAD_INPUT[2], BAD_INPUT[6]])
+def test_bad_input_from_the_command_line_is_one_line_exit_2(tmp_path, override, key):
     proc = run_cli(override, f"hydra.run.dir={tmp_path / 'x'}", *FAST, check=False)
     assert proc.returncode == 2, proc.stderr
-    assert key in proc.stderr
+    assert key in proc.stderr and "adtbench: config error:" in proc.stderr
     assert "loading model" not in proc.stderr + proc.stdout
 
 

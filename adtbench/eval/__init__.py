@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,10 @@ from adtbench.errors import ConfigError
 from adtbench.eval import aesthetic, clip_score, export, fid, hps, mini, prc
 from adtbench.eval.common import load_run_samples, node_get, pick_device, prompt_ids_digest
 from adtbench.eval.context import EvalContext, MetricOutput
+from adtbench.registry import Registry
 from adtbench.results import SAMPLES_FILE, SUMMARY_FILE, to_jsonable
 
-__all__ = ["EVAL_FILE", "EVAL_SAMPLES_FILE", "METRICS", "main", "run_eval", "validate"]
+__all__ = ["EVAL_FILE", "EVAL_SAMPLES_FILE", "METRICS", "Metric", "main", "run_eval", "validate"]
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +48,45 @@ EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 
 Validator = Callable[[Any], None]
 Computer = Callable[[Any, EvalContext], MetricOutput]
-METRICS: dict[str, tuple[Validator, Computer]] = {
-    "clip": (clip_score.validate, clip_score.compute),
-    "hps": (hps.validate, hps.compute),
-    "aesthetic": (aesthetic.validate, aesthetic.compute),
-    "fid": (fid.validate, fid.compute),
-    "is": (fid.validate_is, fid.compute_is),
-    "prc": (prc.validate, prc.compute),
-    "mini": (mini.validate, mini.compute),
-    "geneval": (export.validate_geneval, export.geneval),
-    "dpg": (export.validate_dpg, export.dpg),
-}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One ``eval.metrics`` entry: ``validate(eval_node)`` checks its config and weight paths without loading
+    anything; calling it, ``metric(eval_node, ctx)``, computes its summary blocks."""
+
+    validate: Validator
+    compute: Computer
+
+    def __call__(self, ecfg: Any, ctx: EvalContext) -> MetricOutput:
+        return self.compute(ecfg, ctx)
+
+
+METRICS: Registry[MetricOutput] = Registry("eval.metrics")
+"""metric name → :class:`Metric` (``METRICS.get(name).validate``, ``METRICS.build(name, ecfg, ctx)``)."""
+for _name, _metric in (
+    ("clip", Metric(clip_score.validate, clip_score.compute)),
+    ("hps", Metric(hps.validate, hps.compute)),
+    ("aesthetic", Metric(aesthetic.validate, aesthetic.compute)),
+    ("fid", Metric(fid.validate, fid.compute)),
+    ("is", Metric(fid.validate_is, fid.compute_is)),
+    ("prc", Metric(prc.validate, prc.compute)),
+    ("mini", Metric(mini.validate, mini.compute)),
+    ("geneval", Metric(export.validate_geneval, export.geneval)),
+    ("dpg", Metric(export.validate_dpg, export.dpg)),
+):
+    METRICS.register(_name, _metric)
 
 
 def selected(cfg: Any) -> list[str]:
-    """The metric names of ``cfg.eval`` (empty for ``eval=none``); unknown names are a ConfigError."""
+    """The metric names of ``cfg.eval`` (empty for ``eval=none``); unknown names are a ConfigError naming
+    ``eval.metrics`` and the known metrics."""
     ecfg = cfg.get("eval") if hasattr(cfg, "get") else None
     if ecfg is None or str(node_get(ecfg, "kind", "none")) == "none":
         return []
     names = [str(m) for m in (node_get(ecfg, "metrics", []) or [])]
     for m in names:
-        if m not in METRICS:
-            raise ConfigError("eval.metrics", f"unknown metric {m!r}; known: {sorted(METRICS)}")
+        METRICS.get(m)
     return names
 
 
@@ -81,8 +100,14 @@ def validate(cfg: Any, inject: dict[str, Any] | None = None) -> list[str]:
     for name in names:
         if stand_ins.get(name) in inject or (name in ("fid", "prc", "is") and _extractor_injected(cfg, name, inject)):
             continue
-        METRICS[name][0](cfg.eval)
+        _metric_of(name).validate(cfg.eval)
     return names
+
+
+def _metric_of(name: str) -> Metric:
+    entry = METRICS.get(name)
+    assert isinstance(entry, Metric)
+    return entry
 
 
 def _extractor_injected(cfg: Any, name: str, inject: dict[str, Any]) -> bool:
@@ -151,7 +176,7 @@ def run_eval(
     for name in names if samples else []:
         t0 = time.perf_counter()
         try:
-            out = METRICS[name][1](ecfg, ctx)
+            out = METRICS.build(name, ecfg, ctx)
         except Exception as e:  # keep what finished, record the failure, then re-raise
             block["error"] = {"metric": name, "type": type(e).__name__, "message": str(e)}
             error = e

@@ -21,7 +21,6 @@ Loading conventions (all adapters):
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import re
@@ -33,15 +32,16 @@ import torch
 
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
+from adtbench.registry import Registry
 
-FAMILIES: dict[str, str] = {
-    "llamagen": "adtbench.models.llamagen",
-    "chameleon": "adtbench.models.chameleon",
-    "anole": "adtbench.models.chameleon",
-    "lumina": "adtbench.models.lumina",
-    "tar": "adtbench.models.tar",
-    "mini": "adtbench.models.mini",
-}
+FAMILIES: Registry[Target] = Registry("model.family")
+"""``model.family`` → the adapter's ``build_target(model_cfg)``, registered lazily by dotted path so that
+selecting one family never imports another's dependencies (transformers, sentencepiece …)."""
+for _family, _module in (
+    ("llamagen", "llamagen"), ("chameleon", "chameleon"), ("anole", "chameleon"), ("lumina", "lumina"),
+    ("tar", "tar"), ("mini", "mini"),
+):  # fmt: skip
+    FAMILIES.register(_family, f"adtbench.models.{_module}:build_target")
 
 SIDECAR = "adtbench.json"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,11 +49,11 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def build_target(cfg: Any) -> Target:
-    family = str(cfg.family)
-    if family not in FAMILIES:
-        raise ConfigError("model.family", f"unknown family {family!r}; known: {sorted(FAMILIES)}")
+    """The target of the model node ``cfg`` (its checkpoint's sidecar merged in first); unknown families are a
+    ConfigError naming ``model.family``."""
+    builder = FAMILIES.get(str(cfg.family))
     apply_sidecar(cfg)
-    return importlib.import_module(FAMILIES[family]).build_target(cfg)
+    return builder(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------

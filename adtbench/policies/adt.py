@@ -57,7 +57,7 @@ from adtbench.cost import PolicyBudget
 from adtbench.drafters.session import DraftSession
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
-from adtbench.policies.base import TreePolicy
+from adtbench.policies.base import POLICIES, TreePolicy
 from adtbench.policies.eagle2 import build_eagle2_tree, eagle2_candidates
 from adtbench.tree import DraftTree
 from adtbench.verify import Acceptance
@@ -256,6 +256,7 @@ def neighbours(layout: TokenLayout, s: int, init: str) -> list[tuple[int, str]]:
     return order
 
 
+@POLICIES.register("adt")
 def build_adt_policy(node: Any) -> ADTPolicy:
     """``ADTPolicy`` from the ``policy`` config node (unknown keys are a ConfigError naming them)."""
     from omegaconf import OmegaConf

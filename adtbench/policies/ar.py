@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from adtbench.drafters.session import DraftSession
-from adtbench.policies.base import TreePolicy
+from adtbench.policies.base import POLICIES, TreePolicy
 from adtbench.tree import DraftTree, root_only
 
 
@@ -13,3 +15,9 @@ class ArPolicy(TreePolicy):
 
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
         return root_only(session.root_token)
+
+
+@POLICIES.register("ar")
+def build_ar(node: Any) -> ArPolicy:
+    """``policy=ar`` (no keys besides ``name``)."""
+    return ArPolicy()

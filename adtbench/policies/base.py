@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from adtbench.drafters.session import DraftSession
+from adtbench.registry import Registry
 from adtbench.tree import DraftTree
 from adtbench.verify import Acceptance
 
@@ -46,6 +47,12 @@ class TreePolicy(ABC):
         Policies that size their trees to the machine (``budget: cost``) load or measure their cost model
         here (cached under ``cache_dir``); others do nothing.
         """
+
+
+POLICIES: Registry[TreePolicy] = Registry("policy")
+"""``policy.name`` → builder(policy node) → TreePolicy; each policy module registers its own builder(s), and
+``import adtbench.policies`` imports them all. Builders get a node already checked against its schema
+(``adtbench.schema``); constructors check ranges and choices, naming ``policy.<key>``."""
 
 
 def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:

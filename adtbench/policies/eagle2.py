@@ -25,7 +25,7 @@ import torch
 from adtbench.cost import PolicyBudget, TreeBudget
 from adtbench.drafters.session import DraftSession
 from adtbench.errors import ConfigError
-from adtbench.policies.base import TreePolicy, stable_topk
+from adtbench.policies.base import POLICIES, TreePolicy, stable_topk
 from adtbench.tree import DraftTree
 from adtbench.verify import Acceptance
 
@@ -169,3 +169,12 @@ class Eagle2Policy(TreePolicy):
 
     def reset(self) -> None:
         self.cost.reset()
+
+
+@POLICIES.register("eagle2")
+def build_eagle2(node: Any) -> Eagle2Policy:
+    """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``."""
+    return Eagle2Policy(
+        int(node.depth), int(node.top_k), int(node.total_tokens), str(node.get("budget", "fixed")),
+        node.get("calibrate", True),
+    )  # fmt: skip

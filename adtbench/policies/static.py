@@ -14,11 +14,12 @@ forward per level over all nodes of that level that have children.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from adtbench.drafters.session import DraftSession
-from adtbench.policies.base import TreePolicy, sample_without_replacement, stable_topk
+from adtbench.policies.base import POLICIES, TreePolicy, sample_without_replacement, stable_topk
 from adtbench.tree import DraftTree
 
 # mc_sim_7b_63: EAGLE-1's default tree (SafeAILab/EAGLE eagle/model/choices.py), 25 nodes, depth 5.
@@ -144,3 +145,27 @@ class ChainPolicy(StaticTreePolicy):
 
             raise ConfigError("policy.depth", f"must be ≥ 1, got {depth}")
         super().__init__(chain_paths(depth), draft_sampling, name="chain")
+
+
+@POLICIES.register("chain")
+def build_chain(node: Any) -> ChainPolicy:
+    """``policy=chain``: ``depth``, ``draft_sampling``."""
+    return ChainPolicy(int(node.depth), str(node.draft_sampling))
+
+
+@POLICIES.register("static")
+def build_static(node: Any) -> StaticTreePolicy:
+    """``policy=static``: ``tree`` (a name in ``SHAPES`` or a list of child-rank paths), ``draft_sampling``."""
+    from omegaconf import OmegaConf
+
+    from adtbench.errors import ConfigError
+
+    tree = node.tree
+    paths: Any
+    if isinstance(tree, str):
+        if tree not in SHAPES:
+            raise ConfigError("policy.tree", f"unknown shape {tree!r}; shipped shapes: {sorted(SHAPES)}")
+        paths = SHAPES[tree]
+    else:
+        paths = OmegaConf.to_container(tree) if OmegaConf.is_config(tree) else tree
+    return StaticTreePolicy(paths, str(node.draft_sampling), name="static")

@@ -208,13 +208,12 @@ def sample_grid(cfg: DictConfig, model: ARModel, vq, captions: list[str], dev: t
     """AR samples through the real engine (``decode_ar``, CFG) → ``samples.png`` (+ evaluator agreement)."""
     from PIL import Image
 
+    from adtbench.config import build_sampling
     from adtbench.engine import decode_ar
     from adtbench.models.llamagen import LlamaGenTarget
-    from adtbench.sampling import SamplingParams
 
     target = LlamaGenTarget(model.gpt, vq, model.text.encode, device=dev)
-    s = cfg.sampling
-    sp = SamplingParams(float(s.temperature), int(s.top_k), float(s.top_p), float(s.cfg_scale))
+    sp = build_sampling(cfg.sampling)
     imgs = []
     for i, text in enumerate(captions):
         g = torch.Generator().manual_seed(int(cfg.seed) * 1000 + i)

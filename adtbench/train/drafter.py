@@ -275,7 +275,7 @@ def teacher_sequences(cfg: DictConfig, target: Target, split: str, count: int) -
     if src == "scenes":
         return scene_sequences(target, int(t.scene_seed), split, count, t.get("size"))
     if src == "generated":
-        from adtbench.sampling import SamplingParams
+        from adtbench.config import build_sampling
 
         if t.get("prompts"):
             lines = Path(str(t.prompts)).read_text().splitlines()
@@ -285,8 +285,7 @@ def teacher_sequences(cfg: DictConfig, target: Target, split: str, count: int) -
             from adtbench.scenes import iter_split
 
             prompts = [s.caption for _, s in iter_split(int(t.scene_seed), split, count)]
-        s = t.sampling
-        sp = SamplingParams(float(s.temperature), int(s.top_k), float(s.top_p), float(s.cfg_scale))
+        sp = build_sampling(t.sampling, "teacher.sampling")
         return generated_sequences(target, prompts, sp, int(cfg.seed) + (0 if split == "train" else 10**6))
     if src == "file":
         return file_sequences(str(t.file), split, count)
@@ -431,13 +430,13 @@ def evaluate(cfg: DictConfig, drafter: EagleDrafter, target: Target, held: list[
 @torch.no_grad()
 def engine_tau(cfg: DictConfig, drafter: EagleDrafter, target: Target, prompts: list[str]) -> dict[str, float]:
     """Mean τ of EAGLE-2 trees (depth 4, K 10, 59 nodes) with this drafter, greedy and T = 1 (CFG 3)."""
+    from adtbench.config import build_sampling
     from adtbench.engine import generate
     from adtbench.policies.eagle2 import Eagle2Policy
-    from adtbench.sampling import SamplingParams
 
     out = {}
     for tag, temp in (("greedy", 0.0), ("t1", 1.0)):
-        sp = SamplingParams(temperature=temp, cfg_scale=float(cfg.cfg_scale))
+        sp = build_sampling({"temperature": temp, "cfg_scale": cfg.cfg_scale}, key="")  # errors name cfg_scale
         taus = []
         for i, p in enumerate(prompts):
             g = torch.Generator().manual_seed(i)

@@ -1,0 +1,134 @@
+"""The typed config schema (adtbench.schema), the one SamplingParams builder and the registries it feeds."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from adtbench import schema
+from adtbench.config import build_policy, build_sampling, config_fingerprint, register_resolvers, validate
+from adtbench.errors import ConfigError
+from adtbench.sampling import SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+def config(*overrides: str):
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(CONF)):
+        return compose("config", overrides=list(overrides))
+
+
+@pytest.mark.parametrize("group", [*schema.GROUPS, "policy"])
+def test_every_shipped_yaml_fits_its_schema(group):
+    """Each option file of a fixed-key group sets only schema fields, with values of the fields' types."""
+    files = sorted((CONF / group).glob("*.yaml")) if (CONF / group).is_dir() else []
+    if group in ("timing", "engine"):  # top-level nodes of config.yaml
+        files, nodes = [], [OmegaConf.load(CONF / "config.yaml")[group]]
+    else:
+        nodes = [OmegaConf.load(f) for f in files]
+    assert nodes
+    for node in nodes:
+        s = schema.POLICY_SCHEMAS[str(node.name)] if group == "policy" else schema.GROUPS[group]
+        OmegaConf.merge(OmegaConf.structured(s), node)  # raises on an unknown key or a wrong type
+
+
+@pytest.mark.parametrize("name", ["ar", "chain", "static", "eagle2", "adt"])
+def test_policy_schema_defaults_are_the_yaml_defaults(name):
+    node = OmegaConf.to_container(OmegaConf.load(CONF / "policy" / f"{name}.yaml"))
+    assert dataclasses.asdict(schema.POLICY_SCHEMAS[name]()) == node
+
+
+def test_sampling_schema_default_is_the_default_group():
+    node = OmegaConf.to_container(OmegaConf.load(CONF / "sampling" / "default.yaml"))
+    assert dataclasses.asdict(schema.SamplingConf()) == node
+    assert build_sampling(config().sampling) == SamplingParams(temperature=1.0, top_k=0, top_p=1.0, cfg_scale=3.0)
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["+foo=1"], "foo"),
+        (["warmup=many"], "warmup"),
+        (["threads=two"], "threads"),
+        (["+sampling.min_p=0.1"], "sampling.min_p"),
+        (["sampling.top_k=2.5"], "sampling.top_k"),
+        (["policy=eagle2", "+policy.width=3"], "policy.width"),
+        (["policy=chain", "policy.depth=x"], "policy.depth"),
+        (["policy=adt", "policy.beta=high"], "policy.beta"),
+        (["lantern=on", "lantern.k=many"], "lantern.k"),
+        (["+lantern.radius=2"], "lantern.radius"),
+        (["+dataset.split=val"], "dataset.split"),
+        (["dataset.limit=some"], "dataset.limit"),
+        (["drafter.num_layers=one"], "drafter.num_layers"),
+        (["+drafter.heads=2"], "drafter.heads"),
+        (["logger=wandb", "logger.max_images=all"], "logger.max_images"),
+        (["maps.per_run=maybe"], "maps.per_run"),
+        (["+paths.tmp_dir=/tmp"], "paths.tmp_dir"),
+        (["timing=5"], "timing"),
+        (["+engine.mode=max"], "engine.mode"),
+    ],
+)
+def test_unknown_keys_and_wrong_types_name_the_key(overrides, key):
+    with pytest.raises(ConfigError) as e:
+        validate(config(*overrides))
+    assert e.value.key == key
+
+
+def test_open_groups_are_not_checked_by_the_schema():
+    cfg = config("model=tiny_llamagen", "+model.extra_note=hi", "eval=mini")  # model keys differ per family
+    schema.check(cfg)
+
+
+def test_check_leaves_the_config_unchanged():
+    cfg = config("policy=eagle2", "sampling.cfg_scale=3")  # an int where the schema has a float
+    before = config_fingerprint(cfg)
+    sp, _ = validate(cfg)
+    assert config_fingerprint(cfg) == before and cfg.sampling.cfg_scale == 3 and sp.cfg_scale == 3.0
+
+
+def test_build_sampling_is_the_one_checked_constructor():
+    assert build_sampling({"temperature": 0.0}) == SamplingParams(temperature=0.0)  # absent keys: defaults
+    node = OmegaConf.create({"temperature": 1.0, "top_k": 1200, "top_p": 0.95})
+    assert build_sampling(node, "model.lm_sampling") == SamplingParams(1.0, 1200, 0.95, 1.0)
+    for bad, key in (
+        ({"top_k": True}, "teacher.sampling.top_k"),
+        ({"top_k": 1.5}, "teacher.sampling.top_k"),
+        ({"temperature": -0.1}, "teacher.sampling.temperature"),
+        ({"top_p": 0.0}, "teacher.sampling.top_p"),
+        ({"cfg_scale": "big"}, "teacher.sampling.cfg_scale"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            build_sampling(bad, "teacher.sampling")
+        assert e.value.key == key
+    with pytest.raises(ConfigError) as e:
+        build_sampling({"cfg_scale": "big"}, key="")
+    assert e.value.key == "cfg_scale"
+    with pytest.raises(ConfigError) as e:
+        build_sampling(OmegaConf.create({"temperature": "???"}))
+    assert e.value.key == "sampling.temperature"
+
+
+def test_one_registry_style_for_policies_families_and_metrics():
+    from adtbench.eval import METRICS
+    from adtbench.models.registry import FAMILIES
+    from adtbench.policies import POLICIES
+    from adtbench.registry import Registry
+
+    assert all(isinstance(r, Registry) for r in (POLICIES, FAMILIES, METRICS))
+    assert POLICIES.names() == sorted(p.stem for p in (CONF / "policy").glob("*.yaml")) == sorted(schema.POLICY_SCHEMAS)
+    families = {str(OmegaConf.load(f).family) for f in (CONF / "model").glob("*.yaml")}
+    assert families <= set(FAMILIES)
+    metrics = {str(m) for f in (CONF / "eval").glob("*.yaml") for m in OmegaConf.load(f).get("metrics", [])}
+    assert metrics <= set(METRICS)
+    with pytest.raises(ConfigError) as e:
+        build_policy(config("policy=eagle2", "policy.name=beam"))
+    assert e.value.key == "policy" and "eagle2" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        validate(config("model.family=gpt5"))
+    assert e.value.key == "model.family" and "llamagen" in str(e.value)
