@@ -1,4 +1,16 @@
-"""Reading weights files a user may supply: safetensors and torch checkpoints, never arbitrary pickles.
+"""File I/O of the package: atomic writes, fsync'd appends, and reading weights files a user may supply.
+
+Writing (every module that writes a file another process or a later run may read goes through these):
+
+- :func:`atomic_write_bytes` / :func:`atomic_write_text` / :func:`atomic_write_json`, and
+  :func:`atomic_write_with` for writers that need a path (``torch.save``, ``np.save``, safetensors): the data go
+  to ``<name>.<pid>.tmp[<suffix>]`` in the target's folder, are fsync'd, moved into place with ``os.replace``
+  and the folder is fsync'd. A reader sees the old file or the new one, never half of one; a failed write
+  removes its temp file (a killed process may leave one behind, which is never read as the target).
+- :func:`append_line_fsync`: one whole line appended with a single ``os.write`` on an ``O_APPEND`` descriptor,
+  then fsync; a short write is truncated away, so the file never keeps half a line.
+
+Reading weights files: safetensors and torch checkpoints, never arbitrary pickles.
 
 Every loader in the package goes through this module, so a missing, truncated or corrupt file is reported the
 same way everywhere:
@@ -21,20 +33,29 @@ import os
 import pickle
 import struct
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from adtbench.errors import ConfigError
 
+if TYPE_CHECKING:  # torch is imported where weights are read, so the write helpers stay light
+    import torch
+
 __all__ = [
     "WeightsError",
+    "append_line_fsync",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "atomic_write_text",
+    "atomic_write_with",
     "check_weights",
+    "fsync_dir",
     "load_weights",
     "read_safetensors",
     "read_torch",
     "safetensors_header",
+    "temp_path",
 ]
 
 SAFETENSORS_SUFFIX = ".safetensors"
@@ -125,6 +146,8 @@ def read_torch(path: str | os.PathLike[str]) -> Any:
     refused, it raises :class:`WeightsError` naming the unsafe globals and how to convert the file. Never falls
     back to ``weights_only=False``. A truncated or corrupt archive is a :class:`WeightsError` saying so.
     """
+    import torch
+
     p = Path(path)
     if not p.is_file():
         raise WeightsError(f"weights file not found: {p}")
@@ -188,3 +211,118 @@ def check_weights(key: str, path: str | os.PathLike[str]) -> None:
             raise WeightsError(f"{p} is corrupt or truncated (a torch zip archive without its central directory)")
     except WeightsError as e:
         raise ConfigError(key, str(e)) from e
+
+
+# ----------------------------------------------------------------------------------------------------
+# atomic writes and fsync'd appends
+# ----------------------------------------------------------------------------------------------------
+
+PathLike = str | os.PathLike[str]
+
+
+def fsync_dir(path: PathLike) -> None:
+    """fsync a directory so that renames/creations in it are durable (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_path(path: PathLike, suffix: str = "") -> Path:
+    """The temp file of an atomic write of ``path``: ``<name>.<pid>.tmp<suffix>`` in the same folder."""
+    p = Path(path)
+    return p.with_name(f"{p.name}.{os.getpid()}.tmp{suffix}")
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_with(path: PathLike, write: Callable[[Path], Any], *, suffix: str = "") -> None:
+    """Atomically create/replace ``path`` with whatever ``write(tmp)`` writes to the temp path ``tmp``.
+
+    ``suffix`` is appended to the temp name for writers that insist on an extension (``np.save``: ``.npy``).
+    The parent folder is created when missing. The temp file is fsync'd, moved onto ``path`` with
+    ``os.replace`` and the folder fsync'd; on any error the temp file is removed and the error re-raised
+    (``path`` keeps its old content).
+    """
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(p, suffix)
+    try:
+        write(tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, p)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    fsync_dir(p.parent)
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (:func:`atomic_write_with`)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            f.write(data)
+
+    atomic_write_with(path, write)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(
+    path: PathLike,
+    data: Any,
+    *,
+    indent: int | None = 2,
+    sort_keys: bool = False,
+    newline: bool = True,
+    **dumps: Any,
+) -> None:
+    """``json.dumps(data, indent=indent, sort_keys=sort_keys, **dumps)`` (plus ``\\n`` when ``newline``) written
+    atomically as UTF-8. ``dumps`` passes e.g. ``ensure_ascii``, ``allow_nan``, ``default`` through."""
+    text = json.dumps(data, indent=indent, sort_keys=sort_keys, **dumps)
+    atomic_write_text(path, text + "\n" if newline else text)
+
+
+def append_line_fsync(path: PathLike, data: bytes | str) -> None:
+    """Append ``data`` (one full line, ``\\n``-terminated) with a single ``os.write`` on an O_APPEND fd, then fsync.
+
+    If the kernel reports a short write (disk full), the partial bytes are truncated away before raising, so
+    the file never keeps half a line. A newly created file also gets its folder fsync'd.
+    """
+    p = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if not raw.endswith(b"\n"):
+        raise ValueError(f"append_line_fsync needs one full line ending in a newline, got {raw[-20:]!r}")
+    created = not p.exists()
+    fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        try:
+            n = os.write(fd, raw)
+        except OSError:
+            os.ftruncate(fd, before)
+            raise
+        if n != len(raw):
+            os.ftruncate(fd, before)
+            raise OSError(f"short write to {p}: {n} of {len(raw)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    if created:
+        fsync_dir(p.parent)

@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from adtbench.errors import ConfigError
+from adtbench.io import atomic_write_with
 from adtbench.verify import AcceptanceRule
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,8 @@ def load_or_build_table(
             return table, path, True
         log.warning("ignoring LANTERN cache %s of shape %s", path, tuple(table.shape))
     table = nearest_codes(codebook, k, normalize)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npy")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.save(tmp, table.numpy())
-        os.replace(tmp, path)  # atomic: concurrent jobs never read half a table
+    try:  # atomic: concurrent jobs never read half a table
+        atomic_write_with(path, lambda tmp: np.save(tmp, table.numpy()), suffix=".npy")
     except OSError as e:  # validated with the config (config.check_writable_dir); this covers a full disk etc.
         raise ConfigError("lantern.cache_dir", f"cannot write the neighbour table {path}: {e}") from e
     return table, path, False

@@ -13,15 +13,13 @@ stay NaN (drawn grey). Per run, maps are the NaN-mean over prompts.
 Pictures: a fixed 5-anchor blue→green→yellow colormap over [min, max] of the map (the range is written
 into the PNG's text chunks ``vmin``/``vmax``), nearest-neighbour upscaling to ≥ ``MIN_SIDE`` px. The raw
 grids go to a JSON sidecar. Files: ``run_dir/maps/<prompt>_{accept,depth,width}.png`` and
-``run_dir/maps/run_{accept,depth,width}.png``.
+``run_dir/maps/run_{accept,depth,width}.png`` (+ ``run_maps.json``: :data:`adtbench.rundir.RUN_MAPS_FILE`), each
+written atomically (:mod:`adtbench.io`); ``<prompt>`` is :func:`adtbench.rundir.safe_stem` of the prompt id.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,19 @@ import numpy as np
 from PIL import Image
 from PIL.PngImagePlugin import PngInfo
 
+from adtbench.io import atomic_write_json, atomic_write_with
 from adtbench.layout import TokenLayout
+from adtbench.rundir import MAPS_DIR, safe_stem
+
+__all__ = [
+    "colorize",
+    "position_grids",
+    "run_grids",
+    "safe_stem",
+    "save_map",
+    "write_run_maps",
+    "write_sample_maps",
+]
 
 KINDS = ("accept", "depth", "width")
 MIN_SIDE = 256  # nearest upscaling until the longer side has at least this many pixels
@@ -40,7 +50,6 @@ ANCHORS = np.array(
     [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]],
     dtype=np.float64,
 )
-_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def position_grids(trace: dict[str, Any], layout: TokenLayout) -> dict[str, np.ndarray]:
@@ -88,29 +97,21 @@ def save_map(path: Path, grid: np.ndarray) -> Path:
     info.add_text("vmax", f"{finite.max():.6g}" if finite.size else "nan")
     info.add_text("grid", f"{h}x{w}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    img.save(path, pnginfo=info)
+    atomic_write_with(path, lambda tmp: img.save(tmp, format="PNG", pnginfo=info))
     return path
-
-
-def safe_stem(prompt_id: str) -> str:
-    """File-name-safe stem of a prompt id (same rule as ``ResultStore.image_path``)."""
-    safe = _UNSAFE.sub("_", prompt_id)
-    if safe != prompt_id or len(safe) > 150 or not safe.strip("."):
-        safe = f"{safe[:150]}-{hashlib.sha1(prompt_id.encode('utf-8')).hexdigest()[:10]}"
-    return safe
 
 
 def _write(out: Path, stem: str, grids: dict[str, np.ndarray], extra: dict[str, Any]) -> list[Path]:
     paths = [save_map(out / f"{stem}_{kind}.png", grids[kind]) for kind in KINDS]
     side = {kind: [[None if not np.isfinite(v) else float(v) for v in row] for row in grids[kind]] for kind in KINDS}
-    (out / f"{stem}_maps.json").write_text(json.dumps({**extra, **side}))
+    atomic_write_json(out / f"{stem}_maps.json", {**extra, **side}, indent=None, newline=False)
     return paths
 
 
 def write_sample_maps(run_dir: str | Path, trace: dict[str, Any], layout: TokenLayout) -> list[Path]:
     """``maps/<prompt>_{accept,depth,width}.png`` (+ ``_maps.json``) for one prompt's trace."""
     pid = str(trace.get("prompt_id", "sample"))
-    return _write(Path(run_dir) / "maps", safe_stem(pid), position_grids(trace, layout), {"prompt_id": pid})
+    return _write(Path(run_dir) / MAPS_DIR, safe_stem(pid), position_grids(trace, layout), {"prompt_id": pid})
 
 
 def run_grids(traces: Sequence[dict[str, Any]], layout: TokenLayout) -> dict[str, np.ndarray]:
@@ -127,4 +128,4 @@ def run_grids(traces: Sequence[dict[str, Any]], layout: TokenLayout) -> dict[str
 
 def write_run_maps(run_dir: str | Path, traces: Sequence[dict[str, Any]], layout: TokenLayout) -> list[Path]:
     """``maps/run_{accept,depth,width}.png`` (+ ``run_maps.json``): per-position means over the run's prompts."""
-    return _write(Path(run_dir) / "maps", "run", run_grids(traces, layout), {"n_prompts": len(traces)})
+    return _write(Path(run_dir) / MAPS_DIR, "run", run_grids(traces, layout), {"n_prompts": len(traces)})

@@ -13,10 +13,11 @@ Checks, before anything is written:
 
 The merged dir gets ``samples.jsonl`` and ``trace.jsonl`` in dataset order, ``images/`` (hard links where
 possible), ``run_config.json`` (shard removed), ``merge.json`` (sources and checks) and ``summary.json``
-recomputed from all samples with :func:`adtbench.results.summarize` — so τ and d̄ are ratios of totals and
+recomputed from all samples with :func:`adtbench.rundir.summarize` — so τ and d̄ are ratios of totals and
 the speedup is mean baseline latency / mean method latency over every sample, not an average of shard
 speedups. ``env_consistent`` says whether all shards ran on the same device and software (speedups are
-comparable only within one environment).
+comparable only within one environment). Every file name comes from :mod:`adtbench.rundir`, every write is
+atomic (:mod:`adtbench.io`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,21 @@ from typing import Any
 
 from adtbench.data.prompts import load_prompts, parse_shard, shard_prompts
 from adtbench.errors import ConfigError
-from adtbench.results import SAMPLES_FILE, SUMMARY_FILE, TRACE_FILE, ResultStore, summarize, to_jsonable
+from adtbench.io import atomic_write_json, atomic_write_with
+from adtbench.rundir import (
+    HYDRA_CONFIG_FILE,
+    MERGE_FILE,
+    SAMPLES_FILE,
+    SUMMARY_FILE,
+    TRACE_FILE,
+    ResultStore,
+    read_run_config,
+    read_summary,
+    summarize,
+    to_jsonable,
+)
+from adtbench.rundir import RUN_CONFIG_FILE as RUN_CONFIG
 
-RUN_CONFIG = "run_config.json"
-MERGE_FILE = "merge.json"
 # summary fields that describe the config (identical across shards), copied from the first shard
 CONFIG_FIELDS = ("lantern", "model", "drafter", "policy", "dataset", "sampling", "choices", "policy_params",
                  "sampling_params", "acceptance_rule", "timing_scope")  # fmt: skip
@@ -76,7 +88,7 @@ def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
 def _recorded_limit(d: Path) -> tuple[bool, Any]:
     """``dataset.limit`` of a shard run from Hydra's ``.hydra/config.yaml`` (run_config.json omits it: a resume
     may extend the limit). Returns (found, value)."""
-    path = d / ".hydra" / "config.yaml"
+    path = d / HYDRA_CONFIG_FILE
     if not path.exists():
         return False, None
     import yaml
@@ -145,7 +157,12 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
         raise MergeError("no shard run dirs (with run_config.json) given")
     if (out / SAMPLES_FILE).exists() and not force:
         raise MergeError(f"{out} already holds a run; pass --force to overwrite")
-    cfgs = [json.loads((d / RUN_CONFIG).read_text()) for d in shard_dirs]
+    cfgs = []
+    for d in shard_dirs:
+        cfg = read_run_config(d)
+        if cfg is None:
+            raise MergeError(f"{d} holds no {RUN_CONFIG}: not an adtbench run dir")
+        cfgs.append(cfg)
     base = _without_shard(cfgs[0])
     for d, c in zip(shard_dirs[1:], cfgs[1:]):
         diff = _diff(base, _without_shard(c))
@@ -164,9 +181,8 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     if missing_shards and not allow_partial:
         raise MergeError(f"missing shard(s) {missing_shards} of {n} (--allow-partial merges the rest)")
 
-    shard_summaries = {
-        i: json.loads((d / SUMMARY_FILE).read_text()) if (d / SUMMARY_FILE).exists() else {}
-        for i, d in by_index.items()
+    shard_summaries: dict[int, dict[str, Any]] = {
+        i: dict(read_summary(d)) if (d / SUMMARY_FILE).exists() else {} for i, d in by_index.items()
     }
     sizes = {i: int(s["n_prompts"]) for i, s in shard_summaries.items() if isinstance(s.get("n_prompts"), int)}
     expected, check = _expected_prompts(cfgs[0], by_index, n, sizes)
@@ -215,7 +231,7 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     _write_lines(out / TRACE_FILE, [traces[pid] for pid in order if pid in traces])
     _write_lines(out / SAMPLES_FILE, [records[pid] for pid in order])
     merged_cfg = _without_shard(cfgs[0])
-    (out / RUN_CONFIG).write_text(json.dumps(merged_cfg, indent=2))
+    atomic_write_json(out / RUN_CONFIG, merged_cfg, indent=2, newline=False)
 
     recs = [records[pid] for pid in order]
     summary = summarize(recs)
@@ -245,7 +261,7 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
         "missing_prompts": lost,
         "dataset_check": check,
     }
-    (out / MERGE_FILE).write_text(json.dumps(to_jsonable(info), indent=2))
+    atomic_write_json(out / MERGE_FILE, to_jsonable(info), indent=2, newline=False)
     return summary
 
 
@@ -257,13 +273,14 @@ class _P:
 
 
 def _write_lines(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(to_jsonable(r), ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """``rows`` as a JSONL file, written atomically (streamed: a merged run may hold many samples)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(to_jsonable(r), ensure_ascii=False) + "\n")
+
+    atomic_write_with(path, write)
 
 
 def main(args: list[str]) -> int:

@@ -3,7 +3,8 @@
     adtbench table <results dir> [--by model,policy] [--metrics clip_score,fid] [--format md|latex|csv]
                    [--n-boot 1000] [--ci 0.95] [--seed 0] [--digits 3] [--out FILE]
 
-Loading (:func:`load_tree`): every job dir under the root that holds ``summary.json`` — single runs,
+Loading (:func:`load_tree`, through :mod:`adtbench.rundir`: :func:`~adtbench.rundir.find_runs` and its
+readers): every job dir under the root that holds ``summary.json`` — single runs,
 multirun jobs, shard runs, merged runs — becomes one row of ``runs``; its ``samples.jsonl`` lines (plus the
 per-prompt metrics of ``eval_samples.jsonl``) become rows of ``samples``. Files are only read. A merged run
 and the shards it was merged from describe the same samples: when both are in the tree the shards are
@@ -35,7 +36,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,13 +43,30 @@ from typing import Any
 
 import numpy as np
 
-from adtbench.results import SPEEDUP_CI_MIN_PROMPTS, bootstrap_distribution, percentile_interval
+from adtbench.io import atomic_write_text
+from adtbench.rundir import (
+    EVAL_FILE,
+    EVAL_SAMPLES_FILE,
+    MERGE_FILE,
+    PLUMBING_KEYS,
+    POOLED_KEYS,
+    SAMPLES_FILE,
+    SPEEDUP_CI_MIN_PROMPTS,
+    bootstrap_distribution,
+    find_runs,
+    is_plumbing,
+    lantern_choice,
+    merged_sources,
+    percentile_interval,
+    read_jsonl,
+    read_overrides,
+    read_run_config,
+    read_summary,
+)
 
-SUMMARY_FILE = "summary.json"
 CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling")
-# overrides that never define a table row (run plumbing, not the experiment)
-IGNORED_OVERRIDES = ("hydra", "dataset.shard", "dataset.limit", "paths", "logger", "eval", "progress", "warmup",
-                     "threads", "save_images", "maps", "seed")  # fmt: skip
+#: overrides that never define a table row: run plumbing, and the keys whose runs are pooled (shards, seeds)
+IGNORED_OVERRIDES = PLUMBING_KEYS + POOLED_KEYS
 PER_PROMPT_METRICS = ("clip_score", "hpsv2", "hpsv21", "aesthetic", "mini_agreement")
 LOWER_IS_BETTER = {"fid", "mini_fid", "latency_s"}
 LABELS = {
@@ -75,40 +92,10 @@ LABELS = {
 # ----------------------------------------------------------------------------------------------------
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Complete, valid JSON-object lines of ``path`` (a torn last line is skipped); [] if absent. Read-only."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").split("\n"):
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("prompt_id"), str):
-            out.append(obj)
-    return out
-
-
-def _overrides(run_dir: Path) -> dict[str, str]:
-    """``.hydra/overrides.yaml`` as ``{key: value}`` (``+``/``~`` prefixes dropped)."""
-    path = run_dir / ".hydra" / "overrides.yaml"
-    if not path.exists():
-        return {}
-    import yaml
-
-    out = {}
-    for item in yaml.safe_load(path.read_text()) or []:
-        key, _, value = str(item).partition("=")
-        out[key.lstrip("+~")] = value
-    return out
-
-
 def _config_id(run_dir: Path, summary: dict[str, Any]) -> str:
     """Hash of the run's config without its shard (``run_config.json``; else the summary's choices/params)."""
-    path = run_dir / "run_config.json"
-    if path.exists():
-        cfg = json.loads(path.read_text())
+    cfg = read_run_config(run_dir)
+    if cfg is not None:
         if isinstance(cfg.get("dataset"), dict):
             cfg["dataset"].pop("shard", None)
     else:
@@ -116,28 +103,6 @@ def _config_id(run_dir: Path, summary: dict[str, Any]) -> str:
         if isinstance(cfg.get("choices"), dict):
             cfg["choices"] = {k: v for k, v in cfg["choices"].items() if not k.startswith("hydra")}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def lantern_choice(s: dict[str, Any]) -> str:
-    """The ``lantern`` option of a run's ``summary.json`` (its Hydra choice; older summaries: the bool)."""
-    choice = (s.get("choices") or {}).get("lantern")
-    if choice is not None:
-        return str(choice)
-    return "on" if s.get("lantern") else "off"
-
-
-def _natural(path: Path) -> list[Any]:
-    """Sort key with numbers compared as numbers (multirun job ``10_…`` after ``9_…``)."""
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(path))]
-
-
-def find_runs(root: str | Path) -> list[Path]:
-    """Every job dir (holding ``summary.json``) at or under ``root``, in natural path order."""
-    root = Path(root)
-    dirs = [p.parent for p in root.rglob(SUMMARY_FILE)]
-    if (root / SUMMARY_FILE).exists():
-        dirs.append(root)
-    return sorted(set(dirs), key=_natural)
 
 
 def load_tree(root: str | Path) -> tuple[Any, Any]:
@@ -156,18 +121,16 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
     dirs = find_runs(root)
     superseded: set[str] = set()
     for d in dirs:  # merged runs supersede their shard sources
-        m = d / "merge.json"
-        if m.exists():
-            superseded |= {str(Path(s["dir"]).resolve()) for s in json.loads(m.read_text()).get("sources", [])}
+        superseded |= {str(src.resolve()) for src in merged_sources(d)}
     run_rows, sample_rows = [], []
     for d in dirs:
         if str(d.resolve()) in superseded:
             continue
-        s = json.loads((d / SUMMARY_FILE).read_text())
+        s = read_summary(d)
         cid = _config_id(d, s)
         ev = s.get("eval") or {}
-        if not ev and (d / "eval.json").exists():  # summary rewritten by a resume: the eval block, if still current
-            ev = json.loads((d / "eval.json").read_text())
+        if not ev and (d / EVAL_FILE).exists():  # summary rewritten by a resume: the eval block, if still current
+            ev = json.loads((d / EVAL_FILE).read_text())
             if ev.get("n_images") != s.get("n_samples"):
                 ev = {}
         row: dict[str, Any] = {
@@ -176,16 +139,16 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
             "config_id": cid,
             **{c: s.get(c) if c != "lantern" else lantern_choice(s) for c in CHOICE_COLUMNS},
             "shard": ((s.get("choices") or {}).get("dataset.shard")) or _shard_of(d),
-            "merged": (d / "merge.json").exists(),
+            "merged": (d / MERGE_FILE).exists(),
             **{k: s.get(k) for k in ("n_samples", "n_prompts", "complete", "tau", "d_bar", "d_bar_tree")},
             **{k: s.get(k) for k in ("speedup", "latency_s", "baseline_latency_s")},
             "device": (s.get("env") or {}).get("gpu") or (s.get("env") or {}).get("device"),
             **{k: v for k, v in (ev.get("values") or {}).items() if isinstance(v, int | float) or v is None},
         }
-        row |= {f"ov.{k}": v for k, v in _overrides(d).items()}
+        row |= {f"ov.{k}": v for k, v in read_overrides(d).items()}
         run_rows.append(row)
-        per_prompt = {r["prompt_id"]: r for r in _read_jsonl(d / "eval_samples.jsonl")}
-        for rec in _read_jsonl(d / "samples.jsonl"):
+        per_prompt = {r["prompt_id"]: r for r in read_jsonl(d / EVAL_SAMPLES_FILE)}
+        for rec in read_jsonl(d / SAMPLES_FILE):
             srow = {"run_dir": str(d), "config_id": cid, "prompt_id": rec["prompt_id"]}
             for k in ("seed", "committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s",
                       "baseline_latency_s", "tau", "speedup"):  # fmt: skip
@@ -202,10 +165,8 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
 
 
 def _shard_of(d: Path) -> str | None:
-    path = d / "run_config.json"
-    if path.exists():
-        return (json.loads(path.read_text()).get("dataset") or {}).get("shard")
-    return None
+    cfg = read_run_config(d)
+    return None if cfg is None else (cfg.get("dataset") or {}).get("shard")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -245,7 +206,7 @@ def _varying(runs: Any, cols: Sequence[str]) -> list[str]:
 def default_by(runs: Any) -> list[str]:
     """Choice columns and override keys that vary across the runs (model and policy always shown)."""
     ov = [c for c in runs.columns if c.startswith("ov.")]
-    ov = [c for c in ov if not any(c[3:] == k or c[3:].startswith(k + ".") for k in IGNORED_OVERRIDES)]
+    ov = [c for c in ov if not is_plumbing(c[3:], pooled=True)]
     group_choices = [c for c in ov if "." not in c[3:] and c[3:] in CHOICE_COLUMNS]
     by = ["model", "policy", *_varying(runs, [c for c in CHOICE_COLUMNS if c not in ("model", "policy")])]
     return by + [c for c in _varying(runs, ov) if c not in group_choices]
@@ -463,7 +424,7 @@ def main(args: list[str]) -> int:
         return 2
     text = render(table, ns.format, ns.digits, ns.ci)
     if ns.out is not None:
-        ns.out.write_text(text + "\n")
+        atomic_write_text(ns.out, text + "\n")
         print(f"adtbench table: {len(table)} row(s) -> {ns.out}")
     else:
         print(text)

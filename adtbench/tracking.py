@@ -39,9 +39,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger(__name__)
+from adtbench.io import atomic_write_json
+from adtbench.rundir import MAPS_DIR, SAMPLES_FILE, TRACKING_FILE, safe_stem
 
-TRACKING_FILE = "tracking.json"
+log = logging.getLogger(__name__)
 
 
 class NullLogger:
@@ -64,9 +65,7 @@ def _record(run_dir: Path, entry: dict[str, Any]) -> None:
         doc = json.loads(path.read_text()) if path.exists() else {"runs": []}
         runs = [r for r in doc.get("runs", []) if r.get("started") != entry.get("started")]
         doc["runs"] = [*runs, entry]
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=2, default=str))
-        os.replace(tmp, path)
+        atomic_write_json(path, doc, indent=2, default=str, newline=False)
     except Exception as e:  # the tracker's bookkeeping must not fail a job either
         log.warning("could not write %s: %s", path, e)
 
@@ -124,9 +123,7 @@ class WandbLogger:
             if self.log_images and image is not None and self.images < self.max_images:
                 data["media/image"] = self.wandb.Image(image, caption=caption)
                 self.images += 1
-                from adtbench.maps import safe_stem
-
-                amap = self.run_dir / "maps" / f"{safe_stem(str(record.get('prompt_id')))}_accept.png"
+                amap = self.run_dir / MAPS_DIR / f"{safe_stem(str(record.get('prompt_id')))}_accept.png"
                 if amap.exists():  # per-image acceptance map (maps.per_image=true)
                     data["media/accept_map"] = self.wandb.Image(str(amap), caption=caption)
             self.run.log(data, step=self.first_step + self.n)
@@ -205,7 +202,7 @@ def stable_run_id(run_dir: str | os.PathLike[str], job_type: str) -> str:
 
 def _samples_done(run_dir: Path) -> int:
     """Complete lines of ``samples.jsonl`` (the samples earlier attempts already logged); 0 if absent."""
-    path = run_dir / "samples.jsonl"
+    path = run_dir / SAMPLES_FILE
     try:
         return path.read_bytes().count(b"\n") if path.exists() else 0
     except OSError:

@@ -23,7 +23,6 @@ Invariants every figure keeps:
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import textwrap
@@ -33,7 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from adtbench.tables import IGNORED_OVERRIDES, LOWER_IS_BETTER, aggregate, load_tree
+from adtbench.io import atomic_write_with
+from adtbench.rundir import SUMMARY_FILE, is_plumbing, read_run_config, read_run_maps, read_summary
+from adtbench.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
 
 __all__ = [
     "acceptance_montage",
@@ -77,8 +78,8 @@ def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> 
     of the run that defines the experiment (``row``'s ``ov.*`` columns, run plumbing and group choices
     excluded). Read from ``run_config.json`` and ``summary.json`` (missing files: fewer entries)."""
     d = Path(run_dir)
-    cfg = json.loads((d / "run_config.json").read_text()) if (d / "run_config.json").exists() else {}
-    summ = json.loads((d / "summary.json").read_text()) if (d / "summary.json").exists() else {}
+    cfg = read_run_config(d) or {}
+    summ: dict[str, Any] = dict(read_summary(d)) if (d / SUMMARY_FILE).exists() else {}
     choices = summ.get("choices") or {}
     pol = cfg.get("policy") or summ.get("policy_params") or {}
     lan = cfg.get("lantern") or {}
@@ -111,9 +112,9 @@ def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> 
         key = str(col)[3:] if str(col).startswith("ov.") else None
         if key is None or value is None or (isinstance(value, float) and math.isnan(value)):
             continue
-        if key in out or any(key == k or key.startswith(k + ".") for k in IGNORED_OVERRIDES):
+        if key in out or is_plumbing(key, pooled=True):
             continue
-        if "." not in key and key in ("model", "drafter", "policy", "lantern", "dataset", "sampling"):
+        if "." not in key and key in CHOICE_COLUMNS:
             continue  # a group choice: already shown by its own entry
         if key == "policy.budget":
             continue
@@ -161,7 +162,10 @@ def _figure(width: float, height: float) -> Any:
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=0.15, facecolor="white")
+    fmt = path.suffix.lstrip(".") or "png"
+    atomic_write_with(
+        path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.15, facecolor="white")
+    )
     return path
 
 
@@ -349,8 +353,7 @@ def _grids(run_dir: str | Path) -> tuple[dict[str, np.ndarray], int | None] | No
     g = acceptance_grids(run_dir)
     if g is None:
         return None
-    doc = json.loads((Path(run_dir) / "maps" / "run_maps.json").read_text())
-    return g, doc.get("n_prompts")
+    return g, (read_run_maps(run_dir) or {}).get("n_prompts")
 
 
 def _norm(finite: np.ndarray) -> Any:

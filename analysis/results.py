@@ -1,6 +1,7 @@
 """Load any adtbench results tree (single runs, multiruns, shards, merged runs) into pandas DataFrames.
 
-Notebook API over :mod:`adtbench.tables` (the loader behind ``adtbench table``)::
+Notebook API over :mod:`adtbench.rundir` (the walker and readers of a run dir) and :mod:`adtbench.tables` (the
+loader behind ``adtbench table``); nothing here reads a file on its own::
 
     from analysis.results import load
     runs, samples = load("outputs/multiruns/2026-11-20/12-00-00")
@@ -12,13 +13,13 @@ supersedes the shard dirs it was built from. Files are only read.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from adtbench.tables import aggregate, find_runs, load_tree
+from adtbench.rundir import find_runs, read_run_maps
+from adtbench.tables import aggregate, load_tree
 
 __all__ = ["acceptance_grids", "aggregate", "find_runs", "load", "load_runs", "load_samples"]
 
@@ -41,10 +42,9 @@ def load_samples(root: str | Path) -> Any:
 def acceptance_grids(run_dir: str | Path) -> dict[str, np.ndarray] | None:
     """A run's per-position maps (``maps/run_maps.json``: accept, depth, width) as float arrays (NaN where no
     cycle covered a cell); None when the run wrote no maps (``maps.per_run=false``)."""
-    path = Path(run_dir) / "maps" / "run_maps.json"
-    if not path.exists():
+    doc = read_run_maps(run_dir)
+    if doc is None:
         return None
-    doc = json.loads(path.read_text())
     out = {}
     for kind in ("accept", "depth", "width"):
         if kind in doc:

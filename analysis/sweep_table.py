@@ -2,42 +2,32 @@
 
     python analysis/sweep_table.py <multirun_dir>
 
-Walks ``<multirun_dir>`` for every job's ``summary.json`` (written by the app, always current) and reads the
-job's command-line overrides from ``.hydra/overrides.yaml`` next to it. τ includes the bonus token, d̄ is the
+A thin CLI over :mod:`adtbench.rundir`: :func:`~adtbench.rundir.find_runs` walks ``<multirun_dir>`` for every
+job's ``summary.json`` (written by the app, always current; natural job order) and the job's command-line
+overrides come from its ``.hydra/overrides.yaml``. τ includes the bonus token, d̄ is the
 mean drafted depth, speedup the ratio of mean latencies vs the AR baseline timed in the same job, latency the
 mean per-image latency (algorithms.md §1.2).
 """
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from adtbench.tables import lantern_choice
+from adtbench.rundir import find_runs, lantern_choice, read_override_list, read_summary
 
 COLUMNS = ("job", "policy", "lantern", "τ", "d̄", "speedup", "latency (s)")
 NUMERIC = frozenset({"τ", "d̄", "speedup", "latency (s)"})  # right-aligned (markdown ``---:``)
 
 
-def _job_order(path: Path) -> tuple[int, str]:
-    """Hydra job dirs start with the job number (``3_policy=adt``); sort numerically, then by name."""
-    m = re.match(r"(\d+)", path.name)
-    return (int(m.group(1)) if m else 1 << 30, str(path))
-
-
 def load_summaries(root: str | Path) -> list[dict[str, Any]]:
     """Every ``summary.json`` under ``root`` (job order), each with ``job_dir`` and ``overrides`` added."""
     out = []
-    for path in sorted(Path(root).rglob("summary.json"), key=lambda p: _job_order(p.parent)):
-        s = json.loads(path.read_text())
-        ov = path.parent / ".hydra" / "overrides.yaml"
-        s["job_dir"] = str(path.parent)
-        s["overrides"] = (yaml.safe_load(ov.read_text()) or []) if ov.exists() else []
+    for d in find_runs(root):
+        s: dict[str, Any] = dict(read_summary(d))
+        s["job_dir"] = str(d)
+        s["overrides"] = read_override_list(d)
         out.append(s)
     return out
 

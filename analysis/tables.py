@@ -16,22 +16,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from adtbench.io import atomic_write_text
 from adtbench.tables import aggregate, load_tree, render
 
 __all__ = ["main_table", "pivot", "pivot_latex", "write_tables"]
 
 
-def main_table(
-    root: str | Path,
-    by: Sequence[str] | None = None,
-    metrics: Sequence[str] | None = None,
-    n_boot: int = 1000,
-    ci: float = 0.95,
-    seed: int = 0,
-) -> Any:
-    """The aggregated main table (one row per ``by`` group) of the tree under ``root``."""
-    runs, samples = load_tree(root)
-    return aggregate(runs, samples, by, metrics, n_boot, ci, seed)
+def main_table(root: str | Path, by: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
+               **options: Any) -> Any:  # fmt: skip
+    """The aggregated main table (one row per ``by`` group) of the tree under ``root``; ``options``: ``n_boot``,
+    ``ci``, ``seed`` of :func:`adtbench.tables.aggregate`."""
+    return aggregate(*load_tree(root), by, metrics, **options)
 
 
 def pivot(table: Any, value: str = "speedup", index: Sequence[str] = ("model", "policy"), column: str = "lantern",
@@ -63,7 +58,7 @@ def write_tables(table: Any, out_dir: str | Path, stem: str = "main", digits: in
     paths = []
     for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv")):
         p = out / f"{stem}.{ext}"
-        p.write_text(render(table, fmt, digits, ci) + ("\n" if fmt != "csv" else ""))
+        atomic_write_text(p, render(table, fmt, digits, ci) + ("\n" if fmt != "csv" else ""))
         paths.append(p)
     return paths
 
@@ -78,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-boot", type=int, default=1000)
     ns = ap.parse_args(sys.argv[1:] if argv is None else argv)
     table = main_table(ns.root, ns.by.split(",") if ns.by else None, ns.metrics.split(",") if ns.metrics else None,
-                       ns.n_boot)  # fmt: skip
+                       n_boot=ns.n_boot)  # fmt: skip
     if len(table) == 0:
         print(f"no runs under {ns.root}", file=sys.stderr)
         return 1
@@ -86,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_tables(table, out)
     if ns.pivot:
         pv = pivot(table, "speedup", [c for c in ("model", "policy") if c in table and c != ns.pivot], ns.pivot)
-        (out / "speedup_pivot.md").write_text(pv.to_markdown(index=False) + "\n")
-        (out / "speedup_pivot.tex").write_text(pivot_latex(pv))
+        atomic_write_text(out / "speedup_pivot.md", pv.to_markdown(index=False) + "\n")
+        atomic_write_text(out / "speedup_pivot.tex", pivot_latex(pv))
         paths += [out / "speedup_pivot.md", out / "speedup_pivot.tex"]
     print(render(table, "md"))
     print("wrote " + ", ".join(str(p) for p in paths))

@@ -1,4 +1,4 @@
-"""Tests for adtbench.results: crash-safe ResultStore, resume/repair, summary statistics, bootstrap CI."""
+"""Tests for adtbench.rundir: crash-safe ResultStore, resume/repair, summary statistics, bootstrap CI."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import adtbench.results as results
-from adtbench.results import ResultStore, bootstrap_ci, summarize
+import adtbench.rundir as rundir
+from adtbench.rundir import ResultStore, bootstrap_ci, summarize
 
 REPO = Path(__file__).parents[1]
 
@@ -201,17 +201,17 @@ def test_crash_between_image_and_samples_line(tmp_path: Path, monkeypatch: pytes
     store = ResultStore(tmp_path)
     store.commit(_rec("p0"), {"a": [1]}, _img(0))
 
-    real_append = results._append_line
+    real_append = rundir.append_line_fsync
 
     def crash_on_samples(path: Path, data: bytes) -> None:
         if path.name == "samples.jsonl":
             raise KeyboardInterrupt("killed before the commit marker")
         real_append(path, data)
 
-    monkeypatch.setattr(results, "_append_line", crash_on_samples)
+    monkeypatch.setattr(rundir, "append_line_fsync", crash_on_samples)
     with pytest.raises(KeyboardInterrupt):
         store.commit(_rec("p1"), {"a": [2]}, _img(1))
-    monkeypatch.setattr(results, "_append_line", real_append)
+    monkeypatch.setattr(rundir, "append_line_fsync", real_append)
     assert store.image_path("p1").exists()  # image and trace line were written ...
     assert len(_lines(store.trace_path)) == 2
     # ... plus a stray temp file from another interrupted image write.
@@ -230,7 +230,7 @@ def test_crash_between_image_and_samples_line(tmp_path: Path, monkeypatch: pytes
 
 _KILL_SCRIPT = r"""
 import sys, numpy as np
-from adtbench.results import ResultStore
+from adtbench.rundir import ResultStore
 store = ResultStore(sys.argv[1])
 i = len(store.done_ids())
 print("ready", flush=True)

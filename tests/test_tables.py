@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adtbench.results import bootstrap_ci
+from adtbench.rundir import bootstrap_ci
 from adtbench.tables import aggregate, load_tree, main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,8 @@ import torch
 from PIL import Image
 
 from adtbench.errors import ConfigError
-from adtbench.results import SAMPLES_FILE, ResultStore
+from adtbench.io import atomic_write_json
+from adtbench.rundir import SAMPLES_FILE, ResultStore
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
 RESAMPLE = {
@@ -138,10 +139,7 @@ def file_sha256(path: str | os.PathLike[str], cache_dir: str | os.PathLike[str] 
     digest = _sha256(p)
     if cache is not None:
         table[key] = digest
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_name(f"hashes.json.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(table, indent=1))
-        os.replace(tmp, cache)
+        atomic_write_json(cache, table, indent=1, newline=False)
     return digest
 
 

@@ -26,6 +26,7 @@ from PIL import Image
 from adtbench.errors import ConfigError
 from adtbench.eval.common import EvalSample, load_run_samples, node_get, open_rgb, require_dir, require_file
 from adtbench.eval.context import EvalContext, MetricOutput
+from adtbench.io import atomic_write_text, atomic_write_with
 
 
 def _sample_sets(node: Any, ctx: EvalContext, key: str) -> list[dict[str, EvalSample]]:
@@ -69,7 +70,7 @@ def geneval(ecfg: Any, ctx: EvalContext) -> MetricOutput:
         row = cands[taken]
         folder = out / f"{row:05d}"
         (folder / "samples").mkdir(parents=True, exist_ok=True)
-        (folder / "metadata.jsonl").write_text(lines[row] + "\n", encoding="utf-8")
+        atomic_write_text(folder / "metadata.jsonl", lines[row] + "\n")
         n = 0
         for samples in sets:
             if s.prompt_id in samples:
@@ -82,7 +83,7 @@ def geneval(ecfg: Any, ctx: EvalContext) -> MetricOutput:
             f"{len(unmatched)} prompt(s) of the run are not in {meta_path} (first: {unmatched[:3]}); "
             "decode GenEval's prompts (dataset=text with its generation_prompts.txt)",
         )
-    (out / "adtbench_index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    atomic_write_text(out / "adtbench_index.jsonl", "".join(json.dumps(r) + "\n" for r in index))
     block = {
         "value": None,
         "n": len(index),
@@ -131,11 +132,11 @@ def dpg(ecfg: Any, ctx: EvalContext) -> MetricOutput:
         for t, smp in enumerate(tiles):
             im = open_rgb(smp.image_path).resize((res, res), Image.Resampling.BICUBIC)
             grid.paste(im, ((t % 2) * res, (t // 2) * res))
-        grid.save(images / f"{item}.png")
+        atomic_write_with(images / f"{item}.png", lambda tmp, grid=grid: grid.save(tmp, format="PNG"))
         index.append({"item_id": item, "prompt_id": s.prompt_id, "tiles": len(tiles)})
     if unmatched:
         raise ConfigError("eval.dpg.prompts_dir", f"{len(unmatched)} prompt(s) not found (first: {unmatched[:3]})")
-    (out / "adtbench_index.jsonl").write_text("".join(json.dumps(r) + "\n" for r in index))
+    atomic_write_text(out / "adtbench_index.jsonl", "".join(json.dumps(r) + "\n" for r in index))
     pic = min(r["tiles"] for r in index) if index else 0
     block = {
         "value": None,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +40,7 @@ from adtbench.eval.common import (
     weights_record,
 )
 from adtbench.eval.context import EvalContext
+from adtbench.io import atomic_write_with
 
 log = logging.getLogger(__name__)
 
@@ -207,10 +207,7 @@ def reference(ext: Extractor, ecfg: Any, ctx: EvalContext) -> tuple[dict[str, to
         feats = extract_files(ext, files, ecfg, ctx.batch_size)
         desc["cached"] = False
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-            torch.save(feats, tmp)
-            os.replace(tmp, path)
+            atomic_write_with(path, lambda tmp: torch.save(feats, tmp))
     if path is not None:
         desc["cache_file"] = str(path)
     ctx.memo[memo_key] = feats

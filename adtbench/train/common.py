@@ -27,6 +27,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from adtbench.io import append_line_fsync, atomic_write_json, atomic_write_with
+
+# The one implementation of each lives elsewhere; the stages' names for them stay importable from here.
+from adtbench.models.registry import resolve_device as resolve_device  # call as resolve_device(cfg.device, "device")
+
+write_json = atomic_write_json  # ``write_json(path, data)``: indent 2, key order kept, trailing newline, atomic
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 #: config keys that may change between a run and its resume (they do not change the result)
@@ -55,16 +62,6 @@ def compose_stage(stage: str, overrides: list[str]) -> DictConfig:
     if "train" in cfg and len(cfg) == 1:  # composed under the group's package: lift it
         cfg = cfg.train
     return cfg
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` → CUDA when available, else CPU; anything else is passed to ``torch.device``."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} requested but CUDA is not available")
-    return dev
 
 
 def stage_dir(cfg: DictConfig) -> Path:
@@ -111,9 +108,8 @@ def fingerprint(cfg: DictConfig) -> str:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """``torch.save(obj, path)`` atomically (:func:`adtbench.io.atomic_write_with`)."""
+    atomic_write_with(path, lambda tmp: torch.save(obj, tmp))
 
 
 class Checkpointer:
@@ -163,12 +159,13 @@ class Checkpointer:
 def save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
     from safetensors.torch import save_file
 
-    path.parent.mkdir(parents=True, exist_ok=True)
     clean = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    tmp = path.with_suffix(".tmp")
-    save_file(clean, str(tmp))
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
+
+    def write(tmp: Path) -> None:
+        save_file(clean, str(tmp))
+        os.chmod(tmp, 0o644)
+
+    atomic_write_with(path, write)
 
 
 def init_from(model: torch.nn.Module, cfg: DictConfig, file: str = "model.safetensors") -> None:
@@ -179,13 +176,6 @@ def init_from(model: torch.nn.Module, cfg: DictConfig, file: str = "model.safete
     from adtbench.io import load_weights
 
     model.load_state_dict(load_weights("init_from", Path(str(src)) / file))
-
-
-def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
 
 
 def export_dir(src: Path, dst: str | None) -> None:
@@ -217,8 +207,7 @@ class MetricLog:
         if self.count == 0:
             return self.last
         self.last = {k: v / self.count for k, v in self.sums.items()}
-        with self.path.open("a") as f:
-            f.write(json.dumps({"step": step, **self.last, **(extra or {})}) + "\n")
+        append_line_fsync(self.path, json.dumps({"step": step, **self.last, **(extra or {})}) + "\n")
         self.sums, self.count = {}, 0
         return self.last
 
@@ -301,10 +290,7 @@ def scene_pool(seed: int, split: str, count: int, size: int, cache_dir: Path | N
         captions.append(s.caption)
         images[j] = render(s, size)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.stem + ".tmp.npz")
-        np.savez(tmp, captions=np.array(captions), images=images)
-        os.replace(tmp, path)
+        atomic_write_with(path, lambda tmp: np.savez(tmp, captions=np.array(captions), images=images), suffix=".npz")
     return captions, images
 
 

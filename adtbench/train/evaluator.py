@@ -20,17 +20,17 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from adtbench.io import atomic_write_json
 from adtbench.models.mini_evaluator import EvaluatorConfig, MiniEvaluator, config_dict
+from adtbench.models.registry import resolve_device
 from adtbench.scenes import ATTRIBUTES, attributes, caption_split, iter_split, render, sample_scene, to_tensor_range
 from adtbench.train.common import (
     export_dir,
     init_from,
-    resolve_device,
     save_safetensors,
     stage_dir,
     step_rng,
     train_loop,
-    write_json,
 )
 
 TWO_OBJECT = ("axis", "b_size", "b_color", "b_shape")
@@ -59,7 +59,7 @@ def augment(x: torch.Tensor) -> torch.Tensor:
 
 def run(cfg: DictConfig) -> dict:
     out = stage_dir(cfg)
-    dev = resolve_device(str(cfg.device))
+    dev = resolve_device(cfg.device, "device")
     a = cfg.arch
     ecfg = EvaluatorConfig(
         image_size=int(a.image_size),
@@ -97,9 +97,9 @@ def run(cfg: DictConfig) -> dict:
     stats = evaluate(model, cfg)
     final = out / "final"
     save_safetensors(model.state_dict(), final / "model.safetensors")
-    write_json(final / "config.json", config_dict(ecfg))
+    atomic_write_json(final / "config.json", config_dict(ecfg))
     info = {"stage": "evaluator", **res, **stats, "config": OmegaConf.to_container(cfg, resolve=True)}
-    write_json(final / "train_info.json", info)
+    atomic_write_json(final / "train_info.json", info)
     export_dir(final, cfg.get("export"))
     return info
 

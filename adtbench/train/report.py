@@ -40,6 +40,8 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from adtbench.io import atomic_write_json, atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -191,12 +193,13 @@ adtbench train drafter export='${pkg:weights/mini/drafter}'"""
 
 
 def sweep_rows(root: Path) -> list[dict[str, Any]]:
-    """One row per job ``summary.json`` under ``root``: policy, lantern, τ, d̄, speedup, latencies, n."""
-    from adtbench.tables import _natural, lantern_choice
+    """One row per job ``summary.json`` under ``root`` (:func:`adtbench.rundir.find_runs`: job 10_… after 9_…):
+    policy, lantern, τ, d̄, speedup, latencies, n."""
+    from adtbench.rundir import find_runs, lantern_choice, read_summary
 
     rows = []
-    for path in sorted(root.rglob("summary.json"), key=_natural):  # job 10_… after 9_…
-        s = json.loads(path.read_text())
+    for run_dir in find_runs(root):
+        s = read_summary(run_dir)
         rows.append(
             {
                 "policy": s.get("policy"),
@@ -216,7 +219,7 @@ def sweep_rows(root: Path) -> list[dict[str, Any]]:
 def _store(key: str, value: Any) -> None:
     figs = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
     figs[key] = value
-    FIGURES.write_text(json.dumps(figs, indent=1, sort_keys=True) + "\n")
+    atomic_write_json(FIGURES, figs, indent=1, sort_keys=True)
 
 
 def _metrics(d: dict[str, Any], prefix: str = "") -> str:
@@ -333,7 +336,7 @@ def main(args: list[str]) -> int:
         _store(f"sweep_{kv.get('name', 'main')}", {"command": kv.get("command", ""), "rows": rows})
         print(json.dumps(rows, indent=1))
     else:
-        (WEIGHTS / "MODEL_CARD.md").write_text(render_card())
+        atomic_write_text(WEIGHTS / "MODEL_CARD.md", render_card())
     return 0
 
 

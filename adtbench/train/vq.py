@@ -30,18 +30,18 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
+from adtbench.io import atomic_write_json
+from adtbench.models.registry import resolve_device
 from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
 from adtbench.scenes import to_tensor_range
 from adtbench.train.common import (
     export_dir,
     init_from,
-    resolve_device,
     save_safetensors,
     scene_pool,
     stage_dir,
     step_rng,
     train_loop,
-    write_json,
 )
 
 
@@ -83,7 +83,7 @@ def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def run(cfg: DictConfig) -> dict:
     out = stage_dir(cfg)
-    dev = resolve_device(str(cfg.device))
+    dev = resolve_device(cfg.device, "device")
     d = cfg.data
     cache = Path(str(cfg.cache_dir)) if cfg.get("cache_dir") else None
     pools = [scene_pool(int(d.seed), "train", int(d.count), int(s), cache)[1] for s in d.sizes]
@@ -179,9 +179,9 @@ def evaluate_and_export(model: LlamaGenVQModel, cfg: DictConfig, out: Path, res:
     final = out / "final"
     final.mkdir(exist_ok=True)
     save_safetensors(model.state_dict(), final / "model.safetensors")
-    write_json(final / "config.json", asdict(model.config))
+    atomic_write_json(final / "config.json", asdict(model.config))
     info = {"stage": "vq", **res, **stats, "config": json.loads(json.dumps(dict(_plain(cfg))))}
-    write_json(final / "train_info.json", info)
+    atomic_write_json(final / "train_info.json", info)
     if grids:
         rows = [np.concatenate(list(g), axis=1) for g in grids]
         Image.fromarray(np.concatenate(rows, axis=0)).save(out / "recon.png")
