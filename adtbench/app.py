@@ -57,7 +57,8 @@ from adtbench.data.prompts import Prompt, load_prompts
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import GenerationResult, decode_ar, generate
 from adtbench.errors import ConfigError
-from adtbench.results import ResultStore, summarize
+from adtbench.io import atomic_write_json
+from adtbench.rundir import LOCK_FILE, RUN_CONFIG_FILE, ResultStore, summarize
 from adtbench.sampling import SamplingParams
 
 log = logging.getLogger("adtbench")
@@ -265,7 +266,7 @@ RESUME_NEW_KEYS: dict[str, Any] = {"timing": {"repeats": 1}, "engine": {"compile
 
 def check_resume(run_dir: Path, cfg: DictConfig) -> None:
     """Refuse to append to a run dir whose results came from a different config."""
-    path = run_dir / "run_config.json"
+    path = run_dir / RUN_CONFIG_FILE
     fp = config_fingerprint(cfg)
     if path.exists():
         old = {**RESUME_NEW_KEYS, **json.loads(path.read_text())}
@@ -276,7 +277,7 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
             )
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(fp, indent=2))
+        atomic_write_json(path, fp, indent=2, newline=False)
 
 
 def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
@@ -532,9 +533,6 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
         write_run_maps(run_dir, store.traces(), target.layout)
     tracker.log_summary(summary)
     return summary
-
-
-LOCK_FILE = ".adtbench.lock"
 
 
 class RunDirLock:

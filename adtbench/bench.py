@@ -26,7 +26,6 @@ AR baseline in the same job; τ, d̄, speedup with its CI and median, and the co
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +38,7 @@ from adtbench.config import build_rule, build_sampling, prompt_seed, register_re
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import generate
 from adtbench.errors import ConfigError
+from adtbench.io import atomic_write_json
 
 
 class _Timed:
@@ -288,5 +288,5 @@ def main(args: list[str]) -> int:
         print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
         print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
     if cfg.bench.out:
-        Path(str(cfg.bench.out)).write_text(json.dumps(r, indent=2))
+        atomic_write_json(Path(str(cfg.bench.out)), r, newline=False)
     return 0

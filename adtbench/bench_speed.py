@@ -22,7 +22,6 @@ The table goes to ``<out>/speed.md`` and ``<out>/speed.json`` and, with ``bench.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from adtbench.io import atomic_write_json, atomic_write_text
 
 ROWS: dict[str, tuple[str, list[str]]] = {
     "ar": ("policy=ar (sanity: must read 1.00)", ["policy=ar"]),
@@ -83,9 +84,11 @@ def run_row(name: str, overrides: list[str], common: list[str], out: Path) -> Pa
 
 def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
     """Figures of one job (module docstring); ``model`` is the machine's ``CostModel``."""
-    s = json.loads((run_dir / "summary.json").read_text())
-    traces = [json.loads(line) for line in (run_dir / "trace.jsonl").read_text().splitlines() if line.strip()]
-    records = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines() if line.strip()]
+    from adtbench.rundir import TRACE_FILE, read_records, read_summary
+
+    s = read_summary(run_dir)
+    traces = read_records(run_dir, TRACE_FILE)
+    records = read_records(run_dir)
     nodes = np.concatenate([np.asarray(t["nodes"], dtype=float) for t in traces]) if traces else np.zeros(0)
     D = np.concatenate([np.asarray(t["D"], dtype=float) for t in traces]) if traces else np.zeros(0)
     K = np.concatenate([np.asarray(t["K"], dtype=float) for t in traces]) if traces else np.zeros(0)
@@ -175,7 +178,7 @@ def write_readme(readme: Path, text: str) -> None:
         raise ValueError(f"bench.readme: {readme} has no {START} … {END} markers")
     head, _, rest = content.partition(START)
     _, _, tail = rest.partition(END)
-    readme.write_text(f"{head}{START}\n{text}\n{END}{tail}")
+    atomic_write_text(readme, f"{head}{START}\n{text}\n{END}{tail}")
 
 
 def main(args: list[str]) -> int:
@@ -196,8 +199,8 @@ def main(args: list[str]) -> int:
         run_dir = run_row(name, overrides, common, out)
         results.append((label, {"row": name, **row_figures(run_dir, model)}))
     text = table(results, machine_header(opts["prompts"], rest))
-    (out / "speed.md").write_text(text + "\n")
-    (out / "speed.json").write_text(json.dumps([f for _, f in results], indent=2))
+    atomic_write_text(out / "speed.md", text + "\n")
+    atomic_write_json(out / "speed.json", [f for _, f in results], newline=False)
     print(text)
     if opts["readme"]:
         write_readme(Path(opts["readme"]), text)

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from adtbench import schema
 from adtbench.errors import ConfigError
 from adtbench.policies import POLICIES, TreePolicy
+from adtbench.rundir import PLUMBING_KEYS
 from adtbench.sampling import SamplingParams
 from adtbench.verify import EXACT, AcceptanceRule
 
@@ -290,10 +291,7 @@ def prompt_seed(base: int, prompt_id: str) -> int:
     return int(hashlib.sha256(f"{base}:{prompt_id}".encode()).hexdigest()[:15], 16)
 
 
-RESUME_IGNORED = (
-    "dataset.limit", "warmup", "progress", "logger", "save_images", "paths", "threads", "maps",
-    "lantern.cache_dir", "eval",
-)  # fmt: skip
+RESUME_IGNORED = PLUMBING_KEYS  # keys a resume may change: the run directory's one list (adtbench.rundir)
 
 
 def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:

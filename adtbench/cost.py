@@ -335,8 +335,7 @@ def load_or_measure(
     log.info("cost model: measured in %.1f s (AR step %.2f ms)%s", time.perf_counter() - t0, model.step_ms,
              f" → {path}" if path else "")  # fmt: skip
     if path is not None:
-        from adtbench.results import _atomic_write_bytes
+        from adtbench.io import atomic_write_bytes
 
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write_bytes(path, json.dumps({"key": key, "model": model.to_json()}, indent=2).encode())
+        atomic_write_bytes(path, json.dumps({"key": key, "model": model.to_json()}, indent=2).encode())
     return model

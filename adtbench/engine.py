@@ -25,7 +25,7 @@ import torch
 
 from adtbench.drafters.eagle import EagleDrafter
 from adtbench.drafters.session import DraftSession
-from adtbench.models.base import PrefillResult, PromptInputs, Target
+from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_tokens
 from adtbench.policies.base import TreePolicy
 from adtbench.sampling import SamplingParams, next_token, process_logits
 from adtbench.tree import DraftTree, root_only
@@ -96,23 +96,14 @@ def prefill(
 def decode_ar(
     target: Target, inputs: PromptInputs, sp: SamplingParams, generator: torch.Generator | None
 ) -> GenerationResult:
-    """Plain AR decoding: each step forwards the last token and samples the next."""
+    """Plain AR decoding (``models.base.ar_tokens``: one target forward per token), timed."""
     clock = Clock(target.device)
     t0 = clock.now()
-    token, _ = prefill(target, inputs, sp, 1, generator)
-    t_prefill = clock.now() - t0
-    tokens, cycles = [token], []
-    one = torch.ones(1, 1, dtype=torch.bool)
-    zero = torch.zeros(1, dtype=torch.long)
-    while len(tokens) < target.layout.num_gen_tokens:
-        g = len(tokens) - 1
-        raw, _ = target.verify_forward(torch.tensor([token]), one, zero)
-        processed = process_logits(raw, torch.tensor([g + 1]), target.layout, sp)[0]
-        target.commit(zero)
-        token = next_token(processed, sp, generator)
-        tokens.append(token)
-        cycles.append(CycleRecord(pos=g, nodes=1, D=0, d=0, K=0, a=0))
+    marks: list[float] = []
+    tokens = ar_tokens(target, inputs, sp, generator, on_prefill=lambda: marks.append(clock.now()))
     latency = clock.now() - t0
+    t_prefill = marks[0] - t0
+    cycles = [CycleRecord(pos=g, nodes=1, D=0, d=0, K=0, a=0) for g in range(len(tokens) - 1)]
     return GenerationResult(tokens, cycles, latency, t_prefill, 0.0, latency - t_prefill, target.forwards, 0)
 
 

@@ -21,15 +21,13 @@ from adtbench.drafters.session import DraftSession
 from adtbench.errors import ConfigError
 from adtbench.models.chameleon import (
     ChameleonTarget,
-    additive_mask,
     build_target,
-    cache_get,
-    cache_num_layers,
     image_code_of,
     image_token_name,
     image_token_range,
     tiny_vocabulary_map,
 )
+from adtbench.models.hf_causal import additive_mask, cache_get, cache_num_layers
 from adtbench.policies.base import TreePolicy
 from adtbench.tree import DraftTree
 

@@ -158,7 +158,7 @@ def test_anole_tree_greedy_and_decode(tiny) -> None:
 def test_lumina_qk_norm_trap(tiny) -> None:
     from transformers import ChameleonForConditionalGeneration
 
-    from adtbench.models.chameleon import checkpoint_shapes, expand_qk_norm, safetensors_files
+    from adtbench.models.hf_checkpoint import checkpoint_shapes, expand_qk_norm, safetensors_files
 
     root, refs = tiny
     d = root / "lumina_mgpt"
@@ -221,7 +221,7 @@ def test_lumina_sequential_equals_batched_cfg(tiny) -> None:
     torch.testing.assert_close(out["sequential"][1], out["batched"][1], atol=1e-9, rtol=0)
     seq_caches = out["sequential"][2]
     assert len(seq_caches) == 2  # one per CFG row
-    from adtbench.models.chameleon import cache_get
+    from adtbench.models.hf_causal import cache_get
 
     assert cache_get(seq_caches[1], 0)[0].shape[2] == 3 + 2  # uncond: only [boi, h, w] + the two steps
 

@@ -79,7 +79,7 @@ def test_ci_widens_when_repeats_disagree() -> None:
 
 
 def test_chunking_changes_nothing(monkeypatch) -> None:
-    import adtbench.results as results
+    import adtbench.rundir as results
 
     rng = np.random.default_rng(3)
     clusters = [0.5 + rng.random((int(rng.integers(1, 5)), 2)) for _ in range(50)]

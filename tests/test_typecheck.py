@@ -36,9 +36,10 @@ def test_mypy_files_are_the_algorithm_layer() -> None:
     assert config["follow_imports"] == "silent"
 
 
-def test_algorithm_layer_is_mypy_clean(request: pytest.FixtureRequest) -> None:
+def test_algorithm_layer_is_mypy_clean(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[dev]')")
-    cache = request.config.cache.mkdir("mypy") if request.config.cache is not None else ROOT / ".mypy_cache"
+    store = getattr(request.config, "cache", None)  # None under ``-p no:cacheprovider``: a cold temp cache
+    cache = store.mkdir("mypy") if store is not None else tmp_path / "mypy_cache"
     cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(cache)]
     proc = subprocess.run([*cmd, *ALGORITHM_LAYER], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from adtbench.drafters.eagle import EagleConfig
+from adtbench.io import atomic_write_json
 
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _ALLOWED = {
@@ -183,8 +184,8 @@ def convert(src: str | Path, dst: str | Path, check_embeddings: torch.Tensor | N
         record["embedding_max_abs_diff"] = float((emb - ref).abs().max())
     dst.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in ours.items()}, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    (dst / "config.json").write_text(json.dumps(ecfg, indent=2) + "\n")
-    (dst / "conversion.json").write_text(json.dumps(record, indent=2, default=str) + "\n")
+    atomic_write_json(dst / "config.json", ecfg)
+    atomic_write_json(dst / "conversion.json", record, default=str)
     return record
 
 

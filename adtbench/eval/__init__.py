@@ -36,15 +36,14 @@ from adtbench.errors import ConfigError
 from adtbench.eval import aesthetic, clip_score, export, fid, hps, mini, prc
 from adtbench.eval.common import load_run_samples, node_get, pick_device, prompt_ids_digest
 from adtbench.eval.context import EvalContext, MetricOutput
+from adtbench.io import atomic_write_text
 from adtbench.registry import Registry
-from adtbench.results import SAMPLES_FILE, SUMMARY_FILE, to_jsonable
+from adtbench.rundir import EVAL_FILE, EVAL_SAMPLES_FILE, SAMPLES_FILE, SUMMARY_FILE, to_jsonable
 
 __all__ = ["EVAL_FILE", "EVAL_SAMPLES_FILE", "METRICS", "Metric", "main", "run_eval", "validate"]
 
 log = logging.getLogger(__name__)
 
-EVAL_FILE = "eval.json"
-EVAL_SAMPLES_FILE = "eval_samples.jsonl"
 
 Validator = Callable[[Any], None]
 Computer = Callable[[Any, EvalContext], MetricOutput]
@@ -117,12 +116,6 @@ def _extractor_injected(cfg: Any, name: str, inject: dict[str, Any]) -> bool:
     return f"extractor:{kind}" in inject
 
 
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def run_eval(
     cfg: Any,
     run_dir: str | os.PathLike[str],
@@ -193,9 +186,9 @@ def run_eval(
     block["complete"] = error is None and bool(samples)
     summary["eval"] = block
     rows = [{"prompt_id": s.prompt_id, **per_prompt[s.prompt_id]} for s in samples if s.prompt_id in per_prompt]
-    _atomic_text(run / EVAL_SAMPLES_FILE, "".join(json.dumps(to_jsonable(r)) + "\n" for r in rows))
-    _atomic_text(run / EVAL_FILE, json.dumps(to_jsonable(block), indent=2) + "\n")
-    _atomic_text(summary_path, json.dumps(to_jsonable(summary), indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(run / EVAL_SAMPLES_FILE, "".join(json.dumps(to_jsonable(r)) + "\n" for r in rows))
+    atomic_write_text(run / EVAL_FILE, json.dumps(to_jsonable(block), indent=2) + "\n")
+    atomic_write_text(summary_path, json.dumps(to_jsonable(summary), indent=2, ensure_ascii=False) + "\n")
     if error is not None:
         raise error
     return summary

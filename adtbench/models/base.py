@@ -25,6 +25,7 @@ Features are the last-layer hidden states *after* the final norm (EAGLE's ``f_t`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch
 
 from adtbench.layout import TokenLayout
 from adtbench.models.rope import Rope
+from adtbench.sampling import SamplingParams, next_token, process_logits
 
 
 @dataclass
@@ -201,3 +203,37 @@ class StaticGPTTarget(Target):
 
     def lm_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.net.output(features)
+
+
+@torch.no_grad()
+def ar_tokens(
+    target: Target,
+    inputs: PromptInputs,
+    sp: SamplingParams,
+    generator: torch.Generator | None,
+    on_prefill: Callable[[], None] | None = None,
+) -> list[int]:
+    """Plain AR decoding over the ``Target`` interface: ``layout.num_gen_tokens`` generated token ids.
+
+    The prefill samples token 0; each further step forwards the last token alone (a one-node tree), commits it
+    and samples the next. Invariant: the same calls and random draws as ``engine.decode_ar``, so a seeded
+    ``generator`` gives the same tokens. ``on_prefill`` is called once, right after the first token is sampled
+    (a timing hook). The model layer's own plain passes (Tar's other stage) run through this.
+    """
+    layout = target.layout
+    res = target.start(inputs, 1)
+    token = next_token(
+        process_logits(res.logits[:, None], torch.zeros(1, dtype=torch.long), layout, sp)[0], sp, generator
+    )
+    if on_prefill is not None:
+        on_prefill()
+    tokens = [token]
+    one = torch.ones(1, 1, dtype=torch.bool)
+    zero = torch.zeros(1, dtype=torch.long)
+    while len(tokens) < layout.num_gen_tokens:
+        raw, _ = target.verify_forward(torch.tensor([token]), one, zero)
+        processed = process_logits(raw, torch.tensor([len(tokens)]), layout, sp)[0]
+        target.commit(zero)
+        token = next_token(processed, sp, generator)
+        tokens.append(token)
+    return tokens

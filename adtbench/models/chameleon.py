@@ -1,17 +1,9 @@
-"""Chameleon-family adapter (Anole) and the generic transformers-LM target it is built on.
+"""Chameleon-family adapter (Anole): vocabulary, prompt rows and the builder from a ``model`` config node.
 
-``HFCausalTarget`` drives any transformers causal LM with ``.model`` + ``.lm_head`` (Chameleon, Qwen2) behind
-``Target``: explicit 4-D float masks ``[R, 1, q, kv]`` (0 = attend, ``finfo(dtype).min`` = blocked) and explicit
-``position_ids`` on a ``DynamicCache``; transformers (4.57 and 5.x) passes a 4-D mask through
-``create_causal_mask`` unchanged. Flash attention ignores such masks (algorithms.md §10, pitfall 7), so only
-``eager`` and ``sdpa`` are accepted. CFG rows run either *batched* (one forward, one cache, the uncond row
-left-padded with masked pad columns) or *sequential* (one forward and one cache per row; a row's cache holds
-only its valid columns — Lumina-mGPT's official unbatched CFG). Both give the same logits up to float
-rounding. After verification ``_compact`` keeps the committed prefix plus the accepted tree nodes, in order,
-leaving every cache exactly as a sequential forward over the committed tokens would.
-
-The Chameleon LM runs through ``lm.model`` + ``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``,
-which sets every image-token logit to ``finfo.min``.
+The LM runs on the generic transformers target (``hf_causal.HFCausalTarget``) through ``lm.model`` +
+``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``, which sets every image-token logit to
+``finfo.min``. Checkpoints and tokenizers are read by ``hf_checkpoint`` (``load_chameleon_lm``: the q/k-norm
+fix of models.md §1.4).
 
 Vocabulary: image tokens are the ``IMGIMG<letters>Z`` entries of ``config.vocabulary_map`` (letters A–J
 spell the decimal VQ code); their id range is derived from the map and asserted contiguous,
@@ -27,16 +19,10 @@ then continue at their own ``next_pos``.
 Official sampling (GAIR-NLP/anole ``text2image.py``): image tokens only, CFG 3.0 (the 3-way in-batch CFG
 reduces to 2-way for text-to-image), temperature 0.7, top-p 0.9, no top-k. LANTERN/ADT-Tree runs: CFG 3.0,
 temperature 1.0, top-k 2000, top-p 1.0.
-
-Checkpoint loading (``load_chameleon_lm``): an HF folder (``config.json`` + safetensors shards). q/k-norm
-tensors stored as ``(d0, head_dim)`` with ``d0`` < heads (Lumina-mGPT's pre-release layout, models.md §1.4) are
-expanded with ``repeat_interleave`` to ``(heads, head_dim)``; every other shape must match, and only
-``model.vqmodel.*`` (the unused VQ encoder) may be missing.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,8 +32,9 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PrefillResult, PromptInputs, Target
-from adtbench.models.rope import Rope, Rope1D
+from adtbench.models.base import PromptInputs
+from adtbench.models.hf_causal import HFCausalTarget, common_options, spread_init_
+from adtbench.models.hf_checkpoint import HashTokenizer, HFTokenizer, load_chameleon_lm
 
 IMAGE_PREFIX, IMAGE_SUFFIX = "IMGIMG", "Z"
 _DIGIT = {chr(ord("A") + i): str(i) for i in range(10)}  # letter → decimal digit of the VQ code
@@ -64,8 +51,6 @@ SPECIAL_NAMES: dict[str, str] = {
     "eot": "<reserved08706>",  # end of turn / separator
 }
 REQUIRED_SPECIALS = ("bos", "pad", "boi", "eot")
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa")
-CFG_MODES = ("batched", "sequential")
 FILLER_PREFIX = "<reserved9"  # tiny-vocabulary filler names <reserved9xxxx> (stand-in text ids)
 
 
@@ -150,198 +135,6 @@ def tiny_vocabulary_map(vocab_size: int, num_codes: int, extra: Sequence[str] = 
 
 
 # ---------------------------------------------------------------------------------------------------------
-# KV-cache helpers (transformers ≥ 4.56: ``cache.layers[i].keys/values``; older: ``key_cache[i]``)
-# ---------------------------------------------------------------------------------------------------------
-
-
-def cache_num_layers(cache: Any) -> int:
-    return len(cache.layers) if hasattr(cache, "layers") else len(cache.key_cache)
-
-
-def cache_get(cache: Any, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Layer ``i``'s keys and values ``[R, kv_heads, L, head_dim]``."""
-    if hasattr(cache, "layers"):
-        return cache.layers[i].keys, cache.layers[i].values
-    return cache.key_cache[i], cache.value_cache[i]
-
-
-def cache_set(cache: Any, i: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-    if hasattr(cache, "layers"):
-        cache.layers[i].keys, cache.layers[i].values = keys, values
-    else:
-        cache.key_cache[i], cache.value_cache[i] = keys, values
-
-
-def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool mask (True = attend) → float additive mask: 0 where True, ``finfo(dtype).min`` elsewhere."""
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The generic transformers-LM target
-# ---------------------------------------------------------------------------------------------------------
-
-
-class HFCausalTarget(Target):
-    """A transformers causal LM (``lm.model`` + ``lm.lm_head``) behind ``Target`` (see module docstring).
-
-    Subclasses set ``layout`` and implement ``encode_prompt`` (returning ``data`` with ``ids``, ``valid`` and
-    ``positions``, all ``[R, P]``), ``drafter_rope`` and ``decode_image``. ``cfg_mode``: ``batched`` (one cache,
-    ``R`` rows) or ``sequential`` (one cache per row holding only that row's valid columns).
-    """
-
-    def __init__(
-        self,
-        lm: nn.Module,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "batched",
-    ) -> None:
-        super().__init__()
-        impl = getattr(lm.config, "_attn_implementation", None)
-        if impl not in ATTN_IMPLEMENTATIONS:
-            raise ConfigError(
-                "model.attn_implementation",
-                f"{impl!r} cannot take explicit 4-D tree masks; use one of {ATTN_IMPLEMENTATIONS}",
-            )
-        if cfg_mode not in CFG_MODES:
-            raise ConfigError("model.cfg_mode", f"unknown CFG mode {cfg_mode!r}; choose one of {CFG_MODES}")
-        # rotary ``inv_freq`` buffers stay float32 (a bf16 cast would shift the angles at long positions)
-        inv = {n: b.float() for n, b in lm.named_buffers() if n.endswith("inv_freq")}
-        self.lm = lm.to(device=device, dtype=dtype).eval()
-        for name, buf in inv.items():
-            mod = self.lm.get_submodule(name.rsplit(".", 1)[0])
-            mod.inv_freq = buf.to(device)
-        self.device, self.dtype = torch.device(device), dtype
-        self.cfg_mode = cfg_mode
-        c = lm.config
-        self.hidden_size, self.num_heads = c.hidden_size, c.num_attention_heads
-        self.num_kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-        self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        self.intermediate_size = c.intermediate_size
-        self.rope_theta = _rope_theta(c)
-        self.cache: Any = None  # batched: one DynamicCache over all rows
-        self.caches: list[Any] = []  # sequential: one DynamicCache per row
-
-    def prompt_length(self, inputs: PromptInputs) -> int:
-        return int(inputs.data["ids"].shape[1])
-
-    @property
-    def sequential(self) -> bool:
-        return self.cfg_mode == "sequential" and self.rows > 1
-
-    def _new_cache(self) -> Any:
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.lm.config)  # grows on demand: capacity is not preallocated
-
-    def _run(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
-        """One LM forward: ids ``[B, n]``, bool mask ``[B, 1, n, kv]``, positions ``[B, n]`` → features."""
-        out = self.lm.model(
-            input_ids=ids,
-            attention_mask=additive_mask(mask, self.dtype),
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-        )
-        return out.last_hidden_state  # post final norm
-
-    # --- target hooks ------------------------------------------------------------------------------
-    def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
-        dev = self.device
-        ids = inputs.data["ids"].to(dev)
-        valid = inputs.data["valid"].to(dev)
-        pos = inputs.data["positions"].to(dev)
-        R, P = ids.shape
-        self.rows = R  # ``sequential`` reads it before ``start`` sets it
-        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
-        if self.sequential:  # each row alone, its pad columns dropped
-            self.cache, self.caches = None, []
-            feats = torch.zeros(R, P, self.hidden_size, dtype=self.dtype, device=dev)
-            for r in range(R):
-                cols = valid[r]
-                n = int(cols.sum())
-                cache = self._new_cache()
-                mask = causal[:n, :n][None, None]
-                feats[r, cols] = self._run(ids[r : r + 1, cols], mask, pos[r : r + 1, cols], cache)[0]
-                self.caches.append(cache)
-        else:
-            eye = torch.eye(P, dtype=torch.bool, device=dev)
-            mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]  # [R, 1, P, P]
-            self.cache, self.caches = self._new_cache(), []
-            feats = self._run(ids, mask, pos, self.cache)
-        return PrefillResult(
-            logits=self.lm.lm_head(feats[:, -1]),
-            features=feats,
-            input_embeds=self.lm.model.embed_tokens(ids),
-            positions=pos,
-            valid=valid,
-        )
-
-    def _forward(
-        self, tokens: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``tokens [n]``, bool ``mask [R, 1, n, L + n]``, ``position_ids [R, n]``.
-
-        Returns raw logits ``[R, n, V]`` and post-norm features ``[R, n, H]``; appends n K/V entries per row.
-        """
-        if self.cache is None and not self.caches:
-            raise RuntimeError("call start() (prefill) before verify_forward")
-        R, n = position_ids.shape
-        L = self.length
-        if self.caches:
-            feats = []
-            for r in range(R):
-                cols = self.valid[r, :L]
-                _truncate(self.caches[r], int(cols.sum()))  # drop an uncommitted tree block
-                m = torch.cat([mask[r : r + 1, :, :, :L][..., cols], mask[r : r + 1, :, :, L:]], dim=-1)
-                feats.append(self._run(tokens[None], m, position_ids[r : r + 1], self.caches[r]))
-            f = torch.cat(feats, dim=0)
-        else:
-            _truncate(self.cache, L)
-            f = self._run(tokens[None].expand(R, n), mask, position_ids, self.cache)
-        return self.lm.lm_head(f), f
-
-    def _compact(self, start: int, keep: torch.Tensor) -> None:
-        """Cache entries ``[:start] + (start + keep)``, in that order, per row; everything after is dropped."""
-        if self.caches:
-            for r, cache in enumerate(self.caches):
-                _compact_cache(cache, int(self.valid[r, :start].sum()), keep, self.device)
-        else:
-            _compact_cache(self.cache, start, keep, self.device)
-
-    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm.model.embed_tokens(ids.to(self.device))
-
-    def lm_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.lm.lm_head(features)
-
-    def drafter_rope(self, head_dim: int) -> Rope:
-        return Rope1D(head_dim, theta=self.rope_theta)  # HF rotate_half pairing
-
-
-def _truncate(cache: Any, length: int) -> None:
-    """Keep the first ``length`` entries of every layer of ``cache``."""
-    for i in range(cache_num_layers(cache)):
-        k, v = cache_get(cache, i)
-        if k.shape[-2] > length:
-            cache_set(cache, i, k[:, :, :length], v[:, :, :length])
-
-
-def _compact_cache(cache: Any, start: int, keep: torch.Tensor, device: torch.device) -> None:
-    """Entries ``[:start] + (start + keep)``; only the kept tree entries are copied (into slots ``start..``)."""
-    n = keep.numel()
-    idx = start + keep.to(device).long()
-    for i in range(cache_num_layers(cache)):
-        k, v = cache_get(cache, i)
-        k_sel, v_sel = k.index_select(2, idx), v.index_select(2, idx)  # copies before the overwrite
-        k, v = k[:, :, : start + n], v[:, :, : start + n]
-        k[:, :, start:] = k_sel
-        v[:, :, start:] = v_sel
-        cache_set(cache, i, k, v)
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Anole
 # ---------------------------------------------------------------------------------------------------------
 
@@ -389,10 +182,10 @@ class ChameleonTarget(HFCausalTarget):
         """Token rows ``ids [R, P]`` (cond, then uncond under CFG), ``valid [R, P]`` and ``positions [R, P]``."""
         sp = self.special
         cond = [sp["bos"], *self.tokenizer(text), sp["eot"], sp["boi"]]
-        return _rows(text, cfg, cond, [sp["bos"], sp["boi"]], sp["pad"])
+        return prompt_rows(text, cfg, cond, [sp["bos"], sp["boi"]], sp["pad"])
 
 
-def _rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) -> PromptInputs:
+def prompt_rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) -> PromptInputs:
     """Cond row and (under CFG) the uncond row left-padded with ``pad``; positions count real tokens only."""
     rows = [cond]
     if cfg:
@@ -408,165 +201,8 @@ def _rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) ->
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Checkpoint loading
-# ---------------------------------------------------------------------------------------------------------
-
-
-def safetensors_files(path: Path) -> list[Path]:
-    """The weight shards of an HF folder: from ``model.safetensors.index.json`` if present, else ``*.safetensors``."""
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [path / n for n in names]
-        missing = [str(f) for f in files if not f.is_file()]
-        if missing:
-            raise ConfigError("model.path", f"{index} lists shards that are missing: {missing}")
-        return files
-    return sorted(path.glob("*.safetensors"))
-
-
-def checkpoint_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
-    """Tensor name → shape for every tensor in ``files`` (safetensors headers only; no data is read)."""
-    from safetensors import safe_open
-
-    out: dict[str, tuple[int, ...]] = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as h:
-            for k in h.keys():  # noqa: SIM118 - safe_open has no __iter__
-                out[k] = tuple(h.get_slice(k).get_shape())
-    return out
-
-
-def is_qk_norm(key: str) -> bool:
-    return ".q_norm." in key or ".k_norm." in key
-
-
-def expand_qk_norm(t: torch.Tensor, heads: int, key: str = "") -> torch.Tensor:
-    """``(d0, head_dim)`` → ``(heads, head_dim)`` by ``repeat_interleave(heads // d0)`` (models.md §1.4)."""
-    d0 = t.shape[0]
-    if d0 == heads:
-        return t
-    if t.dim() != 2 or heads % d0:
-        raise ValueError(f"{key}: q/k-norm of shape {tuple(t.shape)} cannot be expanded to {heads} heads")
-    return t.repeat_interleave(heads // d0, dim=0)
-
-
-def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "model.path") -> nn.Module:
-    """``ChameleonForConditionalGeneration`` from an HF folder, with the q/k-norm fix (module docstring).
-
-    Checks (``ConfigError(key, …)``): at least one safetensors shard; every checkpoint tensor's shape equals the
-    model's, except q/k-norms of shape ``(d0, head_dim)`` with ``d0`` dividing the head count; only
-    ``model.vqmodel.*`` may be missing. Extra keys (e.g. a VQ decoder) are ignored.
-    """
-    from safetensors import safe_open
-    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
-
-    from adtbench.io import check_weights
-
-    files = safetensors_files(path)
-    if not files:
-        raise ConfigError(key, f"{path} holds no *.safetensors weights")
-    for f in files:  # a truncated shard: ConfigError naming key and file, before any tensor is read
-        check_weights(key, f)
-    config = ChameleonConfig.from_pretrained(str(path))
-    if getattr(config, "vocabulary_map", None) is None:
-        raise ConfigError(key, f"{path / 'config.json'} has no vocabulary_map (needed for the image-token ids)")
-    shapes = checkpoint_shapes(files)
-    qk = {k: s for k, s in shapes.items() if is_qk_norm(k)}
-    need_fix = any(len(s) == 2 and s[0] != _heads_for(k, config) for k, s in qk.items())
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the expected q/k-norm / VQ-encoder reports are checked below instead
-    try:
-        lm, info = ChameleonForConditionalGeneration.from_pretrained(
-            str(path), dtype=dtype, attn_implementation=attn, ignore_mismatched_sizes=need_fix, output_loading_info=True
-        )
-    finally:
-        hf_logging.set_verbosity(level)
-    own = lm.state_dict()
-    bad = [
-        f"{k}: checkpoint {s} vs model {tuple(own[k].shape)}"
-        for k, s in shapes.items()
-        if k in own and tuple(own[k].shape) != s and not (is_qk_norm(k) and len(s) == 2 and s[1:] == own[k].shape[1:])
-    ]
-    missing = [k for k in info["missing_keys"] if not k.startswith("model.vqmodel.")]
-    if bad or missing:
-        raise ConfigError(
-            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
-        )
-    if need_fix:  # copy every q/k-norm from the files, expanded to (heads, head_dim)
-        with torch.no_grad():
-            for f in files:
-                with safe_open(str(f), framework="pt") as h:
-                    for k in h.keys():  # noqa: SIM118
-                        if is_qk_norm(k) and k in own:
-                            t = expand_qk_norm(h.get_tensor(k), _heads_for(k, config), k)
-                            own[k].copy_(t.to(own[k].dtype))
-    return lm.eval()
-
-
-def _heads_for(key: str, config: Any) -> int:
-    return config.num_attention_heads if ".q_norm." in key else config.num_key_value_heads
-
-
-# ---------------------------------------------------------------------------------------------------------
 # Building from config
 # ---------------------------------------------------------------------------------------------------------
-
-
-def _rope_theta(config: Any) -> float:
-    """``rope_theta`` (transformers 4.x) or ``rope_parameters["rope_theta"]`` (5.x)."""
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-    return float(theta)
-
-
-def spread_init_(lm: nn.Module, seed: int, head_std: float = 2.0) -> None:
-    """Re-initialise a random LM so its logits are non-degenerate (spread over a few units).
-
-    Linear weights ~ N(0, 1/fan_in) (``lm_head``: std ``head_std/sqrt(fan_in)``), embeddings ~ N(0, 1),
-    biases 0; norm weights stay 1. Draws from a local generator seeded with ``seed`` on the parameters' device
-    (CPU for the tiny models; the GPU for full-size cost-model instances).
-    """
-    dev = next(lm.parameters()).device
-    gen = torch.Generator(device=dev).manual_seed(int(seed))
-    with torch.no_grad():
-        for name, mod in lm.named_modules():
-            if isinstance(mod, nn.Linear):
-                std = mod.in_features**-0.5 * (head_std if name.endswith("lm_head") else 1.0)
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen, device=dev) * std)
-                if mod.bias is not None:
-                    mod.bias.zero_()
-            elif isinstance(mod, nn.Embedding):
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen, device=dev))
-
-
-class HFTokenizer:
-    """``text → ids`` through a transformers tokenizer (no special tokens added: the prompt adds them)."""
-
-    def __init__(self, path: str | Path) -> None:
-        from transformers import AutoTokenizer
-
-        self.tok = AutoTokenizer.from_pretrained(str(path))
-
-    def __call__(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-
-class HashTokenizer:
-    """Stand-in tokenizer for tiny vocabularies: each word → a stable id in the filler range ``[lo, hi)``."""
-
-    def __init__(self, lo: int, hi: int, max_len: int) -> None:
-        if not 0 <= lo < hi:
-            raise ValueError(f"empty text-id range [{lo}, {hi})")
-        self.lo, self.hi, self.max_len = lo, hi, max_len
-
-    def __call__(self, text: str) -> list[int]:
-        from adtbench.models.text import text_token_ids
-
-        return text_token_ids(text, self.lo, self.hi, self.max_len)
 
 
 def make_tokenizer(cfg: Any, config: Any, base: Path | None = None) -> Any:
@@ -613,20 +249,6 @@ def make_vq(cfg: Any, seed: int, base: Path | None = None) -> Any:
     raise ConfigError("model.vq.kind", f"unknown VQ kind {kind!r}; choose tiny, taming or none")
 
 
-def common_options(cfg: Any) -> tuple[torch.device, torch.dtype, str, int]:
-    """``(device, dtype, attn_implementation, seed)`` of a transformers-LM model node, validated."""
-    from adtbench.models.registry import get, resolve_device, resolve_dtype
-
-    device = resolve_device(get(cfg, "device", "cpu"))
-    dtype = resolve_dtype(get(cfg, "dtype", "auto"), device)
-    attn = str(get(cfg, "attn_implementation", "sdpa"))
-    if attn not in ATTN_IMPLEMENTATIONS:
-        raise ConfigError(
-            "model.attn_implementation", f"{attn!r} ignores explicit tree masks; use one of {ATTN_IMPLEMENTATIONS}"
-        )
-    return device, dtype, attn, int(get(cfg, "seed", 0))
-
-
 def grid_of(cfg: Any, example: str) -> tuple[int, int]:
     from adtbench.models.registry import get, plain
 
@@ -663,22 +285,22 @@ def random_chameleon(cfg: Any, num_codes: int, extra_names: tuple[str, ...] = ()
     return lm.to(dtype)
 
 
-def build_target(cfg: Any) -> ChameleonTarget:
-    """Build from a ``model`` config node (``conf/model/anole.yaml``, ``conf/model/tiny_chameleon.yaml``).
+def build_parts(cfg: Any, extra_names: tuple[str, ...] = ()) -> tuple[nn.Module, Any, Any]:
+    """``(lm, vq, tokenizer)`` of a Chameleon-family ``model`` node (Anole, Lumina-mGPT).
 
-    ``random_init: true`` builds ``ChameleonConfig(**arch)`` with the tiny vocabulary map (unless ``arch``
-    carries its own ``vocabulary_map``) and seeded, spread-out random weights; otherwise the LM is loaded from
-    ``model.path`` (an HF folder or hub id) by ``load_chameleon_lm``. ``grid: [h, w]`` is the generated grid.
+    ``random_init: true``: ``random_chameleon`` (tiny vocabulary plus ``extra_names`` unless ``arch`` carries its
+    own ``vocabulary_map``) and a tiny VQ only when ``vq.kind: tiny`` (a checkpoint VQ makes no sense with random
+    LM weights). Otherwise every path (``model.path``, the VQ files) is validated before the LM weights are read
+    by ``load_chameleon_lm``. Tokenizer problems are a ``ConfigError`` on ``model.tokenizer``.
     """
     from adtbench.models.registry import get, resolve_dir
 
-    device, dtype, attn, seed = common_options(cfg)
-    grid = grid_of(cfg, "[32, 32] for Anole")
+    _, dtype, attn, seed = common_options(cfg)
     base = None
-    if bool(get(cfg, "random_init", False)):  # a checkpoint VQ makes no sense with random LM weights
+    if bool(get(cfg, "random_init", False)):
         vq = make_vq(cfg, seed) if str(get(cfg, "vq.kind", "none")) == "tiny" else None
         k = vq.codebook_size if vq is not None else int(get(cfg, "arch.num_codes", 64))
-        lm = random_chameleon(cfg, k)
+        lm = random_chameleon(cfg, k, extra_names)
     else:
         base = resolve_dir("model.path", get(cfg, "path"), ["config.json", "*.safetensors"])
         vq = make_vq(cfg, seed, base)  # validate every path before reading the LM weights
@@ -687,6 +309,21 @@ def build_target(cfg: Any) -> ChameleonTarget:
         tokenizer = make_tokenizer(cfg, lm.config, base)
     except ValueError as e:
         raise ConfigError("model.tokenizer", str(e)) from e
+    return lm, vq, tokenizer
+
+
+def build_target(cfg: Any) -> ChameleonTarget:
+    """Build from a ``model`` config node (``conf/model/anole.yaml``, ``conf/model/tiny_chameleon.yaml``).
+
+    ``random_init: true`` builds ``ChameleonConfig(**arch)`` with the tiny vocabulary map (unless ``arch``
+    carries its own ``vocabulary_map``) and seeded, spread-out random weights; otherwise the LM is loaded from
+    ``model.path`` (an HF folder or hub id) by ``load_chameleon_lm``. ``grid: [h, w]`` is the generated grid.
+    """
+    from adtbench.models.registry import get
+
+    device, dtype, _, _ = common_options(cfg)
+    grid = grid_of(cfg, "[32, 32] for Anole")
+    lm, vq, tokenizer = build_parts(cfg)
     return ChameleonTarget(
         lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=str(get(cfg, "cfg_mode", "batched"))
     )
@@ -694,17 +331,16 @@ def build_target(cfg: Any) -> ChameleonTarget:
 
 __all__ = [
     "ChameleonTarget",
-    "HFCausalTarget",
-    "additive_mask",
+    "build_parts",
     "build_target",
-    "cache_get",
-    "cache_num_layers",
-    "cache_set",
-    "expand_qk_norm",
+    "grid_of",
     "image_code_of",
     "image_token_name",
     "image_token_range",
-    "load_chameleon_lm",
+    "make_tokenizer",
+    "make_vq",
+    "prompt_rows",
+    "random_chameleon",
     "special_token_ids",
     "tiny_vocabulary_map",
 ]

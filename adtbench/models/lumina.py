@@ -2,7 +2,7 @@
 
 Architecture = Chameleon-7B at inference (``ChameleonXLLMXForConditionalGeneration`` is only a training
 wrapper); the checkpoints store q/k-norms as ``(1, head_dim)`` and are expanded at load time
-(``chameleon.load_chameleon_lm``, models.md §1.4). ``model.vqmodel`` is absent (decoding uses Meta's
+(``hf_checkpoint.load_chameleon_lm``, models.md §1.4). ``model.vqmodel`` is absent (decoding uses Meta's
 ``vqgan.ckpt``).
 
 Sequence (models.md §3; ``FlexARItemProcessor.process_image``): the prompt is
@@ -36,16 +36,8 @@ from torch import nn
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs
-from adtbench.models.chameleon import (
-    ChameleonTarget,
-    _rows,
-    common_options,
-    grid_of,
-    load_chameleon_lm,
-    make_tokenizer,
-    make_vq,
-    random_chameleon,
-)
+from adtbench.models.chameleon import ChameleonTarget, build_parts, grid_of, prompt_rows
+from adtbench.models.hf_causal import common_options
 
 EOL_NAME = "<reserved08799>"
 PROMPT_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{caption}"
@@ -109,7 +101,7 @@ class LuminaTarget(ChameleonTarget):
         words = PROMPT_TEMPLATE.format(w=lay.grid_w * PX_PER_CODE, h=lay.grid_h * PX_PER_CODE, caption=text)
         header = [sp["boi"], sp["size_h"], sp["size_w"]]
         cond = [sp["bos"], *self.tokenizer(words), sp["eot"], *header]
-        return _rows(text, cfg, cond, header, sp["pad"])
+        return prompt_rows(text, cfg, cond, header, sp["pad"])
 
 
 def build_target(cfg: Any) -> LuminaTarget:
@@ -118,23 +110,11 @@ def build_target(cfg: Any) -> LuminaTarget:
     ``random_init: true``: a seeded tiny Chameleon whose tiny vocabulary also holds the EOL/size names;
     otherwise ``model.path`` (HF folder or hub id) through ``load_chameleon_lm`` (q/k-norm fix).
     """
-    from adtbench.models.registry import get, resolve_dir
+    from adtbench.models.registry import get
 
-    device, dtype, attn, seed = common_options(cfg)
+    device, dtype, _, _ = common_options(cfg)
     grid = grid_of(cfg, "[48, 48] for Lumina-mGPT-7B-768")
-    base = None
-    if bool(get(cfg, "random_init", False)):  # a checkpoint VQ makes no sense with random LM weights
-        vq = make_vq(cfg, seed) if str(get(cfg, "vq.kind", "none")) == "tiny" else None
-        k = vq.codebook_size if vq is not None else int(get(cfg, "arch.num_codes", 64))
-        lm = random_chameleon(cfg, k, lumina_extra_names(grid))
-    else:
-        base = resolve_dir("model.path", get(cfg, "path"), ["config.json", "*.safetensors"])
-        vq = make_vq(cfg, seed, base)
-        lm = load_chameleon_lm(base, dtype, attn)
-    try:
-        tokenizer = make_tokenizer(cfg, lm.config, base)
-    except ValueError as e:
-        raise ConfigError("model.tokenizer", str(e)) from e
+    lm, vq, tokenizer = build_parts(cfg, lumina_extra_names(grid))
     mode = str(get(cfg, "cfg_mode", "sequential"))
     return LuminaTarget(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
 

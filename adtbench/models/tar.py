@@ -36,8 +36,8 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PromptInputs
-from adtbench.models.chameleon import HFCausalTarget, common_options
+from adtbench.models.base import PromptInputs, ar_tokens
+from adtbench.models.hf_causal import HFCausalTarget, common_options
 from adtbench.models.tar_ardtok import ARDTokTarget
 from adtbench.sampling import SamplingParams
 
@@ -140,40 +140,36 @@ class TarLMTarget(HFCausalTarget):
 
     def generate_codes(self, text: str, sp: SamplingParams) -> torch.Tensor:
         """Plain AR LM run → TA-Tok code grid ``[p, p]`` (seeded from ``seed`` and ``text``)."""
-        from adtbench.engine import decode_ar
-
         g = torch.Generator(device=self.device).manual_seed(self.seed ^ zlib.crc32(text.encode()))
-        res = decode_ar(self, self.encode_prompt(text, False), sp, g)
-        return self.layout.tokens_to_codes(res.tokens)
+        return self.layout.tokens_to_codes(ar_tokens(self, self.encode_prompt(text, False), sp, g))
 
     @torch.no_grad()
     def decode_image(self, codes: torch.Tensor) -> np.ndarray:
         """TA-Tok decode → AR-DTok (plain AR, ``detok_sampling``) → VQ-16 → uint8 ``[H, W, 3]``."""
-        from adtbench.engine import decode_ar
-
         if self.detok is None:
             raise RuntimeError("no AR-DTok de-tokenizer configured (model.detok)")
         feats = self.features(codes)
         sp = self.detok_sampling
         inputs = self.detok.encode_features("", feats, sp.use_cfg)
         g = torch.Generator(device=self.detok.device).manual_seed(self.seed)
-        res = decode_ar(self.detok, inputs, sp, g)
-        return self.detok.decode_image(self.detok.layout.tokens_to_codes(res.tokens))
+        tokens = ar_tokens(self.detok, inputs, sp, g)
+        return self.detok.decode_image(self.detok.layout.tokens_to_codes(tokens))
 
 
 def _sampling(node: Any, default: SamplingParams, key: str) -> SamplingParams:
+    """``model.lm_sampling`` / ``model.detok_sampling``: ``default`` overridden by the node's entries, validated by
+    ``config.build_sampling`` (the app's own ``sampling`` rules); errors name ``<key>.<field>``."""
+    from omegaconf import OmegaConf
+
+    from adtbench.config import build_sampling
     from adtbench.models.registry import plain
 
-    d = plain(node) or {}
+    fields = ("temperature", "top_k", "top_p", "cfg_scale")
+    d = {f: getattr(default, f) for f in fields} | (plain(node) or {})
     try:
-        return SamplingParams(
-            temperature=float(d.get("temperature", default.temperature)),
-            top_k=int(d.get("top_k", default.top_k)),
-            top_p=float(d.get("top_p", default.top_p)),
-            cfg_scale=float(d.get("cfg_scale", default.cfg_scale)),
-        )
-    except (TypeError, ValueError) as e:
-        raise ConfigError(key, str(e)) from e
+        return build_sampling(OmegaConf.create({"sampling": {f: d[f] for f in fields}}))
+    except ConfigError as e:
+        raise ConfigError(key + e.key.removeprefix("sampling"), e.message) from e
 
 
 OFFICIAL_LM_SAMPLING = SamplingParams(temperature=1.0, top_k=1200, top_p=0.95, cfg_scale=1.0)

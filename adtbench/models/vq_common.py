@@ -5,6 +5,13 @@ agree (``norm1/conv1/norm2/conv2/nin_shortcut`` for a residual block, ``norm/q/k
 attention block, ``conv`` for a resampler), so the blocks live here and each family only arranges them in
 its own on-disk layout.
 
+The family-independent skeleton lives here too: :class:`ResLevel` (one resolution level; the family names its
+block list), :func:`build_down_levels` / :func:`build_up_levels` (the encoder / decoder level stacks; the family
+says where attention goes), :func:`run_levels`, :class:`Codebook` and :class:`VQModelBase` (codes ↔
+pixels around ``quant_conv`` / ``post_quant_conv``). Invariant: each family's modules are created and registered
+in the same order as the official code, so ``state_dict()`` keys and their order match the released files and a
+seeded construction draws the same initial values.
+
 Also here: the :class:`VQDecoder` protocol that the engine codes against, pixel conversion
 (:func:`to_uint8_images`), atomic PNG writing (:func:`save_png`) and a ``weights_only`` checkpoint reader
 that names the file and says how to convert it when the pickle holds something other than tensors.
@@ -13,9 +20,9 @@ that names the file and says how to convert it when the pickle holds something o
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 import torch
@@ -25,17 +32,23 @@ from torch import Tensor, nn
 
 __all__ = [
     "AttnBlock",
+    "Codebook",
     "Downsample",
+    "ResLevel",
     "ResnetBlock",
     "Upsample",
     "VQDecoder",
+    "VQModelBase",
     "atomic_torch_save",
+    "build_down_levels",
+    "build_up_levels",
     "check_codes",
     "load_checkpoint",
     "load_filtered_state_dict",
     "make_norm",
     "nearest_codes",
     "randomize_parameters",
+    "run_levels",
     "save_png",
     "swish",
     "to_uint8_images",
@@ -155,6 +168,242 @@ class Downsample(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0.0))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Level stacks (encoder: full resolution first; decoder: built lowest resolution first)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class ResLevel(nn.Module):
+    """One resolution level: residual blocks under ``block_attr`` (LlamaGen ``res``, taming ``block``), ``attn``
+    (empty, or one attention block after each residual block) and, set by the builder, ``downsample`` or
+    ``upsample``. Keys: ``<block_attr>.{j}.*``, ``attn.{j}.*``, ``downsample.conv`` / ``upsample.conv``."""
+
+    def __init__(self, block_attr: str) -> None:
+        super().__init__()
+        self.block_attr = block_attr
+        setattr(self, block_attr, nn.ModuleList())
+        self.attn = nn.ModuleList()
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return getattr(self, self.block_attr)
+
+    def run_blocks(self, h: Tensor) -> Tensor:
+        has_attn = len(self.attn) > 0
+        for i, block in enumerate(self.blocks):
+            h = block(h)
+            if has_attn:
+                h = self.attn[i](h)
+        return h
+
+
+def build_down_levels(
+    ch: int,
+    ch_mult: Sequence[int],
+    num_res_blocks: int,
+    dropout: float,
+    attn_at: Callable[[int], bool],
+    block_attr: str,
+) -> tuple[list[ResLevel], int]:
+    """Encoder levels, full resolution first: level ``i`` has ``num_res_blocks`` residual blocks
+    (``ch·in_mult[i] → ch·ch_mult[i]``), attention after each when ``attn_at(i)``, and a ``downsample`` unless it
+    is the last. Returns the levels and the channel count they end at."""
+    n = len(ch_mult)
+    in_mult = (1, *ch_mult)
+    levels: list[ResLevel] = []
+    block_in = ch
+    for i in range(n):
+        level = ResLevel(block_attr)
+        block_in = ch * in_mult[i]
+        block_out = ch * ch_mult[i]
+        for _ in range(num_res_blocks):
+            level.blocks.append(ResnetBlock(block_in, block_out, dropout))
+            block_in = block_out
+            if attn_at(i):
+                level.attn.append(AttnBlock(block_in))
+        if i != n - 1:
+            level.downsample = Downsample(block_in)
+        levels.append(level)
+    return levels, block_in
+
+
+def build_up_levels(
+    ch: int,
+    ch_mult: Sequence[int],
+    num_res_blocks: int,
+    dropout: float,
+    block_in: int,
+    attn_at: Callable[[int], bool],
+    block_attr: str,
+) -> tuple[list[ResLevel], int]:
+    """Decoder levels in build order, lowest resolution first (``i_level = n-1 … 0``): ``num_res_blocks + 1``
+    residual blocks to ``ch·ch_mult[i_level]``, attention after each when ``attn_at(i_level)``, and an
+    ``upsample`` unless ``i_level == 0``. Returns the levels and the channel count they end at."""
+    levels: list[ResLevel] = []
+    for i_level in reversed(range(len(ch_mult))):
+        level = ResLevel(block_attr)
+        block_out = ch * ch_mult[i_level]
+        for _ in range(num_res_blocks + 1):
+            level.blocks.append(ResnetBlock(block_in, block_out, dropout))
+            block_in = block_out
+            if attn_at(i_level):
+                level.attn.append(AttnBlock(block_in))
+        if i_level != 0:
+            level.upsample = Upsample(block_in)
+        levels.append(level)
+    return levels, block_in
+
+
+def run_levels(h: Tensor, levels: Iterable[Any], resample: str) -> Tensor:
+    """Levels in order (encoder: full resolution first, ``resample="downsample"``; decoder: lowest resolution
+    first, ``"upsample"``); every level but the last ends with its ``resample`` module."""
+    levels = list(levels)
+    for i, level in enumerate(levels):
+        h = level.run_blocks(h)
+        if i != len(levels) - 1:
+            h = getattr(level, resample)(h)
+    return h
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The VQ model skeleton (codebook, quant convs, codes ↔ pixels)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Codebook(nn.Module):
+    """``embedding.weight`` ``[n_codes, dim]``, official init ``U(-1/n, 1/n)``; plain nearest-neighbour search.
+
+    Subclasses may transform the rows (:meth:`effective_codebook`) and the latents (:meth:`prepare_latents`) used
+    for search and lookup; ``embedding.weight`` stays the raw rows.
+    """
+
+    def __init__(self, n_codes: int, dim: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(n_codes, dim)
+        with torch.no_grad():
+            self.embedding.weight.uniform_(-1.0 / n_codes, 1.0 / n_codes)
+
+    def effective_codebook(self) -> Tensor:
+        """The ``[N, d]`` vectors used for search and lookup."""
+        return self.embedding.weight
+
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        """Encoder latents ``[B, d, h, w]`` as compared against :meth:`effective_codebook`."""
+        return z
+
+
+class VQModelBase(nn.Module):
+    """A VQ image tokenizer in an official layout; implements :class:`VQDecoder`.
+
+    Subclasses provide ``_make_encoder``, ``_make_decoder``, ``_make_quantizer`` (a :class:`Codebook`),
+    ``codebook_size`` and ``embed_dim``; their ``config`` has ``z_channels``, ``with_encoder`` and
+    ``downsample_factor``. Modules are created in the official order: ``encoder`` (with the encoder only),
+    ``decoder``, ``quantize``, ``quant_conv`` (``z_channels → d``, encoder only), ``post_quant_conv``
+    (``d → z_channels``). Decoding: ``codes [B, h*w]`` → effective rows ``[B, h, w, d]`` → NCHW →
+    ``post_quant_conv`` → ``decoder`` → ``[B, 3, h*f, w*f]``.
+    """
+
+    config: Any
+    no_encoder_message = "this VQ model was built without an encoder (with_encoder=False)"
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        self.config = config
+        if config.with_encoder:
+            self.encoder = self._make_encoder()
+        self.decoder = self._make_decoder()
+        self.quantize = self._make_quantizer()
+        if config.with_encoder:
+            self.quant_conv = nn.Conv2d(config.z_channels, self.embed_dim, kernel_size=1)
+        self.post_quant_conv = nn.Conv2d(self.embed_dim, config.z_channels, kernel_size=1)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        config: Any,
+        sd: Mapping[str, Tensor],
+        path: str | os.PathLike[str],
+        prefixes: tuple[str, ...],
+        device: str | torch.device = "cpu",
+        optional_keys: frozenset[str] = frozenset(),
+    ) -> Self:
+        """``cls(config)`` built without touching the global RNG, loaded from ``sd`` by
+        :func:`load_filtered_state_dict` over ``prefixes`` (plus ``encoder.`` / ``quant_conv.`` with the encoder);
+        eval mode on ``device``. Raises ``ValueError`` naming ``path`` and the offending keys."""
+        with torch.random.fork_rng(devices=[]):  # default inits draw from the global CPU RNG; restore it
+            model = cls(config)
+        if config.with_encoder:
+            prefixes += ("encoder.", "quant_conv.")
+        load_filtered_state_dict(model, sd, path, prefixes, optional_keys=optional_keys)
+        return model.to(device).eval()
+
+    @classmethod
+    def tiny_random(cls, config: Any, seed: int) -> Self:
+        """``cls(config)`` with every parameter drawn by :func:`randomize_parameters` from ``seed`` (eval mode, CPU).
+
+        Same ``seed`` → identical weights; the global RNG state is neither read nor changed.
+        """
+        with torch.random.fork_rng(devices=[]):  # default inits draw from the global CPU RNG; restore it
+            model = cls(config)
+        randomize_parameters(model, seed)
+        return model.eval()
+
+    def _make_encoder(self) -> nn.Module:
+        raise NotImplementedError
+
+    def _make_decoder(self) -> nn.Module:
+        raise NotImplementedError
+
+    def _make_quantizer(self) -> Codebook:
+        raise NotImplementedError
+
+    @property
+    def codebook_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def embed_dim(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def downsample_factor(self) -> int:
+        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (16 for the released models)."""
+        return self.config.downsample_factor
+
+    def codebook(self) -> Tensor:
+        """The raw codebook ``quantize.embedding.weight``, ``[codebook_size, d]`` (what LANTERN uses)."""
+        return self.quantize.embedding.weight
+
+    def lookup(self, codes: Tensor, h: int, w: int) -> Tensor:
+        """``LongTensor[B, h*w]`` → quantised latents ``[B, d, h, w]`` (the effective codebook rows)."""
+        check_codes(codes, h, w, self.codebook_size)
+        z_q = self.quantize.effective_codebook()[codes.long()]  # [B, h*w, d]
+        return z_q.reshape(codes.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
+
+    def decode_latents(self, z_q: Tensor) -> Tensor:
+        """Quantised latents ``[B, d, h, w]`` → pixels ``[B, 3, h*f, w*f]`` (unclamped, ≈ ``[-1, 1]``)."""
+        return self.decoder(self.post_quant_conv(z_q))
+
+    @torch.no_grad()
+    def decode_codes(self, codes: Tensor, h: int, w: int) -> Tensor:
+        """Code grid (row-major ``LongTensor[B, h*w]``) → pixels ``FloatTensor[B, 3, h*f, w*f]``, unclamped."""
+        return self.decode_latents(self.lookup(codes.to(self.codebook().device), h, w))
+
+    @torch.no_grad()
+    def encode(self, images: Tensor) -> Tensor:
+        """Images ``[B, 3, H, W]`` in ``[-1, 1]`` (``H, W`` multiples of ``f``) → codes ``LongTensor[B, h*w]``.
+
+        ``h = H // f`` and ``w = W // f``; codes are row-major so ``decode_codes(codes, h, w)`` inverts the grid.
+        """
+        if not self.config.with_encoder:
+            raise RuntimeError(self.no_encoder_message)
+        f = self.downsample_factor
+        if images.dim() != 4 or images.shape[2] % f or images.shape[3] % f:
+            raise ValueError(f"images must be [B, C, H, W] with H, W multiples of {f}, got {tuple(images.shape)}")
+        z = self.quantize.prepare_latents(self.quant_conv(self.encoder(images)))  # [B, d, h, w]
+        return nearest_codes(z, self.quantize.effective_codebook())
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ lookup at decode time; :meth:`LlamaGenVQModel.codebook` returns the RAW rows (wh
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,16 +33,15 @@ from torch import Tensor, nn
 
 from adtbench.models.vq_common import (
     AttnBlock,
-    Downsample,
+    Codebook,
     ResnetBlock,
-    Upsample,
+    VQModelBase,
     atomic_torch_save,
-    check_codes,
+    build_down_levels,
+    build_up_levels,
     load_checkpoint,
-    load_filtered_state_dict,
     make_norm,
-    nearest_codes,
-    randomize_parameters,
+    run_levels,
     swish,
     unwrap_state_dict,
 )
@@ -90,21 +90,9 @@ class LlamaGenVQConfig:
         return 2 ** (len(self.ch_mult) - 1)
 
 
-class _Level(nn.Module):
-    """One resolution level: ``res`` blocks, ``attn`` blocks (possibly empty) and an optional resampler."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.res = nn.ModuleList()
-        self.attn = nn.ModuleList()
-
-    def run_blocks(self, h: Tensor) -> Tensor:
-        has_attn = len(self.attn) > 0
-        for i, block in enumerate(self.res):
-            h = block(h)
-            if has_attn:
-                h = self.attn[i](h)
-        return h
+def _attn_at_lowest(n: int) -> Callable[[int], bool]:
+    """LlamaGen places level attention only at the lowest resolution (level ``n - 1``)."""
+    return lambda i: i == n - 1
 
 
 class LlamaGenEncoder(nn.Module):
@@ -114,38 +102,16 @@ class LlamaGenEncoder(nn.Module):
         super().__init__()
         n = len(cfg.ch_mult)
         self.conv_in = nn.Conv2d(in_channels, cfg.ch, kernel_size=3, stride=1, padding=1)
-        in_mult = (1, *cfg.ch_mult)
-        self.conv_blocks = nn.ModuleList()
-        block_in = cfg.ch
-        for i in range(n):
-            level = _Level()
-            block_in = cfg.ch * in_mult[i]
-            block_out = cfg.ch * cfg.ch_mult[i]
-            for _ in range(cfg.num_res_blocks):
-                level.res.append(ResnetBlock(block_in, block_out, cfg.dropout))
-                block_in = block_out
-                if i == n - 1:  # attention only at the lowest resolution
-                    level.attn.append(AttnBlock(block_in))
-            if i != n - 1:
-                level.downsample = Downsample(block_in)
-            self.conv_blocks.append(level)
-        self.mid = nn.ModuleList(
-            [
-                ResnetBlock(block_in, block_in, cfg.dropout),
-                AttnBlock(block_in),
-                ResnetBlock(block_in, block_in, cfg.dropout),
-            ]
+        levels, block_in = build_down_levels(
+            cfg.ch, cfg.ch_mult, cfg.num_res_blocks, cfg.dropout, _attn_at_lowest(n), "res"
         )
+        self.conv_blocks = nn.ModuleList(levels)
+        self.mid = _mid(block_in, cfg.dropout)
         self.norm_out = make_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, cfg.z_channels, kernel_size=3, stride=1, padding=1)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.conv_in(x)
-        last = len(self.conv_blocks) - 1
-        for i, level in enumerate(self.conv_blocks):
-            h = level.run_blocks(h)
-            if i != last:
-                h = level.downsample(h)
+        h = run_levels(self.conv_in(x), self.conv_blocks, "downsample")
         for block in self.mid:
             h = block(h)
         return self.conv_out(swish(self.norm_out(h)))
@@ -159,26 +125,12 @@ class LlamaGenDecoder(nn.Module):
         n = len(cfg.ch_mult)
         block_in = cfg.ch * cfg.ch_mult[-1]
         self.conv_in = nn.Conv2d(cfg.z_channels, block_in, kernel_size=3, stride=1, padding=1)
-        self.mid = nn.ModuleList(
-            [
-                ResnetBlock(block_in, block_in, cfg.dropout),
-                AttnBlock(block_in),
-                ResnetBlock(block_in, block_in, cfg.dropout),
-            ]
-        )
+        self.mid = _mid(block_in, cfg.dropout)
         # conv_blocks[0] is the lowest resolution (i_level = n-1); the list runs towards full resolution
-        self.conv_blocks = nn.ModuleList()
-        for i_level in reversed(range(n)):
-            level = _Level()
-            block_out = cfg.ch * cfg.ch_mult[i_level]
-            for _ in range(cfg.num_res_blocks + 1):
-                level.res.append(ResnetBlock(block_in, block_out, cfg.dropout))
-                block_in = block_out
-                if i_level == n - 1:
-                    level.attn.append(AttnBlock(block_in))
-            if i_level != 0:
-                level.upsample = Upsample(block_in)
-            self.conv_blocks.append(level)
+        levels, block_in = build_up_levels(
+            cfg.ch, cfg.ch_mult, cfg.num_res_blocks, cfg.dropout, block_in, _attn_at_lowest(n), "res"
+        )
+        self.conv_blocks = nn.ModuleList(levels)
         self.norm_out = make_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, out_channels, kernel_size=3, stride=1, padding=1)
 
@@ -186,25 +138,27 @@ class LlamaGenDecoder(nn.Module):
         h = self.conv_in(z)
         for block in self.mid:
             h = block(h)
-        last = len(self.conv_blocks) - 1
-        for i, level in enumerate(self.conv_blocks):
-            h = level.run_blocks(h)
-            if i != last:
-                h = level.upsample(h)
-        return self.conv_out(swish(self.norm_out(h)))
+        return self.conv_out(swish(self.norm_out(run_levels(h, self.conv_blocks, "upsample"))))
 
 
-class LlamaGenQuantizer(nn.Module):
-    """Codebook ``embedding.weight`` ``[N, d]`` plus the official ``codebook_used`` buffer ``[65536]``."""
+def _mid(channels: int, dropout: float) -> nn.ModuleList:
+    """``mid.{0,1,2}``: res, attn, res at ``channels``."""
+    return nn.ModuleList(
+        [ResnetBlock(channels, channels, dropout), AttnBlock(channels), ResnetBlock(channels, channels, dropout)]
+    )
+
+
+class LlamaGenQuantizer(Codebook):
+    """Codebook ``embedding.weight`` ``[N, d]`` plus the official ``codebook_used`` buffer ``[65536]``.
+
+    With ``l2_norm`` the rows are normalised at init and for search and lookup, and so are the encoder latents.
+    """
 
     def __init__(self, n_codes: int, dim: int, l2_norm: bool) -> None:
-        super().__init__()
+        super().__init__(n_codes, dim)  # official init: U(-1/N, 1/N), then row-normalised when l2_norm
         self.l2_norm = l2_norm
-        self.embedding = nn.Embedding(n_codes, dim)
-        # official init: U(-1/N, 1/N), then row-normalised when l2_norm
-        with torch.no_grad():
-            self.embedding.weight.uniform_(-1.0 / n_codes, 1.0 / n_codes)
-            if l2_norm:
+        if l2_norm:
+            with torch.no_grad():
                 self.embedding.weight.copy_(F.normalize(self.embedding.weight, p=2, dim=-1))
         self.register_buffer("codebook_used", torch.zeros(CODEBOOK_USED_LEN))
 
@@ -213,32 +167,32 @@ class LlamaGenQuantizer(nn.Module):
         w = self.embedding.weight
         return F.normalize(w, p=2, dim=-1) if self.l2_norm else w
 
+    def prepare_latents(self, z: Tensor) -> Tensor:
+        return F.normalize(z, p=2, dim=1) if self.l2_norm else z
 
-class LlamaGenVQModel(nn.Module):
+
+class LlamaGenVQModel(VQModelBase):
     """LlamaGen ``VQModel`` with the official state-dict layout; implements :class:`~.vq_common.VQDecoder`.
 
     Decoding: ``codes [B, h*w]`` → (normalised) lookup ``[B, h, w, d]`` → NCHW → ``post_quant_conv`` →
     ``decoder`` → ``[B, 3, h*f, w*f]``. Encoding (needs ``with_encoder=True``): ``encoder`` → ``quant_conv``
-    → nearest code (cosine/L2 on normalised vectors when ``codebook_l2_norm``).
+    → nearest code (cosine/L2 on normalised vectors when ``codebook_l2_norm``). :meth:`codebook` returns the RAW
+    (un-normalised) rows.
     """
 
-    def __init__(self, config: LlamaGenVQConfig) -> None:
-        super().__init__()
-        self.config = config
-        if config.with_encoder:
-            self.encoder = LlamaGenEncoder(config)
-        self.decoder = LlamaGenDecoder(config)
-        self.quantize = LlamaGenQuantizer(config.codebook_size, config.codebook_embed_dim, config.codebook_l2_norm)
-        if config.with_encoder:
-            self.quant_conv = nn.Conv2d(config.z_channels, config.codebook_embed_dim, kernel_size=1)
-        self.post_quant_conv = nn.Conv2d(config.codebook_embed_dim, config.z_channels, kernel_size=1)
+    config: LlamaGenVQConfig
+    quantize: LlamaGenQuantizer
+    no_encoder_message = "this LlamaGen VQ model was built without an encoder (with_encoder=False)"
 
-    # -- VQDecoder protocol -------------------------------------------------------------------------------
+    def _make_encoder(self) -> nn.Module:
+        return LlamaGenEncoder(self.config)
 
-    @property
-    def downsample_factor(self) -> int:
-        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (16 for VQ-16)."""
-        return self.config.downsample_factor
+    def _make_decoder(self) -> nn.Module:
+        return LlamaGenDecoder(self.config)
+
+    def _make_quantizer(self) -> LlamaGenQuantizer:
+        c = self.config
+        return LlamaGenQuantizer(c.codebook_size, c.codebook_embed_dim, c.codebook_l2_norm)
 
     @property
     def codebook_size(self) -> int:
@@ -247,43 +201,6 @@ class LlamaGenVQModel(nn.Module):
     @property
     def embed_dim(self) -> int:
         return self.config.codebook_embed_dim
-
-    def codebook(self) -> Tensor:
-        """The raw (un-normalised) codebook ``quantize.embedding.weight``, ``[codebook_size, d]``."""
-        return self.quantize.embedding.weight
-
-    def lookup(self, codes: Tensor, h: int, w: int) -> Tensor:
-        """``LongTensor[B, h*w]`` → quantised latents ``[B, d, h, w]`` (normalised rows when l2_norm)."""
-        check_codes(codes, h, w, self.codebook_size)
-        z_q = self.quantize.effective_codebook()[codes.long()]  # [B, h*w, d]
-        return z_q.reshape(codes.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
-
-    def decode_latents(self, z_q: Tensor) -> Tensor:
-        """Quantised latents ``[B, d, h, w]`` → pixels ``[B, 3, h*f, w*f]`` (unclamped, ≈ ``[-1, 1]``)."""
-        return self.decoder(self.post_quant_conv(z_q))
-
-    @torch.no_grad()
-    def decode_codes(self, codes: Tensor, h: int, w: int) -> Tensor:
-        """Code grid (row-major ``LongTensor[B, h*w]``) → pixels ``FloatTensor[B, 3, h*f, w*f]``, unclamped."""
-        return self.decode_latents(self.lookup(codes.to(self.codebook().device), h, w))
-
-    # -- encoder ------------------------------------------------------------------------------------------
-
-    @torch.no_grad()
-    def encode(self, images: Tensor) -> Tensor:
-        """Images ``[B, 3, H, W]`` in ``[-1, 1]`` (``H, W`` multiples of ``f``) → codes ``LongTensor[B, h*w]``.
-
-        ``h = H // f`` and ``w = W // f``; codes are row-major so ``decode_codes(codes, h, w)`` inverts the grid.
-        """
-        if not self.config.with_encoder:
-            raise RuntimeError("this LlamaGen VQ model was built without an encoder (with_encoder=False)")
-        f = self.downsample_factor
-        if images.dim() != 4 or images.shape[2] % f or images.shape[3] % f:
-            raise ValueError(f"images must be [B, C, H, W] with H, W multiples of {f}, got {tuple(images.shape)}")
-        z = self.quant_conv(self.encoder(images))  # [B, d, h, w]
-        if self.config.codebook_l2_norm:
-            z = F.normalize(z, p=2, dim=1)
-        return nearest_codes(z, self.quantize.effective_codebook())
 
 
 VQModel = LlamaGenVQModel  # the official class name
@@ -307,15 +224,9 @@ def load_llamagen_vq(
     Raises ``FileNotFoundError`` / ``ValueError`` naming ``path`` (and the missing keys). Returns the model in
     eval mode on ``device``. Does not touch the global RNG.
     """
-    obj = load_checkpoint(path)
-    sd = unwrap_state_dict(obj, path, ("model", "state_dict", "module"))
-    with torch.random.fork_rng(devices=[]):  # default inits draw from the global CPU RNG; restore it
-        model = LlamaGenVQModel(config)
-    prefixes: tuple[str, ...] = ("decoder.", "quantize.", "post_quant_conv.")
-    if config.with_encoder:
-        prefixes += ("encoder.", "quant_conv.")
-    load_filtered_state_dict(model, sd, path, prefixes, optional_keys=_OPTIONAL_KEYS)
-    return model.to(device).eval()
+    sd = unwrap_state_dict(load_checkpoint(path), path, ("model", "state_dict", "module"))
+    prefixes = ("decoder.", "quantize.", "post_quant_conv.")
+    return LlamaGenVQModel.from_state_dict(config, sd, path, prefixes, device, _OPTIONAL_KEYS)
 
 
 def save_llamagen_vq(model: LlamaGenVQModel, path: str | os.PathLike[str]) -> Path:
@@ -349,8 +260,4 @@ def make_tiny_llamagen_vq(seed: int, with_encoder: bool = False) -> LlamaGenVQMo
 
     Same ``seed`` → identical weights; the global RNG state is neither read nor changed.
     """
-    cfg = tiny_llamagen_vq_config(with_encoder)
-    with torch.random.fork_rng(devices=[]):  # default inits draw from the global CPU RNG; restore it
-        model = LlamaGenVQModel(cfg)
-    randomize_parameters(model, seed)
-    return model.eval()
+    return LlamaGenVQModel.tiny_random(tiny_llamagen_vq_config(with_encoder), seed)

@@ -31,16 +31,15 @@ from torch import Tensor, nn
 
 from adtbench.models.vq_common import (
     AttnBlock,
-    Downsample,
+    Codebook,
     ResnetBlock,
-    Upsample,
+    VQModelBase,
     atomic_torch_save,
-    check_codes,
+    build_down_levels,
+    build_up_levels,
     load_checkpoint,
-    load_filtered_state_dict,
     make_norm,
-    nearest_codes,
-    randomize_parameters,
+    run_levels,
     swish,
     unwrap_state_dict,
 )
@@ -166,60 +165,29 @@ class _Mid(nn.Module):
         return self.block_2(self.attn_1(self.block_1(h)))
 
 
-class _Level(nn.Module):
-    """One resolution level: ``block`` (res blocks), ``attn`` (empty or one per block), optional resampler."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.block = nn.ModuleList()
-        self.attn = nn.ModuleList()
-
-    def run_blocks(self, h: Tensor) -> Tensor:
-        has_attn = len(self.attn) > 0
-        for i, b in enumerate(self.block):
-            h = b(h)
-            if has_attn:
-                h = self.attn[i](h)
-        return h
-
-
 class TamingEncoder(nn.Module):
     """Images ``[B, in_channels, H, W]`` → ``[B, z_channels, H/f, W/f]``."""
 
     def __init__(self, cfg: TamingVQConfig) -> None:
         super().__init__()
-        n = len(cfg.ch_mult)
         self.conv_in = nn.Conv2d(cfg.in_channels, cfg.ch, kernel_size=3, stride=1, padding=1)
-        in_mult = (1, *cfg.ch_mult)
-        curr_res = cfg.resolution
-        self.down = nn.ModuleList()
-        block_in = cfg.ch
-        for i in range(n):
-            level = _Level()
-            block_in = cfg.ch * in_mult[i]
-            block_out = cfg.ch * cfg.ch_mult[i]
-            for _ in range(cfg.num_res_blocks):
-                level.block.append(ResnetBlock(block_in, block_out, cfg.dropout))
-                block_in = block_out
-                if curr_res in cfg.attn_resolutions:
-                    level.attn.append(AttnBlock(block_in))
-            if i != n - 1:
-                level.downsample = Downsample(block_in)
-                curr_res //= 2
-            self.down.append(level)
+        # level i runs at resolution // 2**i
+        levels, block_in = build_down_levels(
+            cfg.ch,
+            cfg.ch_mult,
+            cfg.num_res_blocks,
+            cfg.dropout,
+            lambda i: cfg.resolution // 2**i in cfg.attn_resolutions,
+            "block",
+        )
+        self.down = nn.ModuleList(levels)
         self.mid = _Mid(block_in, cfg.dropout)
         self.norm_out = make_norm(block_in)
         out = 2 * cfg.z_channels if cfg.double_z else cfg.z_channels
         self.conv_out = nn.Conv2d(block_in, out, kernel_size=3, stride=1, padding=1)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.conv_in(x)
-        last = len(self.down) - 1
-        for i, level in enumerate(self.down):
-            h = level.run_blocks(h)
-            if i != last:
-                h = level.downsample(h)
-        h = self.mid(h)
+        h = self.mid(run_levels(self.conv_in(x), self.down, "downsample"))
         return self.conv_out(swish(self.norm_out(h)))
 
 
@@ -230,68 +198,49 @@ class TamingDecoder(nn.Module):
         super().__init__()
         n = len(cfg.ch_mult)
         block_in = cfg.ch * cfg.ch_mult[-1]
-        curr_res = cfg.resolution // 2 ** (n - 1)
+        lowest = cfg.resolution // 2 ** (n - 1)  # level i runs at lowest * 2**(n-1-i)
         self.conv_in = nn.Conv2d(cfg.z_channels, block_in, kernel_size=3, stride=1, padding=1)
         self.mid = _Mid(block_in, cfg.dropout)
-        levels: list[_Level] = []  # built lowest resolution first, stored so that up[i] is level i
-        for i_level in reversed(range(n)):
-            level = _Level()
-            block_out = cfg.ch * cfg.ch_mult[i_level]
-            for _ in range(cfg.num_res_blocks + 1):
-                level.block.append(ResnetBlock(block_in, block_out, cfg.dropout))
-                block_in = block_out
-                if curr_res in cfg.attn_resolutions:
-                    level.attn.append(AttnBlock(block_in))
-            if i_level != 0:
-                level.upsample = Upsample(block_in)
-                curr_res *= 2
-            levels.append(level)
+        levels, block_in = build_up_levels(
+            cfg.ch,
+            cfg.ch_mult,
+            cfg.num_res_blocks,
+            cfg.dropout,
+            block_in,
+            lambda i: lowest * 2 ** (n - 1 - i) in cfg.attn_resolutions,
+            "block",
+        )  # built lowest resolution first, stored so that up[i] is level i
         self.up = nn.ModuleList(reversed(levels))  # up[0] = full resolution
         self.norm_out = make_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, cfg.out_ch, kernel_size=3, stride=1, padding=1)
 
     def forward(self, z: Tensor) -> Tensor:
-        h = self.mid(self.conv_in(z))
-        for i_level in reversed(range(len(self.up))):
-            level = self.up[i_level]
-            h = level.run_blocks(h)
-            if i_level != 0:
-                h = level.upsample(h)
+        h = run_levels(self.mid(self.conv_in(z)), reversed(self.up), "upsample")  # i = n-1 … 0
         return self.conv_out(swish(self.norm_out(h)))
 
 
-class TamingQuantizer(nn.Module):
+class TamingQuantizer(Codebook):
     """``embedding.weight`` ``[n_embed, embed_dim]``; plain (un-normalised) nearest-neighbour codebook."""
 
-    def __init__(self, n_embed: int, embed_dim: int) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(n_embed, embed_dim)
-        with torch.no_grad():  # official init
-            self.embedding.weight.uniform_(-1.0 / n_embed, 1.0 / n_embed)
 
-
-class TamingVQModel(nn.Module):
+class TamingVQModel(VQModelBase):
     """taming ``VQModel`` (inference part) in the official layout; implements :class:`~.vq_common.VQDecoder`.
 
     Decoding: ``codes [B, h*w]`` → ``embedding`` → ``[B, h, w, d]`` → NCHW → ``post_quant_conv`` → ``decoder``
     → ``[B, out_ch, h*f, w*f]``. Encoding (``with_encoder=True``): ``encoder`` → ``quant_conv`` → nearest code.
     """
 
-    def __init__(self, config: TamingVQConfig) -> None:
-        super().__init__()
-        self.config = config
-        if config.with_encoder:
-            self.encoder = TamingEncoder(config)
-        self.decoder = TamingDecoder(config)
-        self.quantize = TamingQuantizer(config.n_embed, config.embed_dim)
-        if config.with_encoder:
-            self.quant_conv = nn.Conv2d(config.z_channels, config.embed_dim, kernel_size=1)
-        self.post_quant_conv = nn.Conv2d(config.embed_dim, config.z_channels, kernel_size=1)
+    config: TamingVQConfig
+    no_encoder_message = "this VQGAN was built without an encoder (with_encoder=False)"
 
-    @property
-    def downsample_factor(self) -> int:
-        """Pixels per code along each side: ``2 ** (len(ch_mult) - 1)`` (16 for Chameleon)."""
-        return self.config.downsample_factor
+    def _make_encoder(self) -> nn.Module:
+        return TamingEncoder(self.config)
+
+    def _make_decoder(self) -> nn.Module:
+        return TamingDecoder(self.config)
+
+    def _make_quantizer(self) -> TamingQuantizer:
+        return TamingQuantizer(self.config.n_embed, self.config.embed_dim)
 
     @property
     def codebook_size(self) -> int:
@@ -300,35 +249,6 @@ class TamingVQModel(nn.Module):
     @property
     def embed_dim(self) -> int:
         return self.config.embed_dim
-
-    def codebook(self) -> Tensor:
-        """``quantize.embedding.weight``, ``[n_embed, embed_dim]`` (the vectors used for lookup as they are)."""
-        return self.quantize.embedding.weight
-
-    def lookup(self, codes: Tensor, h: int, w: int) -> Tensor:
-        """``LongTensor[B, h*w]`` → quantised latents ``[B, embed_dim, h, w]``."""
-        check_codes(codes, h, w, self.codebook_size)
-        z_q = self.codebook()[codes.long()]  # [B, h*w, d]
-        return z_q.reshape(codes.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
-
-    def decode_latents(self, z_q: Tensor) -> Tensor:
-        """Quantised latents ``[B, embed_dim, h, w]`` → pixels ``[B, out_ch, h*f, w*f]`` (unclamped)."""
-        return self.decoder(self.post_quant_conv(z_q))
-
-    @torch.no_grad()
-    def decode_codes(self, codes: Tensor, h: int, w: int) -> Tensor:
-        """Code grid (row-major ``LongTensor[B, h*w]``) → pixels ``FloatTensor[B, 3, h*f, w*f]``, unclamped."""
-        return self.decode_latents(self.lookup(codes.to(self.codebook().device), h, w))
-
-    @torch.no_grad()
-    def encode(self, images: Tensor) -> Tensor:
-        """Images ``[B, 3, H, W]`` in ``[-1, 1]`` (``H, W`` multiples of ``f``) → codes ``LongTensor[B, h*w]``."""
-        if not self.config.with_encoder:
-            raise RuntimeError("this VQGAN was built without an encoder (with_encoder=False)")
-        f = self.downsample_factor
-        if images.dim() != 4 or images.shape[2] % f or images.shape[3] % f:
-            raise ValueError(f"images must be [B, C, H, W] with H, W multiples of {f}, got {tuple(images.shape)}")
-        return nearest_codes(self.quant_conv(self.encoder(images)), self.codebook())
 
 
 VQModel = TamingVQModel  # the official class name
@@ -354,15 +274,9 @@ def load_taming_vqgan(
     model in eval mode on ``device``; does not touch the global RNG.
     """
     config = TamingVQConfig.from_yaml(yaml_path, with_encoder=with_encoder)
-    obj = load_checkpoint(ckpt_path)
-    sd = unwrap_state_dict(obj, ckpt_path, ("state_dict",))
-    with torch.random.fork_rng(devices=[]):  # default inits draw from the global CPU RNG; restore it
-        model = TamingVQModel(config)
-    prefixes: tuple[str, ...] = ("decoder.", "quantize.embedding.", "post_quant_conv.")
-    if with_encoder:
-        prefixes += ("encoder.", "quant_conv.")
-    load_filtered_state_dict(model, sd, ckpt_path, prefixes)
-    return model.to(device).eval()
+    sd = unwrap_state_dict(load_checkpoint(ckpt_path), ckpt_path, ("state_dict",))
+    prefixes = ("decoder.", "quantize.embedding.", "post_quant_conv.")
+    return TamingVQModel.from_state_dict(config, sd, ckpt_path, prefixes, device)
 
 
 def save_taming_vqgan(
@@ -408,8 +322,4 @@ def make_tiny_taming_vq(seed: int, with_encoder: bool = False) -> TamingVQModel:
 
     Same ``seed`` → identical weights; the global RNG state is neither read nor changed.
     """
-    cfg = tiny_taming_vq_config(with_encoder)
-    with torch.random.fork_rng(devices=[]):  # default inits draw from the global CPU RNG; restore it
-        model = TamingVQModel(cfg)
-    randomize_parameters(model, seed)
-    return model.eval()
+    return TamingVQModel.tiny_random(tiny_taming_vq_config(with_encoder), seed)

@@ -126,7 +126,7 @@ def coded_data(cfg: DictConfig, split: str, count: int, vq, dev: torch.device) -
 
 def run(cfg: DictConfig) -> dict:
     out = stage_dir(cfg)
-    dev = resolve_device(str(cfg.device))
+    dev = resolve_device(str(cfg.device), "device")
     vq = load_vq(str(cfg.vq_path), dev)
     grid = int(cfg.data.size) // vq.downsample_factor
     captions, codes = coded_data(cfg, "train", int(cfg.data.count), vq, dev)

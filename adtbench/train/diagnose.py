@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from adtbench import scenes as S
+from adtbench.io import atomic_write_json
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = ROOT / "adtbench" / "weights" / "mini"
@@ -807,7 +808,7 @@ def main(args: list[str]) -> int:
         results[part] = res
         print(summary(part, res), f"[{res['wall_s']:.1f} s]", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(results, indent=1) + "\n")
+        atomic_write_json(out, results, indent=1)
     print(f"→ {out}")
     return 0
 

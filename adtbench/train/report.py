@@ -45,6 +45,13 @@ from adtbench.io import atomic_write_json, atomic_write_text
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _sampling_params(name: str = "default") -> Any:
+    """The ``conf/sampling/<name>.yaml`` group as ``SamplingParams`` (built where the app builds its own)."""
+    from adtbench.config import build_sampling
+
+    return build_sampling(OmegaConf.load(ROOT / "conf" / "sampling" / f"{name}.yaml"))
+
+
 def _load(model: str = "mini", drafter: str = "mini") -> tuple[Any, Any]:
     from adtbench.config import register_resolvers
     from adtbench.drafters.build import build_drafter
@@ -69,9 +76,9 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
     """Module docstring: target step, tree verify and drafter level costs and their ratios."""
     from adtbench.drafters.session import DraftSession
     from adtbench.policies.eagle2 import Eagle2Policy
-    from adtbench.sampling import SamplingParams, process_logits
+    from adtbench.sampling import process_logits
 
-    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    sp = _sampling_params()
     prompt = "a large red circle left of a small blue square on a striped green background"
     inputs = target.encode_prompt(prompt, cfg=True)
     res = target.start(inputs, 64)
@@ -141,11 +148,10 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0) -> dict:
     from adtbench.engine import decode_ar, generate
     from adtbench.models.mini_evaluator import load_mini_evaluator
     from adtbench.policies.eagle2 import Eagle2Policy
-    from adtbench.sampling import SamplingParams
     from adtbench.scenes import iter_split, render
 
     target, drafter = _load()
-    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    sp = _sampling_params()
     scenes = [s for _, s in iter_split(0, "heldout", n)]
     rows: dict[str, list[np.ndarray]] = {"ar": [], "spec": [], "truth": []}
     taus = []
