@@ -15,7 +15,7 @@ from pair to pair (ABBA: baseline first on even pairs); the recorded latencies a
 and every repeat must give the same tokens (the seeded generator makes a decode deterministic). Timed scope:
 prefill + decode loop (text encoding and VQ decode excluded). The speedup is reported as the ratio of total
 times, the median of the paired per-prompt ratios and a two-level bootstrap CI
-(:func:`adtbench.results.summarize`); the load average before and after the timed work is recorded next to
+(:func:`adtbench.rundir.summarize`); the load average before and after the timed work is recorded next to
 the thread and core counts, and a load above the available cores is flagged in the log and the printed line.
 """
 
@@ -58,6 +58,7 @@ from adtbench.drafters.build import build_drafter
 from adtbench.engine import GenerationResult, decode_ar, generate
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json
+from adtbench.resources import conf_dir
 from adtbench.rundir import LOCK_FILE, RUN_CONFIG_FILE, ResultStore, summarize
 from adtbench.sampling import SamplingParams
 
@@ -613,7 +614,7 @@ class RunDirGuard(Callback):
             _refuse(ConfigError("hydra.sweep.dir", f"{d.absolute()} {what}; choose another sweep dir"), to_log=False)
 
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
+CONF_DIR = str(conf_dir())  # the checkout's conf/, or the copy shipped in the wheel (adtbench.resources)
 
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")

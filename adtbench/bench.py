@@ -26,7 +26,6 @@ AR baseline in the same job; τ, d̄, speedup with its CI and median, and the co
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -35,10 +34,12 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from adtbench.config import build_rule, build_sampling, prompt_seed, register_resolvers, resolve_paths, validate
+from adtbench.cost import fill_cache, fill_cache_to, median_ms, random_tree  # noqa: F401 (re-exported)
 from adtbench.drafters.build import build_drafter
 from adtbench.engine import generate
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json
+from adtbench.resources import conf_dir
 
 
 class _Timed:
@@ -126,67 +127,6 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
 DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 
 
-def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """A random ``n``-node tree (node 0 = root; each node's parent is an earlier node, biased to recent ones).
-
-    Returns ``(ancestor_mask [n, n] bool incl. self, depth [n])``.
-    """
-    parents = [-1]
-    for i in range(1, n):
-        parents.append(int(torch.randint(max(0, i - 8), i, (1,), generator=gen)))
-    mask = torch.eye(n, dtype=torch.bool)
-    depth = torch.zeros(n, dtype=torch.long)
-    for i in range(1, n):
-        mask[i] |= mask[parents[i]]
-        depth[i] = depth[parents[i]] + 1
-    return mask, depth
-
-
-def median_ms(fn: Any, repeats: int, sync: bool) -> float:
-    """Median wall time (ms) of ``repeats`` calls of ``fn``, CUDA-synchronised around each when ``sync``."""
-    times = []
-    for _ in range(repeats):
-        if sync:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(times)
-
-
-def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -> int:
-    """Prefill a prompt, then commit chains of random image tokens until ~``kv_len`` cache entries; returns it."""
-    inputs = target.encode_prompt("a photograph of a red fox in the snow", cfg=target.supports_cfg)
-    target.start(inputs, max_nodes)
-    lay = target.layout
-    budget = target.prompt_length(inputs) + lay.num_gen_tokens - 1  # stay inside the image (static caches)
-    goal = min(kv_len, budget)
-    while target.length < goal:
-        n = min(128, goal - target.length)
-        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
-        chain = torch.ones(n, n, dtype=torch.bool).tril()
-        target.verify_forward(toks, chain, torch.arange(n))
-        target.commit(torch.arange(n))
-    return target.length
-
-
-def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Generator, cfg: bool) -> int:
-    """Prefill a prompt (CFG rows when ``cfg``), then commit random image tokens up to ``fraction`` of the image;
-    returns the KV length (prompt + committed tokens)."""
-    inputs = target.encode_prompt("a large red circle on a striped blue background", cfg=cfg)
-    target.start(inputs, max_nodes)
-    lay = target.layout
-    goal = target.length + max(0, min(int(fraction * lay.num_gen_tokens), lay.num_gen_tokens - 1))
-    while target.length < goal:
-        n = min(128, goal - target.length)
-        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
-        target.verify_forward(toks, torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n))
-        target.commit(torch.arange(n))
-    return target.length
-
-
 @torch.no_grad()
 def cost(cfg: Any) -> dict:
     """The cost model of this machine for ``cfg.model`` (``adtbench.cost.measure_cost``: verify forward vs tree size,
@@ -267,7 +207,7 @@ def main(args: list[str]) -> int:
         from adtbench.bench_speed import main as speed_main
 
         return speed_main(args[1:])
-    conf = str(Path(__file__).resolve().parent.parent / "conf")
+    conf = str(conf_dir())
     register_resolvers()
     extra = ["+bench.prompts=8", "+bench.out=null"]
     if args[0] == "cost":

@@ -14,15 +14,16 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench import schema
+from adtbench import resources, schema
 from adtbench.errors import ConfigError
 from adtbench.policies import POLICIES, TreePolicy
 from adtbench.rundir import PLUMBING_KEYS
-from adtbench.sampling import SamplingParams
+from adtbench.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
+from adtbench.sampling import check_number as _check_number
 from adtbench.verify import EXACT, AcceptanceRule
 
-PACKAGE_DIR = Path(__file__).resolve().parent
-PROJECT_ROOT = PACKAGE_DIR.parent  # the checkout holding conf/ (the app's config dir)
+PACKAGE_DIR = resources.PACKAGE_DIR
+PROJECT_ROOT = resources.project_root()  # the checkout holding conf/ (an installed wheel: the working directory)
 
 
 def register_resolvers() -> None:
@@ -91,45 +92,8 @@ def _get(cfg: DictConfig, key: str) -> Any:
     return node
 
 
-def _check_number(value: Any, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
-    """``value`` as ``kind`` (int: no bools, no floats) within [lo, hi]; else ConfigError naming ``key``."""
-    v = value
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-        raise ConfigError(key, f"must be {'an integer' if kind is int else 'a number'}, got {v!r}")
-    if lo is not None and v < lo:
-        raise ConfigError(key, f"must be ≥ {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise ConfigError(key, f"must be ≤ {hi}, got {v}")
-    return kind(v)
-
-
 def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
     return _check_number(_get(cfg, key), key, kind, lo, hi)
-
-
-SAMPLING_FIELDS = {"temperature": (float, 0.0, None), "top_k": (int, 0, None), "top_p": (float, None, 1.0),
-                   "cfg_scale": (float, 0.0, None)}  # fmt: skip
-
-
-def build_sampling(node: Any, key: str = "sampling") -> SamplingParams:
-    """The one place a ``SamplingParams`` is made from config: ``node`` is a sampling mapping (``cfg.sampling``,
-    a training stage's ``sampling`` / ``teacher.sampling``, a model's ``lm_sampling``, or a dict) with any of
-    ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``; an absent key takes ``SamplingParams``' default, a
-    ``???`` one is an error. Checked: types (no bools; ``top_k`` an integer), temperature ≥ 0, top_k ≥ 0,
-    top_p in (0, 1], cfg_scale ≥ 0. Errors name ``<key>.<field>`` (``<field>`` when ``key`` is empty)."""
-    if node is None or not (isinstance(node, dict) or OmegaConf.is_dict(node)):
-        raise ConfigError(key or "sampling", f"must be a mapping of {sorted(SAMPLING_FIELDS)}, got {node!r}")
-    values: dict[str, Any] = {}
-    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
-        full = f"{key}.{name}" if key else name
-        if name not in list(node.keys()):  # a DictConfig is False for `in` on a ??? value; keys() hold it
-            continue
-        if OmegaConf.is_config(node) and OmegaConf.is_missing(node, name):
-            raise ConfigError(full, f"is required (value ???) — set it on the command line, e.g. {full}=...")
-        values[name] = _check_number(node[name], full, kind, lo, hi)
-    if values.get("top_p", 1.0) <= 0.0:
-        raise ConfigError(f"{key}.top_p" if key else "top_p", f"must be in (0, 1], got {values['top_p']}")
-    return SamplingParams(**values)
 
 
 def build_policy(cfg: DictConfig) -> TreePolicy:

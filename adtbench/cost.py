@@ -40,6 +40,7 @@ import json
 import logging
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -241,6 +242,70 @@ def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
     return [float(m) for m in np.maximum.accumulate([float(np.median(t)) for t in times])]
 
 
+# --- measurement helpers (also used by `adtbench bench` and `train.report`) ---------------------------------
+
+
+def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``n``-node tree (node 0 = root; each node's parent is an earlier node, biased to recent ones).
+
+    Returns ``(ancestor_mask [n, n] bool incl. self, depth [n])``.
+    """
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(int(torch.randint(max(0, i - 8), i, (1,), generator=gen)))
+    mask = torch.eye(n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+        depth[i] = depth[parents[i]] + 1
+    return mask, depth
+
+
+def median_ms(fn: Any, repeats: int, sync: bool) -> float:
+    """Median wall time (ms) of ``repeats`` calls of ``fn``, CUDA-synchronised around each when ``sync``."""
+    times = []
+    for _ in range(repeats):
+        if sync:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        if sync:
+            torch.cuda.synchronize()
+        times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -> int:
+    """Prefill a prompt, then commit chains of random image tokens until ~``kv_len`` cache entries; returns it."""
+    inputs = target.encode_prompt("a photograph of a red fox in the snow", cfg=target.supports_cfg)
+    target.start(inputs, max_nodes)
+    lay = target.layout
+    budget = target.prompt_length(inputs) + lay.num_gen_tokens - 1  # stay inside the image (static caches)
+    goal = min(kv_len, budget)
+    while target.length < goal:
+        n = min(128, goal - target.length)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        chain = torch.ones(n, n, dtype=torch.bool).tril()
+        target.verify_forward(toks, chain, torch.arange(n))
+        target.commit(torch.arange(n))
+    return int(target.length)
+
+
+def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Generator, cfg: bool) -> int:
+    """Prefill a prompt (CFG rows when ``cfg``), then commit random image tokens up to ``fraction`` of the image;
+    returns the KV length (prompt + committed tokens)."""
+    inputs = target.encode_prompt("a large red circle on a striped blue background", cfg=cfg)
+    target.start(inputs, max_nodes)
+    lay = target.layout
+    goal = target.length + max(0, min(int(fraction * lay.num_gen_tokens), lay.num_gen_tokens - 1))
+    while target.length < goal:
+        n = min(128, goal - target.length)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        target.verify_forward(toks, torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n))
+        target.commit(torch.arange(n))
+    return int(target.length)
+
+
 @torch.no_grad()
 def measure_cost(
     target: Any,
@@ -254,7 +319,6 @@ def measure_cost(
 ) -> CostModel:
     """Measure the cost model (module docstring). Leaves target and drafter in a reset-able state (the next
     ``target.start`` / ``drafter.reset`` starts afresh)."""
-    from adtbench.bench import fill_cache_to, median_ms, random_tree
     from adtbench.drafters.session import DraftSession
 
     sync = target.device.type == "cuda"

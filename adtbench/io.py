@@ -299,6 +299,33 @@ def atomic_write_json(
     atomic_write_text(path, text + "\n" if newline else text)
 
 
+def atomic_torch_save(obj: Any, path: PathLike) -> Path:
+    """``torch.save(obj, path)`` atomically, with bytes that depend only on ``obj`` and ``path``'s name.
+
+    ``torch.save`` names the archive inside the file after the file it writes, so a pid-named temp file would
+    make every save's bytes different. The temp file therefore has the fixed name ``<name>.tmp`` inside a
+    fresh private folder beside ``path`` (unique per writer); it is fsync'd, moved onto ``path`` with
+    ``os.replace`` and the folder removed. Returns ``path``.
+    """
+    import shutil
+    import tempfile
+
+    import torch
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent))
+    tmp = folder / f"{p.name}.tmp"
+    try:
+        torch.save(obj, tmp)
+        _fsync_file(tmp)
+        os.replace(tmp, p)
+        fsync_dir(p.parent)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return p
+
+
 def append_line_fsync(path: PathLike, data: bytes | str) -> None:
     """Append ``data`` (one full line, ``\\n``-terminated) with a single ``os.write`` on an O_APPEND fd, then fsync.
 

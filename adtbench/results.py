@@ -4,8 +4,6 @@ existing imports keep working. New code imports from :mod:`adtbench.rundir` (or 
 
 from __future__ import annotations
 
-from adtbench.io import append_line_fsync as _append_line
-from adtbench.io import atomic_write_bytes as _atomic_write_bytes
 from adtbench.rundir import (
     BOOT_CHUNK_ELEMENTS,
     IMAGES_DIR,
@@ -38,8 +36,6 @@ __all__ = [
     "SUMMARY_FILE",
     "TRACE_FILE",
     "ResultStore",
-    "_append_line",
-    "_atomic_write_bytes",
     "bootstrap_ci",
     "bootstrap_distribution",
     "percentile_interval",

@@ -12,11 +12,14 @@ All helpers are pure functions of tensors; processing runs in at least float32.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
+from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 
 NEG_INF = float("-inf")
@@ -116,3 +119,49 @@ def next_token(processed: torch.Tensor, sp: SamplingParams, generator: torch.Gen
     if sp.greedy:
         return int(processed.argmax())
     return sample(processed.softmax(-1), generator)
+
+
+# --- SamplingParams from config (the one builder; ``adtbench.config`` re-exports it) ------------------------
+
+SAMPLING_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
+    "temperature": (float, 0.0, None), "top_k": (int, 0, None), "top_p": (float, None, 1.0),
+    "cfg_scale": (float, 0.0, None),
+}  # fmt: skip
+
+
+def check_number(value: Any, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
+    """``value`` as ``kind`` (int: no bools, no floats) within [lo, hi]; else ConfigError naming ``key``."""
+    v = value
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        raise ConfigError(key, f"must be {'an integer' if kind is int else 'a number'}, got {v!r}")
+    if lo is not None and v < lo:
+        raise ConfigError(key, f"must be ≥ {lo}, got {v}")
+    if hi is not None and v > hi:
+        raise ConfigError(key, f"must be ≤ {hi}, got {v}")
+    return kind(v)
+
+
+def build_sampling(node: Any, key: str = "sampling") -> SamplingParams:
+    """The one place a ``SamplingParams`` is made from config: ``node`` is a sampling mapping (``cfg.sampling``,
+    a training stage's ``sampling`` / ``teacher.sampling``, a model's ``lm_sampling``, or a dict) with any of
+    ``temperature``, ``top_k``, ``top_p``, ``cfg_scale``; an absent key takes ``SamplingParams``' default, a
+    ``???`` one is an error. Checked: types (no bools; ``top_k`` an integer), temperature ≥ 0, top_k ≥ 0,
+    top_p in (0, 1], cfg_scale ≥ 0. Errors name ``<key>.<field>`` (``<field>`` when ``key`` is empty).
+    Any ``Mapping`` works (an OmegaConf ``DictConfig`` is one), so this layer needs no config library."""
+    if node is None or not isinstance(node, Mapping):
+        raise ConfigError(key or "sampling", f"must be a mapping of {sorted(SAMPLING_FIELDS)}, got {node!r}")
+    values: dict[str, Any] = {}
+    for name, (kind, lo, hi) in SAMPLING_FIELDS.items():
+        full = f"{key}.{name}" if key else name
+        if name not in list(node.keys()):  # a DictConfig is False for `in` on a ??? value; keys() hold it
+            continue
+        try:
+            raw = node[name]
+        except Exception as e:  # OmegaConf's MissingMandatoryValue for ``???`` (caught by name: no import here)
+            if type(e).__name__ != "MissingMandatoryValue":
+                raise
+            raise ConfigError(full, f"is required (value ???) — set it on the command line, e.g. {full}=...") from e
+        values[name] = check_number(raw, full, kind, lo, hi)
+    if values.get("top_p", 1.0) <= 0.0:
+        raise ConfigError(f"{key}.top_p" if key else "top_p", f"must be in (0, 1], got {values['top_p']}")
+    return SamplingParams(**values)

@@ -22,7 +22,7 @@ vary across the tree), over the pooled samples:
 
 Confidence intervals: percentile bootstrap over prompts (``n_boot`` resamples, seed ``seed``) — prompts are
 resampled with all their samples (cluster bootstrap; with one sample per prompt this is the plain bootstrap of
-:func:`adtbench.results.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
+:func:`adtbench.rundir.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
 are recomputed on each resample (ratio of resampled sums). Set metrics have no interval.
 
 Rendering (:func:`render`): a CI over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` (5) prompts is marked † (LaTeX
@@ -180,8 +180,8 @@ def cluster_bootstrap(
     """Percentile CIs of ratio-of-sums statistics, resampling rows (prompts) of ``sums`` with replacement.
 
     ``sums``: ``[P, k]`` per-prompt totals; ``ratios``: ``{name: (numerator column, denominator column)}``.
-    The one bootstrap of :func:`adtbench.results.bootstrap_distribution` (one level: a prompt's samples are
-    already pooled into its row), so the resamples are exactly those of :func:`adtbench.results.bootstrap_ci`.
+    The one bootstrap of :func:`adtbench.rundir.bootstrap_distribution` (one level: a prompt's samples are
+    already pooled into its row), so the resamples are exactly those of :func:`adtbench.rundir.bootstrap_ci`.
     """
     if sums.shape[0] == 0:
         return {name: (float("nan"), float("nan")) for name in ratios}

@@ -21,7 +21,7 @@ from adtbench.eval import EVAL_SAMPLES_FILE, run_eval
 from adtbench.eval.features import Extractor
 from adtbench.eval.fid import frechet_distance, inception_score
 from adtbench.eval.prc import precision_recall
-from adtbench.results import ResultStore
+from adtbench.rundir import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"p-b": "a red cube", "p-a": "two blue spheres", "p-c": "a green cat on a sofa", "p-d": "an old clock"}

@@ -610,7 +610,8 @@ def test_convert_refuses_unknown_layouts(tmp_path: Path) -> None:
 def test_bench_cost_runs_on_cpu(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """``adtbench bench cost`` measures on whatever device the model is on (CPU here), prints the cost table and
     writes the JSON; a bad tree size is a key-named config error (exit 2) before anything is built."""
-    from adtbench.bench import main, random_tree
+    from adtbench.bench import main
+    from adtbench.cost import random_tree
 
     mask, depth = random_tree(20, torch.Generator().manual_seed(0))
     assert torch.equal(mask.sum(1) - 1, depth) and mask.diagonal().all() and not mask.triu(1).any()
@@ -665,3 +666,16 @@ def test_run_py_literal_command(tiny, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rec = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
     assert len(rec["tokens"]) == 16 and rec["tokens_match_baseline"] is not None
+
+
+def test_tar_stage_sampling_reads_its_node() -> None:
+    """``model.lm_sampling`` / ``detok_sampling`` override the stage default field by field (through the one
+    ``build_sampling``), and errors name the stage's key."""
+    from adtbench.errors import ConfigError
+    from adtbench.models.tar import _sampling
+    from adtbench.sampling import SamplingParams
+
+    got = _sampling({"temperature": 0.5, "top_k": 7}, SamplingParams(cfg_scale=2.0), "model.lm_sampling")
+    assert got == SamplingParams(temperature=0.5, top_k=7, top_p=1.0, cfg_scale=2.0)
+    with pytest.raises(ConfigError, match=r"^model\.detok_sampling\.top_p: must be in \(0, 1\]"):
+        _sampling({"top_p": 0}, SamplingParams(), "model.detok_sampling")

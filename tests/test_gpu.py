@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import tiny
 
-from adtbench.bench import random_tree
+from adtbench.cost import random_tree
 from adtbench.engine import Clock, decode_ar, generate
 from adtbench.policies.eagle2 import Eagle2Policy
 from adtbench.sampling import SamplingParams

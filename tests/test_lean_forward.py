@@ -14,7 +14,7 @@ import torch
 from conftest import tiny
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from adtbench.bench import random_tree
+from adtbench.cost import random_tree
 from adtbench.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT

@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 import adtbench.app as app
 from adtbench.config import validate
 from adtbench.errors import ConfigError
-from adtbench.results import bootstrap_ci, ratio_of_totals_ci, summarize
+from adtbench.rundir import bootstrap_ci, ratio_of_totals_ci, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false", "save_images=false"]

@@ -38,6 +38,7 @@ from adtbench.eval.common import load_run_samples, node_get, pick_device, prompt
 from adtbench.eval.context import EvalContext, MetricOutput
 from adtbench.io import atomic_write_text
 from adtbench.registry import Registry
+from adtbench.resources import conf_dir
 from adtbench.rundir import EVAL_FILE, EVAL_SAMPLES_FILE, SAMPLES_FILE, SUMMARY_FILE, to_jsonable
 
 __all__ = ["EVAL_FILE", "EVAL_SAMPLES_FILE", "METRICS", "Metric", "main", "run_eval", "validate"]
@@ -219,7 +220,7 @@ def main(args: list[str]) -> int:
 
     register_resolvers()
     root, overrides = Path(args[0]), args[1:]
-    conf = str(Path(__file__).resolve().parent.parent.parent / "conf")
+    conf = str(conf_dir())
     with initialize_config_dir(version_base="1.3", config_dir=conf):
         cfg = compose("config", overrides=list(overrides))
     runs = find_run_dirs(root)

@@ -94,7 +94,7 @@ def build(ecfg: Any, kind: str, ctx: EvalContext, key: str) -> Extractor:
     elif kind == "clip":
         ext = _clip(ecfg, ctx)
     else:
-        from adtbench.eval.mini import load as load_mini
+        from adtbench.eval.mini_loader import load as load_mini
 
         ev, ident = load_mini(ecfg, ctx)
 

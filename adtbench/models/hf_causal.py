@@ -234,10 +234,11 @@ def _rope_theta(config: Any) -> float:
     return float(theta)
 
 
-def spread_init_(lm: nn.Module, seed: int, head_std: float = 2.0) -> None:
+def spread_init_(lm: nn.Module, seed: int, head_std: float = 2.0, head_names: tuple[str, ...] = ("lm_head",)) -> None:
     """Re-initialise a random LM so its logits are non-degenerate (spread over a few units).
 
-    Linear weights ~ N(0, 1/fan_in) (``lm_head``: std ``head_std/sqrt(fan_in)``), embeddings ~ N(0, 1),
+    Linear weights ~ N(0, 1/fan_in) (heads — modules whose last name component is in ``head_names`` — std
+    ``head_std/sqrt(fan_in)``), embeddings ~ N(0, 1),
     biases 0; norm weights stay 1. Draws from a local generator seeded with ``seed`` on the parameters' device
     (CPU for the tiny models; the GPU for full-size cost-model instances).
     """
@@ -246,7 +247,7 @@ def spread_init_(lm: nn.Module, seed: int, head_std: float = 2.0) -> None:
     with torch.no_grad():
         for name, mod in lm.named_modules():
             if isinstance(mod, nn.Linear):
-                std = mod.in_features**-0.5 * (head_std if name.endswith("lm_head") else 1.0)
+                std = mod.in_features**-0.5 * (head_std if name.split(".")[-1] in head_names else 1.0)
                 mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen, device=dev) * std)
                 if mod.bias is not None:
                     mod.bias.zero_()

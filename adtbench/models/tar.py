@@ -39,7 +39,7 @@ from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, ar_tokens
 from adtbench.models.hf_causal import HFCausalTarget, common_options
 from adtbench.models.tar_ardtok import ARDTokTarget
-from adtbench.sampling import SamplingParams
+from adtbench.sampling import SamplingParams, build_sampling
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 QWEN_CHAT = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
@@ -158,18 +158,12 @@ class TarLMTarget(HFCausalTarget):
 
 def _sampling(node: Any, default: SamplingParams, key: str) -> SamplingParams:
     """``model.lm_sampling`` / ``model.detok_sampling``: ``default`` overridden by the node's entries, validated by
-    ``config.build_sampling`` (the app's own ``sampling`` rules); errors name ``<key>.<field>``."""
-    from omegaconf import OmegaConf
-
-    from adtbench.config import build_sampling
+    ``sampling.build_sampling`` (the app's own ``sampling`` rules); errors name ``<key>.<field>``."""
     from adtbench.models.registry import plain
 
     fields = ("temperature", "top_k", "top_p", "cfg_scale")
     d = {f: getattr(default, f) for f in fields} | (plain(node) or {})
-    try:
-        return build_sampling(OmegaConf.create({"sampling": {f: d[f] for f in fields}}))
-    except ConfigError as e:
-        raise ConfigError(key + e.key.removeprefix("sampling"), e.message) from e
+    return build_sampling({f: d[f] for f in fields}, key)
 
 
 OFFICIAL_LM_SAMPLING = SamplingParams(temperature=1.0, top_k=1200, top_p=0.95, cfg_scale=1.0)

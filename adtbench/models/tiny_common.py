@@ -8,7 +8,6 @@ same arguments write the same bytes (all randomness comes from seeded local gene
 
 from __future__ import annotations
 
-import json
 import string
 from pathlib import Path
 from typing import Any
@@ -16,23 +15,18 @@ from typing import Any
 import torch
 from torch import nn
 
+from adtbench.io import atomic_write_json
+
 CHARS = string.ascii_lowercase + string.digits + " .,:'-\n"  # the tiny tokenizers' character vocabulary
 GRID = 4  # tiny image grid (Anole 32, Lumina 48, LlamaGen 16/32)
 K_CODES = 64  # tiny VQ codebooks
 
 
 def spread_init(module: nn.Module, seed: int, head_names: tuple[str, ...] = ("lm_head", "output")) -> None:
-    """Seeded N(0, 1/fan_in) linears (heads ×2), N(0, 1) embeddings, zero biases: non-degenerate logits."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, mod in module.named_modules():
-            if isinstance(mod, nn.Linear):
-                std = mod.in_features**-0.5 * (2.0 if name.split(".")[-1] in head_names else 1.0)
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen) * std)
-                if mod.bias is not None:
-                    mod.bias.zero_()
-            elif isinstance(mod, nn.Embedding):
-                mod.weight.copy_(torch.randn(mod.weight.shape, generator=gen))
+    """Seeded N(0, 1/fan_in) linears (heads ×2), N(0, 1) embeddings, zero biases: ``hf_causal.spread_init_``."""
+    from adtbench.models.hf_causal import spread_init_
+
+    spread_init_(module, seed, 2.0, head_names)
 
 
 def char_tokenizer(
@@ -67,8 +61,7 @@ def save_fast_tokenizer(tok: Any, out: Path, **kwargs: Any) -> None:
 
 
 def write_json(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    atomic_write_json(path, data, sort_keys=True)
 
 
 def run_command(family: str, out: Path) -> str:

@@ -30,6 +30,9 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import Tensor, nn
 
+from adtbench.io import atomic_torch_save as atomic_torch_save_
+from adtbench.io import atomic_write_with
+
 __all__ = [
     "AttnBlock",
     "Codebook",
@@ -482,9 +485,9 @@ def to_uint8_images(x: Tensor) -> np.ndarray:
 def save_png(array: np.ndarray, path: str | os.PathLike[str]) -> Path:
     """Write one ``uint8`` image ``[H, W, 3]`` (or ``[H, W]``) to ``path`` as PNG, atomically.
 
-    The bytes go to ``path.with_suffix('.png.tmp')`` first and are moved into place with ``os.replace``, so a
-    reader never sees a half-written file; the temporary file is removed if writing fails. Parent folders are
-    created. Returns the final path.
+    Written through ``io.atomic_write_with`` (temp file, fsync, ``os.replace``), so a reader never sees a
+    half-written file; the temporary file is removed if writing fails. Parent folders are created. Returns the
+    final path.
     """
     arr = np.asarray(array)
     if arr.dtype != np.uint8:
@@ -494,14 +497,7 @@ def save_png(array: np.ndarray, path: str | os.PathLike[str]) -> Path:
     if arr.ndim == 3 and arr.shape[2] == 1:
         arr = arr[:, :, 0]
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".png.tmp")
-    try:
-        Image.fromarray(np.ascontiguousarray(arr)).save(tmp, format="PNG")
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_with(out, lambda tmp: Image.fromarray(np.ascontiguousarray(arr)).save(tmp, format="PNG"))
     return out
 
 
@@ -582,14 +578,5 @@ def load_filtered_state_dict(
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save`` to ``path + '.tmp'`` then ``os.replace`` into place; creates parent folders."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return out
+    """``torch.save`` atomically with deterministic bytes (``io.atomic_torch_save``); creates parent folders."""
+    return atomic_torch_save_(obj, path)

@@ -29,6 +29,7 @@ import torch
 import yaml
 from torch import Tensor, nn
 
+from adtbench.io import atomic_write_text
 from adtbench.models.vq_common import (
     AttnBlock,
     Codebook,
@@ -286,10 +287,7 @@ def save_taming_vqgan(
     sd = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
     ckpt = atomic_torch_save({"state_dict": sd}, ckpt_path)
     ypath = Path(yaml_path)
-    ypath.parent.mkdir(parents=True, exist_ok=True)
-    tmp = ypath.with_name(ypath.name + ".tmp")
-    tmp.write_text(yaml.safe_dump(model.config.to_yaml_dict(), sort_keys=False))
-    os.replace(tmp, ypath)
+    atomic_write_text(ypath, yaml.safe_dump(model.config.to_yaml_dict(), sort_keys=False))
     return ckpt, ypath
 
 

@@ -27,14 +27,15 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench.io import append_line_fsync, atomic_write_json, atomic_write_with
+from adtbench.io import append_line_fsync, atomic_torch_save, atomic_write_json, atomic_write_with
 
 # The one implementation of each lives elsewhere; the stages' names for them stay importable from here.
 from adtbench.models.registry import resolve_device as resolve_device  # call as resolve_device(cfg.device, "device")
+from adtbench.resources import conf_dir
 
 write_json = atomic_write_json  # ``write_json(path, data)``: indent 2, key order kept, trailing newline, atomic
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = conf_dir()
 
 #: config keys that may change between a run and its resume (they do not change the result)
 RESUME_IGNORED = (
@@ -108,8 +109,8 @@ def fingerprint(cfg: DictConfig) -> str:
 
 
 def atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save(obj, path)`` atomically (:func:`adtbench.io.atomic_write_with`)."""
-    atomic_write_with(path, lambda tmp: torch.save(obj, tmp))
+    """``torch.save(obj, path)`` atomically (:func:`adtbench.io.atomic_torch_save`)."""
+    atomic_torch_save(obj, path)
 
 
 class Checkpointer:

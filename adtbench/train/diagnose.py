@@ -52,6 +52,7 @@ import torch
 
 from adtbench import scenes as S
 from adtbench.io import atomic_write_json
+from adtbench.resources import conf_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = ROOT / "adtbench" / "weights" / "mini"
@@ -574,8 +575,8 @@ def load_target_and_drafter() -> tuple[Any, Any]:
     from adtbench.models.registry import build_target
 
     register_resolvers()
-    target = build_target(OmegaConf.load(ROOT / "conf" / "model" / "mini.yaml"))
-    drafter = build_drafter(OmegaConf.load(ROOT / "conf" / "drafter" / "mini.yaml"), target)
+    target = build_target(OmegaConf.load(conf_dir() / "model" / "mini.yaml"))
+    drafter = build_drafter(OmegaConf.load(conf_dir() / "drafter" / "mini.yaml"), target)
     return target, drafter.eval()
 
 

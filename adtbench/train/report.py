@@ -41,6 +41,7 @@ import torch
 from omegaconf import OmegaConf
 
 from adtbench.io import atomic_write_json, atomic_write_text
+from adtbench.resources import conf_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +50,7 @@ def _sampling_params(name: str = "default") -> Any:
     """The ``conf/sampling/<name>.yaml`` group as ``SamplingParams`` (built where the app builds its own)."""
     from adtbench.config import build_sampling
 
-    return build_sampling(OmegaConf.load(ROOT / "conf" / "sampling" / f"{name}.yaml"))
+    return build_sampling(OmegaConf.load(conf_dir() / "sampling" / f"{name}.yaml"))
 
 
 def _load(model: str = "mini", drafter: str = "mini") -> tuple[Any, Any]:
@@ -58,14 +59,14 @@ def _load(model: str = "mini", drafter: str = "mini") -> tuple[Any, Any]:
     from adtbench.models.registry import build_target
 
     register_resolvers()
-    target = build_target(OmegaConf.load(ROOT / "conf" / "model" / f"{model}.yaml"))
-    d = build_drafter(OmegaConf.load(ROOT / "conf" / "drafter" / f"{drafter}.yaml"), target)
+    target = build_target(OmegaConf.load(conf_dir() / "model" / f"{model}.yaml"))
+    d = build_drafter(OmegaConf.load(conf_dir() / "drafter" / f"{drafter}.yaml"), target)
     return target, d
 
 
 def _median_ms(fn: Any, repeats: int, device: torch.device) -> float:
     """One warm-up call, then :func:`adtbench.bench.median_ms` (CUDA-synchronised on a GPU)."""
-    from adtbench.bench import median_ms
+    from adtbench.cost import median_ms
 
     fn()
     return median_ms(fn, repeats, device.type == "cuda")

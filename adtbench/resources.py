@@ -1,0 +1,29 @@
+"""Where the package's own files are: the Hydra config tree, the project root, shipped data and weights.
+
+``conf/`` lives at the top of the checkout (``conf/<group>/<option>.yaml``, as in lightning-hydra-template) and
+is also shipped inside the wheel as ``adtbench/conf`` (``pyproject.toml`` maps it), so an installed, non-editable
+adtbench composes the same configs. Invariant: a checkout (or editable install) always uses its own ``conf/``
+— edits there take effect — and only an installed wheel falls back to the packaged copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+_CHECKOUT_CONF = PACKAGE_DIR.parent / "conf"
+_PACKAGED_CONF = PACKAGE_DIR / "conf"
+
+
+def conf_dir() -> Path:
+    """The Hydra config directory: the checkout's ``conf/``, else the copy shipped in the wheel."""
+    for candidate in (_CHECKOUT_CONF, _PACKAGED_CONF):
+        if (candidate / "config.yaml").is_file():
+            return candidate
+    raise FileNotFoundError(f"adtbench's configs are missing: neither {_CHECKOUT_CONF} nor {_PACKAGED_CONF} exists")
+
+
+def project_root() -> Path:
+    """The folder relative paths resolve against by default (``paths.root_dir``): the checkout holding ``conf/``,
+    or, for an installed wheel, the current working directory."""
+    return _CHECKOUT_CONF.parent if (_CHECKOUT_CONF / "config.yaml").is_file() else Path.cwd()

@@ -1,0 +1,115 @@
+"""The layers of ``docs/architecture.md`` hold: every import in the package (module level and inside functions)
+points to the importer's own layer or one below it, and no set of modules imports itself in a circle.
+
+``cli`` dispatches to subcommands by module name (``importlib``) on purpose: the console script sits above all
+layers and is not an import arrow.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "adtbench"
+
+LAYERS: dict[str, int] = {  # top-level module or subpackage of adtbench → layer (0 = foundation)
+    **dict.fromkeys(["errors", "registry", "layout", "io", "scenes", "resources"], 0),
+    **dict.fromkeys(["tree", "sampling", "verify"], 1),
+    "models": 2,
+    **dict.fromkeys(["engine", "policies", "drafters", "lantern", "cost"], 3),
+    **dict.fromkeys(["cli", "app", "config", "schema", "rundir", "results", "tracking", "maps", "data", "eval"], 4),
+    **dict.fromkeys(["tables", "merge"], 5),
+    **dict.fromkeys(["bench", "bench_speed", "make_tiny", "train"], 6),
+}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for p in PKG.rglob("*.py"):
+        parts = p.relative_to(PKG.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return out
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module → the adtbench modules it imports (``from adtbench.x import y`` counts as ``adtbench.x.y`` when
+    that is a module, else ``adtbench.x``)."""
+    mods = modules()
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for m, p in mods.items():
+        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(p.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            edges[m] |= {t for t in targets if t in mods and t != m and t != "adtbench"}
+    return edges
+
+
+def layer(module: str) -> int:
+    top = module.split(".")[1]
+    assert top in LAYERS, f"{module}: not in a layer — add it to docs/architecture.md and LAYERS"
+    return LAYERS[top]
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} → {b}" for a, bs in edges.items() if a != "adtbench" for b in bs if layer(b) > layer(a))
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in list(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_module_has_a_layer_and_imports_point_down() -> None:
+    edges = import_graph()
+    assert len(edges) > 60  # the walk sees the package
+    up = upward(edges)
+    assert not up, "imports into a higher layer:\n" + "\n".join(up)
+
+
+def test_no_import_cycles() -> None:
+    assert not cycles(import_graph())
+
+
+def test_the_checks_catch_what_they_should() -> None:
+    """Negative controls on synthetic graphs: an upward arrow and a two-module circle are reported."""
+    assert upward({"adtbench.cost": {"adtbench.bench"}, "adtbench.bench": {"adtbench.cost"}}) == [
+        "adtbench.cost → adtbench.bench"
+    ]
+    assert cycles(
+        {"adtbench.eval.mini": {"adtbench.eval.features"}, "adtbench.eval.features": {"adtbench.eval.mini"}}
+    ) == [["adtbench.eval.features", "adtbench.eval.mini"]]
