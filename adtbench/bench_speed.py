@@ -1,7 +1,7 @@
 """``adtbench bench speed``: the speed table — one app job per setting, each with its own AR baseline.
 
     adtbench bench speed [bench.rows=[adt_cost,adt_fixed,...]] [bench.prompts=20] [bench.out=DIR]
-                         [bench.readme=README.md] [any app override, applied to every row]
+                         [bench.readme=README.md] [bench.reuse=true] [any app override, applied to every row]
 
 Every row runs ``adtbench run`` (the app, a fresh process) on the same ``bench.prompts`` held-out prompts of
 ``dataset=mini`` (or the dataset given), timing the AR baseline in the same job as the method, so each speedup is a
@@ -16,7 +16,8 @@ per-cycle work + drafter levels, from the cost model), ``overhead`` (the measure
 names the largest of verify − 1 step, draft, overhead (what to cut next); where τ itself is below the cycle's
 model cost even at zero overhead, the bound says so.
 
-The table goes to ``<out>/speed.md`` and ``<out>/speed.json`` and, with ``bench.readme``, between the
+``bench.reuse=true`` re-renders the table from the jobs already in ``bench.out`` (no decoding). The table goes to
+``<out>/speed.md`` and ``<out>/speed.json`` and, with ``bench.readme``, between the
 ``<!-- speed-table:start -->`` / ``<!-- speed-table:end -->`` markers of that file.
 """
 
@@ -48,7 +49,7 @@ START, END = "<!-- speed-table:start -->", "<!-- speed-table:end -->"
 
 def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Split ``bench.*`` options from the app overrides applied to every row."""
-    opts: dict[str, Any] = {"rows": DEFAULT_ROWS, "prompts": 20, "out": None, "readme": None}
+    opts: dict[str, Any] = {"rows": DEFAULT_ROWS, "prompts": 20, "out": None, "readme": None, "reuse": False}
     rest = []
     for a in args:
         key, sep, value = a.partition("=")
@@ -64,6 +65,8 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
                 opts["rows"] = rows
             elif name == "prompts":
                 opts["prompts"] = int(value)
+            elif name == "reuse":
+                opts["reuse"] = value.lower() in ("1", "true", "yes")
             else:
                 opts[name] = value
         else:
@@ -124,7 +127,7 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
             "bound": float(s["tau"]) * step_ms / (verify + draft),
         }
         terms = {"verify": f["verify_steps"] - 1.0, "draft": f["draft_steps"], "overhead": f["overhead_steps"]}
-        f["limit"] = max(terms, key=terms.__getitem__)
+        f["limit"] = max(terms, key=terms.__getitem__) if drafts else "–"  # AR: nothing to cut
     return f
 
 
@@ -158,7 +161,7 @@ def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
     return "\n".join(lines)
 
 
-def machine_header(prompts: int, common: list[str]) -> str:
+def machine_header(prompts: int, common: list[str], measured: str | None = None) -> str:
     from adtbench.cost import _cpu_name
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -168,7 +171,7 @@ def machine_header(prompts: int, common: list[str]) -> str:
     extra = f", overrides: `{' '.join(common)}`" if common else ""
     return (
         f"**{dev}**, torch {torch.__version__}; {prompts} held-out prompts per row, one job per row with the AR "
-        f"baseline timed in the same job{extra}; measured {time.strftime('%Y-%m-%d')}."
+        f"baseline timed in the same job{extra}; measured {measured or time.strftime('%Y-%m-%d')}."
     )
 
 
@@ -194,11 +197,19 @@ def main(args: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     results: list[tuple[str, dict[str, Any]]] = []
     model = machine_cost_model(common)
+    measured = None
     for name in opts["rows"]:
         label, overrides = ROWS[name]
-        run_dir = run_row(name, overrides, common, out)
+        if opts["reuse"]:  # re-render the table from the jobs already in ``out`` (no decoding)
+            run_dir = out / name
+            if not (run_dir / "summary.json").is_file():
+                print(f"adtbench: config error: bench.reuse: {run_dir} holds no finished job", file=sys.stderr)
+                return 2
+            measured = time.strftime("%Y-%m-%d", time.localtime((run_dir / "summary.json").stat().st_mtime))
+        else:
+            run_dir = run_row(name, overrides, common, out)
         results.append((label, {"row": name, **row_figures(run_dir, model)}))
-    text = table(results, machine_header(opts["prompts"], rest))
+    text = table(results, machine_header(opts["prompts"], rest, measured))
     atomic_write_text(out / "speed.md", text + "\n")
     atomic_write_json(out / "speed.json", [f for _, f in results], newline=False)
     print(text)
