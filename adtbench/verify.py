@@ -28,8 +28,10 @@ Relaxations (LANTERN) change only the ``AcceptanceRule``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from adtbench.sampling import sample
@@ -130,6 +132,10 @@ def verify_sampling(
                 q = q.clone()
                 q[x] = 0.0
                 q = _normalise(q, q)
+        elif kids and _exact_point_mass(rule):
+            accepted, pn = _point_mass_children(probs[u], kids, tokens, draws)
+            if accepted is None:
+                return Acceptance(path=path, bonus=sample(torch.from_numpy(pn).to(p), generator))
         else:
             tried: set[int] = set()
             for c in kids:
@@ -146,6 +152,37 @@ def verify_sampling(
             return Acceptance(path=path, bonus=sample(p, generator))
         path.append(accepted)
         u = accepted
+
+
+def _exact_point_mass(rule: AcceptanceRule) -> bool:
+    """Is ``rule``'s point-mass step the exact one (so :func:`_point_mass_children` may stand in for it)?"""
+    return type(rule).point_mass is AcceptanceRule.point_mass
+
+
+def _point_mass_children(
+    p_row: torch.Tensor, kids: list[int], tokens: list[int], draws: Iterator[float]
+) -> tuple[int | None, np.ndarray]:
+    """Exact recursive rejection over one node's point-mass children, on a float64 host copy of ``p``.
+
+    The same law as the generic loop (try distinct child tokens in order; accept x with probability p(x); on
+    rejection p ← p with p(x) = 0, renormalised), without a dozen small tensor ops per child. Returns the
+    accepted child (or None) and the final distribution (the residual the bonus token is drawn from).
+    """
+    p = p_row.detach().to("cpu", torch.float64).numpy()
+    tried: set[int] = set()
+    for c in kids:
+        x = tokens[c]
+        if x in tried:
+            continue
+        tried.add(x)
+        if next(draws) < p[x]:
+            return c, p
+        residual = p.copy()
+        residual[x] = 0.0
+        total = residual.sum()
+        if total > 0:  # zero only when p(x) was 1 and x was still rejected: a measure-zero event
+            p = residual / total
+    return None, p
 
 
 def verify_tree(

@@ -98,3 +98,25 @@ def test_greedy_deepest_path_and_bonus():
     logits[3, 0] = 1  # node 3 argmax 0 ≠ 4 → stop; bonus 0
     acc = verify_greedy(tree, logits)
     assert acc.path == [0, 2, 3] and acc.bonus == 0 and acc.accepted == 2
+
+
+class _GenericExact(AcceptanceRule):
+    """The exact rule through the generic tensor loop (overriding ``point_mass`` turns the host fast path off)."""
+
+    def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
+        return super().point_mass(p, x)
+
+
+def test_exact_fast_path_decides_like_the_generic_loop():
+    """Same uniforms, same decisions: the float64 host path of exact point-mass rejection and the tensor loop
+    give the same accepted path and bonus on a tree with duplicate siblings and three levels (float64 logits)."""
+    gen = torch.Generator().manual_seed(0)
+    tree = DraftTree(torch.tensor([9, 0, 2, 0, 1, 3, 1, 2]), [-1, 0, 0, 0, 1, 1, 4, 4], drafted_depth=3)
+    logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 1.5).log_softmax(-1)
+    same = 0
+    for seed in range(300):
+        fast = verify_sampling(tree, logits, torch.Generator().manual_seed(seed))
+        slow = verify_sampling(tree, logits, torch.Generator().manual_seed(seed), _GenericExact())
+        assert (fast.path, fast.bonus) == (slow.path, slow.bonus), seed
+        same += len(fast.path) > 1
+    assert 0 < same < 300  # both acceptance and rejection happened
