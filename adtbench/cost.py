@@ -231,14 +231,9 @@ def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
     times: list[list[float]] = [[] for _ in fns]
     for r in range(repeats + 2):
         for i, fn in enumerate(fns):
-            if sync:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            fn()
-            if sync:
-                torch.cuda.synchronize()
+            ms = timed_ms(fn, sync)
             if r >= 2:
-                times[i].append(1e3 * (time.perf_counter() - t))
+                times[i].append(ms)
     return [float(m) for m in np.maximum.accumulate([float(np.median(t)) for t in times])]
 
 
@@ -261,18 +256,20 @@ def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     return mask, depth
 
 
+def timed_ms(fn: Any, sync: bool) -> float:
+    """Wall time (ms, ``time.perf_counter``) of one call of ``fn``, CUDA-synchronised before and after when ``sync``."""
+    if sync:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if sync:
+        torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t)
+
+
 def median_ms(fn: Any, repeats: int, sync: bool) -> float:
-    """Median wall time (ms) of ``repeats`` calls of ``fn``, CUDA-synchronised around each when ``sync``."""
-    times = []
-    for _ in range(repeats):
-        if sync:
-            torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn()
-        if sync:
-            torch.cuda.synchronize()
-        times.append(1e3 * (time.perf_counter() - t))
-    return statistics.median(times)
+    """Median wall time (ms) of ``repeats`` calls of ``fn`` (:func:`timed_ms`)."""
+    return statistics.median(timed_ms(fn, sync) for _ in range(repeats))
 
 
 def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -> int:

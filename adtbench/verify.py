@@ -137,12 +137,7 @@ def verify_sampling(
             if accepted is None:
                 return Acceptance(path=path, bonus=sample(torch.from_numpy(pn).to(p), generator))
         else:
-            tried: set[int] = set()
-            for c in kids:
-                x = tokens[c]
-                if x in tried:
-                    continue
-                tried.add(x)
+            for c, x in _distinct_children(kids, tokens):
                 acc, residual = rule.point_mass(p, x)
                 if next(draws) < acc:
                     accepted = c
@@ -152,6 +147,16 @@ def verify_sampling(
             return Acceptance(path=path, bonus=sample(p, generator))
         path.append(accepted)
         u = accepted
+
+
+def _distinct_children(kids: list[int], tokens: list[int]) -> Iterator[tuple[int, int]]:
+    """``(child, token)`` in sibling order, skipping a child whose token an earlier sibling already proposed
+    (a rejected token has probability 0 in the residual: trying it again would only waste a draw)."""
+    seen: set[int] = set()
+    for c in kids:
+        if tokens[c] not in seen:
+            seen.add(tokens[c])
+            yield c, tokens[c]
 
 
 def _exact_point_mass(rule: AcceptanceRule) -> bool:
@@ -169,12 +174,7 @@ def _point_mass_children(
     accepted child (or None) and the final distribution (the residual the bonus token is drawn from).
     """
     p = p_row.detach().to("cpu", torch.float64).numpy()
-    tried: set[int] = set()
-    for c in kids:
-        x = tokens[c]
-        if x in tried:
-            continue
-        tried.add(x)
+    for c, x in _distinct_children(kids, tokens):
         if next(draws) < p[x]:
             return c, p
         residual = p.copy()
