@@ -58,7 +58,7 @@ from adtbench.drafters.build import build_drafter
 from adtbench.engine import GenerationResult, decode_ar, generate
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json
-from adtbench.resources import conf_dir
+from adtbench.resources import conf_dir, cpus_available, load_average
 from adtbench.rundir import LOCK_FILE, RUN_CONFIG_FILE, ResultStore, summarize
 from adtbench.sampling import SamplingParams
 
@@ -85,22 +85,6 @@ def environment(target: Any) -> dict[str, Any]:
     if dev.type == "cuda":
         info |= {"gpu": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda}
     return info
-
-
-def cpus_available() -> int:
-    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where affinity is unsupported)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15 minute load averages (``None`` where the OS has none)."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except (AttributeError, OSError):
-        return None
 
 
 def load_peak(before: float | None, after: float | None) -> float | None:

@@ -25,7 +25,6 @@ model cost even at zero overhead, the bound says so.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -166,8 +165,9 @@ def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
 
 def machine_header(prompts: int, common: list[str], measured: str | None = None, repeats: int = 1) -> str:
     from adtbench.cost import _cpu_name
+    from adtbench.resources import cpus_available
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cpus_available()
     import torch
 
     dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU: {_cpu_name()}, {cores} cores"

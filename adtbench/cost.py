@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import platform
 import statistics
 import time
@@ -48,6 +47,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from adtbench.resources import cpus_available, load_average
 
 log = logging.getLogger("adtbench")
 
@@ -364,7 +365,8 @@ def measure_cost(
 
     kids = [toks(m) for m in l_sizes]
     level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    avg = load_average()
+    load = None if avg is None else avg[0]
     meta = {"kv_len": length, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load": load}
     return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)
 
@@ -389,9 +391,9 @@ def load_or_measure(
     t0 = time.perf_counter()
     model = measure_cost(target, drafter, sp, max_nodes, max_level)
     model.meta["key"] = key
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cpus_available()
     load = model.meta.get("load")
-    if load is not None and cores and load > cores:
+    if load is not None and load > cores:
         log.warning("cost model measured under load %.1f > %d cores: its times may be inflated", load, cores)
     log.info("cost model: measured in %.1f s (AR step %.2f ms)%s", time.perf_counter() - t0, model.step_ms,
              f" → {path}" if path else "")  # fmt: skip

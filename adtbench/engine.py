@@ -25,9 +25,9 @@ import torch
 
 from adtbench.drafters.eagle import EagleDrafter
 from adtbench.drafters.session import DraftSession
-from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_tokens
+from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_tokens, prefill_token
 from adtbench.policies.base import TreePolicy
-from adtbench.sampling import SamplingParams, next_token, process_logits
+from adtbench.sampling import SamplingParams, process_logits
 from adtbench.tree import DraftTree, root_only
 from adtbench.verify import EXACT, Acceptance, AcceptanceRule, verify_tree
 
@@ -86,10 +86,9 @@ class Clock:
 def prefill(
     target: Target, inputs: PromptInputs, sp: SamplingParams, max_tree_nodes: int, generator: torch.Generator | None
 ) -> tuple[int, PrefillResult]:
-    """Run the prompt; returns (first image token, ``PrefillResult``)."""
-    res = target.start(inputs, max_tree_nodes)
-    processed = process_logits(res.logits[:, None], torch.zeros(1, dtype=torch.long), target.layout, sp)[0]
-    return next_token(processed, sp, generator), res
+    """Run the prompt; returns (first image token, ``PrefillResult``) — ``models.base.prefill_token``, the step
+    the AR baseline's loop (``ar_tokens``) starts with too."""
+    return prefill_token(target, inputs, sp, max_tree_nodes, generator)
 
 
 @torch.no_grad()

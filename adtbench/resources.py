@@ -1,4 +1,5 @@
-"""Where the package's own files are: the Hydra config tree, the project root, shipped data and weights.
+"""Where the package's own files are (the Hydra config tree, the project root) and what the machine offers
+(the cores this process may use, the load average) — read by the timer, the cost model and the benchmarks.
 
 ``conf/`` lives at the top of the checkout (``conf/<group>/<option>.yaml``, as in lightning-hydra-template) and
 is also shipped inside the wheel as ``adtbench/conf`` (``pyproject.toml`` maps it), so an installed, non-editable
@@ -8,6 +9,7 @@ adtbench composes the same configs. Invariant: a checkout (or editable install) 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -27,3 +29,19 @@ def project_root() -> Path:
     """The folder relative paths resolve against by default (``paths.root_dir``): the checkout holding ``conf/``,
     or, for an installed wheel, the current working directory."""
     return _CHECKOUT_CONF.parent if (_CHECKOUT_CONF / "config.yaml").is_file() else Path.cwd()
+
+
+def cpus_available() -> int:
+    """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where affinity is unsupported)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15 minute load averages (``None`` where the OS has none)."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None

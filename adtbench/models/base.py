@@ -205,6 +205,15 @@ class StaticGPTTarget(Target):
         return self.net.output(features)
 
 
+def prefill_token(
+    target: Target, inputs: PromptInputs, sp: SamplingParams, max_tree_nodes: int, generator: torch.Generator | None
+) -> tuple[int, PrefillResult]:
+    """Run the prompt and choose the first image token; returns (token, ``PrefillResult``)."""
+    res = target.start(inputs, max_tree_nodes)
+    processed = process_logits(res.logits[:, None], torch.zeros(1, dtype=torch.long), target.layout, sp)[0]
+    return next_token(processed, sp, generator), res
+
+
 @torch.no_grad()
 def ar_tokens(
     target: Target,
@@ -221,10 +230,7 @@ def ar_tokens(
     (a timing hook). The model layer's own plain passes (Tar's other stage) run through this.
     """
     layout = target.layout
-    res = target.start(inputs, 1)
-    token = next_token(
-        process_logits(res.logits[:, None], torch.zeros(1, dtype=torch.long), layout, sp)[0], sp, generator
-    )
+    token, _ = prefill_token(target, inputs, sp, 1, generator)
     if on_prefill is not None:
         on_prefill()
     tokens = [token]

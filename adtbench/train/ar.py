@@ -30,20 +30,20 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from adtbench.io import atomic_write_json
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.mini import MiniTextEncoder, TextEncoderConfig, ar_config_dict, load_vq, right_align
+from adtbench.models.registry import resolve_device
 from adtbench.scenes import VOCAB, to_tensor_range
 from adtbench.train.common import (
     batches,
     export_dir,
     init_from,
-    resolve_device,
     save_safetensors,
     scene_pool,
     stage_dir,
     step_rng,
     train_loop,
-    write_json,
 )
 
 
@@ -165,7 +165,7 @@ def run(cfg: DictConfig) -> dict:
     final = out / "final"
     save_safetensors(model.gpt.state_dict(), final / "gpt.safetensors")
     save_safetensors(model.text.state_dict(), final / "text_encoder.safetensors")
-    write_json(final / "config.json", ar_config_dict(model.gpt.cfg, model.text.cfg))
+    atomic_write_json(final / "config.json", ar_config_dict(model.gpt.cfg, model.text.cfg))
     info = {
         "stage": "ar",
         **res,
@@ -176,7 +176,7 @@ def run(cfg: DictConfig) -> dict:
         "params_text": sum(p.numel() for p in model.text.parameters()),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    write_json(final / "train_info.json", info)
+    atomic_write_json(final / "train_info.json", info)
     export_dir(final, cfg.get("export"))
     return info
 

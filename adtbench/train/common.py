@@ -27,13 +27,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench.io import append_line_fsync, atomic_torch_save, atomic_write_json, atomic_write_with
-
-# The one implementation of each lives elsewhere; the stages' names for them stay importable from here.
-from adtbench.models.registry import resolve_device as resolve_device  # call as resolve_device(cfg.device, "device")
+from adtbench.io import append_line_fsync, atomic_torch_save, atomic_write_with
 from adtbench.resources import conf_dir
-
-write_json = atomic_write_json  # ``write_json(path, data)``: indent 2, key order kept, trailing newline, atomic
 
 CONF_DIR = conf_dir()
 

@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from adtbench.drafters.build import eagle_config_for
 from adtbench.drafters.eagle import EagleConfig, EagleDrafter
+from adtbench.io import atomic_write_json
 from adtbench.models.base import Target
 from adtbench.train.common import (
     atomic_save,
@@ -57,7 +58,6 @@ from adtbench.train.common import (
     stage_dir,
     step_rng,
     train_loop,
-    write_json,
 )
 
 # ----------------------------------------------------------------------------------------------------
@@ -394,7 +394,7 @@ def run(cfg: DictConfig) -> dict:
     stats = evaluate(cfg, drafter, target, held)
     final = out / "final"
     save_safetensors(drafter.state_dict(), final / "model.safetensors")
-    write_json(final / "config.json", drafter.config.to_dict())
+    atomic_write_json(final / "config.json", drafter.config.to_dict())
     info = {
         "stage": "drafter",
         **res,
@@ -405,7 +405,7 @@ def run(cfg: DictConfig) -> dict:
         "params": sum(p.numel() for p in drafter.parameters()),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
-    write_json(final / "train_info.json", info)
+    atomic_write_json(final / "train_info.json", info)
     export_dir(final, cfg.get("export"))
     return info
 
