@@ -16,12 +16,12 @@ import importlib
 import sys
 
 SUBCOMMANDS = {
-    "bench": "adtbench.bench",
-    "train": "adtbench.train.cli",
-    "make-tiny": "adtbench.make_tiny",
-    "eval": "adtbench.eval",
-    "merge": "adtbench.merge",
-    "table": "adtbench.tables",
+    "bench": "adtbench.tools.bench",
+    "train": "adtbench.tools.train.cli",
+    "make-tiny": "adtbench.tools.make_tiny",
+    "eval": "adtbench.harness.eval",
+    "merge": "adtbench.reporting.merge",
+    "table": "adtbench.reporting.tables",
 }
 
 
@@ -38,7 +38,7 @@ def main() -> None:
         sys.exit(module.main(args[1:]))
     if args and args[0] == "run":
         sys.argv = [sys.argv[0], *args[1:]]
-    from adtbench.app import main as app_main
+    from adtbench.harness.app import main as app_main
 
     app_main()
 

@@ -16,7 +16,7 @@ Invariants every figure keeps:
 - map panels always say policy, LANTERN on/off, budget and sampling, and carry a colour bar with the quantity
   and its unit (montage: one shared bar, so runs compare); grey cells = no cycle covered the position;
 - points are identified by a legend outside the axes (no label is drawn over the data), intervals are the
-  bootstrap CIs of :func:`adtbench.tables.aggregate`, and figures are saved with a tight bounding box so no
+  bootstrap CIs of :func:`adtbench.reporting.tables.aggregate`, and figures are saved with a tight bounding box so no
   label is cut off.
 """
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
+from adtbench.harness.rundir import SUMMARY_FILE, is_plumbing, read_run_config, read_run_maps, read_summary
 from adtbench.io import atomic_write_with
-from adtbench.rundir import SUMMARY_FILE, is_plumbing, read_run_config, read_run_maps, read_summary
-from adtbench.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
+from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
 
 __all__ = [
     "acceptance_montage",

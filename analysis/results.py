@@ -1,7 +1,7 @@
 """Load any adtbench results tree (single runs, multiruns, shards, merged runs) into pandas DataFrames.
 
-Notebook API over :mod:`adtbench.rundir` (the walker and readers of a run dir) and :mod:`adtbench.tables` (the
-loader behind ``adtbench table``); nothing here reads a file on its own::
+Notebook API over :mod:`adtbench.harness.rundir` (the walker and readers of a run dir) and
+:mod:`adtbench.reporting.tables` (the loader behind ``adtbench table``); nothing here reads a file on its own::
 
     from analysis.results import load
     runs, samples = load("outputs/multiruns/2026-11-20/12-00-00")
@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from adtbench.rundir import find_runs, read_run_maps
-from adtbench.tables import aggregate, load_tree
+from adtbench.harness.rundir import find_runs, read_run_maps
+from adtbench.reporting.tables import aggregate, load_tree
 
 __all__ = ["acceptance_grids", "aggregate", "find_runs", "load", "load_runs", "load_samples"]
 

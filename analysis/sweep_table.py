@@ -2,7 +2,8 @@
 
     python analysis/sweep_table.py <multirun_dir>
 
-A thin CLI over :mod:`adtbench.rundir`: :func:`~adtbench.rundir.find_runs` walks ``<multirun_dir>`` for every
+A thin CLI over :mod:`adtbench.harness.rundir`: :func:`~adtbench.harness.rundir.find_runs`
+walks ``<multirun_dir>`` for every
 job's ``summary.json`` (written by the app, always current; natural job order) and the job's command-line
 overrides come from its ``.hydra/overrides.yaml``. τ includes the bonus token, d̄ is the
 mean drafted depth, speedup the ratio of mean latencies vs the AR baseline timed in the same job, latency the
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adtbench.rundir import find_runs, lantern_choice, read_override_list, read_summary
+from adtbench.harness.rundir import find_runs, lantern_choice, read_override_list, read_summary
 
 COLUMNS = ("job", "policy", "lantern", "τ", "d̄", "speedup", "latency (s)")
 NUMERIC = frozenset({"τ", "d̄", "speedup", "latency (s)"})  # right-aligned (markdown ``---:``)

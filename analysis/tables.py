@@ -4,7 +4,7 @@ speedup pivot (e.g. policy × lantern), as markdown, LaTeX (booktabs) and CSV.
     python -m analysis.tables <results dir> [--out DIR] [--by model,policy] [--metrics clip_score,fid]
 
 writes ``main.md``, ``main.tex``, ``main.csv`` (and ``speedup_pivot.md``/``.tex`` when ``--pivot`` names a
-column) into ``--out`` (default: the results dir). The numbers come from :func:`adtbench.tables.aggregate`
+column) into ``--out`` (default: the results dir). The numbers come from :func:`adtbench.reporting.tables.aggregate`
 (ratio-of-sums τ / d̄ / speedup, mean per-prompt metrics, cluster bootstrap over prompts).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from adtbench.io import atomic_write_text
-from adtbench.tables import aggregate, load_tree, render
+from adtbench.reporting.tables import aggregate, load_tree, render
 
 __all__ = ["main_table", "pivot", "pivot_latex", "write_tables"]
 
@@ -25,7 +25,7 @@ __all__ = ["main_table", "pivot", "pivot_latex", "write_tables"]
 def main_table(root: str | Path, by: Sequence[str] | None = None, metrics: Sequence[str] | None = None,
                **options: Any) -> Any:  # fmt: skip
     """The aggregated main table (one row per ``by`` group) of the tree under ``root``; ``options``: ``n_boot``,
-    ``ci``, ``seed`` of :func:`adtbench.tables.aggregate`."""
+    ``ci``, ``seed`` of :func:`adtbench.reporting.tables.aggregate`."""
     return aggregate(*load_tree(root), by, metrics, **options)
 
 

@@ -19,4 +19,4 @@ out="${ADTBENCH_OUT:-outputs/arrays/$(date +%Y-%m-%d_%H-%M-%S)}"
 shards="$(seq -s, -f "%g/${n}" 0 $((n - 1)))"
 "$py" run.py -m "hydra/launcher=${ADTBENCH_LAUNCHER:-slurm}" "dataset.shard=${shards}" "hydra.sweep.dir=${out}" \
     "hydra.sweep.subdir=shard_\${hydra.job.num}_of_${n}" "$@"
-"$py" -m adtbench.merge "$out" --out "$out/merged" --force
+"$py" -m adtbench.reporting.merge "$out" --out "$out/merged" --force

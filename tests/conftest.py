@@ -8,8 +8,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from adtbench.config import register_resolvers
-from adtbench.drafters.build import build_drafter
+from adtbench.harness.config import register_resolvers
+from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -45,7 +45,7 @@ def shared_data() -> Path:
 def synthetic_cost_model():
     """A cost model whose verify cost grows 2 % per node (1 ms + 0.02 ms · n) with cheap drafter levels: on the
     tiny random models it yields trees of many sizes and depths (tests assert that)."""
-    from adtbench.cost import CostModel
+    from adtbench.algorithm.cost import CostModel
 
     sizes = [1, 2, 4, 8, 16, 32, 64]
     return CostModel(sizes, [1.0 + 0.02 * n for n in sizes], [1, 4, 16], [0.02, 0.03, 0.04], 0.05)

@@ -12,14 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from adtbench.engine import decode_ar, generate
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.lantern import LanternRule
+from adtbench.algorithm.policies.adt import ADTPolicy, PositionState, TreeShape, build_adt_policy
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
-from adtbench.lantern import LanternRule
 from adtbench.layout import TokenLayout
-from adtbench.policies.adt import ADTPolicy, PositionState, TreeShape, build_adt_policy
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.sampling import SamplingParams
-from adtbench.verify import Acceptance
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 16
@@ -268,7 +268,7 @@ def test_bad_values_raise_config_error_naming_the_key(over, key):
 def test_build_policy_dispatches_adt_before_any_model_loads():
     from hydra import compose, initialize_config_dir
 
-    from adtbench.config import build_policy
+    from adtbench.harness.config import build_policy
 
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=["policy=adt", "policy.init=vertical", "policy.alpha=drafted"])

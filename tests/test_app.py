@@ -172,7 +172,7 @@ BAD_INPUT = [
 
 def compose_app(*overrides: str):
     """The app's config for ``overrides`` (tiny defaults, ``FAST``), composed in-process like ``run.py``."""
-    from adtbench.config import register_resolvers
+    from adtbench.harness.config import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
@@ -183,8 +183,8 @@ def compose_app(*overrides: str):
 def test_bad_input_names_the_key_before_loading(tmp_path, caplog, override, key):
     """In-process: the app's ``run`` raises the ConfigError naming ``key`` before any model is loaded (the
     ``main`` wrapper turns it into one line and exit 2: the end-to-end cases below)."""
-    from adtbench.app import run
     from adtbench.errors import ConfigError
+    from adtbench.harness.app import run
 
     caplog.set_level("INFO", logger="adtbench")
     with pytest.raises(ConfigError) as e:

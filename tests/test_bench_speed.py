@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from adtbench.bench_speed import END, START, main, parse
+from adtbench.tools.bench_speed import END, START, main, parse
 
 
 def test_speed_table_rows_readme_and_reuse(tmp_path: Path, capsys) -> None:

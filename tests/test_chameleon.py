@@ -16,8 +16,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from adtbench.drafters.eagle import EagleConfig, EagleDrafter
-from adtbench.drafters.session import DraftSession
+from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
+from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.policies.base import TreePolicy
+from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
 from adtbench.models.chameleon import (
     ChameleonTarget,
@@ -28,8 +30,6 @@ from adtbench.models.chameleon import (
     tiny_vocabulary_map,
 )
 from adtbench.models.hf_causal import additive_mask, cache_get, cache_num_layers
-from adtbench.policies.base import TreePolicy
-from adtbench.tree import DraftTree
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "model" / "tiny_chameleon.yaml"
 PROMPTS = ["a red cat sitting on a mat", "blue sky"]
@@ -262,9 +262,9 @@ def test_commit_leaves_sequential_cache(target: ChameleonTarget) -> None:
 
 @pytest.mark.parametrize("cfg_scale", [3.0, 1.0])
 def test_greedy_eagle2_matches_ar(target: ChameleonTarget, cfg_scale: float) -> None:
-    from adtbench.engine import decode_ar, generate
-    from adtbench.policies.eagle2 import Eagle2Policy
-    from adtbench.sampling import SamplingParams
+    from adtbench.algorithm.engine import decode_ar, generate
+    from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+    from adtbench.algorithm.sampling import SamplingParams
 
     t = target
     drafter = _drafter(t)
@@ -312,8 +312,8 @@ class OraclePolicy(TreePolicy):
 @pytest.mark.parametrize("cfg_scale", [3.0, 1.0])
 def test_long_accepted_paths_match_ar(target: ChameleonTarget, cfg_scale: float) -> None:
     """Greedy generation with multi-token commits (oracle trees) reproduces AR exactly, in fewer forwards."""
-    from adtbench.engine import decode_ar, generate
-    from adtbench.sampling import SamplingParams
+    from adtbench.algorithm.engine import decode_ar, generate
+    from adtbench.algorithm.sampling import SamplingParams
 
     t = target
     sp = SamplingParams(temperature=0.0, cfg_scale=cfg_scale)

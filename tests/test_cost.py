@@ -9,12 +9,13 @@ import torch
 from conftest import FakeSession, synthetic_cost_model, tiny
 from omegaconf import OmegaConf
 
-from adtbench import cost as cost_mod
-from adtbench.cost import PRIOR, CostModel, TreeBudget, load_or_measure
+from adtbench.algorithm.cost import PRIOR, CostModel, TreeBudget
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy, build_eagle2_tree
+from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
-from adtbench.policies.adt import ADTPolicy
-from adtbench.policies.eagle2 import Eagle2Policy, build_eagle2_tree
-from adtbench.sampling import SamplingParams
+from adtbench.harness import caches as cost_mod
+from adtbench.harness.caches import cost_source, load_or_measure
 
 
 def linear_model(per_node: float, level: float = 0.0, fixed: float = 0.0) -> CostModel:
@@ -130,19 +131,19 @@ def test_cost_model_is_measured_once_then_read_from_the_cache(tmp_path, monkeypa
     with pytest.raises(AssertionError, match="measured again"):  # a bigger tree than cached → re-measure
         load_or_measure(target, drafter, sp, max_nodes=16, max_level=4, cache_dir=tmp_path)
     # the engine runs normally after measuring (the measurement left no state behind)
-    from adtbench.engine import decode_ar
+    from adtbench.algorithm.engine import decode_ar
 
     res = decode_ar(target, target.encode_prompt("a red circle", cfg=True), sp, torch.Generator().manual_seed(0))
     assert len(res.tokens) == target.layout.num_gen_tokens
 
 
 def test_bind_through_the_policy_config(tmp_path):
-    from adtbench.config import build_policy
+    from adtbench.harness.config import build_policy
 
     target, drafter = tiny("tiny_llamagen", dtype="float32")
     cfg = OmegaConf.create({"policy": {"name": "eagle2", "depth": 2, "top_k": 3, "total_tokens": 8, "budget": "cost"}})
     policy = build_policy(cfg)
-    policy.bind(target, drafter, SamplingParams(), tmp_path)
+    policy.bind(cost_source(target, drafter, SamplingParams(), tmp_path))
     assert policy.cost.tree is not None and max(policy.cost.tree.model.verify_nodes) == 8
     assert synthetic_cost_model().step_ms == pytest.approx(1.02)
 

@@ -9,15 +9,15 @@ import torch
 from conftest import synthetic_cost_model, tiny
 from scipy.stats import chisquare
 
-from adtbench.cost import TreeBudget
-from adtbench.engine import decode_ar, generate
-from adtbench.policies.adt import ADTPolicy
-from adtbench.policies.ar import ArPolicy
-from adtbench.policies.base import TreePolicy
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy
-from adtbench.sampling import SamplingParams, process_logits
-from adtbench.tree import DraftTree
+from adtbench.algorithm.cost import TreeBudget
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.ar import ArPolicy
+from adtbench.algorithm.policies.base import TreePolicy
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy
+from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.tree import DraftTree
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
 POLICIES = {

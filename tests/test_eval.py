@@ -17,11 +17,11 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 
 from adtbench.errors import ConfigError
-from adtbench.eval import EVAL_SAMPLES_FILE, run_eval
-from adtbench.eval.features import Extractor
-from adtbench.eval.fid import frechet_distance, inception_score
-from adtbench.eval.prc import precision_recall
-from adtbench.rundir import ResultStore
+from adtbench.harness.eval import EVAL_SAMPLES_FILE, run_eval
+from adtbench.harness.eval.features import Extractor
+from adtbench.harness.eval.fid import frechet_distance, inception_score
+from adtbench.harness.eval.prc import precision_recall
+from adtbench.harness.rundir import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"p-b": "a red cube", "p-a": "two blue spheres", "p-c": "a green cat on a sofa", "p-d": "an old clock"}
@@ -367,7 +367,7 @@ def test_geneval_and_dpg_exports(tmp_path):
 
 
 def test_adtbench_eval_command_on_a_tree(tmp_path, capsys):
-    from adtbench.eval import main
+    from adtbench.harness.eval import main
 
     make_run(tmp_path / "sweep" / "0_a")
     make_run(tmp_path / "sweep" / "1_b", seed=1)
@@ -385,8 +385,8 @@ def test_cli_dispatches_eval():
     from adtbench.cli import SUBCOMMANDS
 
     if "eval" not in SUBCOMMANDS:
-        pytest.skip("cli.py has no 'eval' subcommand yet (python -m adtbench.eval works)")
-    assert SUBCOMMANDS["eval"] == "adtbench.eval"
+        pytest.skip("cli.py has no 'eval' subcommand yet (python -m adtbench.harness.eval works)")
+    assert SUBCOMMANDS["eval"] == "adtbench.harness.eval"
 
 
 def _tiny_loader() -> TinyMini:
@@ -396,7 +396,7 @@ def _tiny_loader() -> TinyMini:
 
 
 def test_app_runs_eval_after_decoding(tiny_clip, tmp_path):
-    from adtbench.app import run
+    from adtbench.harness.app import run
 
     cfg = compose_cfg(*TINY_OVERRIDES, "dataset.limit=2",
                       "warmup=0", "progress=false", "maps.per_run=false", "eval=clip",
@@ -415,8 +415,8 @@ def test_adtbench_eval_tracker_mode_env_vs_command_line(tmp_path, monkeypatch, c
     import sys
     import types
 
-    from adtbench.eval import main
-    from adtbench.tracking import stable_run_id
+    from adtbench.harness.eval import main
+    from adtbench.harness.tracking import stable_run_id
 
     inits: list[dict] = []
 

@@ -21,16 +21,16 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from adtbench.config import register_resolvers
-from adtbench.drafters.build import build_drafter
-from adtbench.drafters.eagle import EagleConfig
-from adtbench.engine import decode_ar, generate
+from adtbench.algorithm.drafters.eagle import EagleConfig
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
-from adtbench.make_tiny import FAMILIES, write_tiny
+from adtbench.harness.config import register_resolvers
+from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target, resolve_dtype
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.sampling import SamplingParams
-from adtbench.tree import DraftTree
+from adtbench.tools.make_tiny import FAMILIES, write_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE = torch.ones(1, 1, dtype=torch.bool)
@@ -347,7 +347,7 @@ def test_tar_detok_stage(tiny, res: int, px: int) -> None:
 
 
 def test_codebooks_for_lantern(tiny) -> None:
-    from adtbench.lantern import build_lantern_rule
+    from adtbench.harness.caches import build_lantern_rule
 
     root, refs = tiny
     cases = [
@@ -435,7 +435,7 @@ def test_sidecar_describes_tiny_checkpoints(tiny) -> None:
 
 
 def test_make_tiny_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from adtbench.make_tiny import main
+    from adtbench.tools.make_tiny import main
 
     assert main([]) == 2
     assert main(["model=nope", f"out={tmp_path / 'a'}"]) == 2
@@ -539,7 +539,7 @@ def _grid_cos_sin(pos: torch.Tensor, hd: int, grid: int, zeros: int) -> tuple[to
 
 
 def test_convert_lantern_llamagen_drafter(tiny, tmp_path: Path) -> None:
-    from adtbench.drafters.convert import convert
+    from adtbench.tools.convert_drafter import convert
 
     root, _ = tiny
     t = load("llamagen_t2i", root / "llamagen_t2i")  # drafter_rope: lantern (shift 1)
@@ -568,7 +568,7 @@ def test_convert_lantern_llamagen_drafter(tiny, tmp_path: Path) -> None:
 def test_convert_lantern_anole_drafter(tiny, tmp_path: Path) -> None:
     """LANTERN's Chameleon drafters carry q/k LayerNorms: converted exactly when EagleConfig can hold them,
     refused (never silently dropped) otherwise."""
-    from adtbench.drafters.convert import convert
+    from adtbench.tools.convert_drafter import convert
 
     root, _ = tiny
     t = load("anole", root / "anole")
@@ -593,7 +593,7 @@ def test_convert_lantern_anole_drafter(tiny, tmp_path: Path) -> None:
 
 
 def test_convert_refuses_unknown_layouts(tmp_path: Path) -> None:
-    from adtbench.drafters.convert import convert_state_dict
+    from adtbench.tools.convert_drafter import convert_state_dict
 
     sd = _lantern_drafter_sd(64, 4, 96, 64, qk=False, seed=5)
     with pytest.raises(ValueError, match="unexpected drafter key"):
@@ -610,8 +610,8 @@ def test_convert_refuses_unknown_layouts(tmp_path: Path) -> None:
 def test_bench_cost_runs_on_cpu(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
     """``adtbench bench cost`` measures on whatever device the model is on (CPU here), prints the cost table and
     writes the JSON; a bad tree size is a key-named config error (exit 2) before anything is built."""
-    from adtbench.bench import main
-    from adtbench.cost import random_tree
+    from adtbench.algorithm.cost import random_tree
+    from adtbench.tools.bench import main
 
     mask, depth = random_tree(20, torch.Generator().manual_seed(0))
     assert torch.equal(mask.sum(1) - 1, depth) and mask.diagonal().all() and not mask.triu(1).any()
@@ -671,9 +671,9 @@ def test_run_py_literal_command(tiny, tmp_path: Path) -> None:
 def test_tar_stage_sampling_reads_its_node() -> None:
     """``model.lm_sampling`` / ``detok_sampling`` override the stage default field by field (through the one
     ``build_sampling``), and errors name the stage's key."""
+    from adtbench.algorithm.sampling import SamplingParams
     from adtbench.errors import ConfigError
     from adtbench.models.tar import _sampling
-    from adtbench.sampling import SamplingParams
 
     got = _sampling({"temperature": 0.5, "top_k": 7}, SamplingParams(cfg_scale=2.0), "model.lm_sampling")
     assert got == SamplingParams(temperature=0.5, top_k=7, top_p=1.0, cfg_scale=2.0)

@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import tiny
 
-from adtbench.cost import random_tree
-from adtbench.engine import Clock, decode_ar, generate
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.sampling import SamplingParams
+from adtbench.algorithm.cost import random_tree
+from adtbench.algorithm.engine import Clock, decode_ar, generate
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.harness.caches import cost_source
 
 pytestmark = pytest.mark.gpu
 
@@ -36,7 +37,7 @@ def test_greedy_speculation_equals_ar_on_cuda(budget: str, tmp_path) -> None:
     target, drafter = tiny(dtype="float32", device="cuda")
     policy = Eagle2Policy(depth=3, top_k=4, total_tokens=20, budget=budget)
     sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
-    policy.bind(target, drafter, sp, tmp_path)
+    policy.bind(cost_source(target, drafter, sp, tmp_path))
     inputs = target.encode_prompt("two blue squares", cfg=True)
     ar = decode_ar(target, inputs, sp, None)
     spec = generate(target, drafter, policy, inputs, sp, None)

@@ -15,15 +15,16 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 from scipy.stats import chisquare
 
-import adtbench.lantern as lantern_mod
-from adtbench.engine import generate
+import adtbench.harness.caches as caches_mod
+from adtbench.algorithm.engine import generate
+from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.verify import EXACT, verify_sampling
 from adtbench.errors import ConfigError
-from adtbench.lantern import LanternRule, build_lantern_rule, lantern_params, load_or_build_table, nearest_codes
-from adtbench.policies.adt import ADTPolicy
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.sampling import SamplingParams
-from adtbench.tree import DraftTree
-from adtbench.verify import EXACT, verify_sampling
+from adtbench.harness.caches import build_lantern_rule, lantern_params, load_or_build_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,17 +72,17 @@ def test_cache_hit_and_key(tmp_path, monkeypatch):
     cb = torch.randn(30, 4, generator=torch.Generator().manual_seed(2))
     t1, path, hit = load_or_build_table(cb, 5, False, tmp_path)
     assert not hit and path.exists() and path.parent == tmp_path
-    monkeypatch.setattr(lantern_mod, "nearest_codes", lambda *a, **k: pytest.fail("recomputed on a cache hit"))
+    monkeypatch.setattr(caches_mod, "nearest_codes", lambda *a, **k: pytest.fail("recomputed on a cache hit"))
     t2, path2, hit2 = load_or_build_table(cb.clone(), 5, False, tmp_path)
     assert hit2 and path2 == path and torch.equal(t1, t2) and t2.dtype == torch.int64
     keys = {
-        lantern_mod.table_key(cb, 5, False),
-        lantern_mod.table_key(cb, 5, True),
-        lantern_mod.table_key(cb, 6, False),
+        caches_mod.table_key(cb, 5, False),
+        caches_mod.table_key(cb, 5, True),
+        caches_mod.table_key(cb, 6, False),
     }
     cb2 = cb.clone()
     cb2[3, 1] += 1e-6
-    keys.add(lantern_mod.table_key(cb2, 5, False))
+    keys.add(caches_mod.table_key(cb2, 5, False))
     assert len(keys) == 4
 
 

@@ -14,8 +14,8 @@ import torch
 from conftest import tiny
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from adtbench.cost import random_tree
-from adtbench.drafters.eagle import EagleConfig, EagleDrafter
+from adtbench.algorithm.cost import random_tree
+from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.rope import Rope1D, Rope2D, _direct_tables, apply_rope, qkv_tables, rotate

@@ -7,8 +7,8 @@ import json
 import numpy as np
 from PIL import Image
 
+from adtbench.harness.maps import ANCHORS, NAN_RGB, colorize, position_grids, write_run_maps, write_sample_maps
 from adtbench.layout import TokenLayout
-from adtbench.maps import ANCHORS, NAN_RGB, colorize, position_grids, write_run_maps, write_sample_maps
 
 # 2 × 3 grid with an EOL token after every row and an EOI: generation indices 0 1 2 [3] 4 5 6 [7] [8]
 LAYOUT = TokenLayout(vocab_size=12, image_token_offset=0, num_codes=10, grid_h=2, grid_w=3, eol_token=10, eoi_token=11)

@@ -11,14 +11,14 @@ import pytest
 from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
-from adtbench.merge import MergeError, find_shard_dirs, main, merge_runs
+from adtbench.reporting.merge import MergeError, find_shard_dirs, main, merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = [*TINY_OVERRIDES, "sampling=greedy", "dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false"]
 
 
 def decode(run_dir: Path, *overrides: str) -> Path:
-    from adtbench.app import run
+    from adtbench.harness.app import run
 
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=[*COMMON, *overrides])

@@ -11,17 +11,17 @@ import torch
 from conftest import model_cfg
 from omegaconf import OmegaConf
 
-from adtbench.drafters.build import build_drafter
-from adtbench.engine import decode_ar, generate
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "adtbench" / "weights" / "mini"
 PROMPTS = [
     ln
-    for ln in (ROOT / "adtbench" / "data" / "mini_prompts.txt").read_text().splitlines()
+    for ln in (ROOT / "adtbench" / "harness" / "data" / "mini_prompts.txt").read_text().splitlines()
     if ln.strip() and not ln.startswith("#")
 ]
 
@@ -101,8 +101,8 @@ def test_evaluator_agrees_with_ground_truth():
 
 
 def test_dataset_config_lists_heldout_prompts():
-    from adtbench.config import register_resolvers
-    from adtbench.data.prompts import load_prompts
+    from adtbench.harness.config import register_resolvers
+    from adtbench.harness.data.prompts import load_prompts
 
     register_resolvers()
     d = OmegaConf.load(ROOT / "conf" / "dataset" / "mini.yaml")
@@ -115,7 +115,7 @@ def test_default_config_is_the_mini_model_with_its_drafter():
     the model's own trained drafter (``model.drafter_path``) unless ``drafter.path`` is given."""
     from hydra import compose, initialize_config_dir
 
-    from adtbench.config import register_resolvers
+    from adtbench.harness.config import register_resolvers
 
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
@@ -166,7 +166,7 @@ def test_model_card_is_generated_from_the_recorded_figures():
     """MODEL_CARD.md is exactly what ``report card`` renders from train_info.json + figures.json (no hand edits)."""
     import json
 
-    from adtbench.train.report import FIGURES, render_card
+    from adtbench.tools.train.report import FIGURES, render_card
 
     assert (WEIGHTS / "MODEL_CARD.md").read_text() == render_card()
     figs = json.loads(FIGURES.read_text())

@@ -34,7 +34,7 @@ def test_wheel_ships_conf_and_composes_outside_a_checkout(tmp_path: Path) -> Non
     zipfile.ZipFile(wheel).extractall(site)  # an installed wheel: no checkout conf/ beside the package
     probe = (
         "from hydra import compose, initialize_config_dir\n"
-        "from adtbench.config import register_resolvers\n"
+        "from adtbench.harness.config import register_resolvers\n"
         "from adtbench.resources import conf_dir\n"
         "register_resolvers()\n"
         "with initialize_config_dir(version_base='1.3', config_dir=str(conf_dir())):\n"

@@ -1,4 +1,4 @@
-"""Tests for adtbench.data.prompts: loaders, id rules, limit/shard and config errors."""
+"""Tests for adtbench.harness.data.prompts: loaders, id rules, limit/shard and config errors."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adtbench.data.prompts import (
+from adtbench.errors import ConfigError
+from adtbench.harness.data.prompts import (
     Prompt,
     load_prompts,
     parse_shard,
     shard_bounds,
     shard_prompts,
 )
-from adtbench.errors import ConfigError
 
 SHARED_DATA = Path(__file__).parents[1].parent / "shared" / "data"
 

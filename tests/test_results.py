@@ -1,4 +1,4 @@
-"""Tests for adtbench.rundir: crash-safe ResultStore, resume/repair, summary statistics, bootstrap CI."""
+"""Tests for adtbench.harness.rundir: crash-safe ResultStore, resume/repair, summary statistics, bootstrap CI."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import adtbench.rundir as rundir
-from adtbench.rundir import ResultStore, bootstrap_ci, summarize
+import adtbench.harness.rundir as rundir
+from adtbench.harness.rundir import ResultStore, bootstrap_ci, summarize
 
 REPO = Path(__file__).parents[1]
 
@@ -230,7 +230,7 @@ def test_crash_between_image_and_samples_line(tmp_path: Path, monkeypatch: pytes
 
 _KILL_SCRIPT = r"""
 import sys, numpy as np
-from adtbench.rundir import ResultStore
+from adtbench.harness.rundir import ResultStore
 store = ResultStore(sys.argv[1])
 i = len(store.done_ids())
 print("ready", flush=True)

@@ -1,4 +1,4 @@
-"""Tests for adtbench.rundir (file names, the walker, the readers, the plumbing keys) and the write helpers of
+"""Tests for adtbench.harness.rundir (file names, the walker, the readers, the plumbing keys) and the write helpers of
 adtbench.io that every writer of the package uses (atomic writes, fsync'd line appends)."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-import adtbench.results as results
-import adtbench.rundir as rundir
-from adtbench.io import append_line_fsync, atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_with
-from adtbench.rundir import (
+import adtbench.harness.results as results
+import adtbench.harness.rundir as rundir
+from adtbench.harness.rundir import (
     PLUMBING_KEYS,
     POOLED_KEYS,
     SUMMARY_FILE,
@@ -30,6 +29,7 @@ from adtbench.rundir import (
     read_summary,
     safe_stem,
 )
+from adtbench.io import append_line_fsync, atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_with
 
 # ----------------------------------------------------------------------------------------------------
 # adtbench.io: atomic writes and appends
@@ -86,8 +86,8 @@ def test_results_is_a_re_export_of_rundir() -> None:
 
 
 def test_plumbing_keys_reconcile_the_resume_and_table_lists() -> None:
-    from adtbench.config import RESUME_IGNORED
-    from adtbench.tables import IGNORED_OVERRIDES
+    from adtbench.harness.config import RESUME_IGNORED
+    from adtbench.reporting.tables import IGNORED_OVERRIDES
 
     # resume ignores exactly the plumbing ("hydra" is dropped from the fingerprint separately) ...
     assert set(RESUME_IGNORED) | {"hydra"} == set(PLUMBING_KEYS)

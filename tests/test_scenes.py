@@ -81,7 +81,7 @@ def test_objects_are_drawn_in_their_colour():
 
 
 def test_heldout_prompt_file_is_the_generator_output():
-    path = ROOT / "adtbench" / "data" / "mini_prompts.txt"
+    path = ROOT / "adtbench" / "harness" / "data" / "mini_prompts.txt"
     if not path.exists():
         pytest.skip("mini prompt file not generated")
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]

@@ -1,4 +1,4 @@
-"""The typed config schema (adtbench.schema), the one SamplingParams builder and the registries it feeds."""
+"""The typed config schema (adtbench.harness.schema), the one SamplingParams builder and the registries it feeds."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from adtbench import schema
-from adtbench.config import build_policy, build_sampling, config_fingerprint, register_resolvers, validate
+from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
-from adtbench.sampling import SamplingParams
+from adtbench.harness import schema
+from adtbench.harness.config import build_policy, build_sampling, config_fingerprint, register_resolvers, validate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -46,7 +46,8 @@ def test_policy_schema_defaults_are_the_yaml_defaults(name):
 
 def test_sampling_schema_default_is_the_default_group():
     node = OmegaConf.to_container(OmegaConf.load(CONF / "sampling" / "default.yaml"))
-    assert dataclasses.asdict(schema.SamplingConf()) == node
+    assert schema.GROUPS["sampling"] is SamplingParams  # one dataclass: the algorithm's own parameters
+    assert set(dataclasses.asdict(SamplingParams())) == set(node)
     assert build_sampling(config().sampling) == SamplingParams(temperature=1.0, top_k=0, top_p=1.0, cfg_scale=3.0)
 
 
@@ -115,9 +116,9 @@ def test_build_sampling_is_the_one_checked_constructor():
 
 
 def test_one_registry_style_for_policies_families_and_metrics():
-    from adtbench.eval import METRICS
+    from adtbench.algorithm.policies import POLICIES
+    from adtbench.harness.eval import METRICS
     from adtbench.models.registry import FAMILIES
-    from adtbench.policies import POLICIES
     from adtbench.registry import Registry
 
     assert all(isinstance(r, Registry) for r in (POLICIES, FAMILIES, METRICS))

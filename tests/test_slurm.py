@@ -70,5 +70,5 @@ def test_sbatch_array_script_builds_the_shard_command(tmp_path):
     assert proc.returncode != 0 and "--array" in proc.stderr
     merge = subprocess.run(["bash", str(ROOT / "jobs" / "merge.sbatch"), "outputs/arrays/777"], env=env,
                            capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert merge.stdout.split() == ["-m", "adtbench.merge", "outputs/arrays/777", "--out",
+    assert merge.stdout.split() == ["-m", "adtbench.reporting.merge", "outputs/arrays/777", "--out",
                                     "outputs/arrays/777/merged", "--force"]  # fmt: skip

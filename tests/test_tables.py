@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adtbench.rundir import bootstrap_ci
-from adtbench.tables import aggregate, load_tree, main
+from adtbench.harness.rundir import bootstrap_ci
+from adtbench.reporting.tables import aggregate, load_tree, main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -114,7 +114,7 @@ def test_table_command_formats(tree, capsys):
     assert main([str(tree / "nothing-here")]) == 1
     from adtbench.cli import SUBCOMMANDS
 
-    assert SUBCOMMANDS["table"] == "adtbench.tables"
+    assert SUBCOMMANDS["table"] == "adtbench.reporting.tables"
 
 
 def test_analysis_tables(tree, tmp_path):
@@ -141,7 +141,7 @@ def _separator(md: str) -> list[str]:
 
 
 def test_ci_over_fewer_than_5_prompts_is_marked_with_a_footnote(tmp_path):
-    from adtbench.tables import render
+    from adtbench.reporting.tables import render
 
     root = tmp_path / "r"
     write_run(root / "few", "ar", AR)  # 3 prompts
@@ -159,7 +159,7 @@ def test_ci_over_fewer_than_5_prompts_is_marked_with_a_footnote(tmp_path):
 
 
 def test_latex_escaping_is_pandas_own(tmp_path):
-    from adtbench.tables import render
+    from adtbench.reporting.tables import render
 
     root = tmp_path / "r"
     odd = "a_b~c^d{e}&f%g#h$i"
@@ -171,7 +171,7 @@ def test_latex_escaping_is_pandas_own(tmp_path):
 
 
 def test_numeric_columns_are_right_aligned(tree):
-    from adtbench.tables import render
+    from adtbench.reporting.tables import render
 
     t = aggregate(*load_tree(tree), by=["policy", "lantern"], n_boot=20)
     md = render(t, "md")

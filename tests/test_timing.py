@@ -18,10 +18,10 @@ import pytest
 from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
-import adtbench.app as app
-from adtbench.config import validate
+import adtbench.harness.app as app
 from adtbench.errors import ConfigError
-from adtbench.rundir import bootstrap_ci, ratio_of_totals_ci, summarize
+from adtbench.harness.config import validate
+from adtbench.harness.rundir import bootstrap_ci, ratio_of_totals_ci, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false", "save_images=false"]
@@ -79,7 +79,7 @@ def test_ci_widens_when_repeats_disagree() -> None:
 
 
 def test_chunking_changes_nothing(monkeypatch) -> None:
-    import adtbench.rundir as results
+    import adtbench.harness.rundir as results
 
     rng = np.random.default_rng(3)
     clusters = [0.5 + rng.random((int(rng.integers(1, 5)), 2)) for _ in range(50)]
@@ -235,13 +235,14 @@ def test_load_warning_rule(monkeypatch) -> None:
 
 
 def test_bind_gets_the_cache_dir_and_is_timed(tmp_path: Path, monkeypatch) -> None:
-    from adtbench.policies.eagle2 import Eagle2Policy
+    from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 
-    seen = []
-    monkeypatch.setattr(Eagle2Policy, "bind", lambda self, t, d, sp, cache: seen.append((t, d, cache)))
+    seen, sources = [], []
+    monkeypatch.setattr(app, "cost_source", lambda t, d, sp, cache: sources.append((t, d, cache)) or "source")
+    monkeypatch.setattr(Eagle2Policy, "bind", lambda self, cost: seen.append(cost))
     s = decode_in_process(tmp_path / "b", f"paths.root_dir={tmp_path}")
-    assert len(seen) == 1 and seen[0][0] is not None and seen[0][1] is not None
-    assert seen[0][2] == tmp_path / ".cache" and s["bind_s"] >= 0
+    assert seen == ["source"] and len(sources) == 1 and sources[0][0] is not None and sources[0][1] is not None
+    assert sources[0][2] == tmp_path / ".cache" and s["bind_s"] >= 0
 
 
 def test_engine_compile_before_warmup(tmp_path: Path, monkeypatch) -> None:

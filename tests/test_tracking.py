@@ -14,7 +14,7 @@ from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 from adtbench.errors import ConfigError
-from adtbench.tracking import NullLogger, build_logger
+from adtbench.harness.tracking import NullLogger, build_logger
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = [*TINY_OVERRIDES, "dataset.limit=2", "warmup=0", "progress=false"]
@@ -26,7 +26,7 @@ def compose_cfg(*overrides: str):
 
 
 def decode(run_dir: Path, *overrides: str) -> dict:
-    from adtbench.app import run
+    from adtbench.harness.app import run
 
     return run(compose_cfg(*FAST, *overrides), run_dir, {"model": "tiny_llamagen", "policy": "eagle2"})
 
@@ -134,13 +134,13 @@ def test_wandb_crash_mid_run_keeps_local_records(tmp_path, monkeypatch):
     ],
 )
 def test_resolve_mode(env, cfg, on_cli, expected):
-    from adtbench.tracking import resolve_mode
+    from adtbench.harness.tracking import resolve_mode
 
     assert resolve_mode(env, cfg, on_cli) == expected
 
 
 def test_mode_on_cli_reads_override_keys():
-    from adtbench.tracking import mode_on_cli
+    from adtbench.harness.tracking import mode_on_cli
 
     assert mode_on_cli(["logger=wandb", "logger.mode=online"]) is True
     assert mode_on_cli(["++logger.mode=offline"]) is True
@@ -152,7 +152,7 @@ def test_mode_on_cli_from_hydra_config():
     """Inside a Hydra app the flag comes from HydraConfig.get().overrides.task."""
     from hydra.core.hydra_config import HydraConfig
 
-    from adtbench.tracking import mode_on_cli
+    from adtbench.harness.tracking import mode_on_cli
 
     assert mode_on_cli() is False  # no Hydra app running
     for overrides, expected in ((["logger=wandb", "logger.mode=online"], True), (["logger=wandb"], False)):
@@ -199,7 +199,7 @@ def test_environment_mode_reaches_wandb_and_tracking_json(tmp_path, monkeypatch,
 
 
 def test_stable_run_id_from_the_resolved_run_dir(tmp_path):
-    from adtbench.tracking import stable_run_id
+    from adtbench.harness.tracking import stable_run_id
 
     (tmp_path / "a").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "a")

@@ -16,12 +16,12 @@ from conftest import tiny
 from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
-from adtbench.engine import decode_ar, generate
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.registry import build_target
-from adtbench.policies.eagle2 import Eagle2Policy
-from adtbench.sampling import SamplingParams
-from adtbench.train.cli import main as train_main
-from adtbench.train.drafter import collate, drafter_forward, drafter_slots, teacher_sample
+from adtbench.tools.train.cli import main as train_main
+from adtbench.tools.train.drafter import collate, drafter_forward, drafter_slots, teacher_sample
 
 VQ_TINY = [
     "data.count=8",
@@ -155,7 +155,7 @@ def test_drafter_stage_trains_and_resumes(stack, tmp_path):
     b = load_file(str(tmp_path / "b" / "final" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     # the exported drafter loads through the harness' builder
-    from adtbench.drafters.build import build_drafter
+    from adtbench.harness.drafters import build_drafter
 
     target = build_target(_mini_cfg(stack))
     d = build_drafter(OmegaConf.create({"kind": "eagle", "path": str(tmp_path / "a" / "final"), "seed": 1}), target)

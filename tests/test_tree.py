@@ -8,10 +8,10 @@ from conftest import FakeSession
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy, build_eagle2_tree
+from adtbench.algorithm.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy, validate_paths
+from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
-from adtbench.policies.eagle2 import Eagle2Policy, build_eagle2_tree
-from adtbench.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy, validate_paths
-from adtbench.tree import DraftTree
 
 
 def dist(vocab: int, known: dict[int, float]) -> torch.Tensor:

@@ -18,12 +18,12 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 ALGORITHM_LAYER = [
-    "adtbench/engine.py",
-    "adtbench/tree.py",
-    "adtbench/verify.py",
-    "adtbench/sampling.py",
-    "adtbench/cost.py",
-    "adtbench/drafters/session.py",
+    "adtbench/algorithm/engine.py",
+    "adtbench/algorithm/tree.py",
+    "adtbench/algorithm/verify.py",
+    "adtbench/algorithm/sampling.py",
+    "adtbench/algorithm/cost.py",
+    "adtbench/algorithm/drafters/session.py",
     "adtbench/layout.py",
     "adtbench/errors.py",
     "adtbench/registry.py",

@@ -50,7 +50,7 @@ def truncate(path: Path) -> None:
 
 
 def test_run_dir_lock_refuses_a_second_writer_and_takes_over_a_stale_lock(tmp_path):
-    from adtbench.app import LOCK_FILE, RunDirLock
+    from adtbench.harness.app import LOCK_FILE, RunDirLock
 
     run_dir = tmp_path / "run"
     first = RunDirLock(run_dir)
@@ -68,7 +68,7 @@ def test_run_dir_lock_refuses_a_second_writer_and_takes_over_a_stale_lock(tmp_pa
 
 
 def test_cli_refuses_a_locked_run_dir_before_loading(tmp_path):
-    from adtbench.app import RunDirLock
+    from adtbench.harness.app import RunDirLock
 
     run_dir = tmp_path / "busy"
     held = RunDirLock(run_dir)
@@ -106,7 +106,7 @@ def test_run_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
 
 
 def test_truncated_mini_gpt_weights_fail_validation_naming_key_and_file(tmp_path):
-    from adtbench.config import validate
+    from adtbench.harness.config import validate
     from adtbench.models.registry import build_target
 
     ar = tmp_path / "ar16"
@@ -123,8 +123,8 @@ def test_truncated_mini_gpt_weights_fail_validation_naming_key_and_file(tmp_path
 
 
 def test_truncated_drafter_weights_name_drafter_path(tmp_path):
-    from adtbench.config import validate
-    from adtbench.drafters.build import build_drafter
+    from adtbench.harness.config import validate
+    from adtbench.harness.drafters import build_drafter
 
     d = tmp_path / "drafter"
     shutil.copytree(MINI / "drafter", d)
@@ -154,8 +154,8 @@ def test_truncated_torch_checkpoint_is_corrupt_not_a_traceback(tmp_path):
 
 
 def test_c2i_text_prompt_is_refused_with_the_dataset_naming_the_prompt(tmp_path):
-    from adtbench.app import load_dataset, run
-    from adtbench.config import check_prompts
+    from adtbench.harness.app import load_dataset, run
+    from adtbench.harness.config import check_prompts
 
     cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2")
     with pytest.raises(ConfigError) as ei:
@@ -170,7 +170,7 @@ def test_c2i_text_prompt_is_refused_with_the_dataset_naming_the_prompt(tmp_path)
 
 
 def test_unwritable_cache_dirs_fail_with_the_config(tmp_path):
-    from adtbench.config import validate
+    from adtbench.harness.config import validate
 
     blocker = tmp_path / "file"
     blocker.write_text("x")
@@ -184,8 +184,8 @@ def test_unwritable_cache_dirs_fail_with_the_config(tmp_path):
 
 
 def test_long_prompt_and_huge_top_k_warn_naming_the_limit(caplog):
-    from adtbench.app import clamp_top_k, prompt_overflow
-    from adtbench.sampling import SamplingParams
+    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.harness.app import clamp_top_k, prompt_overflow
 
     target, _ = tiny()
     limit = target.gpt.cfg.cls_token_num
@@ -232,7 +232,7 @@ class _Smuggled:
 
 
 def test_teacher_file_and_shards_load_weights_only(tmp_path):
-    from adtbench.train.drafter import build_teacher
+    from adtbench.tools.train.drafter import build_teacher
 
     target, _ = tiny(dtype="float32")
     good = tmp_path / "teacher.pt"
@@ -256,7 +256,7 @@ def test_teacher_file_and_shards_load_weights_only(tmp_path):
 
 
 def test_training_checkpoint_loads_weights_only(tmp_path):
-    from adtbench.train.common import Checkpointer
+    from adtbench.tools.train.common import Checkpointer
 
     model = torch.nn.Linear(4, 3)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -276,8 +276,8 @@ def test_training_checkpoint_loads_weights_only(tmp_path):
 
 
 def test_relative_paths_resolve_against_root_dir(tmp_path, monkeypatch):
-    from adtbench.app import load_dataset
-    from adtbench.config import resolve_paths
+    from adtbench.harness.app import load_dataset
+    from adtbench.harness.config import resolve_paths
 
     assert Path(cfg_of().paths.root_dir) == ROOT  # default: the checkout holding conf/, whatever the cwd
     root = tmp_path / "clone"
@@ -299,7 +299,7 @@ def test_relative_paths_resolve_against_root_dir(tmp_path, monkeypatch):
 
 
 def test_summary_line_shows_eval_scores():
-    from adtbench.app import summary_line
+    from adtbench.harness.app import summary_line
 
     s = {"model": "mini", "policy": "adt", "n_samples": 4, "tau": 2.0, "d_bar": 2.9, "latency_s": 1.0}
     assert "eval" not in summary_line(s)

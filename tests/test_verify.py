@@ -6,9 +6,9 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from adtbench.policies.base import sample_without_replacement
-from adtbench.tree import DraftTree
-from adtbench.verify import AcceptanceRule, verify_greedy, verify_sampling
+from adtbench.algorithm.policies.base import sample_without_replacement
+from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.verify import AcceptanceRule, verify_greedy, verify_sampling
 
 P_ROOT = torch.tensor([0.35, 0.05, 0.25, 0.1, 0.15, 0.1], dtype=torch.float64)
 

@@ -19,6 +19,11 @@ of a left-padded uncond row are not) and ``next_pos [R]`` (the position id of ea
 A tree node at depth d gets position ``next_pos + d`` in every row; its mask row is the row's valid
 prefix plus the node's ancestors (the ancestor closure, self included).
 
+Loops that do not decode in raster order (ZipAR, MuLo-SD's resampling) use ``forward_at``: tokens at explicit
+generation slots (position ``gen_pos0 + slot``), each attending to the valid prompt prefix plus the generated
+cache columns and new tokens an explicit ``allowed`` mask names; ``commit`` then keeps any subset of them. The
+cache columns are in feeding order; ``algorithm.raster.RasterCache`` tracks which slot each one holds.
+
 Features are the last-layer hidden states *after* the final norm (EAGLE's ``f_t``).
 """
 
@@ -32,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from adtbench.algorithm.sampling import SamplingParams, next_token, process_logits
 from adtbench.layout import TokenLayout
 from adtbench.models.rope import Rope
-from adtbench.sampling import SamplingParams, next_token, process_logits
 
 
 @dataclass
@@ -73,6 +78,8 @@ class Target(ABC):
         self.rows = 1
         self.valid = torch.zeros(1, 0, dtype=torch.bool)
         self.next_pos = torch.zeros(1, dtype=torch.long)
+        self.gen_pos0 = torch.zeros(1, dtype=torch.long)  # [R] position id of generation index 0
+        self.prompt_cols = 0  # cache columns before the first generated one
         self.forwards = 0  # target forward passes since the last prefill (NFE)
 
     # --- adapter hooks -------------------------------------------------------------------------------
@@ -130,6 +137,7 @@ class Target(ABC):
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=res.valid.device)
         self.valid[:, :plen] = res.valid
         self.next_pos = res.positions[:, -1] + 1
+        self.gen_pos0, self.prompt_cols = self.next_pos.clone(), plen
         self.forwards = 1
         return res
 
@@ -149,10 +157,37 @@ class Target(ABC):
         return self._forward(tokens.to(dev), mask, pos)
 
     def _verify_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
-        """Boolean ``[R, 1, n, L + n]`` (True = attend): row r's valid cache prefix, then the tree's ``[n, n]``."""
+        """``_attention_mask`` of: row r's valid cache prefix, then the tree's ``[n, n]`` ancestor mask."""
         n, L, R = tree_mask.shape[0], self.length, self.rows
-        prefix = self.valid[:, None, None, :L].expand(R, 1, n, L)
-        return torch.cat([prefix, tree_mask[None, None].expand(R, 1, n, n)], dim=-1)
+        allowed = torch.cat([self.valid[:, None, :L].expand(R, n, L), tree_mask[None].expand(R, n, n)], dim=-1)
+        return self._attention_mask(allowed)
+
+    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[R, n, L + n]`` (True = attend) → the mask ``_forward`` takes (here ``[R, 1, n, L + n]``)."""
+        return allowed[:, None]
+
+    @torch.no_grad()
+    def forward_at(
+        self, tokens: torch.Tensor, slots: torch.Tensor, allowed: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward ``tokens [n]`` at generation slots ``slots [n]`` (position ``gen_pos0 + slot`` per row).
+
+        ``allowed [n, G + n]`` (bool; G = ``length − prompt_cols`` generated cache columns): which generated
+        columns and which of the n new tokens each token attends to (the valid prompt prefix is always attended).
+        Their K/V are appended after ``length``; ``commit`` keeps a subset. Returns raw logits ``[R, n, V]`` and
+        features ``[R, n, H]``; the output at slot s predicts generation index s + 1.
+        """
+        dev = self.valid.device
+        n, L, P, R = tokens.numel(), self.length, self.prompt_cols, self.rows
+        if allowed.shape != (n, L - P + n):
+            raise ValueError(f"allowed must be [{n}, {L - P + n}], got {list(allowed.shape)}")
+        gen = allowed.to(dev)[None].expand(R, n, L - P + n)
+        prefix = self.valid[:, None, :P].expand(R, n, P)
+        valid_gen = torch.cat([self.valid[:, None, P:L].expand(R, n, L - P), gen.new_ones(R, n, n)], dim=-1)
+        mask = self._attention_mask(torch.cat([prefix, gen & valid_gen], dim=-1))
+        pos = self.gen_pos0[:, None] + slots.to(dev)[None]
+        self.forwards += 1
+        return self._forward(tokens.to(dev), mask, pos)
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep tree nodes ``keep`` (the accepted path, root first) as the next committed KV entries."""
@@ -170,12 +205,10 @@ class StaticGPTTarget(Target):
     net: Any
     cache: Any = None
 
-    def _verify_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
-        """The verify mask in additive form ``[R, 1, n, L + n]``: 0 where attended, −inf elsewhere (model dtype)."""
-        n, L, R = tree_mask.shape[0], self.length, self.rows
+    def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        """Additive ``[R, 1, n, L + n]``: 0 where attended, −inf elsewhere (model dtype), built once per forward."""
         from adtbench.models.lean import additive_mask
 
-        allowed = torch.cat([self.valid[:, None, :L].expand(R, n, L), tree_mask[None].expand(R, n, n)], dim=-1)
         return additive_mask(allowed[:, None], self.dtype)
 
     def _forward(

@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from adtbench.algorithm.sampling import SamplingParams, build_sampling
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, ar_tokens
 from adtbench.models.hf_causal import HFCausalTarget, common_options
 from adtbench.models.tar_ardtok import ARDTokTarget
-from adtbench.sampling import SamplingParams, build_sampling
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 QWEN_CHAT = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"

@@ -1,0 +1,343 @@
+"""Cost-aware trees: a measured cost model of the machine, and the node budget it implies.
+
+EAGLE-2 and ADT-Tree verify a fixed number of nodes whatever the hardware. Here each cycle verifies the N
+drafted nodes that maximise the expected throughput
+
+    rate(N) = E[committed](N) / (t_spent + t_verify(N + 1)),    E[committed](N) = 1 + c · Σ_{i ≤ N} π_i
+
+where π_1 ≥ π_2 ≥ … are the drafter's path probabilities of the candidates in EAGLE-2's rerank order
+(π = exp(cumulative log-prob); a parent's π is never below its child's, so every prefix of that order is a
+tree closed under ancestors), ``t_spent`` is what the cycle already cost (fixed per-cycle work plus the drafter
+levels run) and ``t_verify(n)`` the target's forward over n tree nodes. Why the sum: under point-mass
+recursive rejection, child x of an accepted node is accepted with probability exactly p(x) (the rejected
+siblings' renormalisations cancel), so the expected number of accepted drafts is the sum over nodes of their
+target path probabilities; the drafter's π estimates it. ``c`` calibrates the estimate online: the ratio of
+observed accepted drafts to predicted ones over the image's cycles so far (with a prior of ``PRIOR`` predicted
+tokens at c = 1), clamped to [1/4, 4]; it restarts with every image, so a prompt's trees (and, for a given seed,
+its tokens) do not depend on the prompts decoded before it.
+
+Levels are pruned by the same rule: before an expansion round over frontier F, the best a round can add is
+c · Σ_{f ∈ F} π_f (children's π sum to at most their parent's), for one drafter level t_level(|F|) plus at least
+|F| more nodes to verify. The round runs only if that optimistic rate beats the best rate without it. (Deeper
+rounds add at most as much for the same cost, so a one-level look-ahead decides them too.)
+
+Both choices only decide *which drafted nodes are verified*: acceptance is untouched, so the method stays
+lossless under an exact rule.
+
+The cost model (``CostModel``) is measured for the loaded target and drafter on the current device — the
+target's verify forward at a KV length mid-image for tree sizes 1…``max_nodes``, one drafter level for 1…K
+nodes, and the fixed work of a cycle (the drafter's ``extend`` over two committed tokens plus scoring the root)
+— as medians of repeated, CUDA-synchronised runs, and cached as JSON keyed by the model's shape, device,
+dtype, CPU threads, CFG rows and torch version (``cost_key``). Sizes are timed round-robin so a load burst hits
+all of them alike, and each curve is made non-decreasing (a bigger tree does a superset of a smaller one's work).
+Everything is in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from adtbench.resources import load_average
+
+log = logging.getLogger("adtbench")
+
+PRIOR = 8.0  # pseudo-count (predicted tokens at c = 1) of the online calibration
+C_RANGE = (0.25, 4.0)
+VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+LEVEL_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+@dataclass
+class CostModel:
+    """Measured costs (ms): ``t_verify(n)`` and ``t_level(m)`` interpolated linearly between measured sizes."""
+
+    verify_nodes: list[int]
+    verify_ms: list[float]
+    level_nodes: list[int]
+    level_ms: list[float]
+    fixed_ms: float  # per-cycle work outside the verify forward and the drafter levels
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def t_verify(self, n: int | np.ndarray) -> Any:
+        return np.interp(n, self.verify_nodes, self.verify_ms)
+
+    def t_level(self, m: int) -> float:
+        return float(np.interp(m, self.level_nodes, self.level_ms))
+
+    @property
+    def step_ms(self) -> float:
+        """One AR step: the verify forward of the root alone."""
+        return float(self.t_verify(1))
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CostModel:
+        return cls(**data)
+
+    def table(self) -> str:
+        """Markdown: verify cost and drafter level cost as ms and as multiples of one AR step."""
+        s = self.step_ms
+        lines = ["| tree nodes | verify (ms) | × AR step |", "|---:|---:|---:|"]
+        lines += [f"| {n} | {t:.2f} | {t / s:.2f} |" for n, t in zip(self.verify_nodes, self.verify_ms)]
+        lines += ["", "| drafter level, nodes | ms | × AR step |", "|---:|---:|---:|"]
+        lines += [f"| {m} | {t:.2f} | {t / s:.2f} |" for m, t in zip(self.level_nodes, self.level_ms)]
+        lines += ["", f"fixed per-cycle work (drafter extend + root scoring): {self.fixed_ms:.2f} ms "
+                  f"({self.fixed_ms / s:.2f} steps)"]  # fmt: skip
+        return "\n".join(lines)
+
+
+class TreeBudget:
+    """Chooses how many drafted nodes to verify and whether to draft another level (module docstring)."""
+
+    def __init__(self, model: CostModel, calibrate: bool = True) -> None:
+        self.model = model
+        self.calibrate = calibrate
+        self.predicted = 0.0
+        self.accepted = 0.0
+
+    @property
+    def c(self) -> float:
+        if not self.calibrate:
+            return 1.0
+        c = (self.accepted + PRIOR) / (self.predicted + PRIOR)
+        return float(min(max(c, C_RANGE[0]), C_RANGE[1]))
+
+    def spent_ms(self, level_sizes: list[int]) -> float:
+        """What a cycle has cost before its verify: the fixed work and one drafter level per size in the list."""
+        return self.model.fixed_ms + sum(self.model.t_level(m) for m in level_sizes)
+
+    def best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float]:
+        """(N, rate) maximising ``rate(N)`` over N = 0 … len(pi_sorted) (ties → the smaller N)."""
+        gain = 1.0 + self.c * np.concatenate([[0.0], np.cumsum(pi_sorted)])
+        rate = gain / (spent_ms + self.model.t_verify(np.arange(1, gain.size + 1)))
+        n = int(np.argmax(rate))
+        return n, float(rate[n])
+
+    def worth_expanding(self, pi_sorted: np.ndarray, frontier_pi: float, frontier: int, spent_ms: float) -> bool:
+        """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""
+        n, rate = self.best(pi_sorted, spent_ms)
+        gain = 1.0 + self.c * float(pi_sorted[:n].sum())
+        t_more = spent_ms + self.model.t_level(frontier) + float(self.model.t_verify(n + 1 + frontier))
+        return (gain + self.c * frontier_pi) / t_more > rate
+
+    def observe(self, predicted: float, accepted: int) -> None:
+        """Online calibration: predicted Σπ of a verified tree vs the drafts it accepted."""
+        self.predicted += predicted
+        self.accepted += accepted
+
+    def reset(self) -> None:
+        """A new image: calibration restarts (so an image's trees never depend on the images before it)."""
+        self.predicted = self.accepted = 0.0
+
+
+CostModelSource = Callable[[int, int], CostModel]
+"""``(max_nodes, max_level) → CostModel`` covering verify trees of ``max_nodes`` and drafter levels of
+``max_level``; the harness supplies it (``harness.caches.cost_source``: a file cache, else a measurement)."""
+
+
+class PolicyBudget:
+    """A policy's ``budget`` option and, under ``budget: cost``, its ``TreeBudget`` (bound by ``bind``)."""
+
+    def __init__(self, budget: str, options: tuple[str, ...], calibrate: bool) -> None:
+        from adtbench.errors import ConfigError
+
+        if budget not in options:
+            raise ConfigError("policy.budget", f"must be one of {list(options)}, got {budget!r}")
+        if not isinstance(calibrate, bool):
+            raise ConfigError("policy.calibrate", f"must be true or false, got {calibrate!r}")
+        self.budget, self.calibrate = budget, calibrate
+        self.tree: TreeBudget | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget == "cost"
+
+    def bind(self, source: CostModelSource | None, max_nodes: int, max_level: int) -> None:
+        """Under ``budget: cost``, take the cost model covering trees of ``max_nodes`` and levels of ``max_level``
+        from ``source`` (the harness loads or measures it; None: no drafter, nothing to size)."""
+        if self.enabled and source is not None:
+            self.tree = TreeBudget(source(max_nodes, max_level), self.calibrate)
+
+    def tree_budget(self, policy: str) -> TreeBudget | None:
+        if not self.enabled:
+            return None
+        if self.tree is None:
+            raise RuntimeError(f"policy={policy} with budget: cost needs bind() (the app calls it after loading)")
+        return self.tree
+
+    def observe(self, tree: Any, acceptance: Any) -> None:
+        if self.tree is not None and "E_pred" in tree.info:
+            self.tree.observe(float(tree.info["E_pred"]), acceptance.accepted)
+
+    def reset(self) -> None:
+        if self.tree is not None:
+            self.tree.reset()
+
+
+# --------------------------------------------------------------------------------------------------------
+# measuring the cost model
+# --------------------------------------------------------------------------------------------------------
+
+
+def target_parameters(target: Any) -> list[torch.Tensor]:
+    for attr in ("net", "lm", "model"):
+        mod = getattr(target, attr, None)
+        if isinstance(mod, torch.nn.Module):
+            return list(mod.parameters())
+    return []
+
+
+def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
+    """Median ms of each of ``fns`` over ``repeats`` round-robin passes (two warm-up passes first), made
+    non-decreasing along the list: interleaving spreads load bursts over all sizes, and a larger tree or level
+    does a superset of a smaller one's work, so a dip is noise."""
+    times: list[list[float]] = [[] for _ in fns]
+    for r in range(repeats + 2):
+        for i, fn in enumerate(fns):
+            ms = timed_ms(fn, sync)
+            if r >= 2:
+                times[i].append(ms)
+    return [float(m) for m in np.maximum.accumulate([float(np.median(t)) for t in times])]
+
+
+# --- measurement helpers (also used by `adtbench bench` and `train.report`) ---------------------------------
+
+
+def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random ``n``-node tree (node 0 = root; each node's parent is an earlier node, biased to recent ones).
+
+    Returns ``(ancestor_mask [n, n] bool incl. self, depth [n])``.
+    """
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(int(torch.randint(max(0, i - 8), i, (1,), generator=gen)))
+    mask = torch.eye(n, dtype=torch.bool)
+    depth = torch.zeros(n, dtype=torch.long)
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+        depth[i] = depth[parents[i]] + 1
+    return mask, depth
+
+
+def timed_ms(fn: Any, sync: bool) -> float:
+    """Wall time (ms, ``time.perf_counter``) of one call of ``fn``, CUDA-synchronised before and after when ``sync``."""
+    if sync:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    if sync:
+        torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - t)
+
+
+def median_ms(fn: Any, repeats: int, sync: bool) -> float:
+    """Median wall time (ms) of ``repeats`` calls of ``fn`` (:func:`timed_ms`)."""
+    return statistics.median(timed_ms(fn, sync) for _ in range(repeats))
+
+
+def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -> int:
+    """Prefill a prompt, then commit chains of random image tokens until ~``kv_len`` cache entries; returns it."""
+    inputs = target.encode_prompt("a photograph of a red fox in the snow", cfg=target.supports_cfg)
+    target.start(inputs, max_nodes)
+    lay = target.layout
+    budget = target.prompt_length(inputs) + lay.num_gen_tokens - 1  # stay inside the image (static caches)
+    goal = min(kv_len, budget)
+    while target.length < goal:
+        n = min(128, goal - target.length)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        chain = torch.ones(n, n, dtype=torch.bool).tril()
+        target.verify_forward(toks, chain, torch.arange(n))
+        target.commit(torch.arange(n))
+    return int(target.length)
+
+
+def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Generator, cfg: bool) -> int:
+    """Prefill a prompt (CFG rows when ``cfg``), then commit random image tokens up to ``fraction`` of the image;
+    returns the KV length (prompt + committed tokens)."""
+    inputs = target.encode_prompt("a large red circle on a striped blue background", cfg=cfg)
+    target.start(inputs, max_nodes)
+    lay = target.layout
+    goal = target.length + max(0, min(int(fraction * lay.num_gen_tokens), lay.num_gen_tokens - 1))
+    while target.length < goal:
+        n = min(128, goal - target.length)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        target.verify_forward(toks, torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n))
+        target.commit(torch.arange(n))
+    return int(target.length)
+
+
+@torch.no_grad()
+def measure_cost(
+    target: Any,
+    drafter: Any,
+    sp: Any,
+    max_nodes: int,
+    max_level: int,
+    repeats: int = 15,
+    kv_fraction: float = 0.5,
+    sizes: list[int] | None = None,
+) -> CostModel:
+    """Measure the cost model (module docstring). Leaves target and drafter in a reset-able state (the next
+    ``target.start`` / ``drafter.reset`` starts afresh)."""
+    from adtbench.algorithm.drafters.session import DraftSession
+
+    sync = target.device.type == "cuda"
+    gen = torch.Generator().manual_seed(0)
+    lay = target.layout
+    v_sizes = sorted({n for n in (sizes or VERIFY_SIZES) if n <= max_nodes} | {1, max_nodes})
+    l_sizes = sorted({m for m in LEVEL_SIZES if m <= max_level} | {1, max_level})
+    length = fill_cache_to(target, kv_fraction, max(v_sizes), gen, cfg=sp.use_cfg and target.supports_cfg)
+    rows, dev = target.rows, target.device
+
+    def toks(n: int) -> torch.Tensor:
+        return int(lay.image_token_offset) + torch.randint(0, lay.num_codes, (n,), generator=gen)
+
+    cases = []
+    for n in v_sizes:
+        mask, depth = random_tree(n, gen)
+        cases.append((toks(n), mask, depth))
+    verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync)
+    # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes
+    drafter.reset(rows, length + 4 * max(l_sizes) + max_nodes + 16)
+    H = target.hidden_size
+    feats = torch.randn(rows, length, H, generator=gen).to(dev, target.dtype)
+    pos = torch.arange(length, device=dev)[None].expand(rows, length)
+    embeds = target.embed_tokens(toks(length).to(dev))[None].expand(rows, -1, -1)
+    valid = torch.ones(rows, length, dtype=torch.bool)
+    drafter.extend(feats[:, :-2], embeds[:, :-2], pos[:, :-2], valid[:, :-2])
+    base_len = drafter.length
+
+    def fixed() -> torch.Tensor:
+        drafter.length = base_len  # re-extend the same two slots each time
+        out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
+        s = DraftSession(drafter, target, sp, int(toks(1)), length // 2, target.next_pos.clone(), out, None)
+        logprobs: torch.Tensor = s.root_logprobs()
+        return logprobs
+
+    for _ in range(2):
+        fixed()
+    fixed_ms = median_ms(fixed, repeats, sync)
+    drafter.length = base_len
+    out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
+
+    def level(kids: torch.Tensor) -> None:
+        s = DraftSession(drafter, target, sp, int(kids[0]), length // 2, target.next_pos.clone(), out, None)
+        s.expand([0] * kids.numel(), kids)
+        drafter.rollback()
+
+    kids = [toks(m) for m in l_sizes]
+    level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
+    avg = load_average()
+    load = None if avg is None else avg[0]
+    meta = {"kv_len": length, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load": load}
+    return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)

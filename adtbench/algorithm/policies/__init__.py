@@ -1,0 +1,8 @@
+"""Tree policies and loop policies (``LoopPolicy``: ZipAR, MuLo-SD).
+
+Importing the package registers every policy's builder in ``POLICIES`` (``policy.name``)."""
+
+from adtbench.algorithm.policies import adt, ar, eagle2, static
+from adtbench.algorithm.policies.base import POLICIES, LoopPolicy, Policy, TreePolicy
+
+__all__ = ["POLICIES", "LoopPolicy", "Policy", "TreePolicy", "adt", "ar", "eagle2", "static"]

@@ -1,0 +1,23 @@
+"""``policy=ar``: no drafting. The engine decodes one token per target forward (the AR baseline)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy
+from adtbench.algorithm.tree import DraftTree, root_only
+
+
+class ArPolicy(TreePolicy):
+    name = "ar"
+    uses_drafter = False
+
+    def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
+        return root_only(session.root_token)
+
+
+@POLICIES.register("ar")
+def build_ar(node: Any) -> ArPolicy:
+    """``policy=ar`` (no keys besides ``name``)."""
+    return ArPolicy()

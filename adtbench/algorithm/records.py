@@ -1,0 +1,68 @@
+"""What a decode loop returns: per-cycle records, per-image results, and the clock that times them.
+
+Every loop (``engine.decode_ar``, ``engine.generate``, ``zipar.decode_zipar``, ``mulo.decode_mulo``) returns a
+``GenerationResult`` whose ``cycles`` hold one ``CycleRecord`` per sequential target forward after the prefill;
+``a + 1`` is the number of tokens that forward finalised, so τ = committed / cycles counts tokens per sequential
+target forward for every method (AR: 1; a tree cycle: accepted drafts + bonus). Loop-specific per-image counters
+go to ``GenerationResult.stats`` (written as ``stats`` in samples.jsonl).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass
+class CycleRecord:
+    pos: int  # generation index of the root
+    nodes: int  # tree size, root included
+    D: int  # drafted depth (sequential drafter levels)
+    d: int  # realised tree depth
+    K: int  # width / top-k
+    a: int  # accepted drafts (bonus excluded)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]
+    cycles: list[CycleRecord]
+    latency_s: float
+    prefill_s: float
+    draft_s: float
+    verify_s: float
+    target_forwards: int
+    drafter_forwards: int
+    stats: dict[str, Any] = field(default_factory=dict)  # loop-specific per-image counters (samples ``stats``)
+
+    @property
+    def committed(self) -> int:
+        return sum(c.a + 1 for c in self.cycles)
+
+    @property
+    def tau(self) -> float:
+        return self.committed / max(1, len(self.cycles))
+
+    @property
+    def d_bar(self) -> float:
+        return sum(c.D for c in self.cycles) / max(1, len(self.cycles))
+
+    @property
+    def d_bar_tree(self) -> float:
+        return sum(c.d for c in self.cycles) / max(1, len(self.cycles))
+
+
+class Clock:
+    """Accumulating wall clock; synchronises CUDA before each reading when ``sync``."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sync = device.type == "cuda"
+
+    def now(self) -> float:
+        if self.sync:
+            torch.cuda.synchronize()
+        return time.perf_counter()

@@ -1,8 +1,0 @@
-"""``python -m adtbench.eval <run_dir | results tree> [hydra overrides]`` (same as ``adtbench eval``)."""
-
-import sys
-
-from adtbench.eval import main
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,614 @@
+"""The Hydra app: decode a prompt set with one model × drafter × policy, timing the AR baseline alongside.
+
+Per job (Hydra's run dir):
+- ``samples.jsonl``: one line per prompt, appended and fsynced when its image is done (the commit marker);
+- ``trace.jsonl``: the compact per-cycle trace of each prompt (pos, nodes, D, d, K, a);
+- ``images/<prompt_id>.png``;
+- ``summary.json``: τ, d̄, speedup (ratio of mean latencies) and its per-prompt spread, the composed choices,
+  the environment; refreshed during the run (every 10 s) and written at the end;
+- ``run_config.json``: the resolved config; a rerun into the same dir resumes only if it matches.
+
+Speedup protocol: the baseline is ``decode_ar`` of the same target, same prompts, seeds, sampling, CFG rows,
+dtype and device; ``warmup`` untimed generations of both after model load (and after ``engine.compile``);
+each prompt is timed ``timing.repeats`` times, every repeat one (baseline, method) pair whose order alternates
+from pair to pair (ABBA: baseline first on even pairs); the recorded latencies are the medians of the repeats,
+and every repeat must give the same tokens (the seeded generator makes a decode deterministic). Timed scope:
+prefill + decode loop (text encoding and VQ decode excluded). The speedup is reported as the ratio of total
+times, the median of the paired per-prompt ratios and a two-level bootstrap CI
+(:func:`adtbench.harness.rundir.summarize`); the load average before and after the timed work is recorded next to
+the thread and core counts, and a load above the available cores is flagged in the log and the printed line.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from adtbench.algorithm.engine import GenerationResult, decode_ar, generate
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.errors import ConfigError
+from adtbench.harness.caches import cost_source
+from adtbench.harness.config import (
+    build_rule,
+    check_prompts,
+    config_fingerprint,
+    engine_compile,
+    prompt_seed,
+    register_resolvers,
+    resolve_paths,
+    timing_repeats,
+    validate,
+)
+from adtbench.harness.data.prompts import Prompt, load_prompts
+from adtbench.harness.drafters import build_drafter
+from adtbench.harness.loops import build_loop_models
+from adtbench.harness.rundir import LOCK_FILE, RUN_CONFIG_FILE, ResultStore, summarize
+from adtbench.io import atomic_write_json
+from adtbench.resources import conf_dir, cpus_available, load_average
+
+log = logging.getLogger("adtbench")
+register_resolvers()
+
+SUMMARY_EVERY_S = 10.0  # summary.json refresh interval during a run (always written at the end)
+TIMING_SCOPE = "prefill + decode loop (text encoding, VQ decode and image writing excluded); CUDA synchronised"
+
+
+def environment(target: Any) -> dict[str, Any]:
+    import transformers
+
+    dev = target.device
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(dev),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "cpu": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+    }
+    if dev.type == "cuda":
+        info |= {"gpu": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda}
+    return info
+
+
+def load_peak(before: float | None, after: float | None) -> float | None:
+    """The larger of two 1-minute load averages (``None`` without any)."""
+    return max((x for x in (before, after) if x is not None), default=None)
+
+
+def load_warning(before: float | None, after: float | None, cpus: int) -> str | None:
+    """A warning when the 1-minute load average before or after the timed work exceeds the available cores."""
+    peak = load_peak(before, after)
+    if peak is None or peak <= cpus:
+        return None
+    return f"load average {peak:.2f} exceeded the {cpus} available core(s) around the timed work: timings unreliable"
+
+
+def load_dataset(cfg: DictConfig) -> list[Prompt]:
+    d = cfg.dataset
+    return load_prompts(
+        str(d.kind),
+        None if d.get("path") is None else str(d.path),
+        d.get("limit"),
+        d.get("shard"),
+        caption=str(d.get("caption", "first")),
+        text=None if d.get("text") is None else str(d.text),
+    )
+
+
+def _median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+def sample_record(
+    prompt: Prompt, seed: int, runs: list[GenerationResult], bases: list[GenerationResult] | None
+) -> dict:
+    """One samples.jsonl line from a prompt's timed repeats (``runs`` of the method, ``bases`` of the baseline).
+
+    Token and count fields come from the first repeat (every repeat decodes the same tokens); ``latency_s``,
+    ``prefill_s``, ``draft_s``, ``verify_s`` and ``baseline_latency_s`` are medians over the repeats, whose
+    latencies are kept in ``latency_repeats_s`` / ``baseline_latency_repeats_s``.
+    """
+    res, base = runs[0], (bases[0] if bases else None)
+    lat = _median([r.latency_s for r in runs])
+    base_lat = None if not bases else _median([b.latency_s for b in bases])
+    rec: dict[str, Any] = {
+        "prompt_id": prompt.prompt_id,
+        "prompt": prompt.text,
+        "seed": seed,
+        "tokens": res.tokens,
+        "cycles": len(res.cycles),
+        "committed": res.committed,
+        "tau": res.tau,
+        "d_bar": res.d_bar,
+        "d_bar_tree": res.d_bar_tree,
+        "drafted_depth_sum": sum(c.D for c in res.cycles),
+        "tree_depth_sum": sum(c.d for c in res.cycles),
+        "target_forwards": res.target_forwards,
+        "drafter_forwards": res.drafter_forwards,
+        "latency_s": lat,
+        "prefill_s": _median([r.prefill_s for r in runs]),
+        "draft_s": _median([r.draft_s for r in runs]),
+        "verify_s": _median([r.verify_s for r in runs]),
+        "latency_repeats_s": [r.latency_s for r in runs],
+        "baseline_latency_s": base_lat,
+        "baseline_latency_repeats_s": None if not bases else [b.latency_s for b in bases],
+        "baseline_target_forwards": None if base is None else base.target_forwards,
+        "speedup": None if base_lat is None else base_lat / lat,
+        "tokens_match_baseline": None if base is None else res.tokens == base.tokens,
+        "stats": res.stats,
+        "meta": prompt.meta,
+    }
+    return rec
+
+
+def trace_record(prompt_id: str, res: GenerationResult) -> dict:
+    t: dict[str, Any] = {"prompt_id": prompt_id}
+    for key in ("pos", "nodes", "D", "d", "K", "a"):
+        t[key] = [getattr(c, key) for c in res.cycles]
+    for key in sorted({k for c in res.cycles for k in c.extra}):
+        t[key] = [c.extra.get(key) for c in res.cycles]
+    return t
+
+
+SLIM_DROP = ("tokens", "prompt", "meta")
+
+
+def slim(record: dict) -> dict:
+    """A samples record without its bulky fields (kept in memory for summaries)."""
+    return {k: v for k, v in record.items() if k not in SLIM_DROP}
+
+
+def make_summary(
+    records: list[dict],
+    cfg: DictConfig,
+    choices: dict,
+    env: dict,
+    n_prompts: int,
+    rule_name: str = "exact",
+    run_info: dict | None = None,
+) -> dict:
+    """:func:`summarize` of the records plus the config choices, the environment and ``run_info`` (this job's
+    machine state and set-up times: threads, cores, load averages, warm-up / bind times, compile)."""
+    s = summarize(records) if records else {"n_samples": 0, "tau": None, "d_bar": None, "speedup": None}
+    greedy = float(cfg.sampling.temperature) == 0.0
+    matches = [r["tokens_match_baseline"] for r in records if r.get("tokens_match_baseline") is not None]
+    s |= {
+        "lantern": bool(cfg.get("lantern", {}).get("enabled", False)),
+        "model": choices.get("model", cfg.model.get("name")),
+        "drafter": choices.get("drafter"),
+        "policy": choices.get("policy", cfg.policy.name),
+        "dataset": choices.get("dataset"),
+        "sampling": choices.get("sampling"),
+        "choices": choices,
+        "policy_params": OmegaConf.to_container(cfg.policy, resolve=True),
+        "sampling_params": OmegaConf.to_container(cfg.sampling, resolve=True),
+        "greedy_matches_baseline": (all(matches) if matches else None) if greedy else None,
+        "n_prompts": n_prompts,
+        "complete": len(records) == n_prompts,
+        "acceptance_rule": rule_name,
+        "timing_scope": TIMING_SCOPE,
+        **(run_info or {}),
+        "env": env,
+    }
+    return s
+
+
+def summary_line(s: dict) -> str:
+    """The one-line result a run prints."""
+
+    def f(key: str, fmt: str, unit: str = "") -> str:
+        v = s.get(key)
+        return "n/a" if v is None else f"{v:{fmt}}{unit}"
+
+    line = f"adtbench: model={s.get('model')} policy={s.get('policy')} n={s.get('n_samples')} "
+    line += f"tau={f('tau', '.3f')} d_bar={f('d_bar', '.2f')} latency={f('latency_s', '.4f', 's')}"
+    if s.get("speedup") is not None:
+        line += f" baseline={f('baseline_latency_s', '.4f', 's')} speedup={f('speedup', '.3f', 'x')}"
+        ci = s.get("speedup_ci")
+        if ci and None not in ci:
+            line += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+            if s.get("speedup_ci_caveat"):
+                line += f" (CI over {s.get('speedup_n')} < 5 prompts)"
+        line += f" median={f('speedup_median', '.3f', 'x')}"
+    line += eval_part(s.get("eval"))
+    if s.get("load_warning"):
+        line += f" LOAD {f('load_peak', '.2f')} > {s.get('cpus_available')} CORES: timings unreliable"
+    return line
+
+
+def eval_part(block: Any) -> str:
+    """`` eval=<kind> name=value ...`` from a summary's ``eval`` block (4 significant digits; ``n/a`` for a
+    metric without a value; ``FAILED(<metric>)`` when a metric raised); empty without an eval block."""
+    if not isinstance(block, dict) or (not block.get("values") and not block.get("error")):
+        return ""
+    parts = [f" eval={block.get('kind', '?')}"]
+    for name, v in (block.get("values") or {}).items():
+        parts.append(f"{name}={'n/a' if not isinstance(v, int | float) else f'{v:.4g}'}")
+    if block.get("error"):
+        parts.append(f"FAILED({block['error'].get('metric', '?')})")
+    return " ".join(parts)
+
+
+# Config nodes added after run dirs existed: a run_config.json without them ran with these values.
+RESUME_NEW_KEYS: dict[str, Any] = {"timing": {"repeats": 1}, "engine": {"compile": False}}
+
+
+def check_resume(run_dir: Path, cfg: DictConfig) -> None:
+    """Refuse to append to a run dir whose results came from a different config."""
+    path = run_dir / RUN_CONFIG_FILE
+    fp = config_fingerprint(cfg)
+    if path.exists():
+        old = {**RESUME_NEW_KEYS, **json.loads(path.read_text())}
+        if old != fp:
+            diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
+            raise ConfigError(
+                "hydra.run.dir", f"{run_dir} holds results of a different config (differs in: {', '.join(diff)})"
+            )
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, fp, indent=2, newline=False)
+
+
+def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
+    """Lock the run dir for this job, validate, load, decode every unfinished prompt, write records; returns the
+    summary. The lock (held from the Hydra callback on in run mode, taken here for sweep jobs and direct calls)
+    is released when the job ends."""
+    lock, owned = _LOCKS.get(os.path.abspath(run_dir)), False
+    if lock is None:
+        lock, owned = RunDirLock(run_dir), True
+    try:
+        return _run(cfg, run_dir, choices)
+    finally:
+        if owned:
+            lock.release()
+
+
+def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
+    fingerprint_cfg = copy.deepcopy(cfg)  # the config as given: resume compares it, not the resolved absolute paths
+    resolve_paths(cfg)
+    sp, policy = validate(cfg)
+    if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
+        from adtbench.harness.eval import validate as validate_eval
+
+        validate_eval(cfg)  # missing metric weights fail before any model loads
+    prompts = load_dataset(cfg)
+    check_prompts(cfg, prompts)
+    check_resume(run_dir, fingerprint_cfg)
+    store = ResultStore(run_dir)
+    done = store.done_ids()
+    todo = [p for p in prompts if p.prompt_id not in done]
+    log.info("%d prompts (%d already done) → %s", len(prompts), len(prompts) - len(todo), run_dir)
+
+    from adtbench.models.registry import build_target
+
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    log.info(
+        "loading model=%s (family %s) on %s, %s",
+        choices.get("model"),
+        cfg.model.family,
+        cfg.model.device,
+        cfg.model.dtype,
+    )
+    target = build_target(cfg.model)
+    sp = clamp_top_k(sp, target)
+    warn_long_prompts(target, todo, str(choices.get("model", cfg.model.get("name"))))
+    drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else build_loop_models(cfg, policy, target)
+    rule = build_rule(cfg, target)
+    t_bind = time.perf_counter()
+    cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None
+    policy.bind(cost_source(target, drafter, sp, cache_dir) if policy.uses_drafter and drafter is not None else None)
+    bind_s = time.perf_counter() - t_bind
+    log.info("policy bind: %.1f s", bind_s)
+    compile_on = engine_compile(cfg)
+    if compile_on:  # one compiled target serves both sides (baseline and method)
+        compile_models(target, drafter, cfg)
+    env = environment(target)
+    use_cfg = sp.use_cfg and target.supports_cfg
+    gen_device = target.device if target.device.type == "cuda" else torch.device("cpu")
+
+    def decode(p: Prompt, seed: int, method: bool) -> GenerationResult:
+        inputs = target.encode_prompt(p.text, cfg=use_cfg)
+        g = torch.Generator(device=gen_device).manual_seed(seed)
+        if method:
+            return generate(target, drafter, policy, inputs, sp, g, rule)
+        return decode_ar(target, inputs, sp, g)
+
+    t_warm = time.perf_counter()
+    if todo:
+        for _ in range(int(cfg.warmup)):
+            decode(todo[0], 0, True)
+            if cfg.baseline:
+                decode(todo[0], 0, False)
+    warmup_s = time.perf_counter() - t_warm
+    log.info("warm-up: %d generation(s) of each side in %.1f s%s", int(cfg.warmup) if todo else 0, warmup_s,
+             " (compilation included)" if compile_on else "")  # fmt: skip
+    run_info: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": cpus_available(),
+        "engine_compile": compile_on,
+        "bind_s": bind_s,
+        "warmup_s": warmup_s,
+    }
+    from adtbench.harness.tracking import build_logger
+
+    tracker = build_logger(cfg, run_dir, choices)
+    try:
+        ctx = RunContext(cfg, run_dir, choices, target, decode, store, tracker, env, len(prompts), rule.name)
+        summary = _decode_all(ctx, todo, run_info)
+        if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
+            from adtbench.harness.eval import run_eval
+
+            summary = run_eval(cfg, run_dir, target=target)
+            tracker.log_summary(summary)
+    finally:
+        tracker.finish()
+    print(f"{summary_line(summary)} -> {run_dir}")
+    return summary
+
+
+def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:
+    """``sampling.top_k`` at or above the model's image-token count keeps every image token: it is clamped to 0
+    (off, the same distribution without a top-k pass per step) with a warning naming the count."""
+    n = int(target.layout.num_codes)
+    if sp.top_k < n:
+        return sp
+    log.warning("sampling.top_k=%d ≥ the model's %d image tokens: it keeps every token; running with top-k off",
+                sp.top_k, n)  # fmt: skip
+    return dataclasses.replace(sp, top_k=0)
+
+
+def prompt_overflow(target: Any, text: str) -> tuple[int, int, str] | None:
+    """``(length, limit, unit)`` when ``text`` is longer than the target's text window, else ``None``.
+
+    Known windows: word-level encoders with ``max_len`` (the mini model, the tiny hash encoder: ``words``) and
+    tokenizer encoders with ``max_length`` (FLAN-T5: ``tokens``). The model reads the first ``limit`` units and
+    ignores the rest. Targets that take the whole prompt into their context return ``None``.
+    """
+    enc = getattr(target, "text_encoder", None)
+    owner = getattr(enc, "__self__", enc)  # a bound ``encode`` method: its module holds the limits
+    if owner is None:
+        return None
+    limit = getattr(owner, "max_len", None) or getattr(getattr(owner, "cfg", None), "max_len", None)
+    if isinstance(limit, int):
+        n = len(re.findall(r"[a-z0-9]+", text.lower()))
+        return (n, limit, "words") if n > limit else None
+    limit, tok = getattr(owner, "max_length", None), getattr(owner, "tokenizer", None)
+    if isinstance(limit, int) and tok is not None:
+        n = len(tok(text, add_special_tokens=True)["input_ids"])
+        return (n, limit, "tokens") if n > limit else None
+    return None
+
+
+def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
+    """One warning per prompt longer than the model's text window (:func:`prompt_overflow`); it is truncated."""
+    for p in prompts:
+        over = prompt_overflow(target, p.text)
+        if over is not None:
+            n, limit, unit = over
+            log.warning("prompt %s has %d %s; model=%s reads at most %d (the rest is ignored)",
+                        p.prompt_id, n, unit, model, limit)  # fmt: skip
+
+
+def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
+    """``engine.compile``: compile the target's (and the drafter's) forward; the warm-up then compiles it."""
+    family = str(cfg.model.family)
+    for name, obj in (("target", target), ("drafter", drafter)):
+        if obj is None:
+            continue
+        fn = getattr(obj, "compile_forward", None)
+        if not callable(fn):
+            what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
+            raise ConfigError("engine.compile", f"{what} does not support compile")
+        t = time.perf_counter()
+        fn()
+        log.info("engine.compile: %s.compile_forward() in %.1f s", name, time.perf_counter() - t)
+
+
+def timed_prompt(
+    decode: Any, p: Prompt, seed: int, repeats: int, baseline: bool, first_pair: int
+) -> tuple[list[GenerationResult], list[GenerationResult]]:
+    """Time one prompt ``repeats`` times: each repeat is a (baseline, method) pair, the baseline first when the
+    pair's global index (``first_pair`` + repeat) is even, so the order alternates ABBA. Every repeat of a side
+    must decode the same tokens (same seed); returns (method runs, baseline runs)."""
+    runs: list[GenerationResult] = []
+    bases: list[GenerationResult] = []
+    for r in range(repeats):
+        base_first = (first_pair + r) % 2 == 0
+        if baseline and base_first:
+            bases.append(decode(p, seed, False))
+        runs.append(decode(p, seed, True))
+        if baseline and not base_first:
+            bases.append(decode(p, seed, False))
+    for side, results in (("method", runs), ("baseline", bases)):
+        for r, res in enumerate(results[1:], 1):
+            if res.tokens != results[0].tokens:
+                raise RuntimeError(
+                    f"prompt {p.prompt_id}: timing repeat {r} of the {side} decoded other tokens than repeat 0 with "
+                    f"the same seed {seed}; timing.repeats needs a deterministic decode"
+                )
+    return runs, bases
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What one job's decode loop works with, fixed once the models are built: the composed config, where
+    results go, the target and the ``decode(prompt, seed, method)`` closure over it, the result store and
+    tracker, and what every summary records (choices, environment, prompt count, acceptance rule)."""
+
+    cfg: DictConfig
+    run_dir: Path
+    choices: dict[str, str]
+    target: Any
+    decode: Callable[[Prompt, int, bool], GenerationResult]
+    store: ResultStore
+    tracker: Any
+    env: dict[str, Any]
+    n_prompts: int
+    rule_name: str = "exact"
+
+    def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
+        """:func:`make_summary` of ``records`` for this job."""
+        return make_summary(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info)
+
+
+def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -> dict:
+    """Decode every unfinished prompt (baseline and method, ``timing.repeats`` times), commit its records, refresh
+    the summary; the load average is read just before and just after this timed work."""
+    from tqdm import tqdm
+
+    cfg, target, store, tracker, run_dir = ctx.cfg, ctx.target, ctx.store, ctx.tracker, ctx.run_dir
+    policy_name = str(cfg.policy.name)
+    repeats = timing_repeats(cfg)
+    records = [slim(r) for r in store.records()]
+    avg = load_average()
+    before = None if avg is None else avg[0]
+    run_info = {**run_info, "load_before": before, "load_after": None, "load_peak": load_peak(before, None)}
+    run_info["load_warning"] = load_warning(before, None, run_info["cpus_available"])
+    log.info("timed work: %d prompt(s) × %d repeat(s), %d torch thread(s), %d core(s), load average (1/5/15 min) %s",
+             len(todo), repeats, run_info["threads"], run_info["cpus_available"], avg)  # fmt: skip
+    if run_info["load_warning"]:
+        log.warning("%s", run_info["load_warning"])
+    last_summary = time.perf_counter()
+    for i, p in enumerate(tqdm(todo, desc=policy_name, disable=not cfg.progress, file=sys.stderr)):
+        seed = prompt_seed(int(cfg.seed), p.prompt_id)
+        runs, bases = timed_prompt(ctx.decode, p, seed, repeats, bool(cfg.baseline), i * repeats)
+        res = runs[0]
+        image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
+        trace = trace_record(p.prompt_id, res)
+        record = sample_record(p, seed, runs, bases or None)
+        store.commit(record, trace, image)
+        if cfg.get("maps") is not None and cfg.maps.get("per_image"):
+            from adtbench.harness.maps import write_sample_maps
+
+            write_sample_maps(run_dir, trace, target.layout)
+        records.append(slim(record))
+        if time.perf_counter() - last_summary > SUMMARY_EVERY_S:  # keep summary.json current, cheaply
+            store.write_summary(ctx.summary(records, run_info))
+            last_summary = time.perf_counter()
+        tracker.log_sample(record, trace, image)
+    avg = load_average()
+    after = None if avg is None else avg[0]
+    run_info |= {"load_after": after, "load_peak": load_peak(before, after)}
+    run_info["load_warning"] = load_warning(before, after, run_info["cpus_available"])
+    log.info("load average (1/5/15 min) after the timed work: %s", avg)
+    if run_info["load_warning"]:
+        log.warning("%s", run_info["load_warning"])
+    summary = ctx.summary(records, run_info)
+    store.write_summary(summary)
+    if cfg.get("maps") is not None and cfg.maps.get("per_run"):
+        from adtbench.harness.maps import write_run_maps
+
+        write_run_maps(run_dir, store.traces(), target.layout)
+    tracker.log_summary(summary)
+    return summary
+
+
+class RunDirLock:
+    """An exclusive ``fcntl.flock`` on ``<run_dir>/.adtbench.lock`` held until :meth:`release` (or process death).
+
+    Invariant: at most one adtbench job writes into a run dir. A second writer gets ``ConfigError`` naming the
+    dir and the holder's pid (written into the lock file); a lock left by a dead process is free again (the
+    kernel drops flocks with the process) and is taken over. Creating the dir fails with a ``ConfigError`` too
+    (e.g. ``hydra.run.dir`` names a file).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str], key: str = "hydra.run.dir") -> None:
+        self.run_dir = Path(os.path.abspath(run_dir))  # as Hydra names runtime.output_dir
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            what = "is a file" if self.run_dir.is_file() else f"cannot be created or written ({e.strerror})"
+            raise ConfigError(key, f"{self.run_dir} {what}; choose another run dir") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                key,
+                f"{self.run_dir} is in use by another adtbench job (pid {holder}); wait for it or choose another "
+                "run dir",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd: int | None = fd
+        _LOCKS[str(self.run_dir)] = self
+
+    def release(self) -> None:
+        """Unlock and close (idempotent); the lock file stays."""
+        if self.fd is not None:
+            _LOCKS.pop(str(self.run_dir), None)
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
+            self.fd = None
+
+
+_LOCKS: dict[str, RunDirLock] = {}  # run dirs this process holds (absolute path → lock)
+
+
+def _refuse(e: ConfigError, to_log: bool = True) -> None:
+    """The app's one-line config error (stderr, exit 2); ``to_log`` also writes it to the job log."""
+    if to_log:
+        log.error("config error: %s", e)
+    print(f"adtbench: config error: {e}", file=sys.stderr)
+    sys.exit(2)
+
+
+class RunDirGuard(Callback):
+    """Hydra callback (``conf/hydra/default.yaml``): lock the run dir before Hydra writes ``.hydra/`` into it and
+    release it after the job; check that a sweep dir can be created. Failures are one line, exit 2."""
+
+    def __init__(self) -> None:
+        self.lock: RunDirLock | None = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            self.lock = RunDirLock(str(config.hydra.run.dir))
+        except ConfigError as e:
+            _refuse(e, to_log=False)  # logging is not configured yet: stderr only
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        d = Path(str(config.hydra.sweep.dir))
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            what = "is a file" if d.is_file() else f"cannot be created ({e.strerror})"
+            _refuse(ConfigError("hydra.sweep.dir", f"{d.absolute()} {what}; choose another sweep dir"), to_log=False)
+
+
+CONF_DIR = str(conf_dir())  # the checkout's conf/, or the copy shipped in the wheel (adtbench.resources)
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> dict:
+    hc = HydraConfig.get()
+    try:
+        return run(cfg, Path(hc.runtime.output_dir), dict(hc.runtime.choices))
+    except ConfigError as e:
+        _refuse(e)

@@ -1,0 +1,214 @@
+"""File caches the harness keeps for the algorithm layer, which never touches files itself.
+
+- The **cost model** of ``budget: cost`` trees (``algorithm.cost.CostModel``): measured once per machine × model
+  × threads × torch version (``cost_key``; never the weights' values) and kept as
+  ``<paths.cache_dir>/cost/<sha256(key)[:16]>.json``; re-measured when the cached one covers too few nodes.
+  ``cost_source`` hands a policy's ``bind`` the callable that loads or measures it.
+- The **LANTERN neighbour table** (``algorithm.lantern.nearest_codes``): ``<lantern.cache_dir>/nn_<key>_k<k>.npy``,
+  keyed by the codebook bytes, k and ``normalize``; written atomically, so concurrent jobs never read half a table.
+- ``lantern_params`` / ``build_lantern_rule``: the ``lantern`` config node → a validated ``LanternRule``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from adtbench.algorithm.cost import CostModel, measure_cost, target_parameters
+from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.errors import ConfigError
+from adtbench.io import atomic_write_bytes, atomic_write_with
+from adtbench.resources import cpus_available
+
+log = logging.getLogger("adtbench")
+
+
+# --- the cost model --------------------------------------------------------------------------------------
+def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
+    """What the costs depend on (never the weights' values)."""
+    dev = target.device
+    return {
+        "target": type(target).__name__,
+        "hidden": int(target.hidden_size),
+        "heads": int(target.num_heads),
+        "kv_heads": int(target.num_kv_heads),
+        "intermediate": int(target.intermediate_size),
+        "params": int(sum(p.numel() for p in target_parameters(target))),
+        "drafter_layers": int(drafter.config.num_layers),
+        "gen_tokens": int(target.layout.num_gen_tokens),
+        "vocab": int(target.layout.vocab_size),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu:{_cpu_name()}",
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "rows": int(rows),
+        "torch": torch.__version__,
+    }
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def load_or_measure(
+    target: Any, drafter: Any, sp: Any, max_nodes: int, max_level: int, cache_dir: Path | None
+) -> CostModel:
+    """The cached cost model for this machine and model, measured (and cached) when absent or too small."""
+    rows = 2 if sp.use_cfg and target.supports_cfg else 1
+    key = cost_key(target, drafter, rows)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    path = None if cache_dir is None else Path(cache_dir) / "cost" / f"{digest}.json"
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            model = CostModel.from_json(data["model"])
+            if max(model.verify_nodes) >= max_nodes and max(model.level_nodes) >= max_level:
+                log.info("cost model: cached %s", path)
+                return model
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("cost model: ignoring unreadable cache %s (%s)", path, e)
+    t0 = time.perf_counter()
+    model = measure_cost(target, drafter, sp, max_nodes, max_level)
+    model.meta["key"] = key
+    cores = cpus_available()
+    load = model.meta.get("load")
+    if load is not None and load > cores:
+        log.warning("cost model measured under load %.1f > %d cores: its times may be inflated", load, cores)
+    log.info("cost model: measured in %.1f s (AR step %.2f ms)%s", time.perf_counter() - t0, model.step_ms,
+             f" → {path}" if path else "")  # fmt: skip
+    if path is not None:
+        atomic_write_bytes(path, json.dumps({"key": key, "model": model.to_json()}, indent=2).encode())
+    return model
+
+
+def cost_source(target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> Callable[[int, int], CostModel]:
+    """What ``TreePolicy.bind`` receives: ``(max_nodes, max_level) → CostModel`` for these models, cached."""
+    return lambda max_nodes, max_level: load_or_measure(target, drafter, sp, max_nodes, max_level, cache_dir)
+
+
+# --- LANTERN neighbour tables ----------------------------------------------------------------------------
+def table_key(codebook: torch.Tensor, k: int, normalize: bool) -> str:
+    """Cache key: sha256 of the codebook's shape, dtype and bytes, plus k and ``normalize``."""
+    cb = codebook.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{tuple(cb.shape)}|{cb.dtype}|k={k}|norm={bool(normalize)}|".encode())
+    h.update(cb.view(torch.uint8).numpy().tobytes() if cb.dtype == torch.bfloat16 else cb.numpy().tobytes())
+    return h.hexdigest()[:24]
+
+
+def load_or_build_table(
+    codebook: torch.Tensor, k: int, normalize: bool, cache_dir: str | os.PathLike[str] | None
+) -> tuple[torch.Tensor, Path | None, bool]:
+    """The neighbour table (``nearest_codes``), read from / written to ``cache_dir``; returns (table, file, hit)."""
+    if cache_dir is None:
+        return nearest_codes(codebook, k, normalize), None, False
+    path = Path(cache_dir) / f"nn_{table_key(codebook, k, normalize)}_k{k}.npy"
+    if path.exists():
+        table = torch.from_numpy(np.load(path).astype(np.int64, copy=False))
+        if table.shape == (codebook.shape[0], k):
+            return table, path, True
+        log.warning("ignoring LANTERN cache %s of shape %s", path, tuple(table.shape))
+    table = nearest_codes(codebook, k, normalize)
+    try:  # atomic: concurrent jobs never read half a table
+        atomic_write_with(path, lambda tmp: np.save(tmp, table.numpy()), suffix=".npy")
+    except OSError as e:  # validated with the config (config.check_writable_dir); this covers a full disk etc.
+        raise ConfigError("lantern.cache_dir", f"cannot write the neighbour table {path}: {e}") from e
+    return table, path, False
+
+
+# --- the rule --------------------------------------------------------------------------------------------
+
+
+# --- the lantern config node ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LanternParams:
+    k: int
+    delta: float | None
+    lam: float | None
+    normalize: bool
+    reference_residual: bool
+    cache_dir: str | None
+
+
+def lantern_params(node: Any) -> LanternParams:
+    """Validate the ``lantern`` config node (no model needed); ConfigError names the key."""
+
+    def get(key: str, default: Any = None) -> Any:
+        return node.get(key, default) if hasattr(node, "get") else default
+
+    k = get("k", 1000)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ConfigError("lantern.k", f"must be an integer ≥ 1, got {k!r}")
+    delta, lam = get("delta", 0.1), get("lam")
+    for key, v in (("delta", delta), ("lam", lam)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ConfigError(f"lantern.{key}", f"must be a number or null, got {v!r}")
+    if delta is None and lam is None:
+        raise ConfigError("lantern.delta", "LANTERN needs a bound: set lantern.delta (δ) and/or lantern.lam (λ)")
+    if delta is not None and not 0.0 <= delta <= 1.0:
+        raise ConfigError("lantern.delta", f"must be in [0, 1] (a total-variation bound), got {delta}")
+    if lam is not None and lam < 1.0:
+        raise ConfigError("lantern.lam", f"must be ≥ 1 (p̃(x) ≤ λ·p(x)), got {lam}")
+    flags = {}
+    for key in ("normalize", "reference_residual"):
+        v = get(key, False)
+        if not isinstance(v, bool):
+            raise ConfigError(f"lantern.{key}", f"must be true or false, got {v!r}")
+        flags[key] = v
+    cache = get("cache_dir")
+    return LanternParams(
+        k=k,
+        delta=None if delta is None else float(delta),
+        lam=None if lam is None else float(lam),
+        normalize=flags["normalize"],
+        reference_residual=flags["reference_residual"],
+        cache_dir=None if cache is None else str(cache),
+    )
+
+
+def build_lantern_rule(node: Any, target: Any) -> LanternRule:
+    """``LanternRule`` for ``target`` (its ``codebook()`` and ``layout``) from the ``lantern`` config node.
+
+    k is clamped to num_codes − 1 (k larger than that means "all other codes"); the reference residual needs
+    one more column. The table lives on the target's device.
+    """
+    params = lantern_params(node)
+    try:
+        codebook = target.codebook()
+    except RuntimeError as e:
+        raise ConfigError("lantern.enabled", str(e)) from e
+    layout = target.layout
+    if codebook.ndim != 2 or codebook.shape[0] != layout.num_codes:
+        raise ConfigError(
+            "lantern.enabled", f"codebook of shape {tuple(codebook.shape)} does not match {layout.num_codes} codes"
+        )
+    k = min(params.k, layout.num_codes - 1)
+    if k < params.k:
+        log.warning("lantern.k=%d > %d other codes: using k=%d", params.k, layout.num_codes - 1, k)
+    cols = min(k + 1, layout.num_codes - 1) if params.reference_residual else k
+    table, path, hit = load_or_build_table(codebook, cols, params.normalize, params.cache_dir)
+    log.info("LANTERN neighbours %s (%s)", path, "cache hit" if hit else "computed")
+    rule = LanternRule(
+        table.to(target.device),
+        layout.image_token_offset,
+        delta=params.delta,
+        lam=params.lam,
+        k=k,
+        reference_residual=params.reference_residual,
+    )
+    return rule

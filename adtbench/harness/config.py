@@ -1,0 +1,278 @@
+"""Config validation and component builders. Everything here runs before any model is built.
+
+Every error is a ``ConfigError`` naming the offending key (and the path, for files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from adtbench import resources
+from adtbench.algorithm.policies import POLICIES, Policy
+from adtbench.algorithm.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
+from adtbench.algorithm.sampling import check_number as _check_number
+from adtbench.algorithm.verify import EXACT, AcceptanceRule
+from adtbench.errors import ConfigError
+from adtbench.harness import schema
+from adtbench.harness.rundir import PLUMBING_KEYS
+
+PACKAGE_DIR = resources.PACKAGE_DIR
+PROJECT_ROOT = resources.project_root()  # the checkout holding conf/ (an installed wheel: the working directory)
+
+
+def register_resolvers() -> None:
+    """``${pkg:relative/path}`` → a file shipped inside the adtbench package; ``${project_root:}`` → the checkout
+    root (the folder holding ``conf/``), the default of ``paths.root_dir``."""
+    if not OmegaConf.has_resolver("pkg"):
+        OmegaConf.register_new_resolver("pkg", lambda rel: str(PACKAGE_DIR / rel))
+    if not OmegaConf.has_resolver("project_root"):
+        OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
+
+
+def _path_keys(node: Any, prefix: str) -> list[str]:
+    """Dotted keys of the string leaves under ``node`` named ``path`` or ``*_path`` (model, drafter, eval ...)."""
+    out: list[str] = []
+    if not isinstance(node, DictConfig):
+        return out
+    for k in node:
+        full = f"{prefix}.{k}"
+        if OmegaConf.is_missing(node, k):
+            continue
+        v = node._get_node(k)
+        if isinstance(v, DictConfig):
+            out += _path_keys(v, full)
+        elif (k == "path" or str(k).endswith("_path")) and isinstance(node[k], str):
+            out.append(full)
+    return out
+
+
+def resolve_paths(cfg: DictConfig) -> None:
+    """Resolve relative file paths against ``paths.root_dir`` in place, so commands work from any working dir.
+
+    ``dataset.path`` is always taken relative to the root (a prompt file is always local). Weight paths
+    (``path`` / ``*_path`` keys under ``model``, ``drafter`` and ``eval``) become ``root_dir/<value>`` only when that
+    exists; otherwise they are left for the loaders, which also look inside the model folder and on the
+    Hugging Face hub (a repo id such as ``leloy/Anole-7b-v0.1-hf`` stays a repo id). Absolute and ``~`` paths are
+    kept. Invariant: an existing path never changes meaning when run from the root itself.
+    """
+    root_value = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None
+    if root_value is None:
+        return
+    root = Path(str(root_value)).expanduser()
+
+    def rel(v: Any) -> bool:
+        return isinstance(v, str) and v not in ("", "???") and not v.startswith(("/", "~"))
+
+    d = cfg.get("dataset")
+    if isinstance(d, DictConfig) and not OmegaConf.is_missing(d, "path") and rel(d.get("path")):
+        d.path = str(root / str(d.path))
+    for group in ("model", "drafter", "eval"):
+        for key in _path_keys(cfg.get(group), group):
+            node, leaf = OmegaConf.select(cfg, key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1]
+            v = node[leaf]
+            if rel(v) and (root / v).exists():
+                node[leaf] = str(root / v)
+
+
+def _get(cfg: DictConfig, key: str) -> Any:
+    """``cfg[key]`` with a ConfigError (naming the key) for missing values."""
+    node: Any = cfg
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            raise ConfigError(key, "missing")
+        if OmegaConf.is_missing(node, part):
+            raise ConfigError(key, f"is required (value ???) — set it on the command line, e.g. {key}=...")
+        node = node[part]
+    return node
+
+
+def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
+    return _check_number(_get(cfg, key), key, kind, lo, hi)
+
+
+def build_policy(cfg: DictConfig) -> Policy:
+    """``POLICIES.build(policy.name, cfg.policy)``: the node is checked against its schema first
+    (``adtbench.harness.schema``); each policy's builder (in its own module) and constructor check values."""
+    name = str(_get(cfg, "policy.name"))
+    builder = POLICIES.get(name)  # unknown names: ConfigError naming ``policy`` and the known ones
+    schema.check_group(cfg, "policy")
+    node = OmegaConf.to_container(cfg.policy, resolve=True)
+    assert isinstance(node, dict)
+    return builder(node)
+
+
+def validate_model(cfg: DictConfig) -> None:
+    from adtbench.models.registry import FAMILIES, resolve_device, resolve_dtype
+
+    family = str(_get(cfg, "model.family"))
+    if family not in FAMILIES:  # checked without importing the family's adapter
+        FAMILIES.get(family)  # raises the registry's ConfigError naming model.family and the known families
+
+    dev = resolve_device(_get(cfg, "model.device"))  # accepts auto (cuda if available)
+    resolve_dtype(_get(cfg, "model.dtype"), dev)  # accepts auto (bf16 on GPU, fp32 on CPU)
+    if family == "mini":  # shipped-layout weights: check their headers and sizes before anything is read
+        from adtbench.io import check_weights
+
+        for key, files in (("model.path", ("gpt.safetensors", "text_encoder.safetensors")),
+                           ("model.vq_path", ("model.safetensors",))):  # fmt: skip
+            base = Path(str(_get(cfg, key)))
+            for f in files:
+                check_weights(key, base / f)
+
+
+def validate_drafter(cfg: DictConfig, policy: Policy) -> None:
+    kind = str(_get(cfg, "drafter.kind"))
+    if kind not in ("eagle", "none"):
+        raise ConfigError("drafter.kind", f"unknown drafter {kind!r}; choose eagle or none")
+    if policy.uses_drafter and kind == "none":
+        raise ConfigError("drafter", f"policy={policy.name} drafts a tree and needs a drafter (drafter=eagle)")
+    if kind == "eagle":
+        path = cfg.drafter.get("path")
+        if path is not None and not Path(str(path)).exists():
+            raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
+        if path is not None and policy.uses_drafter:  # its weights are read: check them first
+            from adtbench.io import check_weights
+
+            p = Path(str(path))
+            check_weights("drafter.path", p / "model.safetensors" if p.is_dir() else p)
+
+
+def check_writable_dir(key: str, value: Any) -> None:
+    """``value`` is (or can be created as) a directory this process can write a file into; else ConfigError.
+
+    Creates the directory (it is a cache the run would create anyway) and writes and removes a probe file, so a
+    read-only mount, a missing permission or a path under a regular file all fail here, before any model loads.
+    """
+    p = Path(str(value)).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=p):
+            pass
+    except OSError as e:
+        blocker = next((q for q in [p, *p.parents] if q.exists() and not q.is_dir()), None)
+        why = f"{blocker} is a file" if blocker is not None else (e.strerror or str(e))
+        raise ConfigError(key, f"cannot write into {p.absolute()} ({why}); set {key}=<a writable dir>") from e
+
+
+def validate_cache_dirs(cfg: DictConfig) -> None:
+    """The caches this run will write: ``lantern.cache_dir`` (with LANTERN on) and ``paths.cache_dir`` (cost
+    models, with a ``budget: cost`` policy)."""
+    lantern = cfg.get("lantern")
+    if isinstance(lantern, DictConfig) and bool(lantern.get("enabled", False)) and lantern.get("cache_dir"):
+        check_writable_dir("lantern.cache_dir", lantern.cache_dir)
+    paths = cfg.get("paths")
+    budget = cfg.policy.get("budget") if isinstance(cfg.get("policy"), DictConfig) else None
+    if str(budget) == "cost" and isinstance(paths, DictConfig) and paths.get("cache_dir"):
+        check_writable_dir("paths.cache_dir", paths.cache_dir)
+
+
+C2I_PROMPT = re.compile(r"\s*(\d+)")
+
+
+def check_prompts(cfg: DictConfig, prompts: list[Any]) -> None:
+    """Prompts the model cannot take, checked with the dataset (before any weights): a class-conditional LlamaGen
+    (``model.arch.model_type: c2i``) takes ImageNet class ids (``"207"`` or ``"207 golden retriever"``) in
+    ``0 .. num_classes − 1``. ``ConfigError("dataset", ...)`` names the first bad prompt id."""
+    m = cfg.get("model")
+    arch = m.get("arch") if isinstance(m, DictConfig) else None
+    if not isinstance(arch, DictConfig) or str(arch.get("model_type", "")) != "c2i":
+        return
+    n = int(arch.get("num_classes", 1000))
+    for p in prompts:
+        hit = C2I_PROMPT.match(p.text)
+        if hit is None or not 0 <= int(hit.group(1)) < n:
+            raise ConfigError(
+                "dataset",
+                f"prompt {p.prompt_id} ({p.text[:60]!r}) is not an ImageNet class id in 0..{n - 1}; "
+                f"model={m.get('name', 'c2i')} takes prompts like '207' or '207 golden retriever' "
+                "(e.g. dataset=inline dataset.text=207, or a text file of class ids)",
+            )
+
+
+def build_rule(cfg: DictConfig, target: Any) -> AcceptanceRule:
+    """The acceptance rule: exact unless ``lantern.enabled`` (relaxed acceptance, ``adtbench.algorithm.lantern``)."""
+    node = cfg.get("lantern")
+    if node is None or not bool(node.get("enabled", False)):
+        return EXACT
+    from adtbench.harness.caches import build_lantern_rule
+
+    return build_lantern_rule(node, target)
+
+
+def validate(cfg: DictConfig) -> tuple[SamplingParams, Policy]:
+    """Check everything that can be checked without weights. Returns the sampling params and the policy.
+
+    First the whole config against its typed schema (``adtbench.harness.schema.check``: unknown keys, types), then the
+    ranges and the cross-key rules below; every error is a ConfigError naming the key."""
+    schema.check(cfg)
+    _number(cfg, "seed", int)
+    _number(cfg, "warmup", int, lo=0)
+    _number(cfg, "max_tree_nodes", int, lo=1)
+    if cfg.get("threads") is not None:
+        _number(cfg, "threads", int, lo=1)
+    timing_repeats(cfg)
+    if engine_compile(cfg) and int(cfg.warmup) < 1:
+        raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
+    sp = build_sampling(_get(cfg, "sampling"))
+    policy = build_policy(cfg)
+    if cfg.get("lantern") is not None and bool(cfg.lantern.get("enabled", False)):
+        from adtbench.harness.caches import lantern_params
+
+        lantern_params(cfg.lantern)
+    validate_model(cfg)
+    validate_drafter(cfg, policy)
+    validate_cache_dirs(cfg)
+    from adtbench.harness.loops import check_loop_config
+
+    check_loop_config(cfg, policy)
+    return sp, policy
+
+
+def timing_repeats(cfg: DictConfig) -> int:
+    """``timing.repeats``: timed repetitions of each prompt (an integer ≥ 1; 1 without a ``timing`` node)."""
+    if cfg.get("timing") is None:
+        return 1
+    if not isinstance(cfg.timing, DictConfig):
+        raise ConfigError("timing", f"must be a mapping (timing.repeats=...), got {cfg.timing!r}")
+    return _number(cfg, "timing.repeats", int, lo=1)
+
+
+def engine_compile(cfg: DictConfig) -> bool:
+    """``engine.compile``: compile the target's (and drafter's) forward before warm-up (false without the node)."""
+    if cfg.get("engine") is None:
+        return False
+    if not isinstance(cfg.engine, DictConfig):
+        raise ConfigError("engine", f"must be a mapping (engine.compile=...), got {cfg.engine!r}")
+    v = cfg.engine.get("compile", False)
+    if not isinstance(v, bool):
+        raise ConfigError("engine.compile", f"must be true or false, got {v!r}")
+    return v
+
+
+def prompt_seed(base: int, prompt_id: str) -> int:
+    """Per-prompt seed: the first 60 bits of sha256(f"{base}:{prompt_id}") (stable under sharding/resume)."""
+    return int(hashlib.sha256(f"{base}:{prompt_id}".encode()).hexdigest()[:15], 16)
+
+
+RESUME_IGNORED = PLUMBING_KEYS  # keys a resume may change: the run directory's one list (adtbench.harness.rundir)
+
+
+def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
+    """The resolved config minus keys that may change between a run and its resume."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(data, dict)
+    data.pop("hydra", None)
+    for key in RESUME_IGNORED:
+        head, _, tail = key.partition(".")
+        if tail and isinstance(data.get(head), dict):
+            data[head].pop(tail, None)
+        elif not tail:
+            data.pop(head, None)
+    return json.loads(json.dumps(data, sort_keys=True, default=str))

@@ -1,0 +1,163 @@
+"""Running the selected metrics on a run dir (:func:`run_eval`) and the ``adtbench eval`` command (:func:`main`):
+results go to ``eval.json``, ``eval_samples.jsonl`` and ``summary.json["eval"]`` (package docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from adtbench.errors import ConfigError
+from adtbench.harness.eval.common import load_run_samples, node_get, pick_device, prompt_ids_digest
+from adtbench.harness.eval.context import EvalContext
+from adtbench.harness.eval.metrics import METRICS, validate
+from adtbench.harness.rundir import EVAL_FILE, EVAL_SAMPLES_FILE, SAMPLES_FILE, SUMMARY_FILE, to_jsonable
+from adtbench.io import atomic_write_text
+from adtbench.resources import conf_dir
+
+log = logging.getLogger("adtbench.harness.eval")
+
+
+def run_eval(
+    cfg: Any,
+    run_dir: str | os.PathLike[str],
+    target: Any = None,
+    inject: dict[str, Any] | None = None,
+    shared: dict[Any, Any] | None = None,
+) -> dict[str, Any]:
+    """Evaluate the run in ``run_dir`` with ``cfg.eval``; write ``eval.json``, ``eval_samples.jsonl`` and the
+    ``eval`` block of ``summary.json``; return the updated summary.
+
+    Args:
+        cfg: the composed config (``cfg.eval`` is used; ``paths`` only through interpolations).
+        run_dir: a job directory holding ``samples.jsonl`` and ``images/``.
+        target: the decoded target (its CUDA device is reused with ``eval.device=auto``).
+        inject: stand-in modules instead of loading weights (see :class:`EvalContext`).
+        shared: a dict reused across calls to keep loaded models (several run dirs in one process).
+    """
+    run = Path(run_dir)
+    names = validate(cfg, inject)
+    ecfg = cfg.eval
+    summary_path = run / SUMMARY_FILE
+    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if not names:
+        return summary
+    samples = load_run_samples(run)
+    cache = node_get(ecfg, "cache_dir")
+    ctx = EvalContext(
+        run_dir=run,
+        samples=samples,
+        device=pick_device(node_get(ecfg, "device", "auto"), target),
+        batch_size=int(node_get(ecfg, "batch_size", 32)),
+        cache_dir=None if cache is None else Path(str(cache)).expanduser(),
+        inject=dict(inject or {}),
+        memo=shared if shared is not None else {},
+    )
+    # features of generated images are per run: drop those of a previous run sharing the memo
+    for k in [k for k in ctx.memo if isinstance(k, tuple) and k and k[0] == "generated"]:
+        del ctx.memo[k]
+    block: dict[str, Any] = {
+        "kind": str(node_get(ecfg, "kind")),
+        "metrics": names,
+        "n_images": len(samples),
+        "prompt_ids": prompt_ids_digest([s.prompt_id for s in samples]),
+        "device": str(ctx.device),
+        "values": {},
+        "time_s": {},
+    }
+    per_prompt: dict[str, dict[str, float]] = {}
+    log.info("evaluating %d images of %s: %s", len(samples), run, ", ".join(names))
+    error: BaseException | None = None
+    for name in names if samples else []:
+        t0 = time.perf_counter()
+        try:
+            out = METRICS.build(name, ecfg, ctx)
+        except Exception as e:  # keep what finished, record the failure, then re-raise
+            block["error"] = {"metric": name, "type": type(e).__name__, "message": str(e)}
+            error = e
+            break
+        block["time_s"][name] = time.perf_counter() - t0
+        for entry, details in out.entries.items():
+            block[entry] = details
+            block["values"][entry] = details.get("value")
+        for col, vals in out.per_prompt.items():
+            for pid, v in vals.items():
+                per_prompt.setdefault(pid, {})[col] = v
+    if not samples:
+        block["skipped"] = f"no samples in {run / SAMPLES_FILE}"
+    block["complete"] = error is None and bool(samples)
+    summary["eval"] = block
+    rows = [{"prompt_id": s.prompt_id, **per_prompt[s.prompt_id]} for s in samples if s.prompt_id in per_prompt]
+    atomic_write_text(run / EVAL_SAMPLES_FILE, "".join(json.dumps(to_jsonable(r)) + "\n" for r in rows))
+    atomic_write_text(run / EVAL_FILE, json.dumps(to_jsonable(block), indent=2) + "\n")
+    atomic_write_text(summary_path, json.dumps(to_jsonable(summary), indent=2, ensure_ascii=False) + "\n")
+    if error is not None:
+        raise error
+    return summary
+
+
+def eval_line(summary: dict[str, Any]) -> str:
+    """One line with the evaluated values."""
+    vals = (summary.get("eval") or {}).get("values") or {}
+    parts = [f"{k}={v:.4g}" if isinstance(v, int | float) else f"{k}=exported" for k, v in vals.items()]
+    return "adtbench eval: " + (" ".join(parts) if parts else "nothing evaluated")
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """``root`` if it is a run dir, else every run dir (holding ``samples.jsonl``) below it, sorted."""
+    if (root / SAMPLES_FILE).exists():
+        return [root]
+    return sorted(p.parent for p in root.rglob(SAMPLES_FILE) if "export" not in p.parts)
+
+
+def main(args: list[str]) -> int:
+    """``adtbench eval <run_dir | tree> [overrides]``: evaluate existing run dir(s)."""
+    if not args or args[0] in ("-h", "--help") or args[0].find("=") >= 0:
+        print("usage: adtbench eval <run_dir | results tree> eval=<preset> [overrides]", file=sys.stderr)
+        return 2
+    from hydra import compose, initialize_config_dir
+
+    from adtbench.harness.config import register_resolvers
+
+    register_resolvers()
+    root, overrides = Path(args[0]), args[1:]
+    conf = str(conf_dir())
+    with initialize_config_dir(version_base="1.3", config_dir=conf):
+        cfg = compose("config", overrides=list(overrides))
+    runs = find_run_dirs(root)
+    if not runs:
+        print(f"adtbench eval: no run dir (with {SAMPLES_FILE}) at or under {root}", file=sys.stderr)
+        return 1
+    try:
+        if not validate(cfg):
+            print("adtbench eval: nothing to evaluate; choose a preset, e.g. eval=mini or eval=clip", file=sys.stderr)
+            return 2
+        shared: dict[Any, Any] = {}
+        for run in runs:
+            summary = run_eval(cfg, run, shared=shared)
+            print(f"{eval_line(summary)} -> {run}")
+            _log_to_tracker(cfg, run, summary, overrides)
+    except ConfigError as e:
+        print(f"adtbench: config error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _log_to_tracker(cfg: Any, run: Path, summary: dict[str, Any], overrides: list[str]) -> None:
+    """With ``logger=wandb``: one W&B run (job_type ``eval``, resumed on re-evaluation) per evaluated run dir;
+    ``overrides`` (this command's) tell whether ``logger.mode`` was set on the command line."""
+    if str(node_get(cfg, "logger.kind", "none")) == "none":
+        return
+    from adtbench.harness.tracking import build_logger, mode_on_cli
+
+    choices = dict(summary.get("choices") or {})
+    tracker = build_logger(cfg, run, choices, job_type="eval", mode_on_cli=mode_on_cli(overrides))
+    try:
+        tracker.log_summary(summary)
+    finally:
+        tracker.finish()

@@ -1,0 +1,288 @@
+"""The typed schema of the app's config: one dataclass per config group whose keys are fixed.
+
+Invariants:
+
+- Every key a yaml in ``conf/`` sets for these groups is a field here, with the yaml's default value and type;
+  a key the schema does not know, or a value OmegaConf cannot convert to the field's type, is a
+  ``ConfigError`` naming the full key (``policy.foo``, ``sampling.top_k``), raised by :func:`check` before any
+  model or file is touched.
+- Checking never changes the config: the composed ``DictConfig`` is resolved into a copy, merged into the
+  schema (``OmegaConf.structured`` + ``merge``) and the merge result is discarded, so run fingerprints,
+  ``summary.json`` and resume checks see exactly the values the user composed. Range checks (``top_p`` in
+  (0, 1], ``policy.depth ≥ 1`` …) stay with the builders (``config.build_sampling``, the policy
+  constructors), which also reject the strings OmegaConf would coerce (``"yes"`` → ``True``).
+- Open groups: ``model`` (each family has its own keys: ``arch``, ``vq``, ``text_encoder`` …; checked by the
+  family's loader), ``eval`` (metric-specific nodes; checked by ``adtbench.harness.eval.validate``), and the
+  ``hydra`` / ``bench`` nodes of the bench tools. ``policy`` is checked against the schema of its ``name``.
+
+Why one structured validation and not Hydra's ConfigStore schema matching: the app's contract for bad input
+is one line ``adtbench: config error: <key>: ...`` with exit 2 (tests/test_app.py, tests/test_user_faults.py);
+a ConfigStore schema fails inside Hydra's compose with a multi-line message and exit 1, every yaml in
+``conf/<group>/`` would need a ``defaults: [<schema>]`` entry, and the training stages compose other primary
+configs (``conf/train/*``, ``@package _global_``) that this schema does not describe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.errors import ConfigError
+
+__all__ = [
+    "POLICY_SCHEMAS",
+    "AdtConf",
+    "AppConf",
+    "ArConf",
+    "ChainConf",
+    "DatasetConf",
+    "DrafterConf",
+    "Eagle2Conf",
+    "EngineConf",
+    "LanternConf",
+    "LoggerConf",
+    "MapsConf",
+    "PathsConf",
+    "StaticConf",
+    "TimingConf",
+    "check",
+    "check_group",
+]
+
+
+@dataclass
+class ArConf:
+    name: str = "ar"
+
+
+@dataclass
+class ChainConf:
+    name: str = "chain"
+    depth: int = 5
+    draft_sampling: str = "topk"
+
+
+@dataclass
+class StaticConf:
+    name: str = "static"
+    tree: Any = "mc_sim_7b_63"  # a shape name or a list of child-rank paths
+    draft_sampling: str = "topk"
+
+
+@dataclass
+class Eagle2Conf:
+    name: str = "eagle2"
+    depth: int = 4
+    top_k: int = 10
+    total_tokens: int = 59
+    budget: str = "fixed"
+    calibrate: bool = True
+
+
+@dataclass
+class AdtConf:
+    name: str = "adt"
+    init: str = "horizontal"
+    read: str = "updated"
+    adapt: bool = True
+    alpha: str = "drafted"
+    beta: float = 0.5
+    l_d: int = 1
+    l_k: int = 2
+    halve_on_flip: bool = False
+    D0: int = 5
+    K0: int = 10
+    D_min: int = 2
+    D_max: int = 8
+    K_min: int = 4
+    K_max: int = 16
+    N_max: int = 58
+    budget: str = "cost"
+    calibrate: bool = True
+
+
+POLICY_SCHEMAS: dict[str, type] = {
+    "ar": ArConf, "chain": ChainConf, "static": StaticConf, "eagle2": Eagle2Conf, "adt": AdtConf,
+}  # fmt: skip
+
+
+@dataclass
+class LanternConf:
+    """``conf/lantern/{off,on}``: ``off`` sets only ``enabled``."""
+
+    enabled: bool = False
+    k: int = 1000
+    delta: float | None = 0.1
+    lam: float | None = None
+    normalize: bool = False
+    reference_residual: bool = False
+    cache_dir: str | None = None
+
+
+@dataclass
+class DatasetConf:
+    kind: str = "text"
+    path: str | None = None
+    text: str | None = None
+    limit: int | None = None
+    shard: str | None = None
+    caption: str = "first"
+
+
+@dataclass
+class DrafterConf:
+    """``conf/drafter/*``: ``none`` sets only ``kind``."""
+
+    kind: str = "eagle"
+    path: str | None = None
+    seed: int = 1
+    num_layers: int = 1
+    input_norm: bool = False
+    fc_bias: bool = True
+    init_std: float | None = None
+
+
+@dataclass
+class LoggerConf:
+    """``conf/logger/{none,wandb}``: ``none`` sets only ``kind``."""
+
+    kind: str = "none"
+    mode: str = "offline"
+    project: str = "adtbench"
+    entity: str | None = None
+    group: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+    log_images: bool = True
+    max_images: int = 16
+    system_stats: bool = True
+    console: str = "off"
+    silent: bool = True
+    init_timeout: float = 60
+
+
+@dataclass
+class MapsConf:
+    per_image: bool = False
+    per_run: bool = True
+
+
+@dataclass
+class PathsConf:
+    root_dir: str = "."
+    output_dir: str = "outputs"
+    cache_dir: str | None = None
+
+
+@dataclass
+class TimingConf:
+    repeats: int = 1
+
+
+@dataclass
+class EngineConf:
+    compile: bool = False
+
+
+@dataclass
+class AppConf:
+    """The top level of ``conf/config.yaml``; group nodes (and ``timing``, ``engine``) are checked by their own
+    schema (:data:`GROUPS`)."""
+
+    seed: int = 0
+    warmup: int = 1
+    baseline: bool = True
+    save_images: bool = True
+    progress: bool = True
+    max_tree_nodes: int = 256
+    threads: int | None = 1
+    timing: Any = None  # TimingConf (null: repeats 1)
+    engine: Any = None  # EngineConf (null: no compile)
+    model: Any = None  # open: family-specific keys
+    drafter: Any = None
+    policy: Any = None
+    lantern: Any = None
+    dataset: Any = None
+    sampling: Any = None
+    logger: Any = None
+    maps: Any = None
+    paths: Any = None
+    eval: Any = None  # open: checked by adtbench.harness.eval.validate
+    hydra: Any = None
+    bench: Any = None  # the bench tools' own options (adtbench.tools.bench)
+
+
+OPEN = ("model", "policy", "eval", "hydra", "bench")  # top-level nodes not checked by AppConf itself
+
+GROUPS: dict[str, type] = {
+    "sampling": SamplingParams, "lantern": LanternConf, "dataset": DatasetConf, "drafter": DrafterConf,
+    "logger": LoggerConf, "maps": MapsConf, "paths": PathsConf, "timing": TimingConf, "engine": EngineConf,
+}  # fmt: skip
+
+
+def _message(e: OmegaConfBaseException, schema: type) -> str:
+    if isinstance(e, ConfigKeyError):
+        return f"unknown key; known: {sorted(f.name for f in fields(schema))}"
+    return str(getattr(e, "msg", e)).splitlines()[0]
+
+
+def _merge(data: Any, schema: type, prefix: str) -> None:
+    """Merge ``data`` (plain containers) into ``schema``; any failure is a ConfigError naming the full key."""
+    try:
+        OmegaConf.merge(OmegaConf.structured(schema), data)
+    except OmegaConfBaseException as e:
+        key = str(getattr(e, "full_key", "") or "")
+        full = f"{prefix}.{key}" if prefix and key else (prefix or key or "config")
+        raise ConfigError(full, _message(e, schema)) from None
+
+
+def _plain(node: Any, key: str) -> Any:
+    """``node`` resolved into plain containers (an interpolation that cannot resolve names ``key``)."""
+    if not OmegaConf.is_config(node):
+        return node
+    try:
+        return OmegaConf.to_container(node, resolve=True)
+    except OmegaConfBaseException as e:
+        sub = str(getattr(e, "full_key", "") or "")
+        raise ConfigError(f"{key}.{sub}" if sub else key, str(getattr(e, "msg", e)).splitlines()[0]) from None
+
+
+def check_group(cfg: DictConfig, group: str) -> None:
+    """Check one group node of ``cfg`` against its schema (``policy``: the schema of ``policy.name``; a name
+    without a schema is left to the policy registry's error). Absent groups are not checked."""
+    node = cfg.get(group)
+    if node is None:
+        return
+    if not isinstance(node, DictConfig):
+        raise ConfigError(group, f"must be a mapping ({group}.<key>=...), got {node!r}")
+    data = _plain(node, group)
+    if group == "policy":
+        schema = POLICY_SCHEMAS.get(str(data.get("name")))
+        if schema is None:
+            return
+    else:
+        schema = GROUPS[group]
+    _merge(data, schema, group)
+
+
+def _top_value(cfg: DictConfig, key: str) -> Any:
+    if OmegaConf.is_missing(cfg, key):
+        return "???"
+    try:
+        value = cfg[key]
+    except OmegaConfBaseException as e:
+        raise ConfigError(key, str(getattr(e, "msg", e)).splitlines()[0]) from None
+    return _plain(value, key)
+
+
+def check(cfg: DictConfig) -> None:
+    """Check the composed app config: the top-level keys, then every group with a fixed schema (:data:`GROUPS`
+    and ``policy``). Raises ``ConfigError`` naming the first bad key."""
+    top = {k: None if k in GROUPS or k in OPEN else _top_value(cfg, str(k)) for k in cfg}
+    _merge(top, AppConf, "")
+    for group in (*GROUPS, "policy"):
+        check_group(cfg, group)

@@ -1,0 +1,431 @@
+"""Results tree → pandas → paper tables (markdown / LaTeX booktabs / CSV) with bootstrap confidence intervals.
+
+    adtbench table <results dir> [--by model,policy] [--metrics clip_score,fid] [--format md|latex|csv]
+                   [--n-boot 1000] [--ci 0.95] [--seed 0] [--digits 3] [--out FILE]
+
+Loading (:func:`load_tree`, through :mod:`adtbench.harness.rundir`: :func:`~adtbench.harness.rundir.find_runs` and its
+readers): every job dir under the root that holds ``summary.json`` — single runs,
+multirun jobs, shard runs, merged runs — becomes one row of ``runs``; its ``samples.jsonl`` lines (plus the
+per-prompt metrics of ``eval_samples.jsonl``) become rows of ``samples``. Files are only read. A merged run
+and the shards it was merged from describe the same samples: when both are in the tree the shards are
+dropped (``merge.json`` lists them). Runs of the same config (repeats, or the shards of a config without a
+merged run) are pooled.
+
+Aggregation (:func:`aggregate`), per group of runs (``--by``; default: the config choices and overrides that
+vary across the tree), over the pooled samples:
+
+- τ = Σ committed / Σ cycles, d̄ = Σ drafted depth / Σ cycles (``docs/algorithms.md`` §1.2);
+- speedup = Σ baseline latency / Σ method latency over samples with a baseline (= ratio of means);
+- latency = mean method latency per image (s);
+- a per-prompt metric (CLIP, HPS, aesthetic, mini agreement) = mean over images;
+- a set metric (FID, IS, precision, recall, ...) = its value (mean over runs when a group holds several).
+
+Confidence intervals: percentile bootstrap over prompts (``n_boot`` resamples, seed ``seed``) — prompts are
+resampled with all their samples (cluster bootstrap; with one sample per prompt this is the plain bootstrap of
+:func:`adtbench.harness.rundir.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
+are recomputed on each resample (ratio of resampled sums). Set metrics have no interval.
+
+Rendering (:func:`render`): a CI over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` (5) prompts is marked † (LaTeX
+``$^\\dagger$``) and explained in a footnote under the table; LaTeX text (row keys, column names) is escaped by
+pandas' own ``Styler`` escaping (``escape="latex"``; headers ``"latex-math"`` so ``$\\tau$`` labels survive);
+numeric columns are right-aligned (markdown ``---:``, LaTeX ``r``), row keys left-aligned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adtbench.harness.rundir import (
+    EVAL_FILE,
+    EVAL_SAMPLES_FILE,
+    MERGE_FILE,
+    PLUMBING_KEYS,
+    POOLED_KEYS,
+    SAMPLES_FILE,
+    SPEEDUP_CI_MIN_PROMPTS,
+    bootstrap_distribution,
+    find_runs,
+    is_plumbing,
+    lantern_choice,
+    merged_sources,
+    percentile_interval,
+    read_jsonl,
+    read_overrides,
+    read_run_config,
+    read_summary,
+)
+from adtbench.io import atomic_write_text
+
+CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling")
+#: overrides that never define a table row: run plumbing, and the keys whose runs are pooled (shards, seeds)
+IGNORED_OVERRIDES = PLUMBING_KEYS + POOLED_KEYS
+PER_PROMPT_METRICS = ("clip_score", "hpsv2", "hpsv21", "aesthetic", "mini_agreement")
+LOWER_IS_BETTER = {"fid", "mini_fid", "latency_s"}
+LABELS = {
+    "tau": ("τ", r"$\tau$"),
+    "d_bar": ("d̄", r"$\bar d$"),
+    "speedup": ("speedup (×)", r"Speedup ($\times$)"),
+    "latency_s": ("latency (s)", r"Latency (s)"),
+    "clip_score": ("CLIP", r"CLIP"),
+    "hpsv21": ("HPSv2.1", r"HPSv2.1"),
+    "hpsv2": ("HPSv2", r"HPSv2"),
+    "aesthetic": ("aesthetic", r"Aesthetic"),
+    "fid": ("FID", r"FID"),
+    "is": ("IS", r"IS"),
+    "precision": ("precision", r"Precision"),
+    "recall": ("recall", r"Recall"),
+    "mini_agreement": ("mini agreement", r"Mini agr."),
+    "mini_fid": ("mini FID", r"Mini FID"),
+}
+
+
+# ----------------------------------------------------------------------------------------------------
+# loading
+# ----------------------------------------------------------------------------------------------------
+
+
+def _config_id(run_dir: Path, summary: dict[str, Any]) -> str:
+    """Hash of the run's config without its shard (``run_config.json``; else the summary's choices/params)."""
+    cfg = read_run_config(run_dir)
+    if cfg is not None:
+        if isinstance(cfg.get("dataset"), dict):
+            cfg["dataset"].pop("shard", None)
+    else:
+        cfg = {k: summary.get(k) for k in ("choices", "policy_params", "sampling_params", "model", "policy")}
+        if isinstance(cfg.get("choices"), dict):
+            cfg["choices"] = {k: v for k, v in cfg["choices"].items() if not k.startswith("hydra")}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def load_tree(root: str | Path) -> tuple[Any, Any]:
+    """(``runs``, ``samples``) DataFrames of a results tree (module docstring).
+
+    ``runs``: one row per job dir — ``run_dir``, ``job``, ``config_id``, the choices (``model``, ``drafter``,
+    ``policy``, ``lantern``, ``dataset``, ``sampling``), ``shard``, ``merged``, ``n_samples``, ``n_prompts``,
+    ``complete``, ``tau``, ``d_bar``, ``d_bar_tree``, ``speedup``, ``latency_s``, ``baseline_latency_s``,
+    ``device``, one column per evaluated metric (``summary["eval"]["values"]``), ``ov.<key>`` per override.
+    ``samples``: one row per sample — ``run_dir``, ``config_id``, ``prompt_id``, ``seed``, ``committed``,
+    ``cycles``, ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``, ``baseline_latency_s``, ``tau``,
+    ``speedup``, and the per-prompt metrics of ``eval_samples.jsonl``.
+    """
+    import pandas as pd
+
+    dirs = find_runs(root)
+    superseded: set[str] = set()
+    for d in dirs:  # merged runs supersede their shard sources
+        superseded |= {str(src.resolve()) for src in merged_sources(d)}
+    run_rows, sample_rows = [], []
+    for d in dirs:
+        if str(d.resolve()) in superseded:
+            continue
+        s = read_summary(d)
+        cid = _config_id(d, s)
+        ev = s.get("eval") or {}
+        if not ev and (d / EVAL_FILE).exists():  # summary rewritten by a resume: the eval block, if still current
+            ev = json.loads((d / EVAL_FILE).read_text())
+            if ev.get("n_images") != s.get("n_samples"):
+                ev = {}
+        row: dict[str, Any] = {
+            "run_dir": str(d),
+            "job": d.name,
+            "config_id": cid,
+            **{c: s.get(c) if c != "lantern" else lantern_choice(s) for c in CHOICE_COLUMNS},
+            "shard": ((s.get("choices") or {}).get("dataset.shard")) or _shard_of(d),
+            "merged": (d / MERGE_FILE).exists(),
+            **{k: s.get(k) for k in ("n_samples", "n_prompts", "complete", "tau", "d_bar", "d_bar_tree")},
+            **{k: s.get(k) for k in ("speedup", "latency_s", "baseline_latency_s")},
+            "device": (s.get("env") or {}).get("gpu") or (s.get("env") or {}).get("device"),
+            **{k: v for k, v in (ev.get("values") or {}).items() if isinstance(v, int | float) or v is None},
+        }
+        row |= {f"ov.{k}": v for k, v in read_overrides(d).items()}
+        run_rows.append(row)
+        per_prompt = {r["prompt_id"]: r for r in read_jsonl(d / EVAL_SAMPLES_FILE)}
+        for rec in read_jsonl(d / SAMPLES_FILE):
+            srow = {"run_dir": str(d), "config_id": cid, "prompt_id": rec["prompt_id"]}
+            for k in ("seed", "committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s",
+                      "baseline_latency_s", "tau", "speedup"):  # fmt: skip
+                srow[k] = rec.get(k)
+            extra = per_prompt.get(rec["prompt_id"], {})
+            srow |= {k: v for k, v in extra.items() if k != "prompt_id"}
+            sample_rows.append(srow)
+    runs = pd.DataFrame(run_rows)
+    samples = pd.DataFrame(sample_rows)
+    if len(samples):
+        for k in ("committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s", "baseline_latency_s"):
+            samples[k] = pd.to_numeric(samples[k], errors="coerce")
+    return runs, samples
+
+
+def _shard_of(d: Path) -> str | None:
+    cfg = read_run_config(d)
+    return None if cfg is None else (cfg.get("dataset") or {}).get("shard")
+
+
+# ----------------------------------------------------------------------------------------------------
+# bootstrap over prompts
+# ----------------------------------------------------------------------------------------------------
+
+
+def cluster_bootstrap(
+    sums: np.ndarray, ratios: dict[str, tuple[int, int]], n_boot: int = 1000, ci: float = 0.95, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """Percentile CIs of ratio-of-sums statistics, resampling rows (prompts) of ``sums`` with replacement.
+
+    ``sums``: ``[P, k]`` per-prompt totals; ``ratios``: ``{name: (numerator column, denominator column)}``.
+    The one bootstrap of :func:`adtbench.harness.rundir.bootstrap_distribution` (one level: a prompt's samples are
+    already pooled into its row), so the resamples are exactly those of :func:`adtbench.harness.rundir.bootstrap_ci`.
+    """
+    if sums.shape[0] == 0:
+        return {name: (float("nan"), float("nan")) for name in ratios}
+    names = list(ratios)
+    num = [ratios[n][0] for n in names]
+    den = [ratios[n][1] for n in names]
+
+    def stat(x: np.ndarray) -> np.ndarray:  # [b, P, k] → [b, len(names)]
+        tot = x.sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return tot[:, num] / tot[:, den]
+
+    boots = bootstrap_distribution(np.asarray(sums, dtype=np.float64), stat, n_boot, seed, vectorized=True)
+    bounds = percentile_interval(boots.reshape(n_boot, len(names)), 1.0 - ci)
+    return {name: (float(lo), float(hi)) for name, (lo, hi) in zip(names, bounds)}
+
+
+def _varying(runs: Any, cols: Sequence[str]) -> list[str]:
+    return [c for c in cols if c in runs and runs[c].astype(str).nunique(dropna=False) > 1]
+
+
+def default_by(runs: Any) -> list[str]:
+    """Choice columns and override keys that vary across the runs (model and policy always shown)."""
+    ov = [c for c in runs.columns if c.startswith("ov.")]
+    ov = [c for c in ov if not is_plumbing(c[3:], pooled=True)]
+    group_choices = [c for c in ov if "." not in c[3:] and c[3:] in CHOICE_COLUMNS]
+    by = ["model", "policy", *_varying(runs, [c for c in CHOICE_COLUMNS if c not in ("model", "policy")])]
+    return by + [c for c in _varying(runs, ov) if c not in group_choices]
+
+
+def aggregate(
+    runs: Any,
+    samples: Any,
+    by: Sequence[str] | None = None,
+    metrics: Sequence[str] | None = None,
+    n_boot: int = 1000,
+    ci: float = 0.95,
+    seed: int = 0,
+) -> Any:
+    """One row per group of runs: ``n``, ``runs``, and for τ, d̄, speedup, latency and each metric the value
+    with ``<name>_lo`` / ``<name>_hi`` bootstrap bounds (NaN where not defined). See the module docstring."""
+    import pandas as pd
+
+    if len(runs) == 0:
+        return pd.DataFrame()
+    by = list(by) if by else default_by(runs)
+    missing = [c for c in by if c not in runs]
+    if missing:
+        raise KeyError(f"unknown --by column(s) {missing}; available: {sorted(runs.columns)}")
+    runs = runs.copy()
+    for c in by:
+        runs[c] = runs[c].astype(object).where(runs[c].notna(), "—")
+    metric_cols = list(metrics) if metrics is not None else _metric_columns(runs, samples)
+    rows = []
+    for key, grp in runs.groupby(by, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        row: dict[str, Any] = dict(zip(by, key))
+        smp = samples[samples["run_dir"].isin(grp["run_dir"])] if len(samples) else samples
+        row |= _group_stats(smp, grp, metric_cols, n_boot, ci, seed)
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    stats = [f"{m}{s}" for m in ("tau", "d_bar", "speedup", "latency_s", *metric_cols) for s in ("", "_lo", "_hi")]
+    return table[[*by, "n", "runs", *(c for c in stats if c in table)]]
+
+
+def _metric_columns(runs: Any, samples: Any) -> list[str]:
+    known = [*PER_PROMPT_METRICS, "fid", "is", "precision", "recall", "mini_fid", "mini_precision", "mini_recall"]
+    present = [m for m in known if (m in samples and samples[m].notna().any()) or (m in runs and runs[m].notna().any())]
+    other = [c for c in samples.columns if c not in present and c not in _SAMPLE_BASE and samples[c].dtype.kind == "f"]
+    return present + other
+
+
+_SAMPLE_BASE = {"run_dir", "config_id", "prompt_id", "seed", "committed", "cycles", "drafted_depth_sum",
+                "tree_depth_sum", "latency_s", "baseline_latency_s", "tau", "speedup"}  # fmt: skip
+
+
+def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: float, seed: int) -> dict[str, Any]:
+    nan = float("nan")
+    out: dict[str, Any] = {"n": int(smp["prompt_id"].nunique()) if len(smp) else 0, "runs": len(grp)}
+    if len(smp) == 0:
+        return out | {f"{k}{s}": nan for k in ("tau", "d_bar", "speedup", "latency_s") for s in ("", "_lo", "_hi")}
+    paired = smp["baseline_latency_s"].notna() & smp["latency_s"].notna()
+    cols = {
+        "committed": smp["committed"],
+        "cycles": smp["cycles"],
+        "dsum": smp["drafted_depth_sum"],
+        "base": smp["baseline_latency_s"].where(paired, 0.0),
+        "lat_p": smp["latency_s"].where(paired, 0.0),
+        "lat": smp["latency_s"],
+        "one": smp["latency_s"].notna().astype(float),
+    }
+    ratios = {"tau": ("committed", "cycles"), "d_bar": ("dsum", "cycles"), "speedup": ("base", "lat_p"),
+              "latency_s": ("lat", "one")}  # fmt: skip
+    per_prompt_metrics = [m for m in metric_cols if m in smp and smp[m].notna().any()]
+    for m in per_prompt_metrics:
+        ok = smp[m].notna()
+        cols[f"{m}:sum"] = smp[m].where(ok, 0.0).astype(float)
+        cols[f"{m}:n"] = ok.astype(float)
+        ratios[m] = (f"{m}:sum", f"{m}:n")
+    import pandas as pd
+
+    frame = pd.DataFrame({k: pd.to_numeric(v, errors="coerce").fillna(0.0) for k, v in cols.items()})
+    frame["prompt_id"] = smp["prompt_id"].to_numpy()
+    per_prompt = frame.groupby("prompt_id", sort=True).sum()  # cluster = prompt
+    names = list(per_prompt.columns)
+    sums = per_prompt.to_numpy(dtype=np.float64)
+    index = {n: i for i, n in enumerate(names)}
+    total = sums.sum(axis=0)
+    bounds = cluster_bootstrap(sums, {k: (index[a], index[b]) for k, (a, b) in ratios.items()}, n_boot, ci, seed)
+    for name, (a, b) in ratios.items():
+        den = total[index[b]]
+        out[name] = float(total[index[a]] / den) if den > 0 else nan
+        out[f"{name}_lo"], out[f"{name}_hi"] = bounds[name] if den > 0 else (nan, nan)
+    for m in metric_cols:  # set-level metrics from the runs' summaries
+        if m not in per_prompt_metrics and m in grp:
+            vals = pd.to_numeric(grp[m], errors="coerce").dropna()
+            out[m] = float(vals.mean()) if len(vals) else nan
+            out[f"{m}_lo"] = out[f"{m}_hi"] = nan
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# formatting
+# ----------------------------------------------------------------------------------------------------
+
+
+def _value_columns(table: Any) -> list[str]:
+    return [c for c in table.columns if f"{c}_lo" in table.columns]
+
+
+CAVEAT_MARK = ("†", r"$^\dagger$")  # (markdown, LaTeX)
+
+
+def caveat_note(latex: bool = False) -> str:
+    """The footnote explaining the caveat mark."""
+    mark = CAVEAT_MARK[1 if latex else 0]
+    return (
+        f"{mark} CI over fewer than {SPEEDUP_CI_MIN_PROMPTS} prompts: too few to resample, do not trust the interval."
+    )
+
+
+def _fmt(v: Any, lo: Any, hi: Any, digits: int, latex: bool, caveat: bool = False) -> str:
+    """``v [lo, hi]`` (LaTeX: the interval in ``\\scriptsize``), the CI followed by the caveat mark when
+    ``caveat``; ``—`` (LaTeX ``--``) for a missing value; no interval (and no mark) when lo/hi are missing."""
+    if v is None or (isinstance(v, float) and not np.isfinite(v)):
+        return "—" if not latex else "--"
+    s = f"{v:.{digits}f}"
+    if lo is not None and np.isfinite(lo) and np.isfinite(hi):
+        ci = f"[{lo:.{digits}f}, {hi:.{digits}f}]"
+        s += f" {{\\scriptsize {ci}}}" if latex else f" {ci}"
+        if caveat:
+            s += CAVEAT_MARK[1 if latex else 0]
+    return s
+
+
+def _is_numeric(col: Any) -> bool:
+    import pandas as pd
+
+    return bool(pd.api.types.is_numeric_dtype(col)) and not pd.api.types.is_bool_dtype(col)
+
+
+def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> str:
+    """The aggregated table as markdown (``md``), LaTeX booktabs (``latex``) or ``csv`` (raw numbers).
+
+    Row keys first (left-aligned), then the counts and every value column (right-aligned); CIs of groups with
+    fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark, explained under the table."""
+    import pandas as pd
+
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    latex = fmt == "latex"
+    vals = _value_columns(table)
+    rest = [c for c in table.columns if c not in vals and not c.endswith(("_lo", "_hi"))]
+    keys = [c for c in rest if not _is_numeric(table[c])]
+    counts = [c for c in rest if c not in keys]
+    few = (
+        pd.to_numeric(table["n"], errors="coerce").fillna(0).lt(SPEEDUP_CI_MIN_PROMPTS).to_numpy()
+        if "n" in table
+        else np.zeros(len(table), dtype=bool)
+    )
+    out = pd.DataFrame(index=range(len(table)))
+    for c in keys:
+        out[c[3:] if c.startswith("ov.") else c] = table[c].astype(str).to_numpy()
+    for c in counts:
+        out[c] = ["—" if pd.isna(v) else str(int(v)) if float(v).is_integer() else f"{v:g}" for v in table[c]]
+    marked = False
+    for c in vals:
+        label = LABELS.get(c, (c, c))[1 if latex else 0]
+        arrow = ("↓" if not latex else r"$\downarrow$") if c in LOWER_IS_BETTER else ""
+        cells = [
+            _fmt(v, lo, hi, digits, latex, bool(f))
+            for v, lo, hi, f in zip(table[c], table[f"{c}_lo"], table[f"{c}_hi"], few)
+        ]
+        marked |= any(CAVEAT_MARK[1 if latex else 0] in x for x in cells)
+        out[f"{label} {arrow}".strip()] = cells
+    n_left = len(keys)
+    if latex:
+        styler = out.style.hide(axis="index")
+        styler = styler.format(escape="latex", subset=list(out.columns[:n_left]))
+        styler = styler.format_index(escape="latex-math", axis=1)
+        body = styler.to_latex(hrules=True, column_format="l" * n_left + "r" * (len(out.columns) - n_left))
+        note = f"% mean [{100 * ci:.0f}% bootstrap CI over prompts]; needs \\usepackage{{booktabs}}"
+        foot = f"\\par\\smallskip{{\\footnotesize {caveat_note(True)}}}\n" if marked else ""
+        return f"{note}\n{body}{foot}".rstrip("\n")
+    align = ["left"] * n_left + ["right"] * (len(out.columns) - n_left)
+    note = (
+        f"\n\nValues: point estimate [{100 * ci:.0f}% bootstrap CI over prompts]; set metrics (FID, IS, P&R) have none."
+    )
+    if marked:
+        note += f"\n{caveat_note(False)}"
+    return out.to_markdown(index=False, colalign=align, disable_numparse=True) + note
+
+
+def main(args: list[str]) -> int:
+    """``adtbench table <dir>``: print a paper table of a results tree."""
+    ap = argparse.ArgumentParser(prog="adtbench table", description="Paper tables from a results tree.")
+    ap.add_argument("root", type=Path, help="results dir: a run, a multirun, shards, or any tree of them")
+    ap.add_argument("--by", default=None, help="comma-separated row keys (default: what varies across runs)")
+    ap.add_argument("--metrics", default=None, help="comma-separated metric columns (default: all evaluated)")
+    ap.add_argument("--format", choices=("md", "latex", "csv"), default="md")
+    ap.add_argument("--n-boot", type=int, default=1000)
+    ap.add_argument("--ci", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--digits", type=int, default=3)
+    ap.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+    ns = ap.parse_args(args)
+    if not 0 < ns.ci < 1 or ns.n_boot < 1:
+        print("adtbench table: need 0 < --ci < 1 and --n-boot >= 1", file=sys.stderr)
+        return 2
+    runs, samples = load_tree(ns.root)
+    if len(runs) == 0:
+        print(f"adtbench table: no summary.json under {ns.root}", file=sys.stderr)
+        return 1
+    by = ns.by.split(",") if ns.by else None
+    metrics = ns.metrics.split(",") if ns.metrics else None
+    try:
+        table = aggregate(runs, samples, by, metrics, ns.n_boot, ns.ci, ns.seed)
+    except KeyError as e:
+        print(f"adtbench table: {e.args[0]}", file=sys.stderr)
+        return 2
+    text = render(table, ns.format, ns.digits, ns.ci)
+    if ns.out is not None:
+        atomic_write_text(ns.out, text + "\n")
+        print(f"adtbench table: {len(table)} row(s) -> {ns.out}")
+    else:
+        print(text)
+    return 0

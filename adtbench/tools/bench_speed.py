@@ -1,0 +1,250 @@
+"""``adtbench bench speed``: the speed table — one app job per setting, each with its own AR baseline.
+
+    adtbench bench speed [bench.rows=[adt_cost,adt_fixed,...]] [bench.prompts=20] [bench.out=DIR]
+                         [bench.readme=README.md] [bench.reuse=true] [any app override, applied to every row]
+
+Every row runs ``adtbench run`` (the app, a fresh process) on the same ``bench.prompts`` held-out prompts of
+``dataset=mini`` (or the dataset given), timing the AR baseline in the same job as the method, so each speedup is a
+within-job ratio; each prompt is timed ``timing.repeats=2`` times (ABBA) unless the overrides say otherwise —
+with one repeat, ``policy=ar`` read 0.97–1.01 across four jobs on our idle 2-core machine. Rows run one after
+another; the table names the machine, the threads and the load averages
+before and after each job.
+
+Per row, from the job's ``summary.json`` and ``trace.jsonl``: τ, d̄, mean verified nodes per cycle, the speedup
+(ratio of total times) with its CI and the median of the per-prompt ratios, and a cost-model account of one
+cycle in AR steps: ``verify`` (the target forward over the cycle's nodes, t_verify(n̄)/t_step), ``draft`` (fixed
+per-cycle work + drafter levels, from the cost model), ``overhead`` (the measured cycle time minus both). The
+``bound`` is τ · t_step / (verify + draft): the speedup this τ would give with zero engine overhead. ``limit``
+names the largest of verify − 1 step, draft, overhead (what to cut next); where τ itself is below the cycle's
+model cost even at zero overhead, the bound says so.
+
+``bench.reuse=true`` re-renders the table from the jobs already in ``bench.out`` (no decoding). The table goes to
+``<out>/speed.md`` and ``<out>/speed.json`` and, with ``bench.readme``, between the
+``<!-- speed-table:start -->`` / ``<!-- speed-table:end -->`` markers of that file.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adtbench.io import atomic_write_json, atomic_write_text
+
+ROWS: dict[str, tuple[str, list[str]]] = {
+    "ar": ("policy=ar (sanity: must read 1.00)", ["policy=ar"]),
+    "adt_fixed": ("adt, fixed 58-node tree, T = 1, exact", ["policy=adt", "policy.budget=fixed"]),
+    "adt_cost": ("adt + budget: cost, T = 1, exact (the default run)", ["policy=adt", "policy.budget=cost"]),
+    "eagle2_cost": ("eagle2 + budget: cost, T = 1, exact", ["policy=eagle2", "policy.budget=cost"]),
+    "adt_cost_lantern": ("adt + budget: cost, T = 1, lantern=on", ["policy=adt", "policy.budget=cost", "lantern=on"]),
+    "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
+    "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
+}
+DEFAULT_ROWS = list(ROWS)
+DEFAULT_REPEATS = 2  # timing.repeats of every row (ABBA pairs per prompt), unless given
+START, END = "<!-- speed-table:start -->", "<!-- speed-table:end -->"
+
+
+def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """Split ``bench.*`` options from the app overrides applied to every row."""
+    opts: dict[str, Any] = {"rows": DEFAULT_ROWS, "prompts": 20, "out": None, "readme": None, "reuse": False}
+    rest = []
+    for a in args:
+        key, sep, value = a.partition("=")
+        if key.startswith("bench.") and sep:
+            name = key[len("bench.") :]
+            if name not in opts:
+                raise ValueError(f"bench.{name}: unknown option; known: {sorted(opts)}")
+            if name == "rows":
+                rows = [r.strip() for r in value.strip("[]").split(",") if r.strip()]
+                unknown = [r for r in rows if r not in ROWS]
+                if unknown or not rows:
+                    raise ValueError(f"bench.rows: unknown rows {unknown}; choose from {list(ROWS)}")
+                opts["rows"] = rows
+            elif name == "prompts":
+                opts["prompts"] = int(value)
+            elif name == "reuse":
+                opts["reuse"] = value.lower() in ("1", "true", "yes")
+            else:
+                opts[name] = value
+        else:
+            rest.append(a)
+    return opts, rest
+
+
+def run_row(name: str, overrides: list[str], common: list[str], out: Path) -> Path:
+    """One app job in a fresh process; returns its run dir."""
+    run_dir = out / name
+    cmd = [sys.executable, "-m", "adtbench.cli", "run", *overrides, *common, f"hydra.run.dir={run_dir}"]
+    print(f"bench speed: {name}: {' '.join(cmd[3:])}", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, text=True, capture_output=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"row {name} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return run_dir
+
+
+def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
+    """Figures of one job (module docstring); ``model`` is the machine's ``CostModel``."""
+    from adtbench.harness.rundir import TRACE_FILE, read_records, read_summary
+
+    s = read_summary(run_dir)
+    traces = read_records(run_dir, TRACE_FILE)
+    records = read_records(run_dir)
+    nodes = np.concatenate([np.asarray(t["nodes"], dtype=float) for t in traces]) if traces else np.zeros(0)
+    D = np.concatenate([np.asarray(t["D"], dtype=float) for t in traces]) if traces else np.zeros(0)
+    K = np.concatenate([np.asarray(t["K"], dtype=float) for t in traces]) if traces else np.zeros(0)
+    gen_tokens = len(records[0]["tokens"]) if records else 1
+    step_ms = 1e3 * float(s["baseline_latency_s"]) / gen_tokens  # one AR step, measured in this job
+    cycles = max(1, int(s["cycles_total"]))
+    cycle_ms = 1e3 * (float(s["latency_total_s"]) - sum(float(r.get("prefill_s") or 0.0) for r in records)) / cycles
+    f: dict[str, Any] = {
+        "tau": s["tau"],
+        "d_bar": s["d_bar"],
+        "nodes": float(nodes.mean()) if nodes.size else None,
+        "speedup": s["speedup"],
+        "speedup_ci": s.get("speedup_ci"),
+        "speedup_median": s.get("speedup_median", (s.get("speedup_per_prompt") or {}).get("median")),
+        "n": s["n_samples"],
+        "step_ms": step_ms,
+        "cycle_ms": cycle_ms,
+        "greedy_matches_baseline": s.get("greedy_matches_baseline"),
+        "load": s.get("load") or {k: s.get(k) for k in ("load_before", "load_after") if k in s},
+        "threads": (s.get("env") or {}).get("threads"),
+    }
+    if model is not None and nodes.size:
+        # model costs in ms, rescaled to this job's measured step (the model's absolute times may drift)
+        scale = step_ms / model.step_ms
+        verify = scale * float(np.mean(model.t_verify(nodes)))
+        levels = np.maximum(D - 1, 0) * np.array([model.t_level(int(k) if k > 0 else 1) for k in K])
+        drafts = bool(D.max() > 0)  # policy=ar drafts nothing: no fixed drafter work either
+        draft = scale * (model.fixed_ms + float(levels.mean())) if drafts else 0.0
+        f |= {
+            "verify_steps": verify / step_ms,
+            "draft_steps": draft / step_ms,
+            "overhead_steps": max(0.0, cycle_ms - verify - draft) / step_ms,
+            "bound": float(s["tau"]) * step_ms / (verify + draft),
+        }
+        terms = {"verify": f["verify_steps"] - 1.0, "draft": f["draft_steps"], "overhead": f["overhead_steps"]}
+        f["limit"] = max(terms, key=terms.__getitem__) if drafts else "–"  # AR: nothing to cut
+    return f
+
+
+def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
+    def num(v: Any, fmt: str) -> str:
+        return "–" if v is None else f"{v:{fmt}}"
+
+    lines = [
+        header,
+        "",
+        "| setting | τ | d̄ | nodes | speedup [95 % CI] | median | verify | draft | overhead | bound | limit | load |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for label, f in rows:
+        ci = f.get("speedup_ci")
+        sp = num(f["speedup"], ".2f") + "×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        load = f.get("load") or {}
+        lo = "/".join(num(load.get(k), ".1f") for k in ("load_before", "load_after") if k in load) or "–"
+        lines.append(
+            f"| {label} | {num(f['tau'], '.2f')} | {num(f['d_bar'], '.2f')} | {num(f['nodes'], '.1f')} | {sp} | "
+            f"{num(f['speedup_median'], '.2f')}× | {num(f.get('verify_steps'), '.2f')} | "
+            f"{num(f.get('draft_steps'), '.2f')} | {num(f.get('overhead_steps'), '.2f')} | "
+            f"{num(f.get('bound'), '.2f')}× | {f.get('limit', '–')} | {lo} |"
+        )
+    lines += [
+        "",
+        "verify / draft / overhead: one cycle's cost in AR steps (cost model; overhead = measured cycle − model). "
+        "bound: τ · step / (verify + draft), the speedup at zero engine overhead. load: 1-min load average "
+        "before/after the timed work.",
+    ]
+    return "\n".join(lines)
+
+
+def machine_header(prompts: int, common: list[str], measured: str | None = None, repeats: int = 1) -> str:
+    from adtbench.harness.caches import _cpu_name
+    from adtbench.resources import cpus_available
+
+    cores = cpus_available()
+    import torch
+
+    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU: {_cpu_name()}, {cores} cores"
+    extra = f", overrides: `{' '.join(common)}`" if common else ""
+    return (
+        f"**{dev}**, torch {torch.__version__}; {prompts} held-out prompts per row, each timed {repeats}× (ABBA); "
+        f"one job per row with the AR baseline timed in the same job{extra}; "
+        f"measured {measured or time.strftime('%Y-%m-%d')}."
+    )
+
+
+def write_readme(readme: Path, text: str) -> None:
+    content = readme.read_text()
+    if START not in content or END not in content:
+        raise ValueError(f"bench.readme: {readme} has no {START} … {END} markers")
+    head, _, rest = content.partition(START)
+    _, _, tail = rest.partition(END)
+    atomic_write_text(readme, f"{head}{START}\n{text}\n{END}{tail}")
+
+
+def main(args: list[str]) -> int:
+    try:
+        opts, rest = parse(args)
+    except ValueError as e:
+        print(f"adtbench: config error: {e}", file=sys.stderr)
+        return 2
+    common = [f"dataset.limit={opts['prompts']}", "save_images=false", "progress=false", *rest]
+    if not any(a.startswith("timing.repeats=") for a in rest):  # job-to-job drift is ±3 % at 1 repeat
+        common.insert(0, f"timing.repeats={DEFAULT_REPEATS}")
+    if not any(a.startswith("dataset=") for a in rest):
+        common.insert(0, "dataset=mini")
+    out = Path(opts["out"] or f"outputs/bench_speed/{time.strftime('%Y-%m-%d_%H-%M-%S')}")
+    out.mkdir(parents=True, exist_ok=True)
+    results: list[tuple[str, dict[str, Any]]] = []
+    model = machine_cost_model(common)
+    measured = None
+    for name in opts["rows"]:
+        label, overrides = ROWS[name]
+        if opts["reuse"]:  # re-render the table from the jobs already in ``out`` (no decoding)
+            run_dir = out / name
+            if not (run_dir / "summary.json").is_file():
+                print(f"adtbench: config error: bench.reuse: {run_dir} holds no finished job", file=sys.stderr)
+                return 2
+            measured = time.strftime("%Y-%m-%d", time.localtime((run_dir / "summary.json").stat().st_mtime))
+        else:
+            run_dir = run_row(name, overrides, common, out)
+        results.append((label, {"row": name, **row_figures(run_dir, model)}))
+    repeats = int(next(a for a in common if a.startswith("timing.repeats=")).split("=", 1)[1])
+    text = table(results, machine_header(opts["prompts"], rest, measured, repeats))
+    atomic_write_text(out / "speed.md", text + "\n")
+    atomic_write_json(out / "speed.json", [f for _, f in results], newline=False)
+    print(text)
+    if opts["readme"]:
+        write_readme(Path(opts["readme"]), text)
+    return 0
+
+
+def machine_cost_model(common: list[str]) -> Any:
+    """This machine's cost model for the rows' model (measured once, or read from ``paths.cache_dir``, the cache
+    the ``budget: cost`` rows then use), under the rows' thread count."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from adtbench.harness.app import CONF_DIR
+    from adtbench.harness.caches import load_or_measure
+    from adtbench.harness.config import register_resolvers, resolve_paths, validate
+    from adtbench.harness.drafters import build_drafter
+    from adtbench.models.registry import build_target
+
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=CONF_DIR):
+        cfg = compose("config", overrides=[*common, "policy=adt"])
+    resolve_paths(cfg)
+    sp, _ = validate(cfg)
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    target = build_target(cfg.model)
+    drafter = build_drafter(cfg.drafter, target)
+    cache = cfg.paths.get("cache_dir")
+    return load_or_measure(target, drafter, sp, 64, 16, None if cache is None else Path(str(cache)))
