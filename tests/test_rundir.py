@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import adtbench.harness.results as results
-import adtbench.harness.rundir as rundir
 from adtbench.harness.rundir import (
     PLUMBING_KEYS,
     POOLED_KEYS,
@@ -77,12 +75,6 @@ def test_append_line_fsync_appends_whole_lines_only(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------------------
 # rundir: names, keys, walker, readers
 # ----------------------------------------------------------------------------------------------------
-
-
-def test_results_is_a_re_export_of_rundir() -> None:
-    for name in ("ResultStore", "summarize", "bootstrap_ci", "bootstrap_distribution", "ratio_of_totals_ci",
-                 "percentile_interval", "to_jsonable", "SAMPLES_FILE", "SUMMARY_FILE", "TRACE_FILE"):  # fmt: skip
-        assert getattr(results, name) is getattr(rundir, name)
 
 
 def test_plumbing_keys_reconcile_the_resume_and_table_lists() -> None:
