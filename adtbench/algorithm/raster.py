@@ -28,6 +28,7 @@ class RasterCache:
     def __init__(self, num_slots: int) -> None:
         self.col_slot = np.zeros(0, dtype=np.int64)  # slot held by each generated column, feeding order
         self.latest = np.full(num_slots, -1, dtype=np.int64)  # newest column of each slot (−1: never fed)
+        self.live = np.zeros(0, dtype=bool)  # column is the newest of its slot (== latest[col_slot] == arange)
 
     @property
     def columns(self) -> int:
@@ -44,9 +45,12 @@ class RasterCache:
             raise ValueError("slots and real differ in length")
         if len(set(s[r].tolist())) != int(r.sum()):
             raise ValueError("two real tokens at one slot in one forward")
-        cols = np.arange(self.columns)
-        live = self.latest[self.col_slot] == cols  # the newest column of its slot
-        live &= ~np.isin(self.col_slot, s[r])  # superseded by a real token of this forward
+        live = self.live
+        superseded = self.latest[s[r]]  # the live column of each slot a real token of this forward re-feeds
+        superseded = superseded[superseded >= 0]
+        if superseded.size:
+            live = live.copy()
+            live[superseded] = False
         old = live[None, :] & (self.col_slot[None, :] < s[:, None])
         new = (r[None, :] & (s[None, :] < s[:, None])) | np.eye(s.size, dtype=bool)
         return torch.from_numpy(np.concatenate([old, new], axis=1))
@@ -55,6 +59,9 @@ class RasterCache:
         """Record the real tokens of a forward as new columns; returns their indices for ``Target.commit``."""
         keep = np.flatnonzero(np.asarray(real, dtype=bool))
         new_slots = np.asarray(slots, dtype=np.int64)[keep]
+        prev = self.latest[new_slots]
+        self.live[prev[prev >= 0]] = False
         self.latest[new_slots] = self.columns + np.arange(keep.size)
         self.col_slot = np.concatenate([self.col_slot, new_slots])
+        self.live = np.concatenate([self.live, np.ones(keep.size, dtype=bool)])
         return torch.from_numpy(keep)

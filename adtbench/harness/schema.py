@@ -105,8 +105,17 @@ class AdtConf:
     calibrate: bool = True
 
 
+@dataclass
+class ZiparConf:
+    """``policy=zipar``: ZipAR (spatially parallel decoding; no drafter, lossy unless ``window`` ≥ the row length)."""
+
+    name: str = "zipar"
+    window: int = 4  # w: row r + 1 starts once row r has w tokens (≥ row length: plain AR)
+
+
 POLICY_SCHEMAS: dict[str, type] = {
     "ar": ArConf, "chain": ChainConf, "static": StaticConf, "eagle2": Eagle2Conf, "adt": AdtConf,
+    "zipar": ZiparConf,
 }  # fmt: skip
 
 

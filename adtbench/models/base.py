@@ -181,10 +181,9 @@ class Target(ABC):
         n, L, P, R = tokens.numel(), self.length, self.prompt_cols, self.rows
         if allowed.shape != (n, L - P + n):
             raise ValueError(f"allowed must be [{n}, {L - P + n}], got {list(allowed.shape)}")
-        gen = allowed.to(dev)[None].expand(R, n, L - P + n)
+        # generated columns are always valid (``commit`` marks them), so only the prompt prefix needs ``valid``
         prefix = self.valid[:, None, :P].expand(R, n, P)
-        valid_gen = torch.cat([self.valid[:, None, P:L].expand(R, n, L - P), gen.new_ones(R, n, n)], dim=-1)
-        mask = self._attention_mask(torch.cat([prefix, gen & valid_gen], dim=-1))
+        mask = self._attention_mask(torch.cat([prefix, allowed.to(dev)[None].expand(R, n, L - P + n)], dim=-1))
         pos = self.gen_pos0[:, None] + slots.to(dev)[None]
         self.forwards += 1
         return self._forward(tokens.to(dev), mask, pos)
