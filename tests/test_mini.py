@@ -166,7 +166,8 @@ def test_model_card_is_generated_from_the_recorded_figures():
     """MODEL_CARD.md is exactly what ``report card`` renders from train_info.json + figures.json (no hand edits)."""
     import json
 
-    from adtbench.tools.train.report import FIGURES, render_card
+    from adtbench.tools.train.card import render_card
+    from adtbench.tools.train.figures import FIGURES
 
     assert (WEIGHTS / "MODEL_CARD.md").read_text() == render_card()
     figs = json.loads(FIGURES.read_text())
