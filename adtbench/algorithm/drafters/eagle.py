@@ -21,6 +21,7 @@ weights folded; ``adtbench.models.lean``). ``extend``/``expand`` build their mas
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -75,7 +76,17 @@ class EagleAttention(nn.Module):
             self.q_norm = HeadLayerNorm(c.num_heads, c.head_dim)
             self.k_norm = HeadLayerNorm(c.num_kv_heads, c.head_dim)
 
-    def forward(self, x, cos, sin, style, mask, cache: StaticKVCache, layer: int, start: int):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        style: str,
+        mask: torch.Tensor | None,
+        cache: StaticKVCache,
+        layer: int,
+        start: int,
+    ) -> torch.Tensor:
         R, n, _ = x.shape
         q, k = self.q_proj(x).view(R, n, self.h, self.d), self.k_proj(x).view(R, n, self.kv, self.d)
         if hasattr(self, "q_norm"):
@@ -88,7 +99,8 @@ class EagleAttention(nn.Module):
             k_all = k_all.repeat_interleave(self.h // self.kv, dim=1)
             v_all = v_all.repeat_interleave(self.h // self.kv, dim=1)
         out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask)
-        return self.o_proj(out.transpose(1, 2).reshape(R, n, -1))
+        out_proj: torch.Tensor = self.o_proj(out.transpose(1, 2).reshape(R, n, -1))
+        return out_proj
 
 
 class EagleMLP(nn.Module):
@@ -99,7 +111,8 @@ class EagleMLP(nn.Module):
         self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        y: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return y
 
 
 class EagleLayer(nn.Module):
@@ -111,10 +124,21 @@ class EagleLayer(nn.Module):
             self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
 
-    def forward(self, x, cos, sin, style, mask, cache, layer, start):
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        style: str,
+        mask: torch.Tensor | None,
+        cache: StaticKVCache,
+        layer: int,
+        start: int,
+    ) -> torch.Tensor:
         h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
         x = x + self.self_attn(h, cos, sin, style, mask, cache, layer, start)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
     def inference_weights(self) -> LayerWeights:
         """This layer in ``lean.decoder_layer`` form (q|k|v and gate|up fused, RMSNorm weights folded)."""
@@ -168,18 +192,20 @@ class EagleDrafter(InferenceWeights, nn.Module):
             cos, sin = self.rope.cos_sin(pos, x.dtype)
             for i, layer in enumerate(self.layers):
                 x = layer(x, cos, sin, self.rope.style, mask, self.cache, i, start)
-            return x
+            return cast(torch.Tensor, x)
         fc_t, fc_b, layers = self.inference_weights()
         R, m, _ = x.shape
         x2 = x.view(R * m, -1)
         x = (torch.mm(x2, fc_t) if fc_b is None else torch.addmm(fc_b, x2, fc_t)).view(R, m, -1)
         c = self.config
         tables = qkv_tables(self.rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
-        return stack_fn(self)(layers, None, 0.0, x, tables, self.rope.style, mask, self.cache, start)
+        return cast(
+            torch.Tensor, stack_fn(self)(layers, None, 0.0, x, tables, self.rope.style, mask, self.cache, start)
+        )
 
     def _build_inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, list[LayerWeights]]:
         b = None if self.fc.bias is None else self.fc.bias.detach()
-        return fold_t(self.fc.weight), b, [layer.inference_weights() for layer in self.layers]
+        return fold_t(self.fc.weight), b, [cast(EagleLayer, layer).inference_weights() for layer in self.layers]
 
     def compile_forward(self) -> None:
         """Run the inference layer stack through ``torch.compile`` (inductor, dynamic shapes) from now on."""
