@@ -17,17 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-ALGORITHM_LAYER = [
-    "adtbench/algorithm/engine.py",
-    "adtbench/algorithm/tree.py",
-    "adtbench/algorithm/verify.py",
-    "adtbench/algorithm/sampling.py",
-    "adtbench/algorithm/cost.py",
-    "adtbench/algorithm/drafters/session.py",
-    "adtbench/layout.py",
-    "adtbench/errors.py",
-    "adtbench/registry.py",
-]
+ALGORITHM_LAYER = ["adtbench/algorithm", "adtbench/layout.py", "adtbench/errors.py", "adtbench/registry.py"]
 
 
 def test_mypy_files_are_the_algorithm_layer() -> None:
@@ -43,4 +33,5 @@ def test_algorithm_layer_is_mypy_clean(request: pytest.FixtureRequest, tmp_path:
     cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(cache)]
     proc = subprocess.run([*cmd, *ALGORITHM_LAYER], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"no issues found in {len(ALGORITHM_LAYER)} source files" in proc.stdout
+    n = sum(len(list((ROOT / f).rglob("*.py"))) if (ROOT / f).is_dir() else 1 for f in ALGORITHM_LAYER)
+    assert f"no issues found in {n} source files" in proc.stdout
