@@ -38,7 +38,7 @@ def test_every_shipped_yaml_fits_its_schema(group):
         OmegaConf.merge(OmegaConf.structured(s), node)  # raises on an unknown key or a wrong type
 
 
-@pytest.mark.parametrize("name", ["ar", "chain", "static", "eagle2", "adt"])
+@pytest.mark.parametrize("name", ["ar", "chain", "static", "eagle2", "adt", "zipar", "mulo"])
 def test_policy_schema_defaults_are_the_yaml_defaults(name):
     node = OmegaConf.to_container(OmegaConf.load(CONF / "policy" / f"{name}.yaml"))
     assert dataclasses.asdict(schema.POLICY_SCHEMAS[name]()) == node

@@ -113,9 +113,30 @@ class ZiparConf:
     window: int = 4  # w: row r + 1 starts once row r has w tokens (≥ row length: plain AR)
 
 
+@dataclass
+class MuloConf:
+    """``policy=mulo``: MuLo-SD (low-resolution drafter + up-sampler, pooled threshold, local resampling)."""
+
+    name: str = "mulo"
+    drafter_model: str = "mini_lowres"  # a conf/model/<name>.yaml of the same family and codebook
+    drafter_overrides: Any = field(default_factory=dict)  # merged over that yaml (Tar: {detok: {file: …_256px.pth}})
+    upsampler: str = "learned"  # learned | bicubic | nearest
+    upsampler_path: str | None = "${pkg:weights/mini/upsampler}"  # learned U_r / D_r (config.json + safetensors)
+    downsampler: str = "learned"  # learned | bicubic | nearest (D_r of the committed prefix, block_rows < all)
+    block_rows: Any = "all"  # low-res rows drafted per cycle, or all
+    draft: str = "ar"  # ar | zipar: how the low-res drafter samples its rows
+    draft_window: int = 2  # ZipAR window of the drafter (draft=zipar)
+    rule: str = "pooled"  # pooled (MuLo-SD eq. 5, lossy) | exact (lossless control arm, raster rule)
+    tau: float = 0.3  # pooled threshold: accept iff p(x̃) + p(kNN_k(x̃)) ≥ tau
+    k: int = 10  # codebook neighbours pooled with the draft (LANTERN's table)
+    l: int = 1  # local expansion radius (eq. 6-7): (2l+1)² squares around rejections
+    resample: str = "sequential"  # sequential | islands
+    island_window: int | None = None  # ZipAR window inside an island (islands; None: raster order)
+
+
 POLICY_SCHEMAS: dict[str, type] = {
     "ar": ArConf, "chain": ChainConf, "static": StaticConf, "eagle2": Eagle2Conf, "adt": AdtConf,
-    "zipar": ZiparConf,
+    "zipar": ZiparConf, "mulo": MuloConf,
 }  # fmt: skip
 
 

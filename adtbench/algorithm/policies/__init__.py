@@ -2,7 +2,7 @@
 
 Importing the package registers every policy's builder in ``POLICIES`` (``policy.name``)."""
 
-from adtbench.algorithm.policies import adt, ar, eagle2, static, zipar
+from adtbench.algorithm.policies import adt, ar, eagle2, mulo, static, zipar
 from adtbench.algorithm.policies.base import POLICIES, LoopPolicy, Policy, TreePolicy
 
-__all__ = ["POLICIES", "LoopPolicy", "Policy", "TreePolicy", "adt", "ar", "eagle2", "static", "zipar"]
+__all__ = ["POLICIES", "LoopPolicy", "Policy", "TreePolicy", "adt", "ar", "eagle2", "mulo", "static", "zipar"]
