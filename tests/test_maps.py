@@ -23,6 +23,20 @@ def test_position_grids_assign_the_committing_cycle_and_drop_eol():
     assert g["width"].tolist() == [[10, 10, 10], [8, 12, 12]]
 
 
+def test_scattered_positions_of_loop_policies():
+    """ZipAR / MuLo-SD forwards finalise scattered indices (trace ``positions``): each gets its forward's values."""
+    trace = {
+        "pos": [1, 2, 4],
+        "a": [0, 2, 3],
+        "D": [0, 0, 0],
+        "K": [0, 0, 0],
+        "positions": [[1], [2, 5, 8], [3, 4, 6, 7]],
+    }
+    g = position_grids(trace, LAYOUT)  # index 0 came from the prefill: no forward finalised it
+    assert np.isnan(g["accept"][0, 0]) and g["accept"][0, 1:].tolist() == [1, 3]
+    assert g["accept"][1].tolist() == [4, 3, 4]  # indices 4, 5, 6 (3 and 7 are EOL, 8 the EOI)
+
+
 def test_uncovered_cells_are_nan_and_grey():
     g = position_grids({"pos": [0], "a": [1], "D": [3], "K": [4]}, LAYOUT)
     assert g["depth"][0].tolist() == [3, 3, 3] and np.isnan(g["depth"][1]).all()  # 0..1 + the final bonus 2

@@ -428,7 +428,7 @@ def records(log: list[_Forward]) -> list[CycleRecord]:
     """One ``CycleRecord`` per target forward after the prefill (module docstring)."""
     return [
         CycleRecord(min(f.finalised, default=f.first_fed), f.fed, f.drafted, 0, 0, len(f.finalised) - 1,
-                    {"phase": f.phase})
+                    {"phase": f.phase, "positions": sorted(f.finalised)})
         for f in log
     ]  # fmt: skip
 

@@ -18,6 +18,10 @@ import torch
 
 @dataclass
 class CycleRecord:
+    """One sequential target forward after the prefill: it finalised a + 1 tokens, generation indices
+    ``pos .. pos + a`` for the tree loop; loops that finalise scattered positions (ZipAR, MuLo-SD) list them in
+    ``extra["positions"]`` (the acceptance maps read it)."""
+
     pos: int  # generation index of the root
     nodes: int  # tree size, root included
     D: int  # drafted depth (sequential drafter levels)

@@ -257,7 +257,8 @@ def decode_plan(
     for fw in plan.forwards:
         zipar_forward(target, fw, tokens, sp, generator)
         m = len(fw.predict_list)
-        cycles.append(CycleRecord(fw.predict_list[0], len(fw.slot_list), 0, 0, 0, m - 1, {"temporary": fw.temporary}))
+        extra = {"temporary": fw.temporary, "positions": fw.predict_list}
+        cycles.append(CycleRecord(fw.predict_list[0], len(fw.slot_list), 0, 0, 0, m - 1, extra))
     latency = clock.now() - t0
     stats = {
         "target_forwards": len(plan.forwards),

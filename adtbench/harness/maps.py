@@ -7,7 +7,10 @@ generation index g commits g..g+a; each committed position gets that cycle's val
 - ``depth``: its drafted depth D;  ``width``: its width K.
 
 The last token of an image is the final bonus and no cycle root; it gets the values of the cycle that
-chose it (the last one). End-of-line/-image slots are dropped (grid_h × grid_w), cells no cycle covered
+chose it (the last one). Loop policies (ZipAR, MuLo-SD) finalise scattered positions: their trace lists them per
+forward (``positions``), and each listed position gets that forward's values (``accept`` = tokens the forward
+finalised: ZipAR's parallel rows; MuLo-SD's verify vs one per resample forward).
+End-of-line/-image slots are dropped (grid_h × grid_w), cells no cycle covered
 stay NaN (drawn grey). Per run, maps are the NaN-mean over prompts.
 
 Pictures: a fixed 5-anchor blue→green→yellow colormap over [min, max] of the map (the range is written
@@ -57,11 +60,12 @@ def position_grids(trace: dict[str, Any], layout: TokenLayout) -> dict[str, np.n
     grids = {kind: np.full((layout.grid_h, layout.grid_w), np.nan) for kind in KINDS}
     pos, acc = trace.get("pos", []), trace.get("a", [])
     depth, width = trace.get("D", []), trace.get("K", [])
+    scattered = trace.get("positions")  # loop policies: the indices each forward finalised
     n = layout.num_gen_tokens
     for i, (g, a) in enumerate(zip(pos, acc)):
         last = g + a + 1 if i == len(pos) - 1 else g + a  # the final bonus belongs to the last cycle
         values = {"accept": a + 1, "depth": depth[i], "width": width[i]}
-        for j in range(g, min(last, n - 1) + 1):
+        for j in scattered[i] if scattered is not None else range(g, min(last, n - 1) + 1):
             cell = layout.grid_position(j)
             if cell is not None:
                 for kind in KINDS:
