@@ -303,6 +303,16 @@ def test_summarize_two_prompts_exact() -> None:
     json.dumps(s, allow_nan=False)  # strict-JSON serialisable
 
 
+def test_speedup_with_encode_adds_each_sides_prompt_encoding() -> None:
+    """The wider timed scope (text encoder / Tar's LM + decode): Σ (B + B_enc) / Σ (L + L_enc)."""
+    s = summarize([dict(A, encode_s=1.0, baseline_encode_s=1.5), dict(B, encode_s=2.0, baseline_encode_s=0.5)])
+    assert s["encode_s"] == pytest.approx(1.5)
+    assert s["speedup_with_encode"] == pytest.approx((6.0 + 1.5 + 8.0 + 0.5) / (2.0 + 1.0 + 4.0 + 2.0))
+    assert s["speedup"] == pytest.approx(7.0 / 3.0)  # the decode-only scope is unchanged
+    s = summarize([A, B])  # records from before encode timing
+    assert s["encode_s"] is None and s["speedup_with_encode"] is None
+
+
 def test_summarize_partial_and_missing_baseline() -> None:
     C = _rec("C", cycles=20, committed=20, drafted_depth_sum=0, tree_depth_sum=0, latency_s=10.0,
              baseline_latency_s=None)  # fmt: skip

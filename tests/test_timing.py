@@ -316,3 +316,10 @@ def test_resume_of_a_run_dir_from_before_timing_and_engine(tmp_path: Path) -> No
     assert decode_in_process(out, "dataset.limit=2")["n_samples"] == 2  # the defaults match the old protocol
     with pytest.raises(ConfigError, match="timing"):
         decode_in_process(out, "dataset.limit=3", "timing.repeats=2")
+
+
+def test_prompt_encoding_is_timed_apart_and_in_the_wider_scope(tmp_path: Path) -> None:
+    s = decode_in_process(tmp_path / "e", "dataset.limit=2")
+    rec = lines(tmp_path / "e" / "samples.jsonl")[0]
+    assert rec["encode_s"] > 0 and rec["baseline_encode_s"] > 0 and s["encode_s"] > 0
+    assert s["speedup_with_encode"] is not None and s["speedup_with_encode"] > 0

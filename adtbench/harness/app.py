@@ -43,6 +43,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench.algorithm.engine import GenerationResult, decode_ar, generate
+from adtbench.algorithm.records import Clock
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
@@ -154,6 +155,8 @@ def sample_record(
         "baseline_target_forwards": None if base is None else base.target_forwards,
         "speedup": None if base_lat is None else base_lat / lat,
         "tokens_match_baseline": None if base is None else res.tokens == base.tokens,
+        "encode_s": _median([r.encode_s for r in runs]),
+        "baseline_encode_s": None if not bases else _median([b.encode_s for b in bases]),
         "stats": res.stats,
         "meta": prompt.meta,
     }
@@ -326,12 +329,16 @@ def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     use_cfg = sp.use_cfg and target.supports_cfg
     gen_device = target.device if target.device.type == "cuda" else torch.device("cpu")
 
+    clock = Clock(target.device)
+
     def decode(p: Prompt, seed: int, method: bool) -> GenerationResult:
+        t0 = clock.now()  # prompt encoding (text encoder; Tar's LM) is timed apart from latency_s
         inputs = target.encode_prompt(p.text, cfg=use_cfg)
+        encode_s = clock.now() - t0
         g = torch.Generator(device=gen_device).manual_seed(seed)
-        if method:
-            return generate(target, drafter, policy, inputs, sp, g, rule)
-        return decode_ar(target, inputs, sp, g)
+        res = generate(target, drafter, policy, inputs, sp, g, rule) if method else decode_ar(target, inputs, sp, g)
+        res.encode_s = encode_s
+        return res
 
     t_warm = time.perf_counter()
     if todo:

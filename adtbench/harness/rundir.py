@@ -158,6 +158,9 @@ class SampleRecord(TypedDict, total=False):
     tokens_match_baseline: bool | None
     latency_repeats_s: list[float]
     baseline_latency_repeats_s: list[float]
+    encode_s: float | None
+    baseline_encode_s: float | None
+    stats: dict[str, Any]
     image: str | None
 
 
@@ -198,6 +201,8 @@ class Summary(TypedDict, total=False):
     speedup_n: int
     speedup_ci_level: float
     speedup_ci_method: str
+    encode_s: float | None
+    speedup_with_encode: float | None
     speedup_ci_caveat: str | None
     timing_repeats: list[int] | None
     draft_s_total: float | None
@@ -588,7 +593,7 @@ def merged_sources(run_dir: str | os.PathLike[str]) -> list[Path]:
 # ----------------------------------------------------------------------------------------------------
 
 _REQUIRED = ("prompt_id", "cycles", "committed", "drafted_depth_sum", "tree_depth_sum", "latency_s")
-_OPTIONAL_NUM = ("draft_s", "verify_s", "target_forwards")
+_OPTIONAL_NUM = ("draft_s", "verify_s", "target_forwards", "encode_s", "baseline_encode_s")
 
 
 def _stats(x: Sequence[float]) -> tuple[float | None, float | None, float | None]:
@@ -673,6 +678,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
     cycles, committed, dsum, tsum, lat = [], [], [], [], []
     base_pairs: list[tuple[float, float]] = []  # (baseline, latency) for prompts with a baseline
+    enc_pairs: list[tuple[float, float]] = []  # the same with each side's prompt encoding added
     base_reps: list[list[float]] = []  # per paired prompt: its baseline repeats ...
     lat_reps: list[list[float]] = []  # ... and its method repeats (one each without timing.repeats)
     opt: dict[str, list[float | None]] = {k: [] for k in _OPTIONAL_NUM}
@@ -694,6 +700,9 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             if b == 0:
                 raise ValueError(f"record {rec['prompt_id']!r}: baseline_latency_s must be > 0")
             base_pairs.append((b, lt))
+            e, be = _num(rec, "encode_s", allow_none=True), _num(rec, "baseline_encode_s", allow_none=True)
+            if e is not None and be is not None:
+                enc_pairs.append((b + be, lt + e))
             base_reps.append(_repeats(rec, "baseline_latency_repeats_s", b))
             lat_reps.append(_repeats(rec, "latency_repeats_s", lt))
             if len(base_reps[-1]) != len(lat_reps[-1]):
@@ -767,6 +776,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     out["draft_frac"] = draft_total / lat_total if draft_total is not None else None
     out["verify_frac"] = verify_total / lat_total if verify_total is not None else None
     out["target_forwards_mean"] = fwd_total / len(records) if fwd_total is not None else None
+    enc_total = total("encode_s")
+    out["encode_s"] = enc_total / len(records) if enc_total is not None else None
+    out["speedup_with_encode"] = (  # the wider timed scope: prompt encoding (text encoder; Tar's LM) included
+        float(sum(b for b, _ in enc_pairs) / sum(lt for _, lt in enc_pairs))
+        if base_pairs and len(enc_pairs) == len(base_pairs)
+        else None
+    )
     return out
 
 
