@@ -16,6 +16,7 @@ run policy=zipar policy.window=2,4,8 hydra.sweep.dir="$OUT/zipar"
 run policy=ar,adt,eagle2 hydra.sweep.dir="$OUT/trees"
 run policy=adt,eagle2 lantern=on hydra.sweep.dir="$OUT/lantern"
 uptime
-.venv/bin/python analysis/plots.py "$OUT" --metric mini_agreement --by policy,policy.tau,policy.l,policy.upsampler,policy.resample,policy.window,lantern.enabled
-.venv/bin/adtbench table "$OUT" --format md --out "$OUT/table.md"
+.venv/bin/python analysis/plots.py "$OUT" --metric mini_agreement
+.venv/bin/adtbench table "$OUT" --format md --out "$OUT/table.md" \
+    --into README.md --into docs/mini_model.md --marker mulo-table
 cat "$OUT/table.md"

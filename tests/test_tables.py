@@ -112,6 +112,12 @@ def test_table_command_formats(tree, capsys):
     assert "\\toprule" in tex and "\\bottomrule" in tex and "tiny\\_llamagen" in tex and "$\\tau$" in tex
     assert main([str(tree), "--by", "nonexistent"]) == 2
     assert main([str(tree / "nothing-here")]) == 1
+    doc = tree.parent / "doc.md"
+    doc.write_text("# x\nbefore\n<!-- t:start -->\nold\n<!-- t:end -->\nafter\n")
+    assert main([str(tree), "--n-boot", "50", "--into", str(doc), "--marker", "t"]) == 0
+    new = doc.read_text()
+    assert new.startswith("# x\nbefore\n<!-- t:start -->\n| ") and new.endswith("<!-- t:end -->\nafter\n")
+    assert "old" not in new and main([str(tree), "--into", str(doc), "--marker", "nope"]) == 2
     from adtbench.cli import SUBCOMMANDS
 
     assert SUBCOMMANDS["table"] == "adtbench.reporting.tables"

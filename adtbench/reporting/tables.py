@@ -395,6 +395,17 @@ def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> st
     return out.to_markdown(index=False, colalign=align, disable_numparse=True) + note
 
 
+def write_between_markers(path: Path, marker: str, text: str) -> None:
+    """Replace what lies between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in ``path`` (atomic)."""
+    start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
+    content = Path(path).read_text()
+    if start not in content or end not in content:
+        raise ValueError(f"no {start} … {end} markers")
+    head, _, rest = content.partition(start)
+    _, _, tail = rest.partition(end)
+    atomic_write_text(path, f"{head}{start}\n{text}\n{end}{tail}")
+
+
 def main(args: list[str]) -> int:
     """``adtbench table <dir>``: print a paper table of a results tree."""
     ap = argparse.ArgumentParser(prog="adtbench table", description="Paper tables from a results tree.")
@@ -407,6 +418,10 @@ def main(args: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--digits", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+    ap.add_argument("--into", type=Path, action="append", default=[],
+                    help="also replace the text between <!-- MARKER:start --> and <!-- MARKER:end --> in this file "
+                         "(repeatable)")  # fmt: skip
+    ap.add_argument("--marker", default="table", help="the marker name of --into (default: table)")
     ns = ap.parse_args(args)
     if not 0 < ns.ci < 1 or ns.n_boot < 1:
         print("adtbench table: need 0 < --ci < 1 and --n-boot >= 1", file=sys.stderr)
@@ -423,6 +438,13 @@ def main(args: list[str]) -> int:
         print(f"adtbench table: {e.args[0]}", file=sys.stderr)
         return 2
     text = render(table, ns.format, ns.digits, ns.ci)
+    for doc in ns.into:
+        try:
+            write_between_markers(doc, ns.marker, text)
+        except (OSError, ValueError) as e:
+            print(f"adtbench table: --into {doc}: {e}", file=sys.stderr)
+            return 2
+        print(f"adtbench table: {len(table)} row(s) -> {doc} ({ns.marker})")
     if ns.out is not None:
         atomic_write_text(ns.out, text + "\n")
         print(f"adtbench table: {len(table)} row(s) -> {ns.out}")

@@ -180,12 +180,12 @@ def machine_header(prompts: int, common: list[str], measured: str | None = None,
 
 
 def write_readme(readme: Path, text: str) -> None:
-    content = readme.read_text()
-    if START not in content or END not in content:
-        raise ValueError(f"bench.readme: {readme} has no {START} … {END} markers")
-    head, _, rest = content.partition(START)
-    _, _, tail = rest.partition(END)
-    atomic_write_text(readme, f"{head}{START}\n{text}\n{END}{tail}")
+    from adtbench.reporting.tables import write_between_markers
+
+    try:
+        write_between_markers(readme, "speed-table", text)
+    except ValueError as e:
+        raise ValueError(f"bench.readme: {readme}: {e}") from None
 
 
 def main(args: list[str]) -> int:
