@@ -12,11 +12,14 @@ common=(dataset=mini dataset.limit=20 eval=mini threads=1 progress=false maps.pe
 run() { .venv/bin/adtbench run -m "$@" "${common[@]}"; }
 run policy=mulo policy.tau=0.1,0.3,0.6 policy.l=0,1,2 policy.upsampler=learned,bicubic \
     policy.resample=sequential,islands hydra.sweep.dir="$OUT/mulo"
+run policy=mulo policy.tau=0.1 policy.l=0 policy.resample=islands policy.upsampler=learned,bicubic policy.draft=zipar \
+    hydra.sweep.dir="$OUT/mulo_zipar_draft"                      # v2: the drafter ZipAR-parallel too
 run policy=zipar policy.window=2,4,8 hydra.sweep.dir="$OUT/zipar"
 run policy=ar,adt,eagle2 hydra.sweep.dir="$OUT/trees"
 run policy=adt,eagle2 lantern=on hydra.sweep.dir="$OUT/lantern"
 uptime
-.venv/bin/python analysis/plots.py "$OUT" --metric mini_agreement
+.venv/bin/python -m analysis.plots "$OUT" --metric mini_agreement
+cp "$OUT/speedup_vs_mini_agreement.png" docs/mulo_pareto.png
 .venv/bin/adtbench table "$OUT" --format md --out "$OUT/table.md" \
-    --into README.md --into docs/mini_model.md --marker mulo-table
+    --into docs/mini_model.md --marker mulo-table
 cat "$OUT/table.md"
