@@ -320,3 +320,26 @@ def test_taming_pickled_extras_raise_clear_error(tmp_path: Path) -> None:
     ok = tmp_path / "np.ckpt"
     torch.save({"state_dict": m.state_dict(), "best": np.float64(0.5), "args": argparse.Namespace(a=1)}, ok)
     assert load_taming_vqgan(ok, yml).codebook_size == 64
+
+
+def test_local_encoder_codes_a_flat_image_with_one_code_whatever_the_weights() -> None:
+    """``encoder: local`` (mini-model diagnosis: the official encoder's attention, GroupNorm and zero padding make a
+    flat colour many position-dependent codes): no image-wide path, so a flat image is one code everywhere."""
+    from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
+
+    kw = dict(codebook_size=64, codebook_embed_dim=4, z_channels=32, ch=32, ch_mult=(1, 2), num_res_blocks=1,
+              with_encoder=True)  # fmt: skip
+    flat = torch.zeros(3, 3, 32, 32)
+    for i, colour in enumerate(([0.8, -0.2, 0.1], [-0.9, -0.9, 0.7], [0.0, 0.5, -0.5])):
+        flat[i] = torch.tensor(colour)[:, None, None]
+    for seed in range(3):
+        local = LlamaGenVQModel.tiny_random(LlamaGenVQConfig(**kw, encoder="local"), seed)
+        with torch.no_grad():
+            codes = local.encode(flat)
+        assert all(row.unique().numel() == 1 for row in codes), codes
+        glob = LlamaGenVQModel.tiny_random(LlamaGenVQConfig(**kw), seed)  # negative control: borders differ
+        with torch.no_grad():
+            z = glob.encoder(flat)
+        assert not torch.allclose(z[:, :, 0, 0], z[:, :, 4, 4], atol=1e-4)
+    with pytest.raises(ValueError, match="encoder"):
+        LlamaGenVQConfig(**kw, encoder="nope")

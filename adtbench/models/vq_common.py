@@ -89,8 +89,25 @@ def swish(x: Tensor) -> Tensor:
     return x * torch.sigmoid(x)
 
 
-def make_norm(channels: int) -> nn.GroupNorm:
-    """GroupNorm(32 groups, eps 1e-6, affine); ``channels`` must be a multiple of 32."""
+class PixelNorm(nn.Module):
+    """Channel LayerNorm at each position (eps 1e-6, affine ``weight``/``bias`` like GroupNorm's): unlike
+    GroupNorm it uses no statistic of the rest of the image, so a block's output at a position depends only on
+    its receptive field (the ``local`` encoder)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(channels))
+        self.bias = nn.Parameter(torch.zeros(channels))
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.layer_norm(x.permute(0, 2, 3, 1), (x.shape[1],), self.weight, self.bias, 1e-6)
+        return y.permute(0, 3, 1, 2)
+
+
+def make_norm(channels: int, local: bool = False) -> nn.Module:
+    """GroupNorm(32 groups, eps 1e-6, affine) — ``channels`` a multiple of 32 — or, ``local``, ``PixelNorm``."""
+    if local:
+        return PixelNorm(channels)
     if channels % 32 != 0:
         raise ValueError(f"GroupNorm(32) needs a channel count divisible by 32, got {channels}")
     return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
@@ -104,15 +121,16 @@ class ResnetBlock(nn.Module):
     ``temb_channels=0``.)
     """
 
-    def __init__(self, in_ch: int, out_ch: int, dropout: float = 0.0) -> None:
+    def __init__(self, in_ch: int, out_ch: int, dropout: float = 0.0, local: bool = False) -> None:
         super().__init__()
         self.in_ch = in_ch
         self.out_ch = out_ch
-        self.norm1 = make_norm(in_ch)
-        self.conv1 = nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=1, padding=1)
-        self.norm2 = make_norm(out_ch)
+        pad = "replicate" if local else "zeros"
+        self.norm1 = make_norm(in_ch, local)
+        self.conv1 = nn.Conv2d(in_ch, out_ch, kernel_size=3, stride=1, padding=1, padding_mode=pad)
+        self.norm2 = make_norm(out_ch, local)
         self.dropout = nn.Dropout(dropout)
-        self.conv2 = nn.Conv2d(out_ch, out_ch, kernel_size=3, stride=1, padding=1)
+        self.conv2 = nn.Conv2d(out_ch, out_ch, kernel_size=3, stride=1, padding=1, padding_mode=pad)
         if in_ch != out_ch:
             self.nin_shortcut = nn.Conv2d(in_ch, out_ch, kernel_size=1, stride=1, padding=0)
 
@@ -165,12 +183,13 @@ class Upsample(nn.Module):
 class Downsample(nn.Module):
     """Stride-2 3×3 ``conv`` after asymmetric zero padding (right/bottom by 1): ``[B,C,H,W] -> [B,C,H/2,W/2]``."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, local: bool = False) -> None:
         super().__init__()
         self.conv = nn.Conv2d(channels, channels, kernel_size=3, stride=2, padding=0)
+        self.pad_mode = "replicate" if local else "constant"  # local: the border continues the image
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.pad(x, (0, 1, 0, 1), mode="constant", value=0.0))
+        return self.conv(F.pad(x, (0, 1, 0, 1), mode=self.pad_mode))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -209,8 +228,10 @@ def build_down_levels(
     dropout: float,
     attn_at: Callable[[int], bool],
     block_attr: str,
+    local: bool = False,
 ) -> tuple[list[ResLevel], int]:
-    """Encoder levels, full resolution first: level ``i`` has ``num_res_blocks`` residual blocks
+    """Encoder levels, full resolution first (``local``: ``PixelNorm`` and replicate padding, no attention):
+    level ``i`` has ``num_res_blocks`` residual blocks
     (``ch·in_mult[i] → ch·ch_mult[i]``), attention after each when ``attn_at(i)``, and a ``downsample`` unless it
     is the last. Returns the levels and the channel count they end at."""
     n = len(ch_mult)
@@ -222,12 +243,12 @@ def build_down_levels(
         block_in = ch * in_mult[i]
         block_out = ch * ch_mult[i]
         for _ in range(num_res_blocks):
-            level.blocks.append(ResnetBlock(block_in, block_out, dropout))
+            level.blocks.append(ResnetBlock(block_in, block_out, dropout, local))
             block_in = block_out
-            if attn_at(i):
+            if attn_at(i) and not local:
                 level.attn.append(AttnBlock(block_in))
         if i != n - 1:
-            level.downsample = Downsample(block_in)
+            level.downsample = Downsample(block_in, local)
         levels.append(level)
     return levels, block_in
 

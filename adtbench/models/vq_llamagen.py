@@ -77,6 +77,7 @@ class LlamaGenVQConfig:
     num_res_blocks: int = 2
     dropout: float = 0.0
     with_encoder: bool = False
+    encoder: str = "global"  # global (official: GroupNorm, zero padding, attention) | local (no image-wide path)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ch_mult", tuple(int(m) for m in self.ch_mult))  # lists from YAML/Hydra
@@ -84,6 +85,8 @@ class LlamaGenVQConfig:
             raise ValueError("ch_mult must be non-empty")
         if self.codebook_size <= 0 or self.codebook_embed_dim <= 0 or self.num_res_blocks <= 0:
             raise ValueError(f"invalid LlamaGenVQConfig: {self}")
+        if self.encoder not in ("global", "local"):
+            raise ValueError(f"encoder must be global or local, got {self.encoder!r}")
 
     @property
     def downsample_factor(self) -> int:
@@ -96,19 +99,29 @@ def _attn_at_lowest(n: int) -> Callable[[int], bool]:
 
 
 class LlamaGenEncoder(nn.Module):
-    """Images ``[B, 3, H, W]`` → features ``[B, z_channels, H/f, W/f]`` (``f = 2**(len(ch_mult)-1)``)."""
+    """Images ``[B, 3, H, W]`` → features ``[B, z_channels, H/f, W/f]`` (``f = 2**(len(ch_mult)-1)``).
+
+    ``encoder: local`` (not in the official model; the mini-model diagnosis): no attention (``mid`` = res, res),
+    ``PixelNorm`` instead of GroupNorm and replicate padding, so a code depends only on its receptive field and
+    never on where it sits: a flat image encodes to one code everywhere, whatever the weights (tested).
+    """
 
     def __init__(self, cfg: LlamaGenVQConfig, in_channels: int = 3) -> None:
         super().__init__()
-        n = len(cfg.ch_mult)
-        self.conv_in = nn.Conv2d(in_channels, cfg.ch, kernel_size=3, stride=1, padding=1)
+        n, local = len(cfg.ch_mult), cfg.encoder == "local"
+        pad = "replicate" if local else "zeros"
+        self.conv_in = nn.Conv2d(in_channels, cfg.ch, kernel_size=3, stride=1, padding=1, padding_mode=pad)
         levels, block_in = build_down_levels(
-            cfg.ch, cfg.ch_mult, cfg.num_res_blocks, cfg.dropout, _attn_at_lowest(n), "res"
+            cfg.ch, cfg.ch_mult, cfg.num_res_blocks, cfg.dropout, _attn_at_lowest(n), "res", local
         )
         self.conv_blocks = nn.ModuleList(levels)
-        self.mid = _mid(block_in, cfg.dropout)
-        self.norm_out = make_norm(block_in)
-        self.conv_out = nn.Conv2d(block_in, cfg.z_channels, kernel_size=3, stride=1, padding=1)
+        self.mid = (
+            nn.ModuleList([ResnetBlock(block_in, block_in, cfg.dropout, True) for _ in range(2)])
+            if local
+            else _mid(block_in, cfg.dropout)
+        )
+        self.norm_out = make_norm(block_in, local)
+        self.conv_out = nn.Conv2d(block_in, cfg.z_channels, kernel_size=3, stride=1, padding=1, padding_mode=pad)
 
     def forward(self, x: Tensor) -> Tensor:
         h = run_levels(self.conv_in(x), self.conv_blocks, "downsample")
