@@ -70,11 +70,12 @@ def scene_set(split: str, n: int, seed: int = 0) -> list[S.Scene]:
     return [s for _, s in S.iter_split(seed, split, n)]
 
 
-def load_vq_model() -> Any:
-    """The shipped tokenizer (``adtbench/weights/mini/vq``), eval mode, CPU."""
+def load_vq_model(path: str | Path | None = None) -> Any:
+    """The shipped tokenizer (``adtbench/weights/mini/vq``) or the one at ``path`` (a stage's ``final/``), eval mode,
+    CPU."""
     from adtbench.models.mini import load_vq
 
-    return load_vq(WEIGHTS / "vq")
+    return load_vq(Path(path) if path is not None else WEIGHTS / "vq")
 
 
 @torch.no_grad()
@@ -323,9 +324,10 @@ def codebook_geometry(vq: Any, patch: dict, colours: dict[str, tuple[int, int, i
     return out
 
 
-def vq_diagnosis(n: int = 256) -> dict:
-    """Part 1 (module docstring) on the first ``n`` held-out scenes."""
-    vq = load_vq_model()
+def vq_diagnosis(n: int = 256, vq_path: str | None = None) -> dict:
+    """Part 1 (module docstring) on the first ``n`` held-out scenes (``vq_path``: another tokenizer, e.g. a
+    retraining candidate; default the shipped one)."""
+    vq = load_vq_model(vq_path)
     sc = scene_set("heldout", n)
     images = S.render_batch(sc, 64)
     codes, mse = reconstruction(vq, images)
@@ -795,7 +797,7 @@ def main(args: list[str]) -> int:
     out = Path(kv.get("out", str(DEFAULT_OUT)))
     runs = {
         "data": lambda: data_diagnosis(),
-        "vq": lambda: vq_diagnosis(n),
+        "vq": lambda: vq_diagnosis(n, kv.get("vq_path")),
         "tokens": lambda: token_diagnosis(n, int(kv.get("train_n", 4000))),
         "ar": lambda: ar_diagnosis(n, int(kv.get("ar_train_n", 128)), cfg),
         "drafter": lambda: drafter_diagnosis(int(kv.get("drafter_n", 32)), int(kv.get("gen_n", 8)), cfg),
