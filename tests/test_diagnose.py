@@ -124,3 +124,20 @@ def test_ar_and_drafter_stats_ranges(vq, held) -> None:
     assert ((ds["accept"] >= 0) & (ds["accept"] <= 1 + 1e-5)).all()
     # one token drafted greedily (q one-hot at argmax) is accepted with prob p_max ≤ Σ min(p, q) when q = p
     assert (ds["pmax"] <= 1 + 1e-6).all() and ds["agree"].mean() > 0.1
+
+
+def test_vq_diagnosis_of_another_tokenizer(tmp_path) -> None:
+    """``what=vq vq_path=DIR`` diagnoses a retraining candidate: here a random local-encoder VQ saved in the
+    mini layout (config.json + model.safetensors), whose flat images are one code each by construction."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
+
+    cfg = json.loads((D.WEIGHTS / "vq" / "config.json").read_text()) | {"encoder": "local"}
+    model = LlamaGenVQModel.tiny_random(LlamaGenVQConfig(**cfg), 0)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
+    res = D.vq_diagnosis(4, str(tmp_path))
+    assert all(f["distinct"] == 1 for f in res["flat_images"].values()), res["flat_images"]
