@@ -293,6 +293,11 @@ def test_relative_paths_resolve_against_root_dir(tmp_path, monkeypatch):
     cfg = cfg_of("model=anole")  # a hub id stays a hub id
     resolve_paths(cfg)
     assert cfg.model.path == "leloy/Anole-7b-v0.1-hf"
+    (root / "up").mkdir()  # policy weight paths too (MuLo-SD's up-sampler, the drafter model's overrides)
+    cfg = cfg_of("policy=mulo", "policy.upsampler_path=up", "+policy.drafter_overrides.path=drafter")
+    resolve_paths(cfg)
+    assert cfg.policy.upsampler_path == str(root / "up")
+    assert cfg.policy.drafter_overrides.path == str(root / "drafter")
 
 
 # --- the printed line ----------------------------------------------------------------------------------------

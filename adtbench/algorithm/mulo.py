@@ -66,32 +66,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import expand_rejections, island_schedule, islands, pooled_accept
-from adtbench.algorithm.sampling import SamplingParams, next_token, process_logits
+from adtbench.algorithm.sampling import SamplingParams, check_number, next_token, process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_tree
 from adtbench.errors import ConfigError
 from adtbench.models.base import PromptInputs, Target
+from adtbench.models.resample import Resampler
 
 DRAFTS = ("ar", "zipar")
 RULES = ("pooled", "exact")
 RESAMPLES = ("sequential", "islands")
-
-
-class Resampler(Protocol):
-    """U_r / D_r on VQ code grids (no token offsets): ``up [h, w] → [h·r, w·r]``, ``down [H, W] → [H/r, W/r]``."""
-
-    r: int
-
-    def up(self, codes: torch.Tensor) -> torch.Tensor: ...
-
-    def down(self, codes: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass
@@ -129,10 +120,7 @@ class MuloParams:
 
 
 def _int(node: dict[str, Any], key: str, default: Any, lo: int) -> int:
-    v = node.get(key, default)
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        raise ConfigError(f"policy.{key}", f"must be an integer ≥ {lo}, got {v!r}")
-    return v
+    return int(check_number(node.get(key, default), f"policy.{key}", int, lo=lo))
 
 
 def _choice(node: dict[str, Any], key: str, default: str, choices: Sequence[str]) -> str:

@@ -36,49 +36,49 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
 
 
-def _path_keys(node: Any, prefix: str) -> list[str]:
-    """Dotted keys of the string leaves under ``node`` named ``path`` or ``*_path`` (model, drafter, eval ...)."""
-    out: list[str] = []
+def paths_root(cfg: DictConfig) -> Path | None:
+    """``paths.root_dir`` (``~`` expanded), or None when the config has none."""
+    value = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None
+    return None if value is None else Path(str(value)).expanduser()
+
+
+def _relative(v: Any) -> bool:
+    return isinstance(v, str) and v not in ("", "???") and not v.startswith(("/", "~"))
+
+
+def resolve_weight_paths(node: Any, root: Path) -> None:
+    """In place: every string leaf named ``path`` or ``*_path`` under ``node`` that is relative and exists under
+    ``root`` becomes ``root/<value>``; anything else (absolute, ``~``, a hub repo id, a file not under the root) is
+    left for the loaders. Used for the config's groups and for model nodes composed later (MuLo-SD's drafter)."""
     if not isinstance(node, DictConfig):
-        return out
+        return
     for k in node:
-        full = f"{prefix}.{k}"
         if OmegaConf.is_missing(node, k):
             continue
-        v = node._get_node(k)
-        if isinstance(v, DictConfig):
-            out += _path_keys(v, full)
-        elif (k == "path" or str(k).endswith("_path")) and isinstance(node[k], str):
-            out.append(full)
-    return out
+        if isinstance(node._get_node(k), DictConfig):
+            resolve_weight_paths(node[k], root)
+        elif (k == "path" or str(k).endswith("_path")) and _relative(node[k]) and (root / node[k]).exists():
+            node[k] = str(root / node[k])
 
 
 def resolve_paths(cfg: DictConfig) -> None:
     """Resolve relative file paths against ``paths.root_dir`` in place, so commands work from any working dir.
 
     ``dataset.path`` is always taken relative to the root (a prompt file is always local). Weight paths
-    (``path`` / ``*_path`` keys under ``model``, ``drafter`` and ``eval``) become ``root_dir/<value>`` only when that
-    exists; otherwise they are left for the loaders, which also look inside the model folder and on the
-    Hugging Face hub (a repo id such as ``leloy/Anole-7b-v0.1-hf`` stays a repo id). Absolute and ``~`` paths are
-    kept. Invariant: an existing path never changes meaning when run from the root itself.
+    (``path`` / ``*_path`` keys under ``model``, ``drafter``, ``eval`` and ``policy``) become ``root_dir/<value>``
+    only when that exists (``resolve_weight_paths``); otherwise they are left for the loaders, which also look
+    inside the model folder and on the Hugging Face hub (a repo id such as ``leloy/Anole-7b-v0.1-hf`` stays a repo
+    id). Absolute and ``~`` paths are kept. Invariant: an existing path never changes meaning when run from the
+    root itself.
     """
-    root_value = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None
-    if root_value is None:
+    root = paths_root(cfg)
+    if root is None:
         return
-    root = Path(str(root_value)).expanduser()
-
-    def rel(v: Any) -> bool:
-        return isinstance(v, str) and v not in ("", "???") and not v.startswith(("/", "~"))
-
     d = cfg.get("dataset")
-    if isinstance(d, DictConfig) and not OmegaConf.is_missing(d, "path") and rel(d.get("path")):
+    if isinstance(d, DictConfig) and not OmegaConf.is_missing(d, "path") and _relative(d.get("path")):
         d.path = str(root / str(d.path))
-    for group in ("model", "drafter", "eval"):
-        for key in _path_keys(cfg.get(group), group):
-            node, leaf = OmegaConf.select(cfg, key.rsplit(".", 1)[0]), key.rsplit(".", 1)[1]
-            v = node[leaf]
-            if rel(v) and (root / v).exists():
-                node[leaf] = str(root / v)
+    for group in ("model", "drafter", "eval", "policy"):
+        resolve_weight_paths(cfg.get(group), root)
 
 
 def _get(cfg: DictConfig, key: str) -> Any:

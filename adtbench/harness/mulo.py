@@ -50,8 +50,9 @@ def _plain(node: Any) -> Any:
 
 def drafter_node(cfg: DictConfig) -> DictConfig:
     """``conf/model/<policy.drafter_model>.yaml`` ⊕ ``policy.drafter_overrides``, with the target's dtype and device;
-    relative paths are taken against ``paths.root_dir`` when they exist there."""
-    from adtbench.harness.config import register_resolvers
+    relative ``path`` / ``*_path`` values are taken against ``paths.root_dir`` when they exist there
+    (``config.resolve_weight_paths``, as for the target's node)."""
+    from adtbench.harness.config import paths_root, register_resolvers, resolve_weight_paths
 
     register_resolvers()
     name = cfg.policy.get("drafter_model")
@@ -68,11 +69,9 @@ def drafter_node(cfg: DictConfig) -> DictConfig:
         node = OmegaConf.merge(node, over)
     assert isinstance(node, DictConfig)
     node.dtype, node.device = cfg.model.get("dtype", "auto"), cfg.model.get("device", "auto")
-    root = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None
-    for key in ("path", "vq_path"):
-        v = node.get(key)
-        if root is not None and isinstance(v, str) and not v.startswith(("/", "~")) and (Path(root) / v).exists():
-            node[key] = str(Path(root) / v)
+    root = paths_root(cfg)
+    if root is not None:
+        resolve_weight_paths(node, root)
     return node
 
 
@@ -111,12 +110,9 @@ def _codebook(node: DictConfig, key: str) -> tuple[Any, Any]:
 
 
 def _upsampler_path(cfg: DictConfig) -> Path | None:
+    """``policy.upsampler_path`` (relative values were resolved against ``paths.root_dir`` by ``resolve_paths``)."""
     v = cfg.policy.get("upsampler_path")
-    if v is None:
-        return None
-    p = Path(str(v)).expanduser()
-    root = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None
-    return Path(root) / p if root is not None and not p.is_absolute() else p
+    return None if v is None else Path(str(v)).expanduser()
 
 
 def check_mulo_config(cfg: DictConfig) -> None:
