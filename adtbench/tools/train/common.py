@@ -86,6 +86,12 @@ def seed_step(seed: int, step: int) -> None:
     np.random.seed(s % 2**32)
 
 
+def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+    """PSNR in dB of images in ``[−1, 1]`` (``a`` clamped; peak-to-peak 2): ``10 log10(4 / mse)``."""
+    mse = (a.clamp(-1, 1) - b).pow(2).mean().item()
+    return 10 * float(np.log10(4.0 / max(mse, 1e-12)))
+
+
 def lr_at(step: int, base: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
     """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio · base`` at ``total``."""
     if warmup > 0 and step < warmup:

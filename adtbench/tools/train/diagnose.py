@@ -180,7 +180,7 @@ def reconstruction(vq: Any, images: np.ndarray, bs: int = 32) -> tuple[np.ndarra
 
 
 def psnr_db(mse: float) -> float:
-    """PSNR (dB) for pixels in [-1, 1] (peak-to-peak 2), the convention of ``adtbench.tools.train.vq.psnr``."""
+    """PSNR (dB) for pixels in [-1, 1] (peak-to-peak 2), the convention of ``adtbench.tools.train.common.psnr``."""
     return 10 * math.log10(4.0 / max(mse, 1e-12))
 
 

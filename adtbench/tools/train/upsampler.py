@@ -72,15 +72,9 @@ from adtbench.models.resample import (
     quantize_latents,
 )
 from adtbench.scenes import caption_split, iter_split, render, sample_scene, to_tensor_range
-from adtbench.tools.train.common import export_dir, init_from, save_safetensors, stage_dir, step_rng, train_loop
+from adtbench.tools.train.common import export_dir, init_from, psnr, save_safetensors, stage_dir, step_rng, train_loop
 
 DECODE_INPUTS = ("straight_through", "continuous")
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR in dB of images in ``[−1, 1]`` (``a`` clamped; peak-to-peak 2): ``10 log10(4 / mse)``."""
-    mse = (a.clamp(-1, 1) - b).pow(2).mean().item()
-    return 10 * float(np.log10(4.0 / max(mse, 1e-12)))
 
 
 def save_nets(nets: ResampleNets, out: Path) -> None:

@@ -37,6 +37,7 @@ from adtbench.scenes import to_tensor_range
 from adtbench.tools.train.common import (
     export_dir,
     init_from,
+    psnr,
     save_safetensors,
     scene_pool,
     stage_dir,
@@ -73,12 +74,6 @@ def build_vq(cfg: DictConfig) -> LlamaGenVQModel:
     arch = LlamaGenVQConfig(**dict(cfg.arch), with_encoder=True)
     torch.manual_seed(int(cfg.seed))
     return LlamaGenVQModel(arch)
-
-
-def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
-    """PSNR in dB of images in [-1, 1] (peak-to-peak 2)."""
-    mse = (a.clamp(-1, 1) - b).pow(2).mean().item()
-    return 10 * float(np.log10(4.0 / max(mse, 1e-12)))
 
 
 def run(cfg: DictConfig) -> dict:
