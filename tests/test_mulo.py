@@ -96,6 +96,7 @@ def test_tau_zero_accepts_every_draft_in_one_forward_per_block(block_rows):
     grid = torch.tensor(res.tokens).view(4, 4)
     assert torch.equal(grid, Nearest(2).up(grid[::2, ::2]))  # the up-sampled drafts, untouched
     assert [c.extra["phase"] for c in res.cycles] == ["verify"] * blocks
+    assert res.encode_s > 0  # the drafter's own prompt encoding: timed, outside latency_s
     check_records(res, 16)
 
 
@@ -369,6 +370,7 @@ def test_app_end_to_end_on_the_mini_model(tmp_path):
     assert st["upsampler"] == ("learned" if learned else "nearest") and st["resample"] == "islands"
     assert rec[0]["committed"] == 255 and rec[0]["tau"] == pytest.approx(255 / rec[0]["cycles"])
     assert s["policy"] == "mulo" and s["policy_params"]["block_rows"] == 4 and s["speedup"] is not None
+    assert rec[0]["encode_s"] > 0  # target + drafter prompt encodings, outside latency_s
 
 
 def test_tiny_tar_end_to_end(tmp_path):

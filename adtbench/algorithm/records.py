@@ -42,7 +42,7 @@ class GenerationResult:
     target_forwards: int
     drafter_forwards: int
     stats: dict[str, Any] = field(default_factory=dict)  # loop-specific per-image counters (samples ``stats``)
-    encode_s: float = 0.0  # prompt encoding before the timed scope (text encoder; Tar's LM), set by the app
+    encode_s: float = 0.0  # prompt encoding outside the timed scope (text encoder; Tar's LM): the app's + the loop's
 
     @property
     def committed(self) -> int:

@@ -337,7 +337,7 @@ def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
         encode_s = clock.now() - t0
         g = torch.Generator(device=gen_device).manual_seed(seed)
         res = generate(target, drafter, policy, inputs, sp, g, rule) if method else decode_ar(target, inputs, sp, g)
-        res.encode_s = encode_s
+        res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)
         return res
 
     t_warm = time.perf_counter()
