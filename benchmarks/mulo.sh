@@ -3,14 +3,16 @@
 # tree methods (ADT, EAGLE-2, ± LANTERN) plus AR for reference — 20 held-out prompts, the AR baseline timed in every
 # job, eval=mini (caption agreement) for quality. Then the speed-vs-quality Pareto plot and the table.
 # Run on an idle machine (each summary records its load); extra arguments go to every job.
-#   benchmarks/mulo.sh [OUT=outputs/mulo_sweep] [key=value ...]
+#   [OUT=outputs/mulo_sweep] [TAUS=0.1,0.3,0.6] [LS=0,1,2] benchmarks/mulo.sh [key=value ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-outputs/mulo_sweep}
+TAUS=${TAUS:-0.1,0.3,0.6}   # MuLo-SD thresholds τ
+LS=${LS:-0,1,2}              # local expansion radii l
 uptime
 common=(dataset=mini dataset.limit=20 eval=mini threads=1 progress=false maps.per_run=false "$@")
 run() { .venv/bin/adtbench run -m "$@" "${common[@]}"; }
-run policy=mulo policy.tau=0.1,0.3,0.6 policy.l=0,1,2 policy.upsampler=learned,bicubic \
+run policy=mulo policy.tau=$TAUS policy.l=$LS policy.upsampler=learned,bicubic \
     policy.resample=sequential,islands hydra.sweep.dir="$OUT/mulo"
 run policy=mulo policy.tau=0.1 policy.l=0 policy.resample=islands policy.upsampler=learned,bicubic policy.draft=zipar \
     hydra.sweep.dir="$OUT/mulo_zipar_draft"                      # v2: the drafter ZipAR-parallel too

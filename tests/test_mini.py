@@ -3,6 +3,7 @@ drafter and evaluator carry real signal."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -177,3 +178,23 @@ def test_model_card_is_generated_from_the_recorded_figures():
         (p, lan) for p in ("chain", "static", "eagle2", "adt") for lan in ("on", "off")
     }
     assert all(r["n"] >= 20 and r["tau"] >= 1.0 for r in rows)
+
+
+def test_evaluator_rescore_against_another_tokenizer(tmp_path):
+    """``report evaluator`` after a tokenizer change: the held-out stats are re-measured through the given VQ and
+    merged into train_info.json; the training record is kept and the VQ named (a copy, not the shipped file)."""
+    import shutil
+
+    from adtbench.tools.train.evaluator import rescore
+
+    ev = tmp_path / "evaluator"
+    shutil.copytree(WEIGHTS / "evaluator", ev)
+    info = json.loads((ev / "train_info.json").read_text())
+    info["config"]["eval_count"] = 16
+    info["agreement_vq_recon"] = -1.0  # stale marker
+    (ev / "train_info.json").write_text(json.dumps(info))
+    stats = rescore(ev, WEIGHTS / "vq")
+    new = json.loads((ev / "train_info.json").read_text())
+    assert 0.0 <= stats["agreement_vq_recon"] <= 1.0 and new["agreement_vq_recon"] == stats["agreement_vq_recon"]
+    assert new["heldout_scenes"] == 16 and new["steps"] == info["steps"] and new["final"] == info["final"]
+    assert new["rescored_vq"]["path"] == str(WEIGHTS / "vq") and len(new["rescored_vq"]["sha256"]) == 12

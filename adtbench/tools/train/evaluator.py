@@ -13,6 +13,7 @@ Evaluation (``final/train_info.json``): per-attribute accuracy and mean caption 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -135,4 +136,24 @@ def evaluate(model: MiniEvaluator, cfg: DictConfig) -> dict:
 
         rec = to_uint8_images(vq.decode_codes(codes, g, g).float())
         stats["agreement_vq_recon"] = float(np.mean(model.score(rec, captions)))
+    return stats
+
+
+def rescore(weights: Path, vq_path: Path) -> dict:
+    """Re-measure a trained evaluator's held-out statistics (:func:`evaluate`) against the tokenizer at ``vq_path``
+    — after the tokenizer changed, its ``agreement_vq_recon`` is stale — and merge them into
+    ``weights/train_info.json`` (training fields kept; ``rescored_vq`` names the tokenizer and its weights hash)."""
+    import hashlib
+
+    from adtbench.models.mini_evaluator import load_mini_evaluator
+
+    info_path = weights / "train_info.json"
+    info = json.loads(info_path.read_text())
+    cfg = OmegaConf.create(info["config"])
+    cfg.vq_path = str(vq_path)
+    stats = evaluate(load_mini_evaluator(str(weights)).eval(), cfg)
+    info.update(stats)
+    digest = hashlib.sha256((vq_path / "model.safetensors").read_bytes()).hexdigest()[:12]
+    info["rescored_vq"] = {"path": str(vq_path), "sha256": digest}
+    atomic_write_json(info_path, info)
     return stats

@@ -4,6 +4,7 @@
     python -m adtbench.tools.train.report grid [out=docs/mini_samples.png] [n=8]
     python -m adtbench.tools.train.report sweep DIR      # τ / d̄ / speedup rows of a `run.py -m` sweep
     python -m adtbench.tools.train.report card           # regenerate adtbench/weights/mini/MODEL_CARD.md
+    python -m adtbench.tools.train.report evaluator      # re-measure the evaluator against the shipped VQ
 
 ``ratios``, ``grid`` and ``sweep`` also store what they measured in ``adtbench/weights/mini/figures.json``
 (with the machine and thread count); ``card`` renders the model card from the stages' ``train_info.json``
@@ -29,7 +30,7 @@ from adtbench.tools.train.figures import ROOT, WEIGHTS, cost_ratios, load_models
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("ratios", "grid", "sweep", "card"):
+    if not args or args[0] not in ("ratios", "grid", "sweep", "card", "evaluator"):
         print(__doc__)
         return 2
     pos = [a for a in args[1:] if "=" not in a]
@@ -52,6 +53,11 @@ def main(args: list[str]) -> int:
         rows = sweep_rows(Path(pos[0]))
         store_figure(f"sweep_{kv.get('name', 'main')}", {"command": kv.get("command", ""), "rows": rows})
         print(json.dumps(rows, indent=1))
+    elif args[0] == "evaluator":  # after a tokenizer change: its agreement through the VQ is stale
+        from adtbench.tools.train.evaluator import rescore
+
+        stats = rescore(WEIGHTS / "evaluator", Path(kv.get("vq_path", str(WEIGHTS / "vq"))))
+        print(json.dumps(stats, indent=1))
     else:
         atomic_write_text(WEIGHTS / "MODEL_CARD.md", render_card())
     return 0
