@@ -129,3 +129,17 @@ def test_static_tree_topk_any_width():
 def test_tree_rejects_bad_parents():
     with pytest.raises(ValueError):
         DraftTree(tokens=torch.tensor([1, 2]), parents=[-1, 1], drafted_depth=1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 10_000), st.sampled_from([torch.float32, torch.float64]))
+def test_host_ranking_is_torch_stable_sort(seed, dtype):
+    """The tree builder ranks drafter log-probs with a stable numpy argsort on a host copy: the same order as a
+    stable descending ``torch.sort`` (ties toward the lower token id, −inf last), whatever the ties."""
+    from adtbench.algorithm.policies.eagle2 import _desc_stable
+
+    g = torch.Generator().manual_seed(seed)
+    lp = torch.randint(-6, 1, (4, 64), generator=g).to(dtype) / 2  # many exact ties
+    lp[torch.rand(4, 64, generator=g) < 0.2] = float("-inf")
+    ref = torch.sort(lp, dim=-1, descending=True, stable=True).indices
+    assert (torch.from_numpy(_desc_stable(lp.numpy())) == ref).all()

@@ -104,6 +104,13 @@ class TreeBudget:
         self.calibrate = calibrate
         self.predicted = 0.0
         self.accepted = 0.0
+        self._tv = np.zeros(0)  # t_verify(1 … len) tabulated (grown on demand: one np.interp per size, not per call)
+
+    def _t_verify_upto(self, n: int) -> np.ndarray:
+        """``t_verify(1 … n)`` as an array."""
+        if self._tv.size < n:
+            self._tv = np.asarray(self.model.t_verify(np.arange(1, max(n, 2 * self._tv.size) + 1)), dtype=np.float64)
+        return self._tv[:n]
 
     @property
     def c(self) -> float:
@@ -119,7 +126,7 @@ class TreeBudget:
     def best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float]:
         """(N, rate) maximising ``rate(N)`` over N = 0 … len(pi_sorted) (ties → the smaller N)."""
         gain = 1.0 + self.c * np.concatenate([[0.0], np.cumsum(pi_sorted)])
-        rate = gain / (spent_ms + self.model.t_verify(np.arange(1, gain.size + 1)))
+        rate = gain / (spent_ms + self._t_verify_upto(gain.size))
         n = int(np.argmax(rate))
         return n, float(rate[n])
 
@@ -127,7 +134,7 @@ class TreeBudget:
         """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""
         n, rate = self.best(pi_sorted, spent_ms)
         gain = 1.0 + self.c * float(pi_sorted[:n].sum())
-        t_more = spent_ms + self.model.t_level(frontier) + float(self.model.t_verify(n + 1 + frontier))
+        t_more = spent_ms + self.model.t_level(frontier) + float(self._t_verify_upto(n + 1 + frontier)[-1])
         return (gain + self.c * frontier_pi) / t_more > rate
 
     def observe(self, predicted: float, accepted: int) -> None:

@@ -70,7 +70,7 @@ class DraftSession:
 
     @torch.no_grad()
     def expand(
-        self, parents: torch.Tensor | list[int], tokens: torch.Tensor | list[int]
+        self, parents: np.ndarray | torch.Tensor | list[int], tokens: torch.Tensor | list[int]
     ) -> tuple[list[int], torch.Tensor]:
         """Add node ``i`` = child ``tokens[i]`` of ``parents[i]``; return the new ids and log-probs ``[m, V]``."""
         par = parents.cpu().numpy() if isinstance(parents, torch.Tensor) else np.asarray(parents, dtype=np.int64)
