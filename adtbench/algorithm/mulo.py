@@ -499,4 +499,4 @@ def decode_mulo(
     return GenerationResult(
         list(side.vals), cycles, latency, t_prefill, draft_s, verify_s, target.forwards, drafter_total, out,
         encode_s=t0 - te,
-    )
+    )  # fmt: skip
