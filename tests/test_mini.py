@@ -197,4 +197,4 @@ def test_evaluator_rescore_against_another_tokenizer(tmp_path):
     new = json.loads((ev / "train_info.json").read_text())
     assert 0.0 <= stats["agreement_vq_recon"] <= 1.0 and new["agreement_vq_recon"] == stats["agreement_vq_recon"]
     assert new["heldout_scenes"] == 16 and new["steps"] == info["steps"] and new["final"] == info["final"]
-    assert new["rescored_vq"]["path"] == str(WEIGHTS / "vq") and len(new["rescored_vq"]["sha256"]) == 12
+    assert new["rescored_vq"]["path"] == "${pkg:weights/mini/vq}" and len(new["rescored_vq"]["sha256"]) == 12

@@ -10,18 +10,11 @@ from typing import Any
 from adtbench.tools.train.figures import FIGURES, WEIGHTS
 
 STAGES = ("vq", "ar8", "ar16", "drafter", "evaluator", "upsampler")
-REPRODUCE = """adtbench train vq
-adtbench train vq init_from=outputs/train/vq/final out_dir=outputs/train/vq2 steps=300 lr=1e-3 warmup=10 \\
-    export='${pkg:weights/mini/vq}'
-adtbench train evaluator
+REPRODUCE = """EXPORT=1 jobs/train_mini.sh      # vq (local encoder) → ar16 ‖ ar8 → upsampler → drafter, then ship
+adtbench train evaluator          # independent of the tokenizer (ground-truth renders)
 adtbench train evaluator init_from=outputs/train/evaluator/final out_dir=outputs/train/evaluator2 steps=800 \\
     lr=1e-3 warmup=10 export='${pkg:weights/mini/evaluator}'
-adtbench train ar config=ar_lowres export='${pkg:weights/mini/ar8}'
-adtbench train ar
-adtbench train ar init_from=outputs/train/ar16/final out_dir=outputs/train/ar16b data.count=10000 steps=2000 \\
-    lr=1e-3 warmup=20 export='${pkg:weights/mini/ar16}'
-adtbench train drafter export='${pkg:weights/mini/drafter}'
-adtbench train upsampler threads=1 export='${pkg:weights/mini/upsampler}'"""
+benchmarks/mini_figures.sh        # every figure of this card (evaluator re-scored through the shipped VQ)"""
 
 
 def _metrics(d: dict[str, Any], prefix: str = "") -> str:

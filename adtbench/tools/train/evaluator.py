@@ -142,7 +142,8 @@ def evaluate(model: MiniEvaluator, cfg: DictConfig) -> dict:
 def rescore(weights: Path, vq_path: Path) -> dict:
     """Re-measure a trained evaluator's held-out statistics (:func:`evaluate`) against the tokenizer at ``vq_path``
     — after the tokenizer changed, its ``agreement_vq_recon`` is stale — and merge them into
-    ``weights/train_info.json`` (training fields kept; ``rescored_vq`` names the tokenizer and its weights hash)."""
+    ``weights/train_info.json`` (training fields kept; ``rescored_vq`` names the tokenizer — ``${pkg:weights/…}``
+    for a shipped one — and its weights hash)."""
     import hashlib
 
     from adtbench.models.mini_evaluator import load_mini_evaluator
@@ -154,6 +155,9 @@ def rescore(weights: Path, vq_path: Path) -> dict:
     stats = evaluate(load_mini_evaluator(str(weights)).eval(), cfg)
     info.update(stats)
     digest = hashlib.sha256((vq_path / "model.safetensors").read_bytes()).hexdigest()[:12]
-    info["rescored_vq"] = {"path": str(vq_path), "sha256": digest}
+    pkg = Path(__file__).resolve().parents[2]  # the adtbench package: a shipped VQ is named ${pkg:…}, no machine path
+    resolved = vq_path.resolve()
+    name = f"${{pkg:{resolved.relative_to(pkg)}}}" if resolved.is_relative_to(pkg) else str(vq_path)
+    info["rescored_vq"] = {"path": name, "sha256": digest}
     atomic_write_json(info_path, info)
     return stats
