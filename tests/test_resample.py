@@ -188,11 +188,13 @@ def test_bicubic_route_is_decode_interpolate_encode(vq, heldout):
 # ----------------------------------------------------------------------------------------------------
 
 
-#: measured on the 16 held-out scenes of the fixture with the shipped weights: code agreement up (with encode(64 px))
-#: learned 0.293, bicubic 0.257, nearest 0.135; down (with encode(32 px)) learned 0.524, bicubic 0.330, nearest 0.128
-MARGIN_UP_NEAREST = 0.15  # observed 0.158
-MARGIN_UP_BICUBIC = 0.03  # observed 0.036
-MARGIN_DOWN_NEAREST = 0.35  # observed 0.396
+#: measured on the 16 held-out scenes of the fixture with the shipped (second-generation, local-tokenizer) weights:
+#: code agreement up (with encode(64 px)) learned 0.365, bicubic 0.478, nearest 0.287; down (with encode(32 px))
+#: learned 0.594, bicubic 0.443, nearest 0.275. With the local tokenizer a flat colour is one code, so the
+#: training-free pixel route is the better U_r; the learned D_r stays well ahead.
+MARGIN_UP_NEAREST = 0.05  # observed 0.078
+MARGIN_DOWN_NEAREST = 0.25  # observed 0.319
+MARGIN_DOWN_BICUBIC = 0.10  # observed 0.151
 
 
 def test_shipped_weights_load_and_beat_nearest(vq, heldout):
@@ -205,11 +207,12 @@ def test_shipped_weights_load_and_beat_nearest(vq, heldout):
     kinds = {"learned": rs, "bicubic": BicubicResampler(vq, R), "nearest": NearestResampler(R)}
     up = {k: float((r.up(lo) == hi).float().mean()) for k, r in kinds.items()}
     down = {k: float((r.down(hi) == lo).float().mean()) for k, r in kinds.items()}
-    assert up["learned"] >= up["nearest"] + MARGIN_UP_NEAREST, up
-    assert up["learned"] >= up["bicubic"] + MARGIN_UP_BICUBIC, up
+    assert up["bicubic"] > up["learned"] >= up["nearest"] + MARGIN_UP_NEAREST, up
     assert down["learned"] >= down["nearest"] + MARGIN_DOWN_NEAREST, down
+    assert down["learned"] >= down["bicubic"] + MARGIN_DOWN_BICUBIC, down
     info = json.loads((SHIPPED / "train_info.json").read_text())
-    assert info["heldout_up_agree_learned"] > info["heldout_up_agree_bicubic"] > info["heldout_up_agree_nearest"]
+    assert info["heldout_up_agree_bicubic"] > info["heldout_up_agree_learned"] > info["heldout_up_agree_nearest"]
+    assert info["heldout_down_agree_learned"] > info["heldout_down_agree_bicubic"] > info["heldout_down_agree_nearest"]
 
 
 # ----------------------------------------------------------------------------------------------------
