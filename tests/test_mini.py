@@ -155,7 +155,9 @@ def test_default_run_from_the_command_line(tmp_path):
     assert "adtbench: model=mini" in proc.stdout and "speedup=" in proc.stdout
     s = json.loads((out / "summary.json").read_text())
     assert s["model"] == "mini" and s["policy"] == "adt" and s["n_samples"] == 1
-    assert s["tau"] > 1.3  # the trained drafter (a random one: τ ≈ 1)
+    # the trained drafter: a random one accepts ≈ Σ min(p, 1/512) per token, τ ≈ 1.02. The default's trees are sized
+    # by the machine's measured costs, so one prompt's τ moves with the timing (1.29–1.66 seen): a margin, not a figure
+    assert s["tau"] > 1.15
     rec = json.loads((out / "samples.jsonl").read_text())
     assert rec["prompt"] == PROMPTS[0] and len(rec["tokens"]) == 256 and rec["baseline_latency_s"] > 0
     from PIL import Image
