@@ -137,21 +137,21 @@ def test_tree_rejects_bad_parents():
 def test_host_ranking_is_torch_stable_sort(seed, dtype):
     """The tree builder ranks drafter log-probs with a stable numpy argsort on a host copy: the same order as a
     stable descending ``torch.sort`` (ties toward the lower token id, −inf last), whatever the ties."""
-    from adtbench.algorithm.policies.eagle2 import _desc_stable
+    from adtbench.algorithm.policies.base import desc_stable
 
     g = torch.Generator().manual_seed(seed)
     lp = torch.randint(-6, 1, (4, 64), generator=g).to(dtype) / 2  # many exact ties
     lp[torch.rand(4, 64, generator=g) < 0.2] = float("-inf")
     ref = torch.sort(lp, dim=-1, descending=True, stable=True).indices
-    assert (torch.from_numpy(_desc_stable(lp.numpy())) == ref).all()
+    assert (torch.from_numpy(desc_stable(lp.numpy())) == ref).all()
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.integers(0, 10_000), st.integers(1, 70), st.booleans())
 def test_partial_top_k_is_the_stable_sort_prefix(seed, k, rows):
-    """``_top_k_stable`` (partition + sort of the candidates) returns the first k of the stable descending sort,
+    """``top_k_stable`` (partition + sort of the candidates) returns the first k of the stable descending sort,
     with exact ties across the k-th place (→ the full sort), −inf and k ≥ V included."""
-    from adtbench.algorithm.policies.eagle2 import _desc_stable, _top_k_stable
+    from adtbench.algorithm.policies.base import desc_stable, top_k_stable
 
     g = torch.Generator().manual_seed(seed)
     shape = (40, 64) if rows else (4096,)  # above PARTIAL_MIN: the partition path
@@ -159,4 +159,4 @@ def test_partial_top_k_is_the_stable_sort_prefix(seed, k, rows):
     x = (torch.randint(-6, 1, shape, generator=g) / 2) if coarse else torch.randn(shape, generator=g)
     x[torch.rand(shape, generator=g) < 0.2] = float("-inf")
     x = x.numpy().astype(np.float32)
-    assert (_top_k_stable(x, k) == _desc_stable(x)[..., :k]).all()
+    assert (top_k_stable(x, k) == desc_stable(x)[..., :k]).all()

@@ -23,7 +23,7 @@ import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, top_k_stable
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
@@ -32,36 +32,6 @@ from adtbench.errors import ConfigError
 def eagle2_candidates(depth: int, top_k: int) -> int:
     """Number of candidates EAGLE-2 produces: K + depth·K²."""
     return top_k + depth * top_k * top_k
-
-
-def _desc_stable(x: np.ndarray) -> np.ndarray:
-    """Indices sorting ``x`` descending along its last axis, ties toward the lower index
-    (``torch.sort(descending=True, stable=True)``'s order)."""
-    return np.argsort(-x, axis=-1, kind="stable")
-
-
-PARTIAL_MIN = 2048  # entries below which ``_top_k_stable`` sorts everything (one row of V = 512: 6 µs vs 13 µs)
-
-
-def _top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
-    """``_desc_stable(x)[..., :k]`` for ``x [V]`` or ``[m, V]`` without sorting all V entries.
-
-    Every entry at or above the row's k-th largest value is a candidate (found by one ``np.partition``); when each
-    row has exactly k of them (no tie across the k-th place), their stable descending order is the answer, since
-    ``np.nonzero`` lists them in ascending index order. Otherwise — a tie at the boundary, e.g. several −inf —
-    the full stable sort decides.
-    """
-    V = x.shape[-1]
-    if k >= V or x.size <= PARTIAL_MIN:  # a small sort is cheaper than the partition's fixed cost
-        return _desc_stable(x)[..., :k]
-    rows = x.reshape(-1, V)
-    kth = -np.partition(-rows, k - 1, axis=-1)[:, k - 1 : k]  # each row's k-th largest value
-    cand = rows >= kth
-    if int(cand.sum()) != k * rows.shape[0]:
-        return _desc_stable(x)[..., :k]
-    idx = np.nonzero(cand)[1].reshape(-1, k)
-    order = np.argsort(-np.take_along_axis(rows, idx, -1), axis=-1, kind="stable")
-    return np.take_along_axis(idx, order, -1).reshape(*x.shape[:-1], k)
 
 
 def build_eagle2_tree(
@@ -80,14 +50,14 @@ def build_eagle2_tree(
     fraction of a torch op's): score (cumulative drafter log-prob, in the drafter's float dtype, so sums round
     exactly as in torch), token, parent candidate id (−1 = root) and, once expanded, the session node id. The
     only torch work per level is the drafter forward; its ``[m, V]`` log-probs are ranked on a host copy
-    (``_top_k_stable``: one ``np.partition`` and a sort of the K candidates, in the order of a stable ``torch.sort``).
+    (``top_k_stable``: one ``np.partition`` and a sort of the K candidates, in the order of a stable ``torch.sort``).
     """
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
     lp0 = session.root_logprobs()
     dev = lp0.device
     lp0_host = lp0.cpu().numpy()
-    first = _top_k_stable(lp0_host, K)
+    first = top_k_stable(lp0_host, K)
     first_lp = lp0_host[first]
     finite = np.isfinite(first_lp)
     first, first_lp = first[finite], first_lp[finite]
@@ -114,7 +84,7 @@ def build_eagle2_tree(
         node[frontier] = ids
         levels.append(frontier.size)
         lp_host = lp.cpu().numpy()
-        top = _top_k_stable(lp_host, K)  # per row: K best children, ties toward the lower token id
+        top = top_k_stable(lp_host, K)  # per row: K best children, ties toward the lower token id
         cum = (np.take_along_axis(lp_host, top, -1) + scores[frontier][:, None]).ravel()
         kids = top.ravel()
         keep = np.isfinite(cum)
@@ -127,9 +97,9 @@ def build_eagle2_tree(
         scores[count:end], toks[count:end] = cum[keep], kids[keep]
         parents[count:end] = np.repeat(frontier, K)[keep]
         count = end
-        best = _desc_stable(np.where(keep, cum, -np.inf))[:K]
+        best = desc_stable(np.where(keep, cum, -np.inf))[:K]
         frontier = gid[best[keep[best]]]
-    order = _desc_stable(scores[:count].astype(np.float64))[: min(total_tokens - 1, count)]
+    order = desc_stable(scores[:count].astype(np.float64))[: min(total_tokens - 1, count)]
     info: dict[str, float | int | str] = {}
     if budget is not None:
         pi = np.exp(scores[order].astype(np.float64))

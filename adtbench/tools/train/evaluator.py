@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 from adtbench.io import atomic_write_json
 from adtbench.models.mini_evaluator import EvaluatorConfig, MiniEvaluator, config_dict
 from adtbench.models.registry import resolve_device
+from adtbench.resources import PACKAGE_DIR
 from adtbench.scenes import ATTRIBUTES, attributes, caption_split, iter_split, render, sample_scene, to_tensor_range
 from adtbench.tools.train.common import (
     export_dir,
@@ -155,9 +156,8 @@ def rescore(weights: Path, vq_path: Path) -> dict:
     stats = evaluate(load_mini_evaluator(str(weights)).eval(), cfg)
     info.update(stats)
     digest = hashlib.sha256((vq_path / "model.safetensors").read_bytes()).hexdigest()[:12]
-    pkg = Path(__file__).resolve().parents[2]  # the adtbench package: a shipped VQ is named ${pkg:…}, no machine path
-    resolved = vq_path.resolve()
-    name = f"${{pkg:{resolved.relative_to(pkg)}}}" if resolved.is_relative_to(pkg) else str(vq_path)
+    resolved = vq_path.resolve()  # a shipped VQ is named ${pkg:…} (the config resolver's form), no machine path
+    name = f"${{pkg:{resolved.relative_to(PACKAGE_DIR)}}}" if resolved.is_relative_to(PACKAGE_DIR) else str(vq_path)
     info["rescored_vq"] = {"path": name, "sha256": digest}
     atomic_write_json(info_path, info)
     return stats
