@@ -12,14 +12,13 @@ mkdir -p "$OUT"; uptime
 $PY -m adtbench.tools.train.report evaluator > "$OUT/evaluator.json"   # its agreement through the new VQ
 $PY -m adtbench.tools.train.report ratios threads=1 repeats=40
 $PY -m adtbench.tools.train.report grid n=20 threads=1
-t1="python run.py -m dataset=mini dataset.limit=20 policy=chain,static,eagle2,adt lantern=off,on eval=mini"
-greedy="python run.py -m dataset=mini dataset.limit=20 policy=chain,static,eagle2,adt sampling=greedy eval=mini"
-$PY run.py -m dataset=mini dataset.limit=20 policy=chain,static,eagle2,adt lantern=off,on eval=mini \
-    progress=false maps.per_run=false hydra.sweep.dir="$OUT/sweep_t1"
-$PY -m adtbench.tools.train.report sweep "$OUT/sweep_t1" name=t1 command="$t1" > /dev/null
-$PY run.py -m dataset=mini dataset.limit=20 policy=chain,static,eagle2,adt sampling=greedy eval=mini \
-    progress=false maps.per_run=false hydra.sweep.dir="$OUT/sweep_greedy"
-$PY -m adtbench.tools.train.report sweep "$OUT/sweep_greedy" name=greedy command="$greedy" > /dev/null
+t1=(dataset=mini dataset.limit=20 policy=chain,static,eagle2,adt lantern=off,on eval=mini)
+greedy=(dataset=mini dataset.limit=20 policy=chain,static,eagle2,adt sampling=greedy eval=mini)
+quiet=(progress=false maps.per_run=false)   # not part of the recorded command: they change no figure
+$PY run.py -m "${t1[@]}" "${quiet[@]}" hydra.sweep.dir="$OUT/sweep_t1"
+$PY -m adtbench.tools.train.report sweep "$OUT/sweep_t1" name=t1 command="python run.py -m ${t1[*]}" > /dev/null
+$PY run.py -m "${greedy[@]}" "${quiet[@]}" hydra.sweep.dir="$OUT/sweep_greedy"
+$PY -m adtbench.tools.train.report sweep "$OUT/sweep_greedy" name=greedy command="python run.py -m ${greedy[*]}" > /dev/null
 $PY -m adtbench.tools.train.diagnose out="$OUT/diagnosis.json" > "$OUT/diagnosis.txt"
 $PY -m adtbench.tools.train.report card
 uptime

@@ -27,7 +27,7 @@ def stage_commands() -> list[tuple[str, list[str]]]:
         if not line.startswith("$T "):
             continue
         line = re.sub(r"\$\{?(\w+)\}?", lambda m: env.get(m.group(1), m.group(0)), line)
-        words = [w for w in shlex.split(line.split(">")[0].rstrip("& "))[1:]]
+        words = shlex.split(line.split(">")[0].rstrip("& "))[1:]
         cmds.append((words[0], words[1:]))
     return cmds
 
