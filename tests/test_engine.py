@@ -27,6 +27,10 @@ POLICIES = {
     "eagle2": lambda: Eagle2Policy(depth=3, top_k=4, total_tokens=20),
     "eagle2-cost": lambda: with_cost(Eagle2Policy(depth=3, top_k=4, total_tokens=20, budget="cost")),
     "adt-cost": lambda: with_cost(ADTPolicy(D0=3, K0=4, K_max=6, N_max=19, budget="cost")),
+    "eagle2-sampled": lambda: Eagle2Policy(depth=3, top_k=4, total_tokens=20, draft_sampling="sample"),
+    "adt-cost-sampled": lambda: with_cost(
+        ADTPolicy(D0=3, K0=4, K_max=6, N_max=19, budget="cost", draft_sampling="sample")
+    ),
 }
 
 
@@ -122,8 +126,13 @@ def _exact_joint(target, inputs, sp, k):
         (lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), 3.0),
         (lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), 1.0),
         (lambda: with_cost(Eagle2Policy(depth=2, top_k=3, total_tokens=9, budget="cost")), 3.0),
+        (lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9, draft_sampling="sample"), 3.0),
+        (
+            lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost", draft_sampling="sample")),
+            3.0,
+        ),
     ],
-    ids=["eagle2-pointmass-cfg", "static-trueq", "eagle2-cost-cfg"],
+    ids=["eagle2-pointmass-cfg", "static-trueq", "eagle2-cost-cfg", "eagle2-sampled-cfg", "adt-cost-sampled-cfg"],
 )
 def test_sampling_joint_distribution_matches_ar(policy, cfg_scale):
     """T = 1 with top-k: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary)."""

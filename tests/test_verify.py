@@ -120,3 +120,41 @@ def test_exact_fast_path_decides_like_the_generic_loop():
         assert (fast.path, fast.bonus) == (slow.path, slow.bonus), seed
         same += len(fast.path) > 1
     assert 0 < same < 300  # both acceptance and rejection happened
+
+
+class _GenericProposal(AcceptanceRule):
+    """The exact rule through the generic tensor loop for drafts with a proposal q."""
+
+    def with_proposal(self, p: torch.Tensor, x: int, q: torch.Tensor) -> tuple[float, torch.Tensor]:
+        return super().with_proposal(p, x, q)
+
+
+def test_exact_proposal_fast_path_decides_like_the_generic_loop():
+    """Sampled trees (drafts drawn from q without replacement): the float64 host path and the tensor loop take the
+    same decisions from the same uniforms on a three-level tree with a proposal at every inner node."""
+    gen = torch.Generator().manual_seed(1)
+    tree_tokens = torch.tensor([9, 0, 2, 4, 1, 3, 1, 2])
+    parents = [-1, 0, 0, 0, 1, 1, 4, 4]
+    q = {u: torch.randn(6, generator=gen, dtype=torch.float64).softmax(-1) for u in (0, 1, 4)}
+    tree = DraftTree(tree_tokens, parents, drafted_depth=3, proposal=q)
+    logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 1.5).log_softmax(-1)
+    same = 0
+    for seed in range(300):
+        fast = verify_sampling(tree, logits, torch.Generator().manual_seed(seed))
+        slow = verify_sampling(tree, logits, torch.Generator().manual_seed(seed), _GenericProposal())
+        assert (fast.path, fast.bonus) == (slow.path, slow.bonus), seed
+        same += len(fast.path) > 1
+    assert 0 < same < 300
+
+
+def test_sample_is_the_categorical_law_and_skips_zeros():
+    """``sampling.sample`` (inverse CDF): χ² against p, never a zero-probability token, unnormalised input allowed."""
+    from adtbench.algorithm.sampling import sample
+
+    p = torch.tensor([0.0, 0.3, 0.0, 0.5, 0.2, 0.0], dtype=torch.float64) * 8.0
+    g = torch.Generator().manual_seed(3)
+    n = 6_000
+    counts = Counter(sample(p, g) for _ in range(n))
+    assert set(counts) <= {1, 3, 4}
+    assert chi2_pvalue(counts, {k: float(v) / 8.0 for k, v in enumerate(p.tolist()) if v > 0}, n) > 1e-3
+    assert sample(torch.tensor([0.0, 0.0, 1.0]), g) == 2

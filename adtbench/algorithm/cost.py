@@ -28,8 +28,9 @@ The cost model (``CostModel``) is measured for the loaded target and drafter on 
 target's verify forward at a KV length mid-image for tree sizes 1…``max_nodes``, one drafter level for 1…K
 nodes, and the fixed work of a cycle (the drafter's ``extend`` over two committed tokens plus scoring the root)
 — as medians of repeated, CUDA-synchronised runs, and cached as JSON keyed by the model's shape, device,
-dtype, CPU threads, CFG rows and torch version (``cost_key``). Sizes are timed round-robin so a load burst hits
-all of them alike, and each curve is made non-decreasing (a bigger tree does a superset of a smaller one's work).
+dtype, CPU threads, CFG rows, torch version and measuring method (``cost_key``). Sizes are timed in short blocks,
+round-robin, so the caches are warm as in a decode loop and a load burst hits all of them alike, and each curve
+is made non-decreasing (a bigger tree does a superset of a smaller one's work).
 Everything is in milliseconds.
 """
 
@@ -130,6 +131,30 @@ class TreeBudget:
         n = int(np.argmax(rate))
         return n, float(rate[n])
 
+    def t_verify(self, n: int | np.ndarray) -> Any:
+        """Measured ms of a verify forward over ``n`` tree nodes (root included)."""
+        return self.model.t_verify(n)
+
+    def best_extension(self, gain0: float, n0: int, values: np.ndarray, spent_ms: float) -> tuple[int, float]:
+        """(k, rate) maximising ``(gain0 + Σ_{i<k} values_i) / (spent_ms + t_verify(n0 + k))`` over k = 0 … len(values):
+        how many of ``values`` (sorted descending) to add to a tree of ``n0`` nodes and expected gain ``gain0``
+        (sampled trees: the values are calibrated reach estimates, so no ``c`` here; ties → the smaller k)."""
+        gain = gain0 + np.concatenate([[0.0], np.cumsum(values)])
+        rate = gain / (spent_ms + self._t_verify_upto(n0 + values.size)[n0 - 1 :])
+        k = int(np.argmax(rate))
+        return k, float(rate[k])
+
+    def best_frontier(self, gain0: float, n0: int, reach: np.ndarray, spent_ms: float) -> int:
+        """How many of the nodes with reach ``reach`` (descending) to expand in one more drafter level: the count with
+        the best optimistic rate ``(gain0 + Σ reach) / (spent + t_level(m) + t_verify(n0 + m))`` (children's reach
+        sums to at most their parent's), or 0 if none beats the tree as it stands."""
+        m = np.arange(1, reach.size + 1)
+        tv = self._t_verify_upto(n0 + reach.size)
+        t = spent_ms + np.interp(m, self.model.level_nodes, self.model.level_ms) + tv[n0 - 1 + m]
+        rate = (gain0 + np.cumsum(reach)) / t
+        best = int(np.argmax(rate))
+        return best + 1 if rate[best] > gain0 / (spent_ms + tv[n0 - 1]) else 0
+
     def worth_expanding(self, pi_sorted: np.ndarray, frontier_pi: float, frontier: int, spent_ms: float) -> bool:
         """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""
         n, rate = self.best(pi_sorted, spent_ms)
@@ -204,16 +229,25 @@ def target_parameters(target: Any) -> list[torch.Tensor]:
     return []
 
 
+MEASURE_METHOD = "blocked-5"  # part of the cache key: a cost model measured another way is re-measured
+BLOCK = 5  # consecutive timed calls of one size per pass
+
+
 def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
-    """Median ms of each of ``fns`` over ``repeats`` round-robin passes (two warm-up passes first), made
-    non-decreasing along the list: interleaving spreads load bursts over all sizes, and a larger tree or level
-    does a superset of a smaller one's work, so a dip is noise."""
+    """Median ms of each of ``fns`` over ``repeats`` timed calls, made non-decreasing along the list.
+
+    The calls come in blocks of ``BLOCK`` consecutive calls of one size (after one untimed call), and the blocks
+    go round-robin over the sizes in ⌈repeats / BLOCK⌉ passes: within a block the caches are as warm as in a decode
+    loop, where one verify shape follows the last (one-call round-robin made every size pay a cold start: it read
+    the AR step 34 % slow and a tree node 40 % cheap, so the budget grew trees past their worth), and the passes
+    spread load bursts over all sizes. A larger tree or level does a superset of a smaller one's work, so a dip is
+    noise."""
     times: list[list[float]] = [[] for _ in fns]
-    for r in range(repeats + 2):
+    passes = max(1, -(-repeats // BLOCK))
+    for _ in range(passes):
         for i, fn in enumerate(fns):
-            ms = timed_ms(fn, sync)
-            if r >= 2:
-                times[i].append(ms)
+            timed_ms(fn, sync)
+            times[i] += [timed_ms(fn, sync) for _ in range(BLOCK)]
     return [float(m) for m in np.maximum.accumulate([float(np.median(t)) for t in times])]
 
 
@@ -346,5 +380,11 @@ def measure_cost(
     level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
     avg = load_average()
     load = None if avg is None else avg[0]
-    meta = {"kv_len": length, "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "load": load}
+    meta = {
+        "kv_len": length,
+        "repeats": repeats,
+        "method": MEASURE_METHOD,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load": load,
+    }
     return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)

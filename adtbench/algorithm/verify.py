@@ -120,7 +120,11 @@ def verify_sampling(
         p = probs[u]
         accepted = None
         kids = tree.children[u]
-        if tree.proposal is not None and u in tree.proposal and kids:
+        if tree.proposal is not None and u in tree.proposal and kids and _exact_with_proposal(rule):
+            accepted, pn = _proposal_children(probs[u], tree.proposal[u], kids, tokens, draws)
+            if accepted is None:
+                return Acceptance(path=path, bonus=sample(torch.from_numpy(pn).to(p), generator))
+        elif tree.proposal is not None and u in tree.proposal and kids:
             q = tree.proposal[u].to(p)
             for c in kids:
                 x = tokens[c]
@@ -162,6 +166,39 @@ def _distinct_children(kids: list[int], tokens: list[int]) -> Iterator[tuple[int
 def _exact_point_mass(rule: AcceptanceRule) -> bool:
     """Is ``rule``'s point-mass step the exact one (so :func:`_point_mass_children` may stand in for it)?"""
     return type(rule).point_mass is AcceptanceRule.point_mass
+
+
+def _exact_with_proposal(rule: AcceptanceRule) -> bool:
+    """Is ``rule``'s proposal step the exact one (so :func:`_proposal_children` may stand in for it)?"""
+    return type(rule).with_proposal is AcceptanceRule.with_proposal
+
+
+def _proposal_children(
+    p_row: torch.Tensor, q_row: torch.Tensor, kids: list[int], tokens: list[int], draws: Iterator[float]
+) -> tuple[int | None, np.ndarray]:
+    """Exact recursive rejection over one node's children drawn from q without replacement, on float64 host copies.
+
+    The generic loop's law: try the children in draw order; accept x with min(1, p(x)/q(x)); on rejection
+    p ← normalise(max(p − q, 0)) and q ← q with q(x) = 0, renormalised. Returns the accepted child (or None) and
+    the final p (the residual the bonus token is drawn from).
+    """
+    p = p_row.detach().to("cpu", torch.float64).numpy()
+    q = q_row.detach().to("cpu", torch.float64).numpy()
+    for c in kids:
+        x = tokens[c]
+        qx = q[x]
+        if next(draws) < (1.0 if qx <= 0.0 else min(1.0, p[x] / qx)):
+            return c, p
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        if total > 0:  # zero only when the rejected proposal had probability 1 (a measure-zero event)
+            p = residual / total
+        q = q.copy()
+        q[x] = 0.0
+        qt = q.sum()
+        if qt > 0:
+            q = q / qt
+    return None, p
 
 
 def _point_mass_children(

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adtbench.algorithm.cost import CostModel, measure_cost, target_parameters
+from adtbench.algorithm.cost import MEASURE_METHOD, CostModel, measure_cost, target_parameters
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_bytes, atomic_write_with
@@ -53,6 +53,7 @@ def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
         "threads": torch.get_num_threads() if dev.type == "cpu" else None,
         "rows": int(rows),
         "torch": torch.__version__,
+        "method": MEASURE_METHOD,
     }
 
 

@@ -81,6 +81,7 @@ class Eagle2Conf:
     total_tokens: int = 59
     budget: str = "fixed"
     calibrate: bool = True
+    draft_sampling: str = "topk"
 
 
 @dataclass
@@ -103,6 +104,7 @@ class AdtConf:
     N_max: int = 58
     budget: str = "cost"
     calibrate: bool = True
+    draft_sampling: str = "topk"
 
 
 @dataclass

@@ -55,7 +55,7 @@ from typing import Any
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy
-from adtbench.algorithm.policies.eagle2 import build_eagle2_tree, eagle2_candidates
+from adtbench.algorithm.policies.eagle2 import SampledDrafts, build_eagle2_tree, eagle2_candidates
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
@@ -112,6 +112,7 @@ class ADTPolicy(TreePolicy):
         N_max: int = 58,
         budget: str = "fixed",
         calibrate: bool = True,
+        draft_sampling: str = "topk",
     ) -> None:
         def choice(key: str, value: str, options: tuple[str, ...]) -> str:
             if value not in options:
@@ -130,6 +131,7 @@ class ADTPolicy(TreePolicy):
         self.alpha_def = choice("alpha", alpha, ALPHAS)
         self.budget = choice("budget", budget, BUDGETS)
         self.cost = PolicyBudget(budget, BUDGETS, calibrate)
+        self.sampled = SampledDrafts(draft_sampling)
         for key, flag in (("adapt", adapt), ("halve_on_flip", halve_on_flip)):
             if not isinstance(flag, bool):
                 raise ConfigError(f"policy.{key}", f"must be true or false, got {flag!r}")
@@ -163,6 +165,7 @@ class ADTPolicy(TreePolicy):
 
     def reset(self) -> None:
         self.cost.reset()
+        self.sampled.reset()
         self.state.clear()
         self._pending = None
 
@@ -192,7 +195,10 @@ class ADTPolicy(TreePolicy):
         shape, source = self.initial_shape(session.layout, session.root_gen)
         N = self.nodes_budget(shape.D, shape.K)
         budget = self.cost.tree_budget(self.name)
-        tree = build_eagle2_tree(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
+        if self.sampled.applies(session):
+            tree = self.sampled.build(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
+        else:
+            tree = build_eagle2_tree(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
         tree.info.update(N=tree.size - 1 if budget is not None else N, D_policy=shape.D, init=source)
         self._pending = (shape, session.layout)
         return tree
@@ -203,6 +209,7 @@ class ADTPolicy(TreePolicy):
         shape, layout = self._pending
         self._pending = None
         self.cost.observe(tree, acceptance)
+        self.sampled.observe(tree, acceptance)
         a, d, D_dr = acceptance.accepted, tree.max_depth, tree.drafted_depth
         alpha_d = a / d if d > 0 else 0.0
         alpha_D = a / D_dr if D_dr > 0 else 0.0

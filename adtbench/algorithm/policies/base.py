@@ -131,21 +131,31 @@ def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(top_k_stable(host, k)).to(scores.device)
 
 
+def gumbel_draws(lp: np.ndarray, n: int, generator: torch.Generator | None) -> np.ndarray:
+    """n draws without replacement from each row of ``softmax(lp)`` ``[m, V]``, in draw order.
+
+    Gumbel-top-n (Kool et al. 2019): the n largest keys ``lp + Gumbel`` have the law of n sequential draws without
+    replacement, in that order; found by one partition and a sort of n (keys tie with probability 0). Rows need at
+    least n finite entries (an entry with lp = −inf is never drawn)."""
+    u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
+    with np.errstate(divide="ignore"):
+        keys = lp - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
+    if n < lp.shape[-1]:
+        idx = np.argpartition(-keys, n - 1, axis=-1)[..., :n]
+    else:
+        idx = np.broadcast_to(np.arange(lp.shape[-1]), lp.shape)
+    order = np.argsort(-np.take_along_axis(keys, idx, -1), axis=-1, kind="stable")
+    return np.take_along_axis(idx, order, -1)
+
+
 def sample_without_replacement(
     logprobs: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``k`` distinct tokens in order from ``softmax(logprobs)``; returns (tokens, probs ``[V]``).
-
-    Draws stop early when the support is exhausted, so fewer than k tokens may come back.
-    """
-    probs = logprobs.exp()
-    remaining = probs.clone()
-    out: list[int] = []
-    for _ in range(k):
-        total = remaining.sum()
-        if total <= 0:
-            break
-        x = int(torch.multinomial(remaining / total, 1, generator=generator))
-        out.append(x)
-        remaining[x] = 0.0
-    return torch.tensor(out, dtype=torch.long), probs
+    """Draw ``k`` distinct tokens in order from ``softmax(logprobs)`` ``[V]`` (``gumbel_draws``); returns (tokens,
+    probs ``[V]``). Fewer than k tokens come back when the support is smaller."""
+    lp = logprobs.detach().to("cpu", torch.float64).numpy()
+    k = min(k, int(np.isfinite(lp).sum()))
+    if k == 0:
+        return torch.zeros(0, dtype=torch.long), logprobs.exp()
+    drawn = gumbel_draws(lp[None], k, generator)[0]
+    return torch.from_numpy(drawn.copy()), logprobs.exp()

@@ -24,6 +24,7 @@ import torch
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, top_k_stable
+from adtbench.algorithm.policies.sampled import DRAFT_SAMPLING, AcceptanceModel, build_sampled_tree
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
@@ -124,13 +125,50 @@ def build_eagle2_tree(
     )
 
 
+class SampledDrafts:
+    """A policy's ``draft_sampling`` option: ``sample`` builds ``policies.sampled`` trees at temperature > 0 (greedy
+    decoding keeps the top-k tree) and keeps their per-image acceptance model."""
+
+    def __init__(self, draft_sampling: str) -> None:
+        if draft_sampling not in DRAFT_SAMPLING:
+            raise ConfigError("policy.draft_sampling", f"must be one of {list(DRAFT_SAMPLING)}, got {draft_sampling!r}")
+        self.on = draft_sampling == "sample"
+        self.model = AcceptanceModel()
+        self._entropy: dict[int, float] | None = None
+
+    def applies(self, session: DraftSession) -> bool:
+        return self.on and not session.greedy
+
+    def build(
+        self, session: DraftSession, depth: int, top_k: int, total: int, max_depth: int, budget: TreeBudget | None
+    ) -> DraftTree:
+        out = build_sampled_tree(session, depth, top_k, total, max_depth, budget, self.model)
+        self._entropy = out.entropy
+        return out.tree
+
+    def observe(self, tree: DraftTree, acceptance: Acceptance) -> None:
+        if self._entropy is not None and tree.proposal is not None:
+            self.model.observe(tree, acceptance, self._entropy)
+        self._entropy = None
+
+    def reset(self) -> None:
+        self.model.reset()
+        self._entropy = None
+
+
 class Eagle2Policy(TreePolicy):
     """EAGLE-2 trees; ``budget: cost`` sizes each tree to the machine (``adtbench.algorithm.cost``)."""
 
     name = "eagle2"
 
     def __init__(
-        self, depth: int = 4, top_k: int = 10, total_tokens: int = 59, budget: str = "fixed", calibrate: bool = True
+        self,
+        depth: int = 4,
+        top_k: int = 10,
+        total_tokens: int = 59,
+        budget: str = "fixed",
+        calibrate: bool = True,
+        draft_sampling: str = "topk",
     ) -> None:
         if depth < 1:
             raise ConfigError("policy.depth", f"must be ≥ 1, got {depth}")
@@ -146,6 +184,7 @@ class Eagle2Policy(TreePolicy):
             )
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.cost = PolicyBudget(budget, ("fixed", "cost"), calibrate)
+        self.sampled = SampledDrafts(draft_sampling)
 
     def max_nodes(self) -> int:
         return self.total_tokens
@@ -157,21 +196,25 @@ class Eagle2Policy(TreePolicy):
         self.cost.bind(cost, self.total_tokens, self.top_k)
 
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
-        return build_eagle2_tree(
-            session, self.depth, self.top_k, self.total_tokens, max_depth, self.cost.tree_budget(self.name)
-        )
+        budget = self.cost.tree_budget(self.name)
+        if self.sampled.applies(session):
+            return self.sampled.build(session, self.depth, self.top_k, self.total_tokens, max_depth, budget)
+        return build_eagle2_tree(session, self.depth, self.top_k, self.total_tokens, max_depth, budget)
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
         self.cost.observe(tree, acceptance)
+        self.sampled.observe(tree, acceptance)
 
     def reset(self) -> None:
         self.cost.reset()
+        self.sampled.reset()
 
 
 @POLICIES.register("eagle2")
 def build_eagle2(node: Any) -> Eagle2Policy:
-    """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``."""
+    """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``,
+    ``draft_sampling``."""
     return Eagle2Policy(
         int(node["depth"]), int(node["top_k"]), int(node["total_tokens"]), str(node.get("budget", "fixed")),
-        node.get("calibrate", True),
+        node.get("calibrate", True), str(node.get("draft_sampling", "topk")),
     )  # fmt: skip

@@ -1,0 +1,91 @@
+"""Sampled dynamic trees (``policies.sampled``): shape rules, the acceptance model, config errors.
+
+Losslessness is tested on the engine (χ² of the joint law, ``test_engine.py``) and greedy identity there too."""
+
+import numpy as np
+import pytest
+import torch
+from conftest import synthetic_cost_model, tiny
+
+from adtbench.algorithm.cost import TreeBudget
+from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.base import gumbel_draws
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.policies.sampled import AcceptanceModel, build_sampled_tree
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.verify import Acceptance
+from adtbench.errors import ConfigError
+
+
+def _session(gen_seed: int = 0):
+    target, drafter = tiny("tiny_llamagen")
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    from adtbench.algorithm.engine import prefill
+
+    root, res = prefill(target, inputs, sp, 64, None)
+    drafter.reset(target.rows, res.features.shape[1] + 64 + 64)
+    emb = target.embed_tokens(torch.tensor([root]))[None].expand(target.rows, 1, -1)
+    out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], emb], 1), res.positions, res.valid)
+    g = torch.Generator().manual_seed(gen_seed)
+    return DraftSession(drafter, target, sp, root, 0, target.next_pos.clone(), out, g)
+
+
+@pytest.mark.parametrize("budget", [None, "cost"])
+def test_tree_shape_invariants(budget):
+    """≤ max_nodes nodes; siblings distinct; each parent's children carry the proposal they were drawn from; the
+    drafted depth counts the drafter levels; reach estimates fall along every path."""
+    b = TreeBudget(synthetic_cost_model()) if budget else None
+    for seed in range(5):
+        s = _session(seed)
+        out = build_sampled_tree(s, depth=3, top_k=3, max_nodes=10, max_depth=8, budget=b, model=AcceptanceModel())
+        t = out.tree
+        assert 1 <= t.size <= 10 and t.proposal is not None
+        for u, kids in enumerate(t.children):
+            toks = [int(t.tokens[c]) for c in kids]
+            assert len(set(toks)) == len(toks) <= 3
+            if kids:
+                assert u in t.proposal and u in out.entropy
+                assert all(float(t.proposal[u][x]) > 0 for x in toks)
+        assert t.max_depth <= t.drafted_depth <= 4
+
+
+def test_max_depth_caps_the_levels():
+    out = build_sampled_tree(_session(), depth=5, top_k=2, max_nodes=40, max_depth=2, budget=None,
+                             model=AcceptanceModel())  # fmt: skip
+    assert out.tree.max_depth <= 2
+
+
+def test_acceptance_model_counts_tries():
+    """Path 0 → 2 (the second child of the root accepted: 2 tries, 1 success); node 2's two children both failed."""
+    tree = DraftTree(torch.tensor([9, 1, 2, 3, 4]), [-1, 0, 0, 2, 2], drafted_depth=2)
+    m = AcceptanceModel(prior=0.5, weight=2.0)
+    m.observe(tree, Acceptance(path=[0, 2], bonus=5), {0: 0.1, 2: 3.5})
+    low, high = m.bins(np.array([0.1, 3.5]))
+    assert (m.tries[low], m.successes[low]) == (2, 1) and (m.tries[high], m.successes[high]) == (2, 0)
+    assert m.alpha(np.array([0.1]))[0] == pytest.approx((1 + 1.0) / (2 + 2.0))
+    m.reset()
+    assert m.tries.sum() == 0
+
+
+def test_gumbel_draws_are_sequential_draws_without_replacement():
+    """First draw ~ q; second draw ~ q without the first (χ² on the pair law of a 4-token q)."""
+    from collections import Counter
+
+    from scipy.stats import chisquare
+
+    q = np.array([0.1, 0.2, 0.3, 0.4])
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+    pairs = Counter(tuple(gumbel_draws(np.log(q)[None], 2, g)[0].tolist()) for _ in range(n))
+    keys = [(a, b) for a in range(4) for b in range(4) if a != b]
+    exp = [n * q[a] * q[b] / (1 - q[a]) for a, b in keys]
+    assert chisquare([pairs.get(k, 0) for k in keys], exp).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("make", [lambda v: Eagle2Policy(draft_sampling=v), lambda v: ADTPolicy(draft_sampling=v)])
+def test_bad_draft_sampling_names_the_key(make):
+    with pytest.raises(ConfigError, match="policy.draft_sampling"):
+        make("gumbel")
