@@ -41,6 +41,22 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "adt_cost": ("adt + budget: cost, T = 1, exact (the default run)", ["policy=adt", "policy.budget=cost"]),
     "eagle2_cost": ("eagle2 + budget: cost, T = 1, exact", ["policy=eagle2", "policy.budget=cost"]),
     "adt_cost_lantern": ("adt + budget: cost, T = 1, lantern=on", ["policy=adt", "policy.budget=cost", "lantern=on"]),
+    "adt_cost_sampled": (
+        "adt + budget: cost + sampled drafts, T = 1, exact",
+        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample"],
+    ),
+    "adt_cost_sampled_lantern": (
+        "adt + budget: cost + sampled drafts, T = 1, lantern=on",
+        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "lantern=on"],
+    ),
+    "static_sampled": (
+        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact",
+        ["policy=static", "policy.tree=[[0],[1],[0,0]]", "policy.draft_sampling=sample"],
+    ),
+    "chain_sampled": (
+        "chain, one sampled draft, T = 1, exact",
+        ["policy=chain", "policy.depth=1", "policy.draft_sampling=sample"],
+    ),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
     "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
 }

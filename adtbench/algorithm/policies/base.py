@@ -140,6 +140,8 @@ def gumbel_draws(lp: np.ndarray, n: int, generator: torch.Generator | None) -> n
     u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
     with np.errstate(divide="ignore"):
         keys = lp - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
+    if n == 1:
+        return np.argmax(keys, axis=-1)[..., None]
     if n < lp.shape[-1]:
         idx = np.argpartition(-keys, n - 1, axis=-1)[..., :n]
     else:

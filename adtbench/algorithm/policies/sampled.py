@@ -64,15 +64,18 @@ class AcceptanceModel:
     def reset(self) -> None:
         self.tries = np.zeros(ENTROPY_EDGES.size + 1)
         self.successes = np.zeros(ENTROPY_EDGES.size + 1)
+        self._table = self._alpha_table()
+
+    def _alpha_table(self) -> np.ndarray:
+        a = (self.successes + self.prior * self.weight) / (self.tries + self.weight)
+        return np.asarray(np.clip(a, *ALPHA_RANGE))
 
     @staticmethod
     def bins(entropy: np.ndarray) -> np.ndarray:
-        return np.asarray(np.digitize(entropy, ENTROPY_EDGES))
+        return np.asarray(np.searchsorted(ENTROPY_EDGES, entropy, side="right"))
 
     def alpha(self, entropy: np.ndarray) -> np.ndarray:
-        b = self.bins(entropy)
-        a = (self.successes[b] + self.prior * self.weight) / (self.tries[b] + self.weight)
-        return np.asarray(np.clip(a, *ALPHA_RANGE))
+        return np.asarray(self._table[self.bins(entropy)])
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, entropy: dict[int, float]) -> None:
         """Count the tries and successes of a verified tree (``entropy``: H(q_u) of every node with children)."""
@@ -87,6 +90,7 @@ class AcceptanceModel:
                 self.successes[b] += 1
             else:
                 self.tries[b] += len(kids)
+        self._table = self._alpha_table()
 
 
 @dataclass
@@ -95,9 +99,8 @@ class SampledTree:
     entropy: dict[int, float] = field(default_factory=dict)  # node → H(q_node) for nodes given children
 
 
-def _entropy(lp: np.ndarray) -> np.ndarray:
-    """H(q) per row of log-probs ``[m, V]`` (−inf entries contribute 0)."""
-    q = np.exp(lp)
+def _entropy(q: np.ndarray, lp: np.ndarray) -> np.ndarray:
+    """H(q) per row of ``q = exp(lp)`` ``[m, V]`` (−inf entries contribute 0)."""
     return np.asarray(-np.einsum("mv,mv->m", q, np.where(q > 0, lp, 0.0)))
 
 
@@ -131,9 +134,10 @@ def build_sampled_tree(
     levels: list[int] = []  # nodes expanded per drafter round
     spent = budget.spent_ms(levels) if budget is not None else 0.0
     for level in range(rounds + 1):
-        H = _entropy(lp)
+        q = np.exp(lp)
+        H = _entropy(q, lp)
         a = model.alpha(H)[:, None]
-        support = np.minimum(np.isfinite(lp).sum(-1), top_k)[:, None]
+        support = np.minimum(np.count_nonzero(q, axis=-1), top_k)[:, None]
         values = np.where(j < support, reach[frontier][:, None] * a * (1.0 - a) ** j, -1.0).ravel()
         order = np.argsort(-values, kind="stable")  # per parent a prefix in draw order: values fall with j
         order = order[values[order] > 0.0][: cap - n]
@@ -152,7 +156,7 @@ def build_sampled_tree(
         reach[n : n + m] = values[rows * top_k + ranks]
         for i in np.flatnonzero(counts).tolist():
             f = int(frontier[i])
-            proposal[f] = torch.from_numpy(np.exp(lp[i]))
+            proposal[f] = torch.from_numpy(q[i])
             entropy[f] = float(H[i])
         new = np.arange(n, n + m)
         n += m
