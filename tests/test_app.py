@@ -49,7 +49,7 @@ def lines(path: Path) -> list[dict]:
     "group,options",
     [
         ("model", ["tiny_llamagen", "tiny_chameleon", "mini", "mini_lowres"]),
-        ("policy", ["ar", "chain", "static", "eagle2", "adt", "zipar", "mulo"]),
+        ("policy", ["ar", "chain", "static", "static_sampled", "eagle2", "adt", "zipar", "mulo"]),
         ("lantern", ["on", "off"]),
         ("dataset", ["smoke", "text", "parti", "coco", "inline", "mini", "mini_quick"]),
         ("sampling", ["default", "greedy"]),

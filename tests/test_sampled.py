@@ -87,5 +87,5 @@ def test_gumbel_draws_are_sequential_draws_without_replacement():
 
 @pytest.mark.parametrize("make", [lambda v: Eagle2Policy(draft_sampling=v), lambda v: ADTPolicy(draft_sampling=v)])
 def test_bad_draft_sampling_names_the_key(make):
-    with pytest.raises(ConfigError, match="policy.draft_sampling"):
+    with pytest.raises(ConfigError, match=r"policy\.draft_sampling"):
         make("gumbel")

@@ -106,6 +106,7 @@ class TreeBudget:
         self.predicted = 0.0
         self.accepted = 0.0
         self._tv = np.zeros(0)  # t_verify(1 … len) tabulated (grown on demand: one np.interp per size, not per call)
+        self._tl = np.zeros(0)  # t_level(1 … len), likewise
 
     def _t_verify_upto(self, n: int) -> np.ndarray:
         """``t_verify(1 … n)`` as an array."""
@@ -135,6 +136,18 @@ class TreeBudget:
         """Measured ms of a verify forward over ``n`` tree nodes (root included)."""
         return self.model.t_verify(n)
 
+    def _t_level_upto(self, m: int) -> np.ndarray:
+        """``t_level(1 … m)`` as an array (tabulated once, grown on demand)."""
+        if self._tl.size < m:
+            self._tl = np.interp(
+                np.arange(1, max(m, 2 * self._tl.size) + 1), self.model.level_nodes, self.model.level_ms
+            )
+        return self._tl[:m]
+
+    def t_level(self, m: int) -> float:
+        """Measured ms of one drafter level over ``m`` nodes."""
+        return float(self._t_level_upto(m)[m - 1])
+
     def best_extension(self, gain0: float, n0: int, values: np.ndarray, spent_ms: float) -> tuple[int, float]:
         """(k, rate) maximising ``(gain0 + Σ_{i<k} values_i) / (spent_ms + t_verify(n0 + k))`` over k = 0 … len(values):
         how many of ``values`` (sorted descending) to add to a tree of ``n0`` nodes and expected gain ``gain0``
@@ -150,7 +163,7 @@ class TreeBudget:
         sums to at most their parent's), or 0 if none beats the tree as it stands."""
         m = np.arange(1, reach.size + 1)
         tv = self._t_verify_upto(n0 + reach.size)
-        t = spent_ms + np.interp(m, self.model.level_nodes, self.model.level_ms) + tv[n0 - 1 + m]
+        t = spent_ms + self._t_level_upto(reach.size) + tv[n0 - 1 + m]
         rate = (gain0 + np.cumsum(reach)) / t
         best = int(np.argmax(rate))
         return best + 1 if rate[best] > gain0 / (spent_ms + tv[n0 - 1]) else 0

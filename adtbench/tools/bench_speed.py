@@ -37,28 +37,32 @@ from adtbench.io import atomic_write_json, atomic_write_text
 
 ROWS: dict[str, tuple[str, list[str]]] = {
     "ar": ("policy=ar (sanity: must read 1.00)", ["policy=ar"]),
-    "adt_fixed": ("adt, fixed 58-node tree, T = 1, exact", ["policy=adt", "policy.budget=fixed"]),
-    "adt_cost": ("adt + budget: cost, T = 1, exact (the default run)", ["policy=adt", "policy.budget=cost"]),
-    "eagle2_cost": ("eagle2 + budget: cost, T = 1, exact", ["policy=eagle2", "policy.budget=cost"]),
-    "adt_cost_lantern": ("adt + budget: cost, T = 1, lantern=on", ["policy=adt", "policy.budget=cost", "lantern=on"]),
-    "adt_cost_sampled": (
-        "adt + budget: cost + sampled drafts, T = 1, exact",
-        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample"],
-    ),
-    "adt_cost_sampled_lantern": (
-        "adt + budget: cost + sampled drafts, T = 1, lantern=on",
-        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "lantern=on"],
-    ),
     "static_sampled": (
-        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact",
-        ["policy=static", "policy.tree=[[0],[1],[0,0]]", "policy.draft_sampling=sample"],
+        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact (the default run)",
+        ["policy=static_sampled"],
     ),
     "chain_sampled": (
         "chain, one sampled draft, T = 1, exact",
         ["policy=chain", "policy.depth=1", "policy.draft_sampling=sample"],
     ),
+    "adt_fixed": ("adt, fixed 58-node tree, T = 1, exact", ["policy=adt", "policy.budget=fixed"]),
+    "adt_cost": ("adt + budget: cost, T = 1, exact", ["policy=adt", "policy.budget=cost"]),
+    "eagle2_cost": ("eagle2 + budget: cost, T = 1, exact", ["policy=eagle2", "policy.budget=cost"]),
+    "adt_cost_sampled": (
+        "adt + budget: cost + sampled drafts, T = 1, exact",
+        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample"],
+    ),
+    "adt_cost_lantern": ("adt + budget: cost, T = 1, lantern=on", ["policy=adt", "policy.budget=cost", "lantern=on"]),
+    "adt_cost_sampled_lantern": (
+        "adt + budget: cost + sampled drafts, T = 1, lantern=on",
+        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "lantern=on"],
+    ),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
     "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
+    "static_sampled_greedy": (
+        "static tree [[0],[1],[0,0]], greedy (top-k drafts)",
+        ["policy=static_sampled", "sampling=greedy"],
+    ),
 }
 DEFAULT_ROWS = list(ROWS)
 DEFAULT_REPEATS = 2  # timing.repeats of every row (ABBA pairs per prompt), unless given

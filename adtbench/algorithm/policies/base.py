@@ -131,23 +131,29 @@ def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(top_k_stable(host, k)).to(scores.device)
 
 
-def gumbel_draws(lp: np.ndarray, n: int, generator: torch.Generator | None) -> np.ndarray:
-    """n draws without replacement from each row of ``softmax(lp)`` ``[m, V]``, in draw order.
+def gumbel_draws(lp: np.ndarray, n: int | np.ndarray, generator: torch.Generator | None) -> list[np.ndarray]:
+    """Draws without replacement from each row of ``softmax(lp)`` ``[m, V]``, in draw order: ``n[i]`` from row i
+    (an int: the same for every row).
 
     Gumbel-top-n (Kool et al. 2019): the n largest keys ``lp + Gumbel`` have the law of n sequential draws without
-    replacement, in that order; found by one partition and a sort of n (keys tie with probability 0). Rows need at
-    least n finite entries (an entry with lp = −inf is never drawn)."""
-    u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
+    replacement, in that order (keys tie with probability 0). One uniform per entry of the rows drawn from; a row
+    with ``n[i] = 0`` consumes none. Rows need at least ``n[i]`` finite entries (lp = −inf is never drawn)."""
+    counts = np.broadcast_to(np.asarray(n), lp.shape[:1])
+    rows = np.flatnonzero(counts)
+    out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * lp.shape[0]
+    if rows.size == 0:
+        return out
+    u = torch.rand((rows.size, lp.shape[-1]), generator=generator, dtype=torch.float64).numpy()
     with np.errstate(divide="ignore"):
-        keys = lp - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
-    if n == 1:
-        return np.argmax(keys, axis=-1)[..., None]
-    if n < lp.shape[-1]:
-        idx = np.argpartition(-keys, n - 1, axis=-1)[..., :n]
-    else:
-        idx = np.broadcast_to(np.arange(lp.shape[-1]), lp.shape)
-    order = np.argsort(-np.take_along_axis(keys, idx, -1), axis=-1, kind="stable")
-    return np.take_along_axis(idx, order, -1)
+        keys = lp[rows] - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
+    for r, i in enumerate(rows.tolist()):
+        k, c = keys[r], int(counts[i])
+        if c == 1:
+            out[i] = np.array([int(np.argmax(k))])
+        else:
+            idx = np.argpartition(-k, c - 1)[:c] if c < k.size else np.arange(k.size)
+            out[i] = idx[np.argsort(-k[idx], kind="stable")]
+    return out
 
 
 def sample_without_replacement(
@@ -160,4 +166,4 @@ def sample_without_replacement(
     if k == 0:
         return torch.zeros(0, dtype=torch.long), logprobs.exp()
     drawn = gumbel_draws(lp[None], k, generator)[0]
-    return torch.from_numpy(drawn.copy()), logprobs.exp()
+    return torch.from_numpy(drawn), logprobs.exp()

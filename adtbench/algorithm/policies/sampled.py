@@ -147,19 +147,17 @@ def build_sampled_tree(
         if order.size == 0:
             break
         counts = np.bincount(order // top_k, minlength=frontier.size)
-        draws = gumbel_draws(lp, int(counts.max()), session.generator)
-        rows = np.repeat(np.arange(frontier.size), counts)
-        ranks = np.concatenate([np.arange(c) for c in counts])
-        m = rows.size
-        toks[n : n + m] = draws[rows, ranks]
-        par[n : n + m] = frontier[rows]
-        reach[n : n + m] = values[rows * top_k + ranks]
+        draws = gumbel_draws(lp, counts, session.generator)
+        m = int(counts.sum())
         for i in np.flatnonzero(counts).tolist():
-            f = int(frontier[i])
+            f, c = int(frontier[i]), int(counts[i])
+            toks[n : n + c] = draws[i]
+            par[n : n + c] = f
+            reach[n : n + c] = values[i * top_k : i * top_k + c]
             proposal[f] = torch.from_numpy(q[i])
             entropy[f] = float(H[i])
-        new = np.arange(n, n + m)
-        n += m
+            n += c
+        new = np.arange(n - m, n)
         if level == rounds or n >= cap:
             break
         cand = new[np.argsort(-reach[new], kind="stable")][:top_k]
@@ -171,7 +169,7 @@ def build_sampled_tree(
         sess[cand] = ids
         levels.append(cand.size)
         if budget is not None:
-            spent = budget.spent_ms(levels)
+            spent += budget.t_level(cand.size)
         frontier, lp = cand, lp_t.double().cpu().numpy()
     tree = DraftTree(
         tokens=torch.from_numpy(toks[:n].copy()),
