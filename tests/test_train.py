@@ -160,6 +160,12 @@ def test_drafter_stage_trains_and_resumes(stack, tmp_path):
     target = build_target(_mini_cfg(stack))
     d = build_drafter(OmegaConf.create({"kind": "eagle", "path": str(tmp_path / "a" / "final"), "seed": 1}), target)
     assert sum(p.numel() for p in d.parameters()) == info["params"]
+    # a warm start on the target's own samples (teacher.source=generated) begins from a's weights: with lr 0 it
+    # ends there exactly
+    warm = [*over, "teacher.source=generated", "lr=0.0", f"init_from={tmp_path / 'a' / 'final'}"]
+    _run("drafter", tmp_path / "c", *warm)
+    c = load_file(str(tmp_path / "c" / "final" / "model.safetensors"))
+    assert all(torch.equal(a[k], c[k]) for k in a)
 
 
 def test_evaluator_stage(stack, tmp_path):

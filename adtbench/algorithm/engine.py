@@ -132,7 +132,7 @@ def generate(
         )
         if len(tokens) < n_gen:  # the drafter consumes (f_t, x_{t+1}) for every committed position
             embeds = target.embed_tokens(torch.tensor(new))[None].expand(R, -1, -1).to(c.features.dtype)
-            out = drafter.extend(c.features, embeds, c.positions, torch.ones(R, len(new), dtype=torch.bool))
+            out = drafter.extend(c.features, embeds, c.positions)  # committed tokens: all valid
             drafter_forwards += 1
         drafter_forwards += session.forwards
         draft_s += c.draft_s + clock.now() - t

@@ -111,14 +111,19 @@ def process_logits(raw: torch.Tensor, gen_idx: torch.Tensor, layout: TokenLayout
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One draw from a (possibly unnormalised) probability vector ``[V]`` by inverse CDF on a float64 host copy:
-    the first i with ``cumsum(p)[i] > u · Σp`` for one ``u ~ U[0, 1)`` (a zero-probability entry never satisfies it
+    """One draw from a (possibly unnormalised) probability vector ``[V]``: ``sample_np`` on a float64 host copy."""
+    return sample_np(probs.detach().to("cpu", torch.float64).numpy(), generator)
+
+
+def sample_np(p: np.ndarray, generator: torch.Generator | None) -> int:
+    """One draw from a (possibly unnormalised) float64 probability vector by inverse CDF: the first i with
+    ``cumsum(p)[i] > u · Σp`` for one ``u ~ U[0, 1)`` from ``generator`` (a zero-probability entry never satisfies it
     first). Same law as ``torch.multinomial``, a third of its cost per call on CPU."""
     device = generator.device if generator is not None else "cpu"
     u = float(torch.rand(1, generator=generator, device=device, dtype=torch.float64))
-    c = np.cumsum(probs.detach().to("cpu", torch.float64).numpy())
+    c = np.cumsum(p)
     i = int(np.searchsorted(c, u * c[-1], side="right"))
-    return i if i < c.size else int(np.flatnonzero(np.diff(c, prepend=0.0) > 0)[-1])  # u · Σp rounded up to Σp
+    return i if i < c.size else int(np.flatnonzero(p > 0)[-1])  # u · Σp rounded up to Σp: the last positive entry
 
 
 def next_token(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adtbench.algorithm.sampling import sample
+from adtbench.algorithm.sampling import sample, sample_np
 from adtbench.algorithm.tree import DraftTree
 
 
@@ -123,7 +123,7 @@ def verify_sampling(
         if tree.proposal is not None and u in tree.proposal and kids and _exact_with_proposal(rule):
             accepted, pn = _proposal_children(probs[u], tree.proposal[u], kids, tokens, draws)
             if accepted is None:
-                return Acceptance(path=path, bonus=sample(torch.from_numpy(pn).to(p), generator))
+                return Acceptance(path=path, bonus=sample_np(pn, generator))
         elif tree.proposal is not None and u in tree.proposal and kids:
             q = tree.proposal[u].to(p)
             for c in kids:
@@ -139,7 +139,7 @@ def verify_sampling(
         elif kids and _exact_point_mass(rule):
             accepted, pn = _point_mass_children(probs[u], kids, tokens, draws)
             if accepted is None:
-                return Acceptance(path=path, bonus=sample(torch.from_numpy(pn).to(p), generator))
+                return Acceptance(path=path, bonus=sample_np(pn, generator))
         else:
             for c, x in _distinct_children(kids, tokens):
                 acc, residual = rule.point_mass(p, x)

@@ -217,22 +217,48 @@ class EagleDrafter(InferenceWeights, nn.Module):
         c = self.config
         self.cache = StaticKVCache(c.num_layers, rows, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=p.device)
+        # the additive key bias of the committed slots (0 valid / −inf not), kept beside ``valid``: a forward's mask
+        # is then one ``cat`` of views, not a boolean mask converted per forward
+        self.bias = torch.full((rows, capacity), float("-inf"), dtype=p.dtype, device=p.device)
+        self._causal: dict[int, torch.Tensor] = {}
         self.length, self.scratch = 0, 0
 
+    def _causal_block(self, m: int) -> torch.Tensor:
+        """Additive ``[m, m]``: new slot i sees new slots j ≤ i (cached per m)."""
+        t = self._causal.get(m)
+        if t is None:
+            t = torch.full((m, m), float("-inf"), dtype=self.bias.dtype, device=self.bias.device).triu_(1)
+            self._causal[m] = t
+        return t
+
     @torch.no_grad()
-    def extend(self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """Append committed slots; returns the last slot's output ``[R, H]`` (predicts the root's children)."""
+    def extend(
+        self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Append committed slots (``valid [R, m]``; None: all valid); returns the last slot's output ``[R, H]``
+        (it predicts the root's children)."""
         self.rollback()
-        m = feats.shape[1]
+        R, m = feats.shape[0], feats.shape[1]
         L, dev = self.length, self.valid.device
-        # slot L+i sees every valid column j ≤ L+i, and always itself
-        keys = torch.cat([self.valid[:, :L], valid.to(dev)], 1)  # [R, L + m]
-        col = torch.arange(L + m, device=dev)
-        row = col[L:, None]
-        allowed = ((col <= row) & keys[:, None]) | (col == row)  # [R, m, L + m]
-        mask = additive_mask(allowed[:, None], embeds.dtype)
+        if valid is None:  # the decode loop's case: every committed token is a real position
+            mask = torch.cat(
+                [self.bias[:, None, None, :L].expand(R, 1, m, L), self._causal_block(m)[None, None].expand(R, 1, m, m)],
+                -1,
+            ).to(embeds.dtype)
+        else:  # slot L+i sees every valid column j ≤ L+i, and always itself
+            keys = torch.cat([self.valid[:, :L], valid.to(dev)], 1)  # [R, L + m]
+            col = torch.arange(L + m, device=dev)
+            row = col[L:, None]
+            allowed = ((col <= row) & keys[:, None]) | (col == row)  # [R, m, L + m]
+            mask = additive_mask(allowed[:, None], embeds.dtype)
         out = self.forward(embeds, feats.to(embeds.dtype), pos, mask, L)
-        self.valid[:, L : L + m] = valid
+        if valid is None:
+            self.valid[:, L : L + m] = True
+            self.bias[:, L : L + m] = 0.0
+        else:
+            v = valid.to(dev)
+            self.valid[:, L : L + m] = v
+            self.bias[:, L : L + m] = torch.where(v, 0.0, float("-inf"))
         self.length += m
         return out[:, -1]
 
@@ -240,12 +266,15 @@ class EagleDrafter(InferenceWeights, nn.Module):
     def expand(
         self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, slot_mask: torch.Tensor
     ) -> torch.Tensor:
-        """Scratch slots for tree nodes. ``slot_mask [m, scratch + m]``: which scratch slots each new one sees."""
+        """Scratch slots for tree nodes. ``slot_mask [m, scratch + m]``: which scratch slots each new one sees —
+        boolean (True = attend) or already additive (0 / −inf)."""
         R, m, _ = feats.shape
         L, S = self.length, self.scratch
-        prefix = self.valid[:, None, :L].expand(R, m, L)
-        allowed = torch.cat([prefix, slot_mask.to(prefix.device)[None].expand(R, m, S + m)], dim=-1)
-        out = self.forward(embeds, feats, pos, additive_mask(allowed[:, None], embeds.dtype), L + S)
+        slots = additive_mask(slot_mask.to(self.bias.device), self.bias.dtype)
+        mask = torch.cat(
+            [self.bias[:, None, None, :L].expand(R, 1, m, L), slots[None, None].expand(R, 1, m, S + m)], -1
+        ).to(embeds.dtype)
+        out = self.forward(embeds, feats, pos, mask, L + S)
         self.scratch += m
         return out
 

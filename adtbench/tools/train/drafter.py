@@ -53,6 +53,7 @@ from adtbench.models.base import Target
 from adtbench.tools.train.common import (
     atomic_save,
     export_dir,
+    init_from,
     save_safetensors,
     scene_pool,
     stage_dir,
@@ -372,7 +373,9 @@ def run(cfg: DictConfig) -> dict:
     train = build_teacher(cfg, target, out, "train", int(cfg.teacher.count))
     held = build_teacher(cfg, target, out, "heldout", int(cfg.teacher.eval_count))
     teacher_s = time.perf_counter() - t0  # this invocation (cached shards load in seconds)
-    drafter = build_student(cfg, target).train()
+    drafter = build_student(cfg, target)
+    init_from(drafter, cfg)  # warm start (e.g. the shipped drafter, fine-tuned on the target's own samples)
+    drafter.train()
     optim = torch.optim.AdamW(
         drafter.parameters(), lr=float(cfg.lr), betas=(0.9, 0.95), weight_decay=float(cfg.weight_decay)
     )
