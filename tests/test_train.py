@@ -201,8 +201,10 @@ class _Recorder:
         self.calls: list[tuple] = []
         fn = drafter.extend
 
-        def extend(feats, embeds, pos, valid):
+        def extend(feats, embeds, pos, valid=None):
             out = fn(feats, embeds, pos, valid)
+            if valid is None:  # the decode loop's committed tokens: all valid
+                valid = torch.ones(pos.shape, dtype=torch.bool)
             self.calls.append((feats.clone(), embeds.clone(), pos.clone(), valid.clone(), out.clone()))
             return out
 

@@ -177,8 +177,8 @@ def test_unwritable_cache_dirs_fail_with_the_config(tmp_path):
     with pytest.raises(ConfigError) as ei:
         validate(cfg_of("lantern=on", f"lantern.cache_dir={blocker}/lantern"))
     assert ei.value.key == "lantern.cache_dir" and str(blocker) in str(ei.value)
-    with pytest.raises(ConfigError) as ei:  # the default policy (adt, budget: cost) writes cost models there
-        validate(cfg_of(f"paths.cache_dir={blocker}/cost"))
+    with pytest.raises(ConfigError) as ei:  # adt with budget: cost (its default) writes cost models there
+        validate(cfg_of("policy=adt", f"paths.cache_dir={blocker}/cost"))
     assert ei.value.key == "paths.cache_dir"
     validate(cfg_of("lantern=on", f"lantern.cache_dir={tmp_path}/ok"))
 
