@@ -113,13 +113,19 @@ def test_exact_fast_path_decides_like_the_generic_loop():
     gen = torch.Generator().manual_seed(0)
     tree = DraftTree(torch.tensor([9, 0, 2, 0, 1, 3, 1, 2]), [-1, 0, 0, 0, 1, 1, 4, 4], drafted_depth=3)
     logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 1.5).log_softmax(-1)
+    assert_same_decisions(tree, logits, _GenericExact())
+
+
+def assert_same_decisions(tree: DraftTree, logits: torch.Tensor, generic: AcceptanceRule) -> None:
+    """The exact host path and ``generic`` (the same law through the tensor loop) take the same accepted path and
+    bonus from the same uniforms, over 300 seeds that see both acceptance and rejection."""
     same = 0
     for seed in range(300):
         fast = verify_sampling(tree, logits, torch.Generator().manual_seed(seed))
-        slow = verify_sampling(tree, logits, torch.Generator().manual_seed(seed), _GenericExact())
+        slow = verify_sampling(tree, logits, torch.Generator().manual_seed(seed), generic)
         assert (fast.path, fast.bonus) == (slow.path, slow.bonus), seed
         same += len(fast.path) > 1
-    assert 0 < same < 300  # both acceptance and rejection happened
+    assert 0 < same < 300
 
 
 class _GenericProposal(AcceptanceRule):
@@ -138,13 +144,7 @@ def test_exact_proposal_fast_path_decides_like_the_generic_loop():
     q = {u: torch.randn(6, generator=gen, dtype=torch.float64).softmax(-1) for u in (0, 1, 4)}
     tree = DraftTree(tree_tokens, parents, drafted_depth=3, proposal=q)
     logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 1.5).log_softmax(-1)
-    same = 0
-    for seed in range(300):
-        fast = verify_sampling(tree, logits, torch.Generator().manual_seed(seed))
-        slow = verify_sampling(tree, logits, torch.Generator().manual_seed(seed), _GenericProposal())
-        assert (fast.path, fast.bonus) == (slow.path, slow.bonus), seed
-        same += len(fast.path) > 1
-    assert 0 < same < 300
+    assert_same_decisions(tree, logits, _GenericProposal())
 
 
 def test_sample_is_the_categorical_law_and_skips_zeros():
