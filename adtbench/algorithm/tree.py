@@ -50,19 +50,15 @@ class DraftTree:
 
     @cached_property
     def _ancestry(self) -> tuple[np.ndarray, np.ndarray]:
-        """(depth [n], ancestor closure [n, n]) by pointer jumping: one vectorised step per tree level."""
-        n, par = self.size, self._par
-        mask = np.eye(n, dtype=bool)
-        depth = np.zeros(n, dtype=np.int64)
-        rows, cur = np.arange(n), par.copy()
-        live = cur >= 0
-        while live.any():
-            rows, cur = rows[live], cur[live]
-            mask[rows, cur] = True
-            depth[rows] += 1
-            cur = par[cur]
-            live = cur >= 0
-        return depth, mask
+        """(depth [n], ancestor closure [n, n]), shared by trees of the same shape (static trees repeat theirs every
+        cycle): from a bounded per-process cache, else :func:`_ancestry_of`. Never written to."""
+        key = tuple(self.parents)
+        hit = _ANCESTRY.get(key)
+        if hit is None:
+            if len(_ANCESTRY) >= _ANCESTRY_MAX:
+                _ANCESTRY.clear()
+            hit = _ANCESTRY[key] = _ancestry_of(self._par)
+        return hit
 
     @cached_property
     def depth(self) -> torch.Tensor:
@@ -103,6 +99,27 @@ class DraftTree:
             big = self.size + 1
             rows.sort(key=lambda r: [big if v < 0 else v for v in r])
         return torch.tensor(rows, dtype=torch.long)
+
+
+def _ancestry_of(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(depth [n], ancestor closure [n, n]) of a parent array by pointer jumping: one vectorised step per level.
+    Trees of one shape share these arrays (and the tensors viewing them): nothing may write to them."""
+    n = par.size
+    mask = np.eye(n, dtype=bool)
+    depth = np.zeros(n, dtype=np.int64)
+    rows, cur = np.arange(n), par.copy()
+    live = cur >= 0
+    while live.any():
+        rows, cur = rows[live], cur[live]
+        mask[rows, cur] = True
+        depth[rows] += 1
+        cur = par[cur]
+        live = cur >= 0
+    return depth, mask
+
+
+_ANCESTRY: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+_ANCESTRY_MAX = 4096
 
 
 def root_only(token: int) -> DraftTree:

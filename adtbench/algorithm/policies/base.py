@@ -159,11 +159,17 @@ def gumbel_draws(lp: np.ndarray, n: int | np.ndarray, generator: torch.Generator
 def sample_without_replacement(
     logprobs: torch.Tensor, k: int, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``k`` distinct tokens in order from ``softmax(logprobs)`` ``[V]`` (``gumbel_draws``); returns (tokens,
-    probs ``[V]``). Fewer than k tokens come back when the support is smaller."""
+    """Draw ``k`` distinct tokens in order from ``softmax(logprobs)`` ``[V]`` (Gumbel-top-k, as ``gumbel_draws`` on
+    one row); returns (tokens, probs ``[V]`` in float64). Fewer than k tokens come back when the support is smaller."""
     lp = logprobs.detach().to("cpu", torch.float64).numpy()
     k = min(k, int(np.isfinite(lp).sum()))
+    probs = torch.from_numpy(np.exp(lp))
     if k == 0:
-        return torch.zeros(0, dtype=torch.long), logprobs.exp()
-    drawn = gumbel_draws(lp[None], k, generator)[0]
-    return torch.from_numpy(drawn), logprobs.exp()
+        return torch.zeros(0, dtype=torch.long), probs
+    u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
+    with np.errstate(divide="ignore"):
+        keys = lp - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
+    if k == 1:
+        return torch.tensor([int(np.argmax(keys))]), probs
+    idx = np.argpartition(-keys, k - 1)[:k] if k < keys.size else np.arange(keys.size)
+    return torch.from_numpy(idx[np.argsort(-keys[idx], kind="stable")]), probs

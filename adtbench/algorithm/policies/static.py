@@ -85,36 +85,48 @@ class StaticTreePolicy(TreePolicy):
         self.draft_sampling = draft_sampling
         self.name = name
         self.width = max(p[-1] for p in self.paths) + 1
+        self._plan = self._build_plan()
+        self._inner = {p[:-1] for p in self.paths if len(p) > 1}  # paths with children
 
     def max_nodes(self) -> int:
         return len(self.paths) + 1
 
+    def _build_plan(self) -> list[list[tuple[tuple[int, ...], list[tuple[int, ...]], int]]]:
+        """Per level: ``(parent path, its child paths in path order, 1 + their largest rank)``, parents in the order
+        of their first child path; computed once (the paths never change)."""
+        plan: list[list[tuple[tuple[int, ...], list[tuple[int, ...]], int]]] = []
+        for level in range(1, max(map(len, self.paths)) + 1):
+            groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+            for p in self.paths:
+                if len(p) == level:
+                    groups.setdefault(p[:-1], []).append(p)
+            plan.append([(pre, kids, max(k[-1] for k in kids) + 1) for pre, kids in groups.items()])
+        return plan
+
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
         sample = self.draft_sampling == "sample" and not session.greedy
-        paths = [p for p in self.paths if len(p) <= max_depth]
         tokens, parents = [session.root_token], [-1]
         node_of: dict[tuple[int, ...], int] = {(): 0}
         sess_of: dict[tuple[int, ...], int] = {(): 0}
         logprobs: dict[tuple[int, ...], torch.Tensor] = {(): session.root_logprobs()}
         proposal: dict[int, torch.Tensor] = {}
         depth = 0
-        for level in range(1, (max(map(len, paths)) if paths else 0) + 1):
-            by_parent: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-            for p in paths:
-                if len(p) == level and p[:-1] in logprobs:
-                    by_parent.setdefault(p[:-1], []).append(p)
+        for level, groups in enumerate(self._plan[:max_depth], start=1):
             new: list[tuple[int, ...]] = []
-            for prefix, kids in by_parent.items():
-                lp = logprobs[prefix]
+            for prefix, kids, width in groups:
+                lp = logprobs.get(prefix)
+                if lp is None:  # the parent was not drafted (a −inf rank) or not expanded
+                    continue
                 if sample:
                     drawn, probs = sample_without_replacement(lp, len(kids), session.generator)
-                    chosen = {p: int(drawn[i]) for i, p in enumerate(kids) if i < drawn.numel()}
+                    chosen = list(zip(kids, drawn.tolist()))
                     proposal[node_of[prefix]] = probs
                 else:
-                    top = stable_topk(lp, max(p[-1] for p in kids) + 1)
-                    finite = torch.isfinite(lp[top])
-                    chosen = {p: int(top[p[-1]]) for p in kids if bool(finite[p[-1]])}
-                for p, tok in chosen.items():
+                    top = stable_topk(lp, width)
+                    finite = torch.isfinite(lp[top]).tolist()
+                    top_l = top.tolist()
+                    chosen = [(p, top_l[p[-1]]) for p in kids if finite[p[-1]]]
+                for p, tok in chosen:
                     node_of[p] = len(tokens)
                     tokens.append(tok)
                     parents.append(node_of[prefix])
@@ -122,7 +134,7 @@ class StaticTreePolicy(TreePolicy):
             if not new:
                 break
             depth = level
-            grow = [p for p in new if any(len(q) == level + 1 and q[:-1] == p for q in paths)]
+            grow = [p for p in new if p in self._inner] if level < max_depth else []
             if grow:
                 ids, lps = session.expand([sess_of[p[:-1]] for p in grow], [tokens[node_of[p]] for p in grow])
                 for p, sid, lp in zip(grow, ids, lps):
