@@ -123,7 +123,7 @@ class TreeBudget:
 
     def spent_ms(self, level_sizes: list[int]) -> float:
         """What a cycle has cost before its verify: the fixed work and one drafter level per size in the list."""
-        return self.model.fixed_ms + sum(self.model.t_level(m) for m in level_sizes)
+        return self.model.fixed_ms + sum(self.t_level(m) for m in level_sizes)
 
     def best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float]:
         """(N, rate) maximising ``rate(N)`` over N = 0 … len(pi_sorted) (ties → the smaller N)."""
@@ -131,10 +131,6 @@ class TreeBudget:
         rate = gain / (spent_ms + self._t_verify_upto(gain.size))
         n = int(np.argmax(rate))
         return n, float(rate[n])
-
-    def t_verify(self, n: int | np.ndarray) -> Any:
-        """Measured ms of a verify forward over ``n`` tree nodes (root included)."""
-        return self.model.t_verify(n)
 
     def _t_level_upto(self, m: int) -> np.ndarray:
         """``t_level(1 … m)`` as an array (tabulated once, grown on demand)."""
@@ -172,7 +168,7 @@ class TreeBudget:
         """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""
         n, rate = self.best(pi_sorted, spent_ms)
         gain = 1.0 + self.c * float(pi_sorted[:n].sum())
-        t_more = spent_ms + self.model.t_level(frontier) + float(self._t_verify_upto(n + 1 + frontier)[-1])
+        t_more = spent_ms + self.t_level(frontier) + float(self._t_verify_upto(n + 1 + frontier)[-1])
         return (gain + self.c * frontier_pi) / t_more > rate
 
     def observe(self, predicted: float, accepted: int) -> None:
