@@ -131,6 +131,21 @@ def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.from_numpy(top_k_stable(host, k)).to(scores.device)
 
 
+def _gumbel_keys(lp: np.ndarray, generator: torch.Generator | None) -> np.ndarray:
+    """``lp + Gumbel`` with one uniform per entry (u = 0 gives −inf: never drawn)."""
+    u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
+    with np.errstate(divide="ignore"):
+        return np.asarray(lp - np.log(-np.log(u)))
+
+
+def _largest_in_order(keys: np.ndarray, c: int) -> np.ndarray:
+    """Indices of the ``c`` largest of ``keys [V]``, largest first (one partition and a sort of c; argmax for 1)."""
+    if c == 1:
+        return np.array([int(np.argmax(keys))])
+    idx = np.argpartition(-keys, c - 1)[:c] if c < keys.size else np.arange(keys.size)
+    return np.asarray(idx[np.argsort(-keys[idx], kind="stable")])
+
+
 def gumbel_draws(lp: np.ndarray, n: int | np.ndarray, generator: torch.Generator | None) -> list[np.ndarray]:
     """Draws without replacement from each row of ``softmax(lp)`` ``[m, V]``, in draw order: ``n[i]`` from row i
     (an int: the same for every row).
@@ -143,16 +158,9 @@ def gumbel_draws(lp: np.ndarray, n: int | np.ndarray, generator: torch.Generator
     out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * lp.shape[0]
     if rows.size == 0:
         return out
-    u = torch.rand((rows.size, lp.shape[-1]), generator=generator, dtype=torch.float64).numpy()
-    with np.errstate(divide="ignore"):
-        keys = lp[rows] - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
+    keys = _gumbel_keys(lp[rows], generator)
     for r, i in enumerate(rows.tolist()):
-        k, c = keys[r], int(counts[i])
-        if c == 1:
-            out[i] = np.array([int(np.argmax(k))])
-        else:
-            idx = np.argpartition(-k, c - 1)[:c] if c < k.size else np.arange(k.size)
-            out[i] = idx[np.argsort(-k[idx], kind="stable")]
+        out[i] = _largest_in_order(keys[r], int(counts[i]))
     return out
 
 
@@ -166,10 +174,4 @@ def sample_without_replacement(
     probs = torch.from_numpy(np.exp(lp))
     if k == 0:
         return torch.zeros(0, dtype=torch.long), probs
-    u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
-    with np.errstate(divide="ignore"):
-        keys = lp - np.log(-np.log(u))  # u = 0 gives −inf, never drawn
-    if k == 1:
-        return torch.tensor([int(np.argmax(keys))]), probs
-    idx = np.argpartition(-keys, k - 1)[:k] if k < keys.size else np.arange(keys.size)
-    return torch.from_numpy(idx[np.argsort(-keys[idx], kind="stable")]), probs
+    return torch.from_numpy(_largest_in_order(_gumbel_keys(lp, generator), k)), probs
