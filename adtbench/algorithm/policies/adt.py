@@ -55,7 +55,8 @@ from typing import Any
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy
-from adtbench.algorithm.policies.eagle2 import SampledDrafts, build_eagle2_tree, eagle2_candidates
+from adtbench.algorithm.policies.eagle2 import build_eagle2_tree, eagle2_candidates
+from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError

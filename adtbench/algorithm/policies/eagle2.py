@@ -24,7 +24,7 @@ import torch
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, top_k_stable
-from adtbench.algorithm.policies.sampled import DRAFT_SAMPLING, AcceptanceModel, build_sampled_tree
+from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
@@ -123,37 +123,6 @@ def build_eagle2_tree(
         width=K,
         info=info,
     )
-
-
-class SampledDrafts:
-    """A policy's ``draft_sampling`` option: ``sample`` builds ``policies.sampled`` trees at temperature > 0 (greedy
-    decoding keeps the top-k tree) and keeps their per-image acceptance model."""
-
-    def __init__(self, draft_sampling: str) -> None:
-        if draft_sampling not in DRAFT_SAMPLING:
-            raise ConfigError("policy.draft_sampling", f"must be one of {list(DRAFT_SAMPLING)}, got {draft_sampling!r}")
-        self.on = draft_sampling == "sample"
-        self.model = AcceptanceModel()
-        self._entropy: dict[int, float] | None = None
-
-    def applies(self, session: DraftSession) -> bool:
-        return self.on and not session.greedy
-
-    def build(
-        self, session: DraftSession, depth: int, top_k: int, total: int, max_depth: int, budget: TreeBudget | None
-    ) -> DraftTree:
-        out = build_sampled_tree(session, depth, top_k, total, max_depth, budget, self.model)
-        self._entropy = out.entropy
-        return out.tree
-
-    def observe(self, tree: DraftTree, acceptance: Acceptance) -> None:
-        if self._entropy is not None and tree.proposal is not None:
-            self.model.observe(tree, acceptance, self._entropy)
-        self._entropy = None
-
-    def reset(self) -> None:
-        self.model.reset()
-        self._entropy = None
 
 
 class Eagle2Policy(TreePolicy):

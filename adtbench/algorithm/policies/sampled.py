@@ -42,6 +42,7 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import gumbel_draws
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
+from adtbench.errors import ConfigError
 
 DRAFT_SAMPLING = ("topk", "sample")
 ENTROPY_EDGES = np.array([0.25, 1.0, 2.0, 3.0, 4.0])  # nats: bins of H(q_u) (acceptance is U-shaped in H)
@@ -180,3 +181,34 @@ def build_sampled_tree(
         info={"E_est": float(reach[1:n].sum())},
     )
     return SampledTree(tree, entropy)
+
+
+class SampledDrafts:
+    """A policy's ``draft_sampling`` option: ``sample`` builds these trees at temperature > 0 (greedy
+    decoding keeps the top-k tree) and keeps their per-image acceptance model."""
+
+    def __init__(self, draft_sampling: str) -> None:
+        if draft_sampling not in DRAFT_SAMPLING:
+            raise ConfigError("policy.draft_sampling", f"must be one of {list(DRAFT_SAMPLING)}, got {draft_sampling!r}")
+        self.on = draft_sampling == "sample"
+        self.model = AcceptanceModel()
+        self._entropy: dict[int, float] | None = None
+
+    def applies(self, session: DraftSession) -> bool:
+        return self.on and not session.greedy
+
+    def build(
+        self, session: DraftSession, depth: int, top_k: int, total: int, max_depth: int, budget: TreeBudget | None
+    ) -> DraftTree:
+        out = build_sampled_tree(session, depth, top_k, total, max_depth, budget, self.model)
+        self._entropy = out.entropy
+        return out.tree
+
+    def observe(self, tree: DraftTree, acceptance: Acceptance) -> None:
+        if self._entropy is not None and tree.proposal is not None:
+            self.model.observe(tree, acceptance, self._entropy)
+        self._entropy = None
+
+    def reset(self) -> None:
+        self.model.reset()
+        self._entropy = None
