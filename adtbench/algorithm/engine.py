@@ -12,6 +12,10 @@ minus one, so the last token is always a bonus and no cycle overshoots the image
 drafts verifies the root alone; the policy is not consulted). The token sampled at prefill is cycle 1's root;
 the last chosen token ends the image without a further forward.
 
+The drafter consumes the committed slots (f_t, x_{t+1}) lazily: all those since its last forward enter it in one
+``extend`` at the start of the next drafted cycle. A policy's draft gate (``algorithm.gate``) may replace a cycle by
+a plain AR step (the root verified alone); consecutive AR steps then cost the target forward alone.
+
 Timed scope (``latency_s``): from before the prompt prefill (text encoding excluded) to the last token,
 prefill and KV allocation included, VQ decoding excluded; CUDA is synchronised at every timer boundary.
 """
@@ -63,31 +67,39 @@ class CycleOutcome:
     positions: torch.Tensor  # [R, a+1] their position ids
     draft_s: float
     verify_s: float
+    last_logits: torch.Tensor  # [V] processed logits the bonus token was drawn from (the next root's)
 
 
 def speculative_cycle(
     target: Target,
-    session: DraftSession,
+    session: DraftSession | None,
     policy: TreePolicy,
     sp: SamplingParams,
     rule: AcceptanceRule,
     generator: torch.Generator | None,
+    root: int,
+    g: int,
     max_depth: int,
     clock: Clock,
 ) -> CycleOutcome:
-    """Draft a tree, verify it in one target forward, commit root + accepted drafts."""
+    """Draft a tree from ``root`` (generation index ``g``), verify it in one target forward, commit root + accepted
+    drafts. Without a ``session`` the root is verified alone: a plain AR step."""
     ta = clock.now()
-    tree = policy.propose(session, max_depth) if max_depth >= 1 else root_only(session.root_token)
-    session.drafter.rollback()
+    if session is not None:
+        tree = policy.propose(session, max_depth)
+        session.drafter.rollback()
+    else:
+        tree = root_only(root)
     tb = clock.now()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
-    processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
+    processed = process_logits(raw, g + 1 + tree.depth, target.layout, sp)
     acc = verify_tree(tree, processed, sp.greedy, generator, rule)
     keep = torch.tensor(acc.path, dtype=torch.long)
     positions = target.next_pos[:, None] + torch.arange(keep.numel(), device=target.next_pos.device)[None]
     target.commit(keep)
     tc = clock.now()
-    return CycleOutcome(tree, acc, feats[:, keep.to(feats.device)], positions, tb - ta, tc - tb)
+    last = processed[acc.path[-1]]
+    return CycleOutcome(tree, acc, feats[:, keep.to(feats.device)], positions, tb - ta, tc - tb, last)
 
 
 @torch.no_grad()
@@ -107,6 +119,9 @@ def generate(
     if not policy.uses_drafter or drafter is None:
         return decode_ar(target, inputs, sp, generator)
     policy.reset()
+    gate = policy.gate
+    if gate is not None:
+        gate.reset()
     clock, n_gen, R = Clock(target.device), target.layout.num_gen_tokens, 0
     t0 = clock.now()
     root, res = prefill(target, inputs, sp, policy.max_nodes(), generator)
@@ -116,11 +131,20 @@ def generate(
     out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
     t_prefill = clock.now() - t0
     tokens, cycles, draft_s, verify_s, drafter_forwards = [root], [], 0.0, 0.0, 1
+    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # committed slots the drafter has not seen
+    b: int | None = None  # the gate's entropy bin of the next root (None: unknown)
     while len(tokens) < n_gen:
         g = len(tokens) - 1
-        session = DraftSession(drafter, target, sp, tokens[-1], g, target.next_pos.clone(), out, generator)
-        # drafts stop one short of the image end: the last token is always a bonus (no overshoot)
-        c = speculative_cycle(target, session, policy, sp, rule, generator, n_gen - len(tokens) - 1, clock)
+        room = n_gen - len(tokens) - 1  # drafts stop one short of the image end: the last token is a bonus
+        session = None
+        if room >= 1 and (gate is None or gate.draft(b)):
+            t = clock.now()
+            if pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
+                out = drafter.extend(*(torch.cat(x, 1) for x in zip(*pending)))
+                pending, drafter_forwards = [], drafter_forwards + 1
+            session = DraftSession(drafter, target, sp, tokens[-1], g, target.next_pos.clone(), out, generator)
+            draft_s += clock.now() - t
+        c = speculative_cycle(target, session, policy, sp, rule, generator, tokens[-1], g, room, clock)
         t = clock.now()
         tree, acc = c.tree, c.acceptance
         if tree.size > 1:
@@ -130,14 +154,18 @@ def generate(
         cycles.append(
             CycleRecord(g, tree.size, tree.drafted_depth, tree.max_depth, tree.width, acc.accepted, dict(tree.info))
         )
-        if len(tokens) < n_gen:  # the drafter consumes (f_t, x_{t+1}) for every committed position
+        if gate is not None:
+            if session is not None:
+                gate.observe(b, len(new))
+            b = gate.bin_of(c.last_logits)
+        if len(tokens) < n_gen:
             embeds = target.embed_tokens(torch.tensor(new))[None].expand(R, -1, -1).to(c.features.dtype)
-            out = drafter.extend(c.features, embeds, c.positions)  # committed tokens: all valid
-            drafter_forwards += 1
-        drafter_forwards += session.forwards
+            pending.append((c.features, embeds, c.positions))
+        drafter_forwards += 0 if session is None else session.forwards
         draft_s += c.draft_s + clock.now() - t
         verify_s += c.verify_s
     latency = clock.now() - t0
+    stats = {} if gate is None else {"gated_steps": gate.skips}
     return GenerationResult(
-        tokens[:n_gen], cycles, latency, t_prefill, draft_s, verify_s, target.forwards, drafter_forwards
+        tokens[:n_gen], cycles, latency, t_prefill, draft_s, verify_s, target.forwards, drafter_forwards, stats
     )

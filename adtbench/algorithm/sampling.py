@@ -24,6 +24,9 @@ from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 
 NEG_INF = float("-inf")
+ENTROPY_EDGES = np.array([0.25, 1.0, 2.0, 3.0, 4.0])
+"""Entropy bins (nats) of a processed distribution, shared by the sampled trees' acceptance model (H of the drafter's
+q) and the draft gate (H of the target's p). Acceptance of a sampled draft is U-shaped in H, hence narrow bins."""
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,8 @@ class ChainConf:
     name: str = "chain"
     depth: int = 5
     draft_sampling: str = "topk"
+    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
+    gate_explore: int = 8
 
 
 @dataclass
@@ -71,6 +73,8 @@ class StaticConf:
     name: str = "static"
     tree: Any = "mc_sim_7b_63"  # a shape name or a list of child-rank paths
     draft_sampling: str = "topk"
+    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
+    gate_explore: int = 8
 
 
 @dataclass
@@ -82,6 +86,8 @@ class Eagle2Conf:
     budget: str = "fixed"
     calibrate: bool = True
     draft_sampling: str = "topk"
+    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
+    gate_explore: int = 8
 
 
 @dataclass
@@ -105,6 +111,8 @@ class AdtConf:
     budget: str = "cost"
     calibrate: bool = True
     draft_sampling: str = "topk"
+    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
+    gate_explore: int = 8
 
 
 @dataclass

@@ -54,7 +54,7 @@ from typing import Any
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy
+from adtbench.algorithm.policies.base import GATE_KEYS, POLICIES, TreePolicy, with_gate
 from adtbench.algorithm.policies.eagle2 import build_eagle2_tree, eagle2_candidates
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
@@ -268,8 +268,10 @@ def build_adt_policy(node: Any) -> ADTPolicy:
     """``ADTPolicy`` from the ``policy`` config node (unknown keys are a ConfigError naming them)."""
     data = dict(node)
     data.pop("name", None)
+    for key in GATE_KEYS:
+        data.pop(key, None)
     known = set(ADTPolicy.__init__.__kwdefaults__ or {})
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"policy.{unknown[0]}", f"unknown ADT parameter; known: {sorted(known)}")
-    return ADTPolicy(**data)
+    return with_gate(ADTPolicy(**data), node)

@@ -8,7 +8,7 @@ image positions left), never the model. ``observe`` feeds back the verification 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
@@ -20,10 +20,14 @@ from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.registry import Registry
 
+if TYPE_CHECKING:
+    from adtbench.algorithm.gate import DraftGate
+
 
 class TreePolicy(ABC):
     name: str = "policy"
     uses_drafter: bool = True
+    gate: DraftGate | None = None  # draft gating (``algorithm.gate``, ``policy.gate_tokens``); None: draft every cycle
 
     @abstractmethod
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
@@ -91,6 +95,19 @@ POLICIES: Registry[Policy] = Registry("policy")
 """``policy.name`` → builder(policy node) → TreePolicy; each policy module registers its own builder(s), and
 ``import adtbench.algorithm.policies`` imports them all. Builders get a node already checked against its schema
 (``adtbench.harness.schema``); constructors check ranges and choices, naming ``policy.<key>``."""
+
+
+GATE_KEYS = ("gate_tokens", "gate_explore")
+P = TypeVar("P", bound=TreePolicy)
+
+
+def with_gate(policy: P, node: Any) -> P:
+    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``."""
+    from adtbench.algorithm.gate import DraftGate
+
+    tokens = node.get("gate_tokens")
+    policy.gate = None if tokens is None else DraftGate(float(tokens), int(node.get("gate_explore", 8)))
+    return policy
 
 
 def desc_stable(x: np.ndarray) -> np.ndarray:

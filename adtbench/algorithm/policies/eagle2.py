@@ -23,7 +23,7 @@ import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, top_k_stable
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, top_k_stable, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
@@ -182,8 +182,9 @@ class Eagle2Policy(TreePolicy):
 @POLICIES.register("eagle2")
 def build_eagle2(node: Any) -> Eagle2Policy:
     """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``,
-    ``draft_sampling``."""
-    return Eagle2Policy(
+    ``draft_sampling``, ``gate_tokens``, ``gate_explore``."""
+    policy = Eagle2Policy(
         int(node["depth"]), int(node["top_k"]), int(node["total_tokens"]), str(node.get("budget", "fixed")),
         node.get("calibrate", True), str(node.get("draft_sampling", "topk")),
     )  # fmt: skip
+    return with_gate(policy, node)

@@ -40,12 +40,12 @@ import torch
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import gumbel_draws
+from adtbench.algorithm.sampling import ENTROPY_EDGES
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
 
 DRAFT_SAMPLING = ("topk", "sample")
-ENTROPY_EDGES = np.array([0.25, 1.0, 2.0, 3.0, 4.0])  # nats: bins of H(q_u) (acceptance is U-shaped in H)
 ALPHA_RANGE = (0.02, 0.98)
 
 

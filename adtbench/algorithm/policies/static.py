@@ -19,7 +19,13 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, sample_without_replacement, stable_topk
+from adtbench.algorithm.policies.base import (
+    POLICIES,
+    TreePolicy,
+    sample_without_replacement,
+    stable_topk,
+    with_gate,
+)
 from adtbench.algorithm.tree import DraftTree
 
 # mc_sim_7b_63: EAGLE-1's default tree (SafeAILab/EAGLE eagle/model/choices.py), 25 nodes, depth 5.
@@ -161,13 +167,14 @@ class ChainPolicy(StaticTreePolicy):
 
 @POLICIES.register("chain")
 def build_chain(node: Any) -> ChainPolicy:
-    """``policy=chain``: ``depth``, ``draft_sampling``."""
-    return ChainPolicy(int(node["depth"]), str(node["draft_sampling"]))
+    """``policy=chain``: ``depth``, ``draft_sampling``, ``gate_tokens``, ``gate_explore``."""
+    return with_gate(ChainPolicy(int(node["depth"]), str(node["draft_sampling"])), node)
 
 
 @POLICIES.register("static")
 def build_static(node: Any) -> StaticTreePolicy:
-    """``policy=static``: ``tree`` (a name in ``SHAPES`` or a list of child-rank paths), ``draft_sampling``."""
+    """``policy=static``: ``tree`` (a name in ``SHAPES`` or a list of child-rank paths), ``draft_sampling``,
+    ``gate_tokens``, ``gate_explore``."""
     from adtbench.errors import ConfigError
 
     tree = node["tree"]
@@ -178,4 +185,4 @@ def build_static(node: Any) -> StaticTreePolicy:
         paths = SHAPES[tree]
     else:
         paths = [list(p) for p in tree]
-    return StaticTreePolicy(paths, str(node["draft_sampling"]), name="static")
+    return with_gate(StaticTreePolicy(paths, str(node["draft_sampling"]), name="static"), node)
