@@ -31,9 +31,8 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import LoopPolicy, Policy, TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits
-from adtbench.algorithm.tree import DraftTree, root_only
-from adtbench.algorithm.verify import EXACT, Acceptance, AcceptanceRule, verify_tree
-from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_tokens, prefill_token
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_tree
+from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_step, ar_tokens, prefill_token
 
 
 def prefill(
@@ -61,45 +60,56 @@ def decode_ar(
 
 @dataclass
 class CycleOutcome:
-    tree: DraftTree
-    acceptance: Acceptance
-    features: torch.Tensor  # [R, a+1, H] target features of the committed tokens
+    tokens: list[int]  # committed after the root: the accepted drafts, then the bonus token
+    record: CycleRecord
+    features: torch.Tensor  # [R, a+1, H] target features of the committed tokens (root first)
     positions: torch.Tensor  # [R, a+1] their position ids
+    last_logits: torch.Tensor  # [V] processed logits the bonus token was drawn from (the next root's)
     draft_s: float
     verify_s: float
-    last_logits: torch.Tensor  # [V] processed logits the bonus token was drawn from (the next root's)
+    drafter_forwards: int
 
 
 def speculative_cycle(
     target: Target,
-    session: DraftSession | None,
+    session: DraftSession,
     policy: TreePolicy,
     sp: SamplingParams,
     rule: AcceptanceRule,
     generator: torch.Generator | None,
-    root: int,
-    g: int,
     max_depth: int,
     clock: Clock,
 ) -> CycleOutcome:
-    """Draft a tree from ``root`` (generation index ``g``), verify it in one target forward, commit root + accepted
-    drafts. Without a ``session`` the root is verified alone: a plain AR step."""
+    """Draft a tree, verify it in one target forward, commit root + accepted drafts, tell the policy."""
     ta = clock.now()
-    if session is not None:
-        tree = policy.propose(session, max_depth)
-        session.drafter.rollback()
-    else:
-        tree = root_only(root)
+    tree = policy.propose(session, max_depth)
+    session.drafter.rollback()
     tb = clock.now()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
-    processed = process_logits(raw, g + 1 + tree.depth, target.layout, sp)
+    processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
     acc = verify_tree(tree, processed, sp.greedy, generator, rule)
     keep = torch.tensor(acc.path, dtype=torch.long)
     positions = target.next_pos[:, None] + torch.arange(keep.numel(), device=target.next_pos.device)[None]
     target.commit(keep)
     tc = clock.now()
-    last = processed[acc.path[-1]]
-    return CycleOutcome(tree, acc, feats[:, keep.to(feats.device)], positions, tb - ta, tc - tb, last)
+    if tree.size > 1:
+        policy.observe(tree, acc, session.root_gen)
+    new = [*tree.tokens[acc.path[1:]].tolist(), acc.bonus]
+    rec = CycleRecord(
+        session.root_gen, tree.size, tree.drafted_depth, tree.max_depth, tree.width, acc.accepted, dict(tree.info)
+    )
+    feats, last = feats[:, keep.to(feats.device)], processed[acc.path[-1]]
+    return CycleOutcome(new, rec, feats, positions, last, tb - ta + clock.now() - tc, tc - tb, session.forwards)
+
+
+def ar_cycle(
+    target: Target, root: int, g: int, sp: SamplingParams, generator: torch.Generator | None, clock: Clock
+) -> CycleOutcome:
+    """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``models.base.ar_step``)."""
+    t = clock.now()
+    bonus, last, feats = ar_step(target, root, g + 1, sp, generator)
+    positions = target.next_pos[:, None] - 1
+    return CycleOutcome([bonus], CycleRecord(g, 1, 0, 0, 0, 0), feats, positions, last, 0.0, clock.now() - t, 0)
 
 
 @torch.no_grad()
@@ -136,7 +146,6 @@ def generate(
     while len(tokens) < n_gen:
         g = len(tokens) - 1
         room = n_gen - len(tokens) - 1  # drafts stop one short of the image end: the last token is a bonus
-        session = None
         if room >= 1 and (gate is None or gate.draft(b)):
             t = clock.now()
             if pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
@@ -144,26 +153,21 @@ def generate(
                 pending, drafter_forwards = [], drafter_forwards + 1
             session = DraftSession(drafter, target, sp, tokens[-1], g, target.next_pos.clone(), out, generator)
             draft_s += clock.now() - t
-        c = speculative_cycle(target, session, policy, sp, rule, generator, tokens[-1], g, room, clock)
+            c = speculative_cycle(target, session, policy, sp, rule, generator, room, clock)
+            if gate is not None:
+                gate.observe(b, len(c.tokens))
+        else:
+            c = ar_cycle(target, tokens[-1], g, sp, generator, clock)
         t = clock.now()
-        tree, acc = c.tree, c.acceptance
-        if tree.size > 1:
-            policy.observe(tree, acc, g)
-        new = [*tree.tokens[acc.path[1:]].tolist(), acc.bonus]
-        tokens += new
-        cycles.append(
-            CycleRecord(g, tree.size, tree.drafted_depth, tree.max_depth, tree.width, acc.accepted, dict(tree.info))
-        )
+        tokens += c.tokens
+        cycles.append(c.record)
         if gate is not None:
-            if session is not None:
-                gate.observe(b, len(new))
             b = gate.bin_of(c.last_logits)
         if len(tokens) < n_gen:
-            embeds = target.embed_tokens(torch.tensor(new))[None].expand(R, -1, -1).to(c.features.dtype)
+            embeds = target.embed_tokens(torch.tensor(c.tokens))[None].expand(R, -1, -1).to(c.features.dtype)
             pending.append((c.features, embeds, c.positions))
-        drafter_forwards += 0 if session is None else session.forwards
-        draft_s += c.draft_s + clock.now() - t
-        verify_s += c.verify_s
+        draft_s, verify_s = draft_s + c.draft_s + clock.now() - t, verify_s + c.verify_s
+        drafter_forwards += c.drafter_forwards
     latency = clock.now() - t0
     stats = {} if gate is None else {"gated_steps": gate.skips}
     return GenerationResult(

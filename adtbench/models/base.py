@@ -246,6 +246,22 @@ def prefill_token(
     return next_token(processed, sp, generator), res
 
 
+_ONE_NODE = torch.ones(1, 1, dtype=torch.bool)  # the ancestor mask of a one-node tree
+_FIRST = torch.zeros(1, dtype=torch.long)  # its depth, and the node ``commit`` keeps
+
+
+def ar_step(
+    target: Target, token: int, gen_idx: int, sp: SamplingParams, generator: torch.Generator | None
+) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """One plain AR step: forward ``token`` alone (a one-node tree), commit it, choose the token at generation index
+    ``gen_idx``. Returns (that token, the processed logits ``[V]`` it was chosen from, the features ``[R, 1, H]``).
+    The AR baseline's step and the speculative loop's gated step (``engine.generate``) alike."""
+    raw, feats = target.verify_forward(torch.tensor([token]), _ONE_NODE, _FIRST)
+    processed = process_logits(raw, torch.tensor([gen_idx]), target.layout, sp)[0]
+    target.commit(_FIRST)
+    return next_token(processed, sp, generator), processed, feats
+
+
 @torch.no_grad()
 def ar_tokens(
     target: Target,
@@ -256,22 +272,16 @@ def ar_tokens(
 ) -> list[int]:
     """Plain AR decoding over the ``Target`` interface: ``layout.num_gen_tokens`` generated token ids.
 
-    The prefill samples token 0; each further step forwards the last token alone (a one-node tree), commits it
-    and samples the next. Invariant: the same calls and random draws as ``engine.decode_ar``, so a seeded
-    ``generator`` gives the same tokens. ``on_prefill`` is called once, right after the first token is sampled
-    (a timing hook). The model layer's own plain passes (Tar's other stage) run through this.
+    The prefill samples token 0; each further step is an ``ar_step``. Invariant: the same calls and random draws as
+    ``engine.decode_ar``, so a seeded ``generator`` gives the same tokens. ``on_prefill`` is called once, right after
+    the first token is sampled (a timing hook). The model layer's own plain passes (Tar's other stage) run through
+    this.
     """
-    layout = target.layout
     token, _ = prefill_token(target, inputs, sp, 1, generator)
     if on_prefill is not None:
         on_prefill()
     tokens = [token]
-    one = torch.ones(1, 1, dtype=torch.bool)
-    zero = torch.zeros(1, dtype=torch.long)
-    while len(tokens) < layout.num_gen_tokens:
-        raw, _ = target.verify_forward(torch.tensor([token]), one, zero)
-        processed = process_logits(raw, torch.tensor([len(tokens)]), layout, sp)[0]
-        target.commit(zero)
-        token = next_token(processed, sp, generator)
+    while len(tokens) < target.layout.num_gen_tokens:
+        token = ar_step(target, token, len(tokens), sp, generator)[0]
         tokens.append(token)
     return tokens
