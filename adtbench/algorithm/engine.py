@@ -141,7 +141,8 @@ def generate(
     out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
     t_prefill = clock.now() - t0
     tokens, cycles, draft_s, verify_s, drafter_forwards = [root], [], 0.0, 0.0, 1
-    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # committed slots the drafter has not seen
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features, positions) of slots the drafter has not seen
+    pending_tokens: list[int] = []  # their next tokens x_{t+1}
     b: int | None = None  # the gate's entropy bin of the next root (None: unknown)
     while len(tokens) < n_gen:
         g = len(tokens) - 1
@@ -149,8 +150,10 @@ def generate(
         if room >= 1 and (gate is None or gate.draft(b)):
             t = clock.now()
             if pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
-                out = drafter.extend(*(torch.cat(x, 1) for x in zip(*pending)))
-                pending, drafter_forwards = [], drafter_forwards + 1
+                feats, positions = pending[0] if len(pending) == 1 else (torch.cat(x, 1) for x in zip(*pending))
+                embeds = target.embed_tokens(torch.tensor(pending_tokens))[None].expand(R, -1, -1).to(feats.dtype)
+                out = drafter.extend(feats, embeds, positions)
+                pending, pending_tokens, drafter_forwards = [], [], drafter_forwards + 1
             session = DraftSession(drafter, target, sp, tokens[-1], g, target.next_pos.clone(), out, generator)
             draft_s += clock.now() - t
             c = speculative_cycle(target, session, policy, sp, rule, generator, room, clock)
@@ -164,8 +167,8 @@ def generate(
         if gate is not None:
             b = gate.bin_of(c.last_logits)
         if len(tokens) < n_gen:
-            embeds = target.embed_tokens(torch.tensor(c.tokens))[None].expand(R, -1, -1).to(c.features.dtype)
-            pending.append((c.features, embeds, c.positions))
+            pending.append((c.features, c.positions))
+            pending_tokens += c.tokens
         draft_s, verify_s = draft_s + c.draft_s + clock.now() - t, verify_s + c.verify_s
         drafter_forwards += c.drafter_forwards
     latency = clock.now() - t0
