@@ -34,15 +34,19 @@ def stage_commands() -> list[tuple[str, list[str]]]:
 
 def test_every_stage_of_the_chain_composes_and_is_wired():
     cmds = stage_commands()
-    assert [s for s, _ in cmds] == ["vq", "ar", "drafter", "ar", "upsampler"]
+    assert [s for s, _ in cmds] == ["vq", "ar", "drafter", "ar", "upsampler", "ar", "drafter"]
     cfgs = []
     for stage, words in cmds:
         names = [w.split("=", 1)[1] for w in words if w.startswith("config=")]
         cfgs.append(compose_stage(names[-1] if names else stage, [w for w in words if not w.startswith("config=")]))
-    vq, ar16, drafter, ar8, up = cfgs
+    vq, ar16, drafter, ar8, up, ar16_40k, drafter_40k = cfgs
     assert vq.arch.encoder == "local"
     vq_final = f"{vq.out_dir}/final"
     assert ar16.vq_path == ar8.vq_path == up.vq_path == drafter.model.vq_path == vq_final
     assert drafter.model.path == f"{ar16.out_dir}/final" and ar16.steps == int(ENV["AR16_STEPS"])
     assert ar8.data.size == 32 and ar16.data.size == 64
-    assert len({c.out_dir for c in cfgs}) == 5  # no two stages share a checkpoint directory
+    # the third generation: the GPT fine-tuned from step 2's on more scenes, its drafter warm-started from step 3's
+    assert ar16_40k.init_from == f"{ar16.out_dir}/final" and ar16_40k.data.count > ar16.data.count
+    assert ar16_40k.vq_path == drafter_40k.model.vq_path == vq_final and ar16_40k.data.size == 64
+    assert drafter_40k.model.path == f"{ar16_40k.out_dir}/final" and drafter_40k.init_from == f"{drafter.out_dir}/final"
+    assert len({c.out_dir for c in cfgs}) == 7  # no two stages share a checkpoint directory

@@ -41,6 +41,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact (the default run)",
         ["policy=static_sampled"],
     ),
+    "static_sampled_gated": (
+        "static tree [[0],[1],[0,0]], sampled drafts, gated (gate_tokens 2.2), T = 1, exact",
+        ["policy=static_sampled", "policy.gate_tokens=2.2"],
+    ),
     "chain_sampled": (
         "chain, one sampled draft, T = 1, exact",
         ["policy=chain", "policy.depth=1", "policy.draft_sampling=sample"],
@@ -52,16 +56,24 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "adt + budget: cost + sampled drafts, T = 1, exact",
         ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample"],
     ),
+    "adt_cost_sampled_gated": (
+        "adt + budget: cost + sampled drafts, gated (gate_tokens 3.0), T = 1, exact",
+        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "policy.gate_tokens=3.0"],
+    ),
     "adt_cost_lantern": ("adt + budget: cost, T = 1, lantern=on", ["policy=adt", "policy.budget=cost", "lantern=on"]),
     "adt_cost_sampled_lantern": (
         "adt + budget: cost + sampled drafts, T = 1, lantern=on",
         ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "lantern=on"],
     ),
+    "adt_cost_sampled_lantern_gated": (
+        "adt + budget: cost + sampled drafts, gated (gate_tokens 3.8), T = 1, lantern=on",
+        ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "lantern=on", "policy.gate_tokens=3.8"],
+    ),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
     "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
-    "static_sampled_greedy": (
-        "static tree [[0],[1],[0,0]], greedy (top-k drafts)",
-        ["policy=static_sampled", "sampling=greedy"],
+    "static_sampled_gated_greedy": (
+        "static tree [[0],[1],[0,0]], gated (gate_tokens 2.2), greedy (top-k drafts)",
+        ["policy=static_sampled", "policy.gate_tokens=2.2", "sampling=greedy"],
     ),
 }
 DEFAULT_ROWS = list(ROWS)
