@@ -4,6 +4,7 @@
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=README.md] [overrides]
+    adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
 
 ``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify
 forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
@@ -21,6 +22,9 @@ CUDA-synchronised on a GPU. CPU and GPU alike.
 
 ``speed``: the speed table (``adtbench.tools.bench_speed``): one app job per row on the same prompts, each timing the
 AR baseline in the same job; τ, d̄, speedup with its CI and median, and the cost model's bound per row.
+
+``versus``: a head-to-head (``adtbench.tools.bench_versus``): several policy settings and the AR baseline timed in one
+job, interleaved per prompt, with each setting's time ratio to the first and its CI.
 """
 
 from __future__ import annotations
@@ -197,17 +201,21 @@ def cost_table(r: dict) -> str:
     return "\n".join(lines)
 
 
-USAGE = "usage: adtbench bench overhead|cost|speed [hydra overrides]"
+USAGE = "usage: adtbench bench overhead|cost|speed|versus [hydra overrides]"
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("overhead", "cost", "speed"):
+    if not args or args[0] not in ("overhead", "cost", "speed", "versus"):
         print(USAGE)
         return 2
     if args[0] == "speed":
         from adtbench.tools.bench_speed import main as speed_main
 
         return speed_main(args[1:])
+    if args[0] == "versus":
+        from adtbench.tools.bench_versus import main as versus_main
+
+        return versus_main(args[1:])
     conf = str(conf_dir())
     register_resolvers()
     extra = ["+bench.prompts=8", "+bench.out=null"]

@@ -1,0 +1,243 @@
+"""``adtbench bench versus``: several settings and the AR baseline timed in ONE job, interleaved per prompt.
+
+    adtbench bench versus [common overrides] --variant NAME [overrides] --variant NAME [overrides] ...
+                          [bench.prompts=20] [bench.repeats=2] [bench.out=FILE]
+
+``bench speed`` runs one job per row, so two rows compare across jobs (machine drift between jobs moves a row by a
+few percent). To decide between settings — a gate or none, one tree or another — this runs them side by side: the
+models are built once; for every prompt each setting and the AR baseline decode it with the same seed, in an order
+rotated from prompt to prompt and reversed on odd repeats (so no setting always runs first, after the same one, or
+on a cooler cache); each timing is the engine's timed scope (``latency_s``: prefill + decode loop), the median of
+``bench.repeats`` per prompt.
+
+Variants may differ only in ``policy.*`` and ``lantern.*`` (a ``ConfigError`` names any other key that differs: a
+different model, drafter, sampling or dataset would not be a head-to-head). Reported per variant: τ, the share of
+gated cycles, the speedup over AR (ratio of total times) with its 95 % bootstrap CI over prompts, the median of the
+per-prompt ratios, and the time ratio to the first variant (``vs first``: > 1 = faster than it) with its CI — the
+number to decide by. The load average before and after the timed work is printed with the table.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from adtbench.errors import ConfigError
+from adtbench.io import atomic_write_json
+from adtbench.resources import conf_dir
+
+USAGE = (
+    "usage: adtbench bench versus [common overrides] --variant NAME [overrides] --variant NAME [overrides] ... "
+    "[bench.prompts=20] [bench.repeats=2] [bench.out=FILE]"
+)
+FREE_GROUPS = ("policy", "lantern")  # what variants may set differently
+
+
+def parse(args: list[str]) -> tuple[dict[str, Any], list[str], dict[str, list[str]]]:
+    """(bench options, common overrides, {variant name: its overrides})."""
+    opts: dict[str, Any] = {"prompts": 20, "repeats": 2, "out": None}
+    common: list[str] = []
+    variants: dict[str, list[str]] = {}
+    current: list[str] = common
+    it = iter(args)
+    for a in it:
+        if a == "--variant":
+            name = next(it, None)
+            if name is None or name.startswith("-") or "=" in name:
+                raise ConfigError("--variant", f"needs a name, got {name!r}")
+            if name in variants or name == "ar":
+                raise ConfigError("--variant", f"duplicate or reserved name {name!r}")
+            current = variants[name] = []
+            continue
+        key, sep, value = a.partition("=")
+        if key.startswith("bench.") and sep:
+            opt = key[len("bench.") :]
+            if opt not in opts:
+                raise ConfigError(key, f"unknown option; known: {sorted(f'bench.{k}' for k in opts)}")
+            if opt in ("prompts", "repeats"):
+                if not value.isdigit() or int(value) < 1:
+                    raise ConfigError(key, f"must be a positive integer, got {value!r}")
+                opts[opt] = int(value)
+            else:
+                opts[opt] = value
+            continue
+        current.append(a)
+    if not variants:
+        raise ConfigError("--variant", "give at least one: --variant NAME [overrides]")
+    return opts, common, variants
+
+
+def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain config dicts."""
+    keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else set()
+    if not keys:
+        return [] if a == b else [prefix.rstrip(".")]
+    out = []
+    for k in sorted(keys, key=str):
+        out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
+    return out
+
+
+def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[str, Any]:
+    """Each variant's composed, path-resolved config; only ``FREE_GROUPS`` may differ from the first."""
+    from adtbench.harness.config import register_resolvers, resolve_paths
+
+    register_resolvers()
+    cfgs = {}
+    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
+        for name, over in variants.items():
+            cfg = compose("config", overrides=[*common, *over])
+            resolve_paths(cfg)
+            cfgs[name] = cfg
+    first_name, first = next(iter(cfgs.items()))
+    ref = OmegaConf.to_container(first, resolve=True)
+    for name, cfg in cfgs.items():
+        bad = [
+            k
+            for k in _differences(ref, OmegaConf.to_container(cfg, resolve=True))
+            if k.split(".")[0] not in FREE_GROUPS
+        ]
+        if bad:
+            raise ConfigError(bad[0], f"variant {name!r} differs from {first_name!r} here; variants may differ only in "
+                              f"{', '.join(g + '.*' for g in FREE_GROUPS)}")  # fmt: skip
+    return cfgs
+
+
+def _ratio(x: np.ndarray) -> float:
+    return float(x[:, 0].sum() / x[:, 1].sum())
+
+
+def run(args: list[str]) -> dict[str, Any]:
+    """Compose, build once, time every variant and AR interleaved (module docstring); returns the result dict."""
+    from adtbench.algorithm.engine import decode_ar, generate
+    from adtbench.harness.app import load_dataset
+    from adtbench.harness.caches import cost_source
+    from adtbench.harness.config import build_rule, prompt_seed, validate
+    from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.rundir import bootstrap_ci
+    from adtbench.models.registry import build_target
+    from adtbench.resources import load_average
+
+    opts, common, variants = parse(args)
+    cfgs = compose_variants(common, variants)
+    first = next(iter(cfgs.values()))
+    built = {name: validate(cfg) for name, cfg in cfgs.items()}  # (sampling, policy), checked before any model loads
+    if first.get("threads") is not None:
+        torch.set_num_threads(int(first.threads))
+    prompts = load_dataset(first)[: opts["prompts"]]
+    target = build_target(first.model)
+    drafter = build_drafter(first.drafter, target) if any(p.uses_drafter for _, p in built.values()) else None
+    sp = built[next(iter(built))][0]
+    cache_dir = first.get("paths", {}).get("cache_dir")
+    rules = {}
+    for name, (_, policy) in built.items():
+        policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
+        rules[name] = build_rule(cfgs[name], target)
+    sync = target.device.type == "cuda"
+    use_cfg = sp.use_cfg and target.supports_cfg
+    inputs = [target.encode_prompt(p.text, use_cfg) for p in prompts]
+    seeds = [prompt_seed(int(first.seed), p.prompt_id) for p in prompts]
+
+    def decode(name: str, i: int) -> Any:
+        g = torch.Generator(device=target.device if sync else "cpu").manual_seed(seeds[i])
+        if name == "ar":
+            return decode_ar(target, inputs[i], sp, g)
+        return generate(target, drafter, built[name][1], inputs[i], sp, g, rules[name])
+
+    names = ["ar", *variants]
+    for name in names:  # warm-up, outside the timed work
+        decode(name, 0)
+    lat = {n: np.zeros((len(prompts), opts["repeats"])) for n in names}
+    committed = {n: 0 for n in names}
+    cycles = {n: 0 for n in names}
+    gated = {n: 0 for n in names}
+    load_before = load_average()
+    t0 = time.perf_counter()
+    for rep in range(opts["repeats"]):
+        for i in range(len(prompts)):
+            k = (i + rep) % len(names)
+            order = names[k:] + names[:k]
+            for name in order[::-1] if rep % 2 else order:
+                res = decode(name, i)
+                lat[name][i, rep] = res.latency_s
+                if rep == 0:
+                    committed[name] += res.committed
+                    cycles[name] += len(res.cycles)
+                    gated[name] += int(res.stats.get("gated_steps", 0))
+    wall = time.perf_counter() - t0
+    load_after = load_average()
+    med = {n: np.median(lat[n], axis=1) for n in names}
+    rows = []
+    for name in variants:
+        pair_ar = np.c_[med["ar"], med[name]]
+        first_name = names[1]
+        pair_first = np.c_[med[first_name], med[name]]
+        rows.append({
+            "variant": name,
+            "overrides": variants[name],
+            "tau": committed[name] / max(1, cycles[name]),
+            "gated_share": gated[name] / max(1, cycles[name]),
+            "speedup": _ratio(pair_ar),
+            "speedup_ci": list(bootstrap_ci(pair_ar, _ratio)),
+            "median": float(np.median(med["ar"] / med[name])),
+            "vs_first": _ratio(pair_first),
+            "vs_first_ci": list(bootstrap_ci(pair_first, _ratio)),
+            "mean_latency_s": float(med[name].mean()),
+        })  # fmt: skip
+    return {
+        "common": common,
+        "prompts": len(prompts),
+        "repeats": opts["repeats"],
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "device": str(target.device),
+        "load_before": load_before,
+        "load_after": load_after,
+        "wall_s": wall,
+        "ar_mean_latency_s": float(med["ar"].mean()),
+        "rows": rows,
+        "out": opts["out"],
+    }
+
+
+def table(r: dict[str, Any]) -> str:
+    """Markdown table of a ``run`` result."""
+    first = r["rows"][0]["variant"]
+    lines = [
+        f"{r['prompts']} prompts × {r['repeats']} repeats, AR and every variant interleaved in one job; "
+        f"{r['threads']} thread(s) on {r['device']} ({r['cpu_count']} CPUs), load {r['load_before']} → "
+        f"{r['load_after']}; AR {1e3 * r['ar_mean_latency_s']:.0f} ms per image",
+        "",
+        f"| variant | overrides | τ | gated | speedup vs AR [95 % CI] | median | vs {first} [95 % CI] |",
+        "|---|---|---:|---:|---|---:|---|",
+    ]
+    for x in r["rows"]:
+        lo, hi = x["speedup_ci"]
+        flo, fhi = x["vs_first_ci"]
+        over = " ".join(x["overrides"]) or "–"
+        lines.append(
+            f"| {x['variant']} | {over} | {x['tau']:.2f} | {100 * x['gated_share']:.0f} % | "
+            f"{x['speedup']:.3f}× [{lo:.3f}, {hi:.3f}] | {x['median']:.3f}× | "
+            f"{x['vs_first']:.3f}× [{flo:.3f}, {fhi:.3f}] |"
+        )
+    return "\n".join(lines)
+
+
+def main(args: list[str]) -> int:
+    try:
+        r = run(args)
+    except ConfigError as e:
+        print(f"adtbench: config error: {e}\n{USAGE}", file=sys.stderr)
+        return 2
+    print(table(r))
+    if r["out"]:
+        atomic_write_json(Path(str(r["out"])), r)
+    return 0

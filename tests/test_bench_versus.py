@@ -1,0 +1,50 @@
+"""``adtbench bench versus`` on the tiny model: variants and AR in one job, the table, and key-named errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from adtbench.errors import ConfigError
+from adtbench.tools.bench_versus import main, parse
+
+COMMON = ["model=tiny_llamagen", "dataset=smoke", "warmup=0", "policy=static_sampled"]
+
+
+def test_variants_and_ar_interleaved_in_one_job(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "versus.json"
+    args = [*COMMON, "bench.prompts=2", "bench.repeats=2", f"bench.out={out}",
+            "--variant", "plain", "--variant", "gated", "policy.gate_tokens=50", "policy.gate_explore=2"]  # fmt: skip
+    assert main(args) == 0
+    r = json.loads(out.read_text())
+    assert [x["variant"] for x in r["rows"]] == ["plain", "gated"] and r["prompts"] == 2 and r["repeats"] == 2
+    plain, gated = r["rows"]
+    assert plain["vs_first"] == 1.0 and plain["gated_share"] == 0.0 and gated["overrides"] == args[-2:]
+    assert gated["gated_share"] > 0  # the random tiny drafter rarely pays: the gate skipped
+    for x in r["rows"]:
+        assert x["speedup"] > 0 and x["speedup_ci"][0] <= x["speedup"] <= x["speedup_ci"][1] and x["tau"] >= 1
+    text = capsys.readouterr().out
+    assert "| plain |" in text and "| gated | policy.gate_tokens=50 policy.gate_explore=2 |" in text
+
+
+def test_variants_may_differ_only_in_policy_and_lantern(capsys) -> None:
+    args = [*COMMON, "--variant", "a", "--variant", "b", "sampling=greedy"]
+    assert main(args) == 2
+    assert "sampling" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,key",
+    [
+        ([], "--variant"),
+        (["--variant"], "--variant"),
+        (["--variant", "ar"], "--variant"),
+        (["bench.colour=red", "--variant", "a"], "bench.colour"),
+        (["bench.prompts=0", "--variant", "a"], "bench.prompts"),
+    ],
+)
+def test_bad_arguments_name_the_option(args, key) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        parse(args)
