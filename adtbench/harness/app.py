@@ -235,6 +235,8 @@ def summary_line(s: dict) -> str:
     line += eval_part(s.get("eval"))
     if s.get("load_warning"):
         line += f" LOAD {f('load_peak', '.2f')} > {s.get('cpus_available')} CORES: timings unreliable"
+    if s.get("timing_warning"):
+        line += f" NOISY TIMING (repeats differ by {100 * s['timing_spread']:.1f} %): timings unreliable"
     return line
 
 
@@ -522,6 +524,8 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     if run_info["load_warning"]:
         log.warning("%s", run_info["load_warning"])
     summary = ctx.summary(records, run_info)
+    if summary.get("timing_warning"):
+        log.warning("%s", summary["timing_warning"])
     store.write_summary(summary)
     if cfg.get("maps") is not None and cfg.maps.get("per_run"):
         from adtbench.harness.maps import write_run_maps

@@ -205,6 +205,8 @@ class Summary(TypedDict, total=False):
     speedup_with_encode: float | None
     speedup_ci_caveat: str | None
     timing_repeats: list[int] | None
+    timing_spread: float | None
+    timing_warning: str | None
     draft_s_total: float | None
     verify_s_total: float | None
     draft_frac: float | None
@@ -625,6 +627,7 @@ SPEEDUP_CI_LEVEL = 0.95
 SPEEDUP_N_BOOT = 2000
 SPEEDUP_CI_SEED = 0
 SPEEDUP_CI_MIN_PROMPTS = 5  # fewer paired prompts: ``speedup_ci_caveat`` is set
+TIMING_SPREAD_MAX = 0.05  # median relative range of a prompt's repeats above which ``timing_warning`` is set
 SPEEDUP_CI_METHOD = (
     f"two-level percentile bootstrap of the ratio of totals ({SPEEDUP_N_BOOT} resamples, seed {SPEEDUP_CI_SEED}): "
     "prompts with replacement, then each drawn prompt's timing repeats with replacement, reduced to their median"
@@ -661,6 +664,10 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
       std (ddof=1), min, max, p10, p90 of B_j / L_j over P; ``speedup_n`` = |P|. All ``None`` when P is empty.
     * Timing repeats: a record may hold ``latency_repeats_s`` / ``baseline_latency_repeats_s`` (the app's
       ``timing.repeats``; L_j and B_j are then their medians). ``timing_repeats`` = the distinct repeat counts.
+      ``timing_spread`` = the median, over paired prompts and both sides, of (max − min) / median of a prompt's
+      repeats (``None`` with one repeat): the timer's own noise. On an idle machine it reads 0.01–0.03; above
+      ``TIMING_SPREAD_MAX`` ``timing_warning`` says the timings are unreliable (a busy host shows here even when
+      the load average does not).
     * ``speedup_median`` = median_{j∈P} B_j / L_j (the paired per-prompt median); ``speedup_ci`` = [lo, hi], the
       ``speedup_ci_level`` (95 %) two-level bootstrap interval of Σ B_j / Σ L_j (:func:`ratio_of_totals_ci`:
       prompts, then each prompt's repeats → median), described by ``speedup_ci_method``; ``speedup_ci_caveat``
@@ -765,6 +772,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         else None
     )
     out["timing_repeats"] = sorted({len(r) for r in lat_reps}) or None  # repeats per prompt (distinct counts)
+    spreads = [(max(r) - min(r)) / float(np.median(r)) for r in (*base_reps, *lat_reps) if len(r) > 1]
+    out["timing_spread"] = float(np.median(spreads)) if spreads else None
+    out["timing_warning"] = (
+        f"repeats of one prompt differ by {100 * out['timing_spread']:.1f} % (median) > "
+        f"{100 * TIMING_SPREAD_MAX:.0f} %: timings unreliable"
+        if out["timing_spread"] is not None and out["timing_spread"] > TIMING_SPREAD_MAX
+        else None
+    )
 
     def total(k: str) -> float | None:
         vals = opt[k]
