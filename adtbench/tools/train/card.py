@@ -10,7 +10,7 @@ from typing import Any
 from adtbench.tools.train.figures import FIGURES, WEIGHTS
 
 STAGES = ("vq", "ar8", "ar16", "drafter", "evaluator", "upsampler")
-REPRODUCE = """EXPORT=1 jobs/train_mini.sh      # vq (local encoder) → ar16 → drafter ‖ (ar8 → upsampler), then ship
+REPRODUCE = """EXPORT=1 jobs/train_mini.sh      # vq → ar16 → drafter ‖ (ar8 → upsampler) → ar16 + drafter on 40 k
 adtbench train evaluator          # independent of the tokenizer (ground-truth renders)
 adtbench train evaluator init_from=outputs/train/evaluator/final out_dir=outputs/train/evaluator2 steps=800 \\
     lr=1e-3 warmup=10 export='${pkg:weights/mini/evaluator}'
