@@ -216,9 +216,11 @@ def test_resumed_job_continues_its_own_wandb_run(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     job = tmp_path / "job"
-    t0 = time.time()
     decode(job, "logger=wandb", "logger.system_stats=false", "dataset.limit=1")
-    time.sleep(max(0.0, 1.05 - (time.time() - t0)))  # W&B names offline dirs by start second (+ run id)
+    # W&B names offline dirs by the start second (+ run id) and adds "-1" to a second dir of the same second; the
+    # first run started before its decode returned, so a second later the requeue starts in a later second (timing
+    # from before the first decode was not enough: its cold imports can delay that run's start past the sleep)
+    time.sleep(1.05)
     decode(job, "logger=wandb", "logger.system_stats=false", "dataset.limit=2")  # the requeue
     first, second = tracking(job)
     assert first["id"] == second["id"] and first["status"] == second["status"] == "finished"
