@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.sampling import ENTROPY_EDGES
+from adtbench.errors import ConfigError
 
 PRIOR_WEIGHT = 2.0  # pseudo-cycles of the optimistic prior per bin
 
@@ -35,8 +36,6 @@ class DraftGate:
     steps; ``explore`` ≥ 1: a gated-off bin drafts every ``explore``-th time (1: always draft)."""
 
     def __init__(self, min_tokens: float, explore: int = 8) -> None:
-        from adtbench.errors import ConfigError
-
         if not min_tokens > 1.0:
             msg = f"must be > 1 (a drafted cycle's cost in AR steps), got {min_tokens}"
             raise ConfigError("policy.gate_tokens", msg)

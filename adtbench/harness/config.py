@@ -264,6 +264,18 @@ def prompt_seed(base: int, prompt_id: str) -> int:
 RESUME_IGNORED = PLUMBING_KEYS  # keys a resume may change: the run directory's one list (adtbench.harness.rundir)
 
 
+def config_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys (sorted) whose values differ between two plain config dicts; nested dicts are compared key by key."""
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            keys += config_diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys
+
+
 def config_fingerprint(cfg: DictConfig) -> dict[str, Any]:
     """The resolved config minus keys that may change between a run and its resume."""
     data = OmegaConf.to_container(cfg, resolve=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from adtbench.errors import ConfigError
+from adtbench.harness.config import config_diff
 from adtbench.harness.data.prompts import load_prompts, parse_shard, shard_prompts
 from adtbench.harness.rundir import (
     HYDRA_CONFIG_FILE,
@@ -72,17 +73,6 @@ def _without_shard(cfg: dict[str, Any]) -> dict[str, Any]:
     if isinstance(c.get("dataset"), dict):
         c["dataset"]["shard"] = None
     return c
-
-
-def _diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = []
-    for k in sorted(set(a) | set(b)):
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            keys += _diff(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            keys.append(f"{prefix}{k}")
-    return keys
 
 
 def _recorded_limit(d: Path) -> tuple[bool, Any]:
@@ -165,7 +155,7 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
         cfgs.append(cfg)
     base = _without_shard(cfgs[0])
     for d, c in zip(shard_dirs[1:], cfgs[1:]):
-        diff = _diff(base, _without_shard(c))
+        diff = config_diff(base, _without_shard(c))
         if diff:
             raise MergeError(f"{d} has a different config from {shard_dirs[0]} (differs in: {', '.join(diff)})")
     specs = [parse_shard((c.get("dataset") or {}).get("shard")) for c in cfgs]

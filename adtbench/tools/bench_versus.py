@@ -75,20 +75,9 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str], dict[str, list[st
     return opts, common, variants
 
 
-def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two plain config dicts."""
-    keys = set(a) | set(b) if isinstance(a, dict) and isinstance(b, dict) else set()
-    if not keys:
-        return [] if a == b else [prefix.rstrip(".")]
-    out = []
-    for k in sorted(keys, key=str):
-        out += _differences(a.get(k), b.get(k), f"{prefix}{k}.")
-    return out
-
-
 def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[str, Any]:
     """Each variant's composed, path-resolved config; only ``FREE_GROUPS`` may differ from the first."""
-    from adtbench.harness.config import register_resolvers, resolve_paths
+    from adtbench.harness.config import config_diff, register_resolvers, resolve_paths
 
     register_resolvers()
     cfgs = {}
@@ -102,7 +91,7 @@ def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[
     for name, cfg in cfgs.items():
         bad = [
             k
-            for k in _differences(ref, OmegaConf.to_container(cfg, resolve=True))
+            for k in config_diff(ref, OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
             if k.split(".")[0] not in FREE_GROUPS
         ]
         if bad:
@@ -178,8 +167,7 @@ def run(args: list[str]) -> dict[str, Any]:
     rows = []
     for name in variants:
         pair_ar = np.c_[med["ar"], med[name]]
-        first_name = names[1]
-        pair_first = np.c_[med[first_name], med[name]]
+        pair_first = np.c_[med[names[1]], med[name]]
         rows.append({
             "variant": name,
             "overrides": variants[name],
