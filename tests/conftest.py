@@ -42,6 +42,21 @@ def shared_data() -> Path:
     return path
 
 
+def pooled_chisquare(counts, expected: dict, n: int) -> tuple[float, int]:
+    """χ² p-value of observed ``counts`` (outcome → count over ``n`` draws) against ``n · expected``, the outcomes
+    expected fewer than 5 times pooled into one cell (dropped when that cell is empty); also the number of unpooled
+    outcomes."""
+    from scipy.stats import chisquare
+
+    keys = [k for k in expected if expected[k] * n >= 5]
+    rest = [k for k in expected if expected[k] * n < 5]
+    obs = [counts.get(k, 0) for k in keys] + [sum(counts.get(k, 0) for k in rest)]
+    exp = [expected[k] * n for k in keys] + [sum(expected[k] for k in rest) * n]
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return float(chisquare(obs, exp).pvalue), len(keys)
+
+
 def synthetic_cost_model():
     """A cost model whose verify cost grows 2 % per node (1 ms + 0.02 ms · n) with cheap drafter levels: on the
     tiny random models it yields trees of many sizes and depths (tests assert that)."""
