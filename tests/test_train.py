@@ -128,6 +128,45 @@ def test_ar_resume_equals_uninterrupted(stack, tmp_path):
         train_main(["ar", f"out_dir={tmp_path / 'b'}", *over, "lr=0.5"])
 
 
+def test_ar_attribute_loss_trains_resumes_and_is_not_exported(stack, tmp_path):
+    """``aux_weight > 0``: the attribute heads train (loss logged), resume bit-exactly, and stay out of the export."""
+    over = [f"cache_dir={stack['cache']}", f"vq_path={stack['vq']}", *AR_TINY, "sample_count=0", "aux_weight=0.5"]
+    _run("ar", tmp_path / "a", *over)
+    assert train_main(["ar", f"out_dir={tmp_path / 'b'}", *over, "stop_after=3"]) == 0
+    _run("ar", tmp_path / "b", *over)
+    a = load_file(str(tmp_path / "a" / "final" / "gpt.safetensors"))
+    b = load_file(str(tmp_path / "b" / "final" / "gpt.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert not any("attr_heads" in k for k in a)
+    assert '"aux"' in (tmp_path / "a" / "log.jsonl").read_text()
+    # the GPT differs from the run without the loss: the heads' gradient reaches it
+    plain = [f"cache_dir={stack['cache']}", f"vq_path={stack['vq']}", *AR_TINY, "sample_count=0"]
+    _run("ar", tmp_path / "c", *plain)
+    c = load_file(str(tmp_path / "c" / "final" / "gpt.safetensors"))
+    assert not all(torch.equal(a[k], c[k]) for k in a)
+    with pytest.raises(ValueError, match="aux_weight"):
+        train_main(["ar", f"out_dir={tmp_path / 'd'}", *plain, "aux_weight=-1"])
+
+
+def test_attribute_targets_follow_the_canonical_attributes():
+    from adtbench.scenes import ATTRIBUTES
+    from adtbench.tools.train.ar import AttributeHeads
+
+    t = AttributeHeads.targets(
+        [
+            "a large red circle right of a small blue square on a striped green background",
+            "a small red circle on a plain blue background",
+        ]
+    )
+    keys = list(ATTRIBUTES)
+    # canonical order: left object first, so "b right of a" puts the blue square in slot a
+    assert ATTRIBUTES["a_color"][int(t[0, keys.index("a_color")])] == "blue"
+    assert ATTRIBUTES["b_shape"][int(t[0, keys.index("b_shape")])] == "circle"
+    assert int(t[1, keys.index("b_color")]) == -100 and int(t[1, keys.index("axis")]) == -100
+    with pytest.raises(ValueError, match="outside the scene grammar"):
+        AttributeHeads.targets(["a cat"])
+
+
 def test_drafter_stage_trains_and_resumes(stack, tmp_path):
     over = [
         "model=mini",

@@ -7,6 +7,18 @@ sits at position ``P + k``. Logits at position ``P − 1 + k`` predict ``x_k``:
 
     L = − Σ_k log softmax(output(f_{P−1+k}))[x_k]   (mean over k and the batch)
 
+Caption-attribute loss (``aux_weight`` λ > 0, off by default): on the conditional rows, a training-only linear head
+per caption attribute (``scenes.ATTRIBUTES``: background kind and colour, object count, axis, each object's size,
+colour and shape) reads the GPT's final features at every image position, and ``λ · mean_attr CE`` is added:
+
+    L_total = L + λ · (1/|A|) Σ_a CE(head_a(f_{P−1+k}), attr_a(caption))   (mean over k, rows, present attributes)
+
+Why: under teacher forcing an object's colour and shape are visible from its first tokens on, so the caption
+informs the next-token loss only where an object *starts* (≈ 0.4 % of tokens; docs/mini_diagnosis.md, fifth
+step); the GPT learnt backgrounds from the caption and drew objects blind. The heads make the residual stream
+carry the caption's object attributes at every position. They feed nothing into the logits and are dropped at
+export, so the next-token model's optimum is unchanged (the loss shapes features, not the target distribution).
+
 Condition dropout (CFG): with probability ``cond_dropout`` a caption's features are replaced by the
 GPT's ``uncond_embedding`` buffer *keeping the caption's valid mask* — exactly the unconditional row
 ``LlamaGenTarget`` builds at inference — so ``l_u + s·(l_c − l_u)`` works.
@@ -34,7 +46,7 @@ from adtbench.io import atomic_write_json
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.mini import MiniTextEncoder, TextEncoderConfig, ar_config_dict, load_vq, right_align
 from adtbench.models.registry import resolve_device
-from adtbench.scenes import VOCAB, to_tensor_range
+from adtbench.scenes import ATTRIBUTES, VOCAB, parse_caption, to_tensor_range
 from adtbench.tools.train.common import (
     batches,
     export_dir,
@@ -66,6 +78,10 @@ class ARModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, words: torch.Tensor, drop: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, N, V]`` of every image token given the caption and the previous tokens."""
+        return self.gpt.output(self.features(ids, words, drop, codes))
+
+    def features(self, ids: torch.Tensor, words: torch.Tensor, drop: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        """Final (post-norm) features ``[B, N, dim]``; row k is the one whose logits predict image token k."""
         g = self.gpt
         B, N = codes.shape
         cond, valid = self.condition(ids, words, drop)
@@ -77,8 +93,41 @@ class ARModel(nn.Module):
         causal = torch.ones(S, S, dtype=torch.bool, device=dev).tril()
         mask = ((causal[None] & keys[:, None, :]) | torch.eye(S, dtype=torch.bool, device=dev)[None])[:, None]
         pos = torch.arange(S, device=dev)[None].expand(B, S)
-        feats = g.forward_embeds(x, pos, mask, g.new_cache(B, S), 0)
-        return g.output(feats[:, P - 1 :])
+        return g.forward_embeds(x, pos, mask, g.new_cache(B, S), 0)[:, P - 1 :]
+
+
+class AttributeHeads(nn.Module):
+    """Training-only caption-attribute heads (module docstring): one ``Linear(dim, |values|)`` per attribute."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict({k: nn.Linear(dim, len(v)) for k, v in ATTRIBUTES.items()})
+
+    @staticmethod
+    def targets(captions: list[str]) -> torch.Tensor:
+        """``[n, |A|]`` value indices (``ATTRIBUTES`` order); −100 where the caption lacks the attribute (one
+        object: no ``axis`` / ``b_*``). A caption outside the grammar is an error."""
+        out = torch.full((len(captions), len(ATTRIBUTES)), -100, dtype=torch.long)
+        for i, text in enumerate(captions):
+            want = parse_caption(text)
+            if want is None:
+                raise ValueError(f"caption outside the scene grammar: {text!r}")
+            for j, (k, values) in enumerate(ATTRIBUTES.items()):
+                if k in want:
+                    out[i, j] = values.index(want[k])
+        return out
+
+    def loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean over attributes of the CE of every position's prediction (rows whose attribute is −100 skipped)."""
+        N = feats.shape[1]
+        parts = []
+        for j, head in enumerate(self.heads.values()):
+            t = targets[:, j]
+            if bool((t >= 0).any()):
+                parts.append(
+                    F.cross_entropy(head(feats).flatten(0, 1).float(), t.repeat_interleave(N), ignore_index=-100)
+                )
+        return torch.stack(parts).mean()
 
 
 def init_gpt(gpt: LlamaGenGPT) -> None:
@@ -145,17 +194,31 @@ def run(cfg: DictConfig) -> dict:
         betas=(0.9, 0.95),
     )
     seed, bs, pdrop = int(cfg.seed), int(cfg.batch_size), float(cfg.cond_dropout)
+    aux_w = float(cfg.get("aux_weight", 0.0))
+    if aux_w < 0:
+        raise ValueError(f"aux_weight must be ≥ 0, got {aux_w}")
+    heads = AttributeHeads(model.gpt.cfg.dim).to(dev) if aux_w > 0 else None
+    attrs = AttributeHeads.targets(captions) if heads is not None else None
+    if heads is not None:
+        model.add_module("attr_heads", heads)  # trained, checkpointed and resumed with the model; never exported
+        optim.add_param_group({"params": list(heads.parameters()), "weight_decay": 0.0})
 
     def step_fn(step: int) -> dict[str, float]:
         r = step_rng(seed, step)
         idx = torch.from_numpy(r.integers(len(captions), size=bs))
         drop = torch.from_numpy(r.random(bs) < pdrop)
         c = codes[idx].to(dev)
-        logits = model(ids[idx].to(dev), words[idx].to(dev), drop.to(dev), c)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), c.flatten())
+        feats = model.features(ids[idx].to(dev), words[idx].to(dev), drop.to(dev), c)
+        logits = model.gpt.output(feats)
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), c.flatten())
+        loss, logs = ce, {}
+        if heads is not None and attrs is not None and bool((~drop).any()):
+            keep = (~drop).to(dev)
+            aux = heads.loss(feats[keep], attrs[idx][~drop].to(dev))
+            loss, logs = ce + aux_w * aux, {"aux": float(aux.detach())}
         loss.backward()
         acc = (logits.argmax(-1) == c).float().mean()
-        return {"loss": float(loss.detach()), "acc": float(acc)}
+        return {"loss": float(ce.detach()), "acc": float(acc), **logs}
 
     res = train_loop(cfg, out, model, optim, step_fn, f"ar{grid}")
     if not res["complete"]:
