@@ -309,6 +309,7 @@ def test_eval_mini_with_injected_stand_in(tmp_path):
     assert "mini_agreement" not in per.get("p-d", {}) and agr["value"] == pytest.approx(
         np.mean([per[k]["mini_agreement"] for k in ("p-a", "p-b", "p-c")])
     )
+    assert "by_attribute" not in agr  # the stand-in has no attribute_hits
     assert np.isfinite(ev["mini_fid"]["value"]) and ev["mini_fid"]["value"] >= 0.0
     assert ev["mini_precision"]["k"] == 3 and 0.0 <= ev["mini_recall"]["value"] <= 1.0
 
@@ -334,6 +335,13 @@ def test_eval_mini_with_the_real_module(tmp_path):
     bad = run_eval(compose_cfg("eval=mini"), tmp_path / "shuffled")["eval"]["mini_agreement"]
     assert good["n_scored"] == 8 and 0.0 <= bad["value"] < good["value"] <= 1.0
     assert good["weights"]["sha256"]
+    # per attribute: every scene states its background; the mean over attribute hits is the agreement
+    by = good["by_attribute"]
+    assert (
+        by["bg_kind"]["n"] == by["bg_color"]["n"] == 8
+        and by["bg_color"]["value"] > bad["by_attribute"]["bg_color"]["value"]
+    )
+    assert sum(b["value"] * b["n"] for b in by.values()) / sum(b["n"] for b in by.values()) <= 1.0
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -97,16 +97,22 @@ class MiniEvaluator(nn.Module):
         return [{k: self.cfg.attributes[k][idx[k][i]] for k in idx} for i in range(n)]
 
     @torch.no_grad()
-    def score(self, images: np.ndarray | torch.Tensor, prompts: Sequence[str]) -> list[float | None]:
-        """Caption agreement per image (module docstring); None where the prompt is outside the grammar."""
+    def attribute_hits(self, images: np.ndarray | torch.Tensor, prompts: Sequence[str]) -> list[dict[str, bool] | None]:
+        """Per image: for every attribute its prompt states, whether the evaluator recognises the stated value;
+        None where the prompt is outside the grammar."""
         preds = self.predict(images)
         if len(preds) != len(prompts):
             raise ValueError(f"{len(preds)} images but {len(prompts)} prompts")
-        out: list[float | None] = []
+        out: list[dict[str, bool] | None] = []
         for pred, text in zip(preds, prompts):
             want = parse_caption(text)
-            out.append(None if want is None else sum(pred[k] == v for k, v in want.items()) / len(want))
+            out.append(None if want is None else {k: pred[k] == v for k, v in want.items()})
         return out
+
+    @torch.no_grad()
+    def score(self, images: np.ndarray | torch.Tensor, prompts: Sequence[str]) -> list[float | None]:
+        """Caption agreement per image (module docstring): the mean of ``attribute_hits``; None off-grammar."""
+        return [None if h is None else sum(h.values()) / len(h) for h in self.attribute_hits(images, prompts)]
 
 
 def load_mini_evaluator(

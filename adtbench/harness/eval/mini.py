@@ -7,6 +7,9 @@ called as ``function(path)`` when ``eval.mini.path`` is set, else ``function()``
 - ``score(images, prompts) -> [N]``: caption agreement ∈ [0, 1] of image i with prompt i (the fraction of the
   attributes the caption states that the evaluator recognises); ``None`` for a prompt outside its grammar;
 - ``features(images) -> [N, d]``: an image embedding (for FID / precision-recall in its feature space);
+- optionally ``attribute_hits(images, prompts) -> [N]``: per image ``{attribute: recognised?}`` for the attributes
+  its prompt states (None off-grammar); then ``mini_agreement.by_attribute`` records, per attribute, the share of
+  the images stating it in which it was recognised (``value``) and their count (``n``) — what a model gets wrong;
 
 where ``images`` is a uint8 tensor ``[N, H, W, 3]`` (the run's images at their native size, or resized to
 ``eval.mini.image_size``; the evaluator resizes to its own input size). Recorded: ``mini_agreement`` (mean
@@ -44,9 +47,15 @@ def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
     size = node_get(ecfg, "mini.image_size")
     size = None if size is None else int(size)
     per: dict[str, float | None] = {}
+    hits: dict[str, list[bool]] = {}
     with torch.no_grad():
         for chunk in batches(ctx.samples, ctx.batch_size):
-            scores = ev.score(_images(list(chunk), size), [s.prompt for s in chunk])
+            images, prompts = _images(list(chunk), size), [s.prompt for s in chunk]
+            if hasattr(ev, "attribute_hits"):
+                for h in ev.attribute_hits(images, prompts):
+                    for k, ok in (h or {}).items():
+                        hits.setdefault(k, []).append(bool(ok))
+            scores = ev.score(images, prompts)
             scores = scores.detach().cpu().tolist() if isinstance(scores, torch.Tensor) else list(scores)
             if len(scores) != len(chunk):
                 raise ValueError(f"mini evaluator score() returned {len(scores)} values for {len(chunk)} images")
@@ -70,6 +79,8 @@ def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
         "scale": "caption agreement in [0, 1]: fraction of the stated attributes recognised (higher is better)",
         "higher_is_better": True,
     }
+    if hits:
+        block["by_attribute"] = {k: {"value": float(np.mean(v)), "n": len(v)} for k, v in hits.items()}
     if not vals.size:
         block["note"] = "no prompt of the run is in the mini evaluator's caption grammar"
     scored = {k: v for k, v in per.items() if v is not None}
