@@ -71,6 +71,19 @@ def test_position_types_partition() -> None:
     parts = t["object_interior"].astype(int) + t["object_edge"] + t["background"]
     assert (parts == 1).all()
     assert sum(t[f"bg_{k}"].sum() for k in S.BG_KINDS) == t["background"].sum()
+    # one first object token per image (every scene has an object), on an object's top edge
+    assert (t["object_first"].sum(1) == 1).all() and not (t["object_first"] & ~t["object_top"]).any()
+    assert not (t["object_top"] & t["background"]).any()
+
+
+def test_linear_probe_reads_a_planted_signal_and_not_noise() -> None:
+    g = torch.Generator().manual_seed(1)
+    y = torch.randint(0, 4, (400,), generator=g)
+    x = torch.randn(400, 8, generator=g)
+    signal = x.clone()
+    signal[:, 0] += 4 * y.float()
+    assert D.linear_probe(signal[:300], y[:300], signal[300:], y[300:], 4) > 0.9
+    assert D.linear_probe(x[:300], y[:300], x[300:], y[300:], 4) < 0.45
 
 
 def test_conditional_entropy_below_marginal() -> None:
@@ -141,3 +154,12 @@ def test_vq_diagnosis_of_another_tokenizer(tmp_path) -> None:
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))
     res = D.vq_diagnosis(4, str(tmp_path))
     assert all(f["distinct"] == 1 for f in res["flat_images"].values()), res["flat_images"]
+
+
+def test_cond_diagnosis_small() -> None:
+    res = D.cond_diagnosis(n=6, probe_train=12)
+    assert res["by_type"]["object_first"]["share"] == pytest.approx(1 / 256)
+    for attr, row in res["probes"].items():
+        assert 0 < row["chance"] <= 1 and row["n"] <= 6, attr
+        assert all(0 <= row[f"pos{p}"] <= 1 for p in D.PROBE_POSITIONS)
+    assert "linear probes" in D.summary("cond", res)

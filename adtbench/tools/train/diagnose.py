@@ -1,7 +1,7 @@
 """Why is the mini model weak? Measurements of every component (issue 12, first step).
 
-    python -m adtbench.tools.train.diagnose [what=all|vq|tokens|ar|drafter|data] [n=256] [out=...] [threads=1]
-        [train_n=4000] [ar_train_n=n] [drafter_n=32] [gen_n=8] [cfg=3.0]
+    python -m adtbench.tools.train.diagnose [what=all|vq|tokens|ar|cond|drafter|data] [n=256] [out=...] [threads=1]
+        [train_n=4000] [ar_train_n=n] [drafter_n=32] [gen_n=8] [cfg=3.0] [ar_path=DIR] [probe_train=768]
 
 Inference and counting only (no training). Every number is computed on scenes of stream 0 of
 ``adtbench.scenes``: *held-out* = the first ``n`` held-out-split scenes (``iter_split(0, "heldout", n)``, the
@@ -32,6 +32,14 @@ Parts (the JSON keys):
              training pairing): top-1 agreement with the target and the expected one-token acceptance
              Σ_v min(p_v, q_v) at T = 1 (both distributions CFG-mixed), split by type, on held-out ground-truth
              grids and on the target's own AR samples (T = 1, CFG 3).
+``cond``     does the caption reach the object tokens? (a) teacher-forced CE of the conditional and unconditional
+             rows where an object *starts* — ``object_first`` (an image's first object-covered token in raster
+             order) and ``object_top`` (object-covered, the token above not) — the only places the caption can
+             inform the next-token loss about an object, since its colour and shape are visible afterwards;
+             (b) a linear probe (multinomial logistic regression fitted on ``probe_train`` train scenes) of each
+             caption attribute from the GPT's final features at image positions 0, 64, 128, 192 of the
+             conditional row: held-out accuracy against the majority-class rate. ``ar_path=DIR`` diagnoses
+             another GPT (a training run's ``final/``) in place of the shipped one (also for ``ar``).
 ``data``     size of the caption grammar vs the captions / canonical attribute combinations of the 10 000
              training scenes; how often held-out scenes' attribute combinations occur in training; caption
              entropy (the most information a caption can give about the image).
@@ -109,7 +117,9 @@ def position_types(grids: np.ndarray, scenes: Sequence[S.Scene] | None = None) -
     its left neighbour: flat interior); ``diff_left`` (not first column, token ≠ left: edges, texture, or a
     flat region coded by varying codes); ``same_left_up`` (= left and = up). Scene-based (``scenes`` given,
     from the geometry): ``object_interior`` (token fully covered by objects), ``object_edge`` (partly),
-    ``background`` (not at all), and ``bg_<kind>``: background tokens of scenes with that background kind.
+    ``background`` (not at all), ``bg_<kind>``: background tokens of scenes with that background kind;
+    ``object_top`` (covered, the token above not: where an object's top edge enters each column) and
+    ``object_first`` (an image's first covered token in raster order) — overlapping the other object types.
     """
     n, h, w = grids.shape
     col = np.broadcast_to(np.arange(w)[None, None], (n, h, w))
@@ -131,6 +141,15 @@ def position_types(grids: np.ndarray, scenes: Sequence[S.Scene] | None = None) -
         t["object_interior"] = cover >= 1.0
         t["object_edge"] = (cover > 0) & (cover < 1.0)
         t["background"] = cover == 0
+        occ = cover > 0
+        above = np.zeros_like(occ)
+        above[:, 1:] = occ[:, :-1]
+        t["object_top"] = occ & ~above
+        flat = occ.reshape(n, -1)
+        first = np.zeros_like(flat)
+        has = flat.any(1)
+        first[np.flatnonzero(has), flat.argmax(1)[has]] = True
+        t["object_first"] = first.reshape(n, h, w)
         kinds = np.array([s.bg_kind for s in scenes])
         for k in S.BG_KINDS:
             t[f"bg_{k}"] = (cover == 0) & (kinds == k)[:, None, None]
@@ -502,12 +521,12 @@ def token_diagnosis(n: int = 256, train_n: int = 4000) -> dict:
 # ----------------------------------------------------------------------------------------------------
 
 
-def load_ar_model(name: str = "ar16") -> Any:
-    """``ARModel`` (GPT + text encoder, the training forward) of the shipped weights, eval mode."""
+def load_ar_model(name: str = "ar16", path: str | Path | None = None) -> Any:
+    """``ARModel`` (GPT + text encoder, the training forward) of the shipped weights (or of ``path``), eval mode."""
     from adtbench.models.mini import load_ar
     from adtbench.tools.train.ar import ARModel
 
-    gpt, text = load_ar(WEIGHTS / name)
+    gpt, text = load_ar(WEIGHTS / name if path is None else Path(path))
     return ARModel(gpt, text).eval()
 
 
@@ -553,15 +572,78 @@ def by_type(stats: dict[str, np.ndarray], types: dict[str, np.ndarray], loss_key
     return out
 
 
-def ar_diagnosis(n: int = 256, train_n: int = 128, cfg: float = 3.0) -> dict:
+def ar_diagnosis(n: int = 256, train_n: int = 128, cfg: float = 3.0, ar_path: str | None = None) -> dict:
     """Part 3 (module docstring): held-out and train ground-truth grids, teacher-forced."""
-    vq, model = load_vq_model(), load_ar_model()
+    vq, model = load_vq_model(), load_ar_model(path=ar_path)
     out: dict[str, Any] = {"cfg_scale": cfg}
     for split, count in (("heldout", n), ("train", train_n)):
         sc = scene_set(split, count)
         grids = encode_images(vq, S.render_batch(sc, 64))
         st = ar_token_stats(model, [s.caption for s in sc], grids, cfg)
         out[split] = {"n": count, "by_type": by_type(st, position_types(grids, sc))}
+    return out
+
+
+PROBE_POSITIONS = (0, 64, 128, 192)
+PROBE_ATTRS = ("bg_color", "a_color", "a_shape", "a_size", "b_color", "b_shape")
+
+
+@torch.no_grad()
+def cond_features(model: Any, captions: Sequence[str], grids: np.ndarray, bs: int = 32) -> torch.Tensor:
+    """The conditional row's final features ``[n, N, dim]`` (row k predicts image token k), teacher-forced."""
+    codes = torch.from_numpy(grids.reshape(len(grids), -1)).long()
+    ids, words = model.text.batch_ids(list(captions))
+    out = []
+    for i in range(0, len(codes), bs):
+        c = codes[i : i + bs]
+        out.append(model.features(ids[i : i + bs], words[i : i + bs], torch.zeros(len(c), dtype=torch.bool), c))
+    return torch.cat(out).float()
+
+
+def linear_probe(x_tr: torch.Tensor, y_tr: torch.Tensor, x_te: torch.Tensor, y_te: torch.Tensor, k: int) -> float:
+    """Held-out accuracy of an L2-regularised multinomial logistic regression (full-batch Adam, 300 steps)."""
+    g = torch.Generator().manual_seed(0)
+    mu, sd = x_tr.mean(0), x_tr.std(0) + 1e-6
+    a, b = (x_tr - mu) / sd, (x_te - mu) / sd
+    W = (0.01 * torch.randn(a.shape[1], k, generator=g)).requires_grad_()
+    bias = torch.zeros(k, requires_grad=True)
+    opt = torch.optim.Adam([W, bias], lr=0.05)
+    with torch.enable_grad():
+        for _ in range(300):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(a @ W + bias, y_tr) + 1e-3 * W.pow(2).sum()
+            loss.backward()
+            opt.step()
+    return float(((b @ W + bias).argmax(1) == y_te).float().mean())
+
+
+def cond_diagnosis(n: int = 256, probe_train: int = 768, cfg: float = 3.0, ar_path: str | None = None) -> dict:
+    """Part ``cond`` (module docstring): the caption's reach at object starts, and linear probes of the features."""
+    vq, model = load_vq_model(), load_ar_model(path=ar_path)
+    held = scene_set("heldout", n)
+    g_held = encode_images(vq, S.render_batch(held, 64))
+    st = ar_token_stats(model, [s.caption for s in held], g_held, cfg)
+    types = position_types(g_held, held)
+    keep = ("all", "object_first", "object_top", "object_interior", "background")
+    out: dict[str, Any] = {"n": n, "by_type": by_type(st, {k: types[k] for k in keep}), "probe_train": probe_train}
+    train = scene_set("train", probe_train)
+    g_train = encode_images(vq, S.render_batch(train, 64))
+    f_tr = cond_features(model, [s.caption for s in train], g_train)
+    f_te = cond_features(model, [s.caption for s in held], g_held)
+    probes: dict[str, dict[str, float]] = {}
+    for attr in PROBE_ATTRS:
+        values = S.ATTRIBUTES[attr]
+        a_tr = [S.attributes(s).get(attr) for s in train]
+        a_te = [S.attributes(s).get(attr) for s in held]
+        i_tr = [i for i, v in enumerate(a_tr) if v is not None]
+        i_te = [i for i, v in enumerate(a_te) if v is not None]
+        y_tr = torch.tensor([values.index(a_tr[i]) for i in i_tr])
+        y_te = torch.tensor([values.index(a_te[i]) for i in i_te])
+        row = {"chance": float(np.bincount(y_te.numpy(), minlength=len(values)).max() / len(i_te)), "n": len(i_te)}
+        for p in PROBE_POSITIONS:
+            row[f"pos{p}"] = linear_probe(f_tr[i_tr, p], y_tr, f_te[i_te, p], y_te, len(values))
+        probes[attr] = row
+    out["probes"] = probes
     return out
 
 
@@ -764,6 +846,16 @@ def summary(part: str, res: dict) -> str:
             f"AR {split} (n={res[split]['n']}):\n" + _fmt_types(res[split]["by_type"], cols)
             for split in ("heldout", "train")
         )
+    if part == "cond":
+        cols = ("share", "ce_cond", "ce_uncond", "top1_cond")
+        lines = [f"cond (n={res['n']}): CE where objects start\n" + _fmt_types(res["by_type"], cols)]
+        lines.append(
+            f"  linear probes of the caption from the cond row's features ({res['probe_train']} train scenes):"
+        )
+        for attr, r in res["probes"].items():
+            accs = ", ".join(f"pos {p} {r[f'pos{p}']:.2f}" for p in PROBE_POSITIONS)
+            lines.append(f"  {attr:<9} {accs}  (chance {r['chance']:.2f}, n {r['n']})")
+        return "\n".join(lines)
     if part == "drafter":
         cols = ("share", "agree", "accept", "accept_cond", "pmax", "ent", "loss_share")
         return "\n".join(
@@ -783,7 +875,7 @@ def summary(part: str, res: dict) -> str:
     return json.dumps(res)[:2000]
 
 
-PARTS = ("data", "vq", "tokens", "ar", "drafter")
+PARTS = ("data", "vq", "tokens", "ar", "cond", "drafter")
 
 
 def main(args: list[str]) -> int:
@@ -801,7 +893,8 @@ def main(args: list[str]) -> int:
         "data": lambda: data_diagnosis(),
         "vq": lambda: vq_diagnosis(n, kv.get("vq_path")),
         "tokens": lambda: token_diagnosis(n, int(kv.get("train_n", 4000))),
-        "ar": lambda: ar_diagnosis(n, int(kv.get("ar_train_n", n)), cfg),
+        "ar": lambda: ar_diagnosis(n, int(kv.get("ar_train_n", n)), cfg, kv.get("ar_path")),
+        "cond": lambda: cond_diagnosis(n, int(kv.get("probe_train", 768)), cfg, kv.get("ar_path")),
         "drafter": lambda: drafter_diagnosis(int(kv.get("drafter_n", 32)), int(kv.get("gen_n", 8)), cfg),
     }
     results = json.loads(out.read_text()) if out.exists() else {}
