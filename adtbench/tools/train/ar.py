@@ -174,6 +174,9 @@ def coded_data(cfg: DictConfig, split: str, count: int, vq, dev: torch.device) -
 
 
 def run(cfg: DictConfig) -> dict:
+    aux_w = float(cfg.get("aux_weight", 0.0))
+    if aux_w < 0:  # checked before any data or model is loaded
+        raise ValueError(f"aux_weight must be ≥ 0, got {aux_w}")
     out = stage_dir(cfg)
     dev = resolve_device(str(cfg.device), "device")
     vq = load_vq(str(cfg.vq_path), dev)
@@ -194,9 +197,6 @@ def run(cfg: DictConfig) -> dict:
         betas=(0.9, 0.95),
     )
     seed, bs, pdrop = int(cfg.seed), int(cfg.batch_size), float(cfg.cond_dropout)
-    aux_w = float(cfg.get("aux_weight", 0.0))
-    if aux_w < 0:
-        raise ValueError(f"aux_weight must be ≥ 0, got {aux_w}")
     heads = AttributeHeads(model.gpt.cfg.dim).to(dev) if aux_w > 0 else None
     attrs = AttributeHeads.targets(captions) if heads is not None else None
     if heads is not None:
