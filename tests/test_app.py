@@ -55,15 +55,19 @@ def lines(path: Path) -> list[dict]:
         ("sampling", ["default", "greedy"]),
         ("drafter", ["eagle", "mini", "none"]),
         ("logger", ["none"]),
-        ("experiment", ["lossless_check"]),
+        ("experiment", ["lossless_check", "mini_lantern"]),
     ],
 )
 def test_every_option_composes(group, options):
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         for opt in options:
             cfg = compose("config", overrides=[f"{group}={opt}"])
-            if group == "experiment":  # presets are @package _global_
+            if opt == "lossless_check":  # presets are @package _global_
                 assert cfg.sampling.temperature == 0.0 and cfg.model.dtype == "float64"
+            elif opt == "mini_lantern":
+                assert cfg.policy.name == "static" and cfg.policy.draft_sampling == "sample"
+                assert list(map(list, cfg.policy.tree)) == [[0], [0, 0], [0, 0, 0]]
+                assert cfg.lantern.enabled and cfg.lantern.delta == 0.3 and cfg.model.name == "mini"
             else:
                 assert group in cfg
 
