@@ -284,6 +284,82 @@ def test_true_q_step_is_tv_minimal_given_relaxed_acceptance():
         assert tv <= float(torch.minimum((q - p).clamp_min(0), C).sum()) + 1e-12
 
 
+@pytest.mark.parametrize(
+    "bounds", [{"delta": 0.2}, {"delta": None, "lam": 2.5}, {"delta": 0.3, "lam": 1.5}, {"delta": 0.15, "k": 3}]
+)
+def test_host_extra_equals_relax(bounds):
+    """The verifier's host fast path reads the same moved mass C_{m*}(x) as ``relax`` (offset tokens included)."""
+    for seed in range(20):
+        table, p = _random_case(seed)
+        rule = LanternRule(table, 2, **bounds)
+        pv = torch.cat([torch.zeros(2, dtype=torch.float64), p])  # two non-image tokens before the codes
+        for x in range(pv.numel()):
+            want = float(rule.relax(pv[None], torch.tensor([x])).extra[0])
+            assert rule.host_extra(pv.numpy(), x) == pytest.approx(want, abs=1e-15), (seed, x)
+
+
+def _generic_proposal_children(rule, p, q, kids, tokens, draws):
+    """``verify_sampling``'s generic per-child loop (``rule.with_proposal``), the law the host path must keep."""
+    for c in kids:
+        x = tokens[c]
+        acc, residual = rule.with_proposal(p, x, q)
+        if next(draws) < acc:
+            return c, p
+        p = residual / residual.sum() if residual.sum() > 0 else p
+        q = q.clone()
+        q[x] = 0.0
+        q = q / q.sum() if q.sum() > 0 else q
+    return None, p
+
+
+def test_lantern_proposal_children_on_the_host_match_the_generic_loop():
+    """Same uniforms → same accepted child and the same residual, for LANTERN's proposal step on the host
+    (``verify._proposal_children`` with ``host_extra``) and through ``LanternRule.with_proposal`` one child at a
+    time: the fast path changes the arithmetic, not the law."""
+    from adtbench.algorithm.verify import _host_proposal, _proposal_children
+
+    for seed in range(40):
+        table, p = _random_case(seed)
+        rule = LanternRule(table, 0, delta=0.25)
+        assert _host_proposal(rule) and not _host_proposal(LanternRule(table, 0, delta=0.25, reference_residual=True))
+        g = torch.Generator().manual_seed(500 + seed)
+        q = torch.rand(p.numel(), generator=g, dtype=torch.float64) ** 2
+        q = q / q.sum()
+        tokens = torch.randperm(p.numel(), generator=g)[:4].tolist()
+        kids = [0, 1, 2, 3]
+        u = torch.rand(4, generator=g, dtype=torch.float64).tolist()
+        c_host, p_host = _proposal_children(p, q, kids, tokens, iter(u), rule.host_extra)
+        c_gen, p_gen = _generic_proposal_children(rule, p, q, kids, tokens, iter(u))
+        assert c_host == c_gen, seed
+        np.testing.assert_allclose(p_host, p_gen.numpy(), atol=1e-12)
+
+
+def test_sampled_draft_through_verify_sampling_follows_the_relaxed_law():
+    """χ² through ``verify_sampling`` (host path): a draft x ~ q verified with the true q under LANTERN emits
+    o = Σ_x q(x)[a_x δ_x + (1 − a_x) r_x], the law ``with_proposal`` defines (computed exactly here)."""
+    table, p = _random_case(3, V=6)
+    rule = LanternRule(table, 0, delta=0.2)
+    q = torch.tensor([0.05, 0.3, 0.1, 0.25, 0.2, 0.1], dtype=torch.float64)
+    o = torch.zeros_like(p)
+    for x in range(p.numel()):
+        a, res = rule.with_proposal(p, x, q)
+        o[x] += q[x] * a
+        if a < 1:
+            o += q[x] * (1 - a) * res / res.sum()
+    g = torch.Generator().manual_seed(7)
+    logits = p.log()[None].expand(2, -1)
+    n, counts = 8000, Counter()
+    for _ in range(n):
+        x = int(torch.multinomial(q, 1, generator=g))
+        tree = DraftTree(torch.tensor([0, x]), [-1, 0], drafted_depth=1, proposal={0: q})
+        acc = verify_sampling(tree, logits, g, rule)
+        counts[x if acc.accepted else acc.bonus] += 1
+    assert pooled_chisquare(counts, {i: float(v) for i, v in enumerate(o)}, n)[0] > 1e-3
+    # and not p's: the relaxation is lossy (a negative control on the same draws; p has zeros, so compare by TV)
+    emp = torch.tensor([counts.get(i, 0) / n for i in range(p.numel())], dtype=torch.float64)
+    assert 0.5 * float((emp - p).abs().sum()) > 3 * 0.5 * float((emp - o).abs().sum())
+
+
 # --- config ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "over,key",

@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from adtbench.algorithm.verify import AcceptanceRule
@@ -117,6 +118,7 @@ class LanternRule(AcceptanceRule):
         zero_bound = (delta is not None and delta == 0.0) or (lam is not None and lam == 1.0)
         self.lossless = zero_bound and not reference_residual
         self._tables: dict[torch.device, torch.Tensor] = {}
+        self._np_table: np.ndarray | None = None  # host copy of the first k columns + offset (``host_extra``)
 
     def _table(self, device: torch.device) -> torch.Tensor:
         if device not in self._tables:
@@ -144,6 +146,27 @@ class LanternRule(AcceptanceRule):
         mstar = within.sum(1) * valid  # a prefix: C_m ≤ τ holds for m ≤ m* only
         extra = torch.where(mstar > 0, cum.gather(1, (mstar - 1).clamp_min(0)[:, None])[:, 0], 0.0)
         return Relaxation(extra.to(p.dtype), mstar, nbr, valid)
+
+    @property
+    def host_extra_applies(self) -> bool:
+        """Can the verifier's float64 host loop (``verify._proposal_children``) run this rule's proposal step?
+        Yes unless ``reference_residual`` (which also edits q on rejection)."""
+        return not self.reference_residual
+
+    def host_extra(self, p: np.ndarray, x: int) -> float:
+        """C_{m*}(x) of ``relax`` for one draft on a float64 host vector ``p [V]`` (the same prefix rule: the
+        cumulative neighbour mass is non-decreasing, so m* = #{m : C_m ≤ τ} is a ``searchsorted``)."""
+        code = x - self.offset
+        if not 0 <= code < self.num_codes:
+            return 0.0
+        if self._np_table is None:
+            self._np_table = self.table[:, : self.k].numpy() + self.offset
+        cum = np.cumsum(p[self._np_table[code]])
+        tau = float("inf") if self.delta is None else self.delta  # ``bound``, as floats
+        if self.lam is not None:
+            tau = min(tau, (self.lam - 1.0) * float(p[x]))
+        m = int(np.searchsorted(cum, tau, side="right"))
+        return float(cum[m - 1]) if m > 0 else 0.0
 
     def relaxed_prob(self, p: torch.Tensor, x: int) -> float:
         """p̃(x) under the probability vector ``p [V]``."""

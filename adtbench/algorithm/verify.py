@@ -28,7 +28,7 @@ Relaxations (LANTERN) change only the ``AcceptanceRule``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,8 +120,9 @@ def verify_sampling(
         p = probs[u]
         accepted = None
         kids = tree.children[u]
-        if tree.proposal is not None and u in tree.proposal and kids and _exact_with_proposal(rule):
-            accepted, pn = _proposal_children(probs[u], tree.proposal[u], kids, tokens, draws)
+        if tree.proposal is not None and u in tree.proposal and kids and _host_proposal(rule):
+            extra = None if _exact_with_proposal(rule) else rule.host_extra  # type: ignore[attr-defined]
+            accepted, pn = _proposal_children(probs[u], tree.proposal[u], kids, tokens, draws, extra)
             if accepted is None:
                 return Acceptance(path=path, bonus=sample_np(pn, generator))
         elif tree.proposal is not None and u in tree.proposal and kids:
@@ -173,21 +174,34 @@ def _exact_with_proposal(rule: AcceptanceRule) -> bool:
     return type(rule).with_proposal is AcceptanceRule.with_proposal
 
 
-def _proposal_children(
-    p_row: torch.Tensor, q_row: torch.Tensor, kids: list[int], tokens: list[int], draws: Iterator[float]
-) -> tuple[int | None, np.ndarray]:
-    """Exact recursive rejection over one node's children drawn from q without replacement, on float64 host copies.
+def _host_proposal(rule: AcceptanceRule) -> bool:
+    """May :func:`_proposal_children` stand in for ``rule``'s proposal step? The exact rule, and relaxations that
+    only add mass to p(x) and expose it on the host (``host_extra``; LANTERN without ``reference_residual``)."""
+    return _exact_with_proposal(rule) or bool(getattr(rule, "host_extra_applies", False))
 
-    The generic loop's law: try the children in draw order; accept x with min(1, p(x)/q(x)); on rejection
-    p ← normalise(max(p − q, 0)) and q ← q with q(x) = 0, renormalised. Returns the accepted child (or None) and
-    the final p (the residual the bonus token is drawn from).
+
+def _proposal_children(
+    p_row: torch.Tensor,
+    q_row: torch.Tensor,
+    kids: list[int],
+    tokens: list[int],
+    draws: Iterator[float],
+    extra: Callable[[np.ndarray, int], float] | None = None,
+) -> tuple[int | None, np.ndarray]:
+    """Recursive rejection over one node's children drawn from q without replacement, on float64 host copies.
+
+    The generic loop's law: try the children in draw order; accept x with min(1, p̃(x)/q(x)), where p̃(x) = p(x)
+    (exact) or p(x) + ``extra(p, x)`` (a relaxation's moved mass, e.g. LANTERN's C_{m*}(x) under the current p);
+    on rejection p ← normalise(max(p − q, 0)) and q ← q with q(x) = 0, renormalised. Returns the accepted child
+    (or None) and the final p (the residual the bonus token is drawn from).
     """
     p = p_row.detach().to("cpu", torch.float64).numpy()
     q = q_row.detach().to("cpu", torch.float64).numpy()
     for c in kids:
         x = tokens[c]
         qx = q[x]
-        if next(draws) < (1.0 if qx <= 0.0 else min(1.0, p[x] / qx)):
+        px = p[x] if extra is None else p[x] + extra(p, x)
+        if next(draws) < (1.0 if qx <= 0.0 else min(1.0, px / qx)):
             return c, p
         residual = np.maximum(p - q, 0.0)
         total = residual.sum()
