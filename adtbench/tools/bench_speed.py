@@ -69,6 +69,14 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "adt + budget: cost + sampled drafts, gated (gate_tokens 3.8), T = 1, lantern=on",
         ["policy=adt", "policy.budget=cost", "policy.draft_sampling=sample", "lantern=on", "policy.gate_tokens=3.8"],
     ),
+    "chain3_sampled_lantern": (
+        "chain of 3 sampled drafts, T = 1, lantern=on",
+        ["policy=static_sampled", "policy.tree=[[0],[0,0],[0,0,0]]", "lantern=on"],
+    ),
+    "mini_lantern": (
+        "chain of 3 sampled drafts, T = 1, lantern=on, δ = 0.3 (experiment=mini_lantern)",
+        ["experiment=mini_lantern"],
+    ),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
     "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
     "static_sampled_gated_greedy": (
