@@ -160,7 +160,7 @@ class LanternRule(AcceptanceRule):
         if not 0 <= code < self.num_codes:
             return 0.0
         if self._np_table is None:
-            self._np_table = self.table[:, : self.k].numpy() + self.offset
+            self._np_table = self.table[:, : self.k].cpu().numpy() + self.offset
         cum = np.cumsum(p[self._np_table[code]])
         tau = float("inf") if self.delta is None else self.delta  # ``bound``, as floats
         if self.lam is not None:
