@@ -319,9 +319,16 @@ def test_ar_policy_reads_one_against_the_baseline(tmp_path: Path) -> None:
     if s["load_warning"]:  # the timer itself says its numbers cannot be trusted: no claim about them either way
         pytest.skip(f"machine overloaded during the timed work: {s['load_warning']}")
     assert s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1] and s["speedup_ci_caveat"] is None
-    if s["timing_warning"]:  # a noisy host (repeats disagree): the CI must say so by covering the truth, 1.00
-        assert s["speedup_ci"][0] <= 1.0 <= s["speedup_ci"][1], (s["speedup_ci"], s["timing_warning"])
-        pytest.skip(f"noisy timing: {s['timing_warning']} (the CI covers 1.00)")
+    if s["timing_warning"]:
+        # A noisy host (repeats of one prompt disagree by more than 5 %): the ± 0.03 claim is void, but the reading
+        # must stay within the noise the timer itself reports. (Not "the 95 % CI covers 1.00": a calibrated CI
+        # misses the truth in 5 % of runs by definition — a clean-clone CI read 1.017 [1.004, 1.032] at spread 0.053.)
+        tol = 0.03 + s["timing_spread"]
+        assert abs(s["speedup"] - 1.0) <= tol, (s["speedup"], s["timing_warning"])
+        assert abs(s["speedup_median"] - 1.0) <= tol, (s["speedup_median"], s["timing_warning"])
+        pytest.skip(
+            f"noisy timing: {s['timing_warning']} (read {s['speedup']:.3f}, within 0.03 + {s['timing_spread']:.3f})"
+        )
     assert abs(s["speedup"] - 1.0) <= 0.03, s["speedup"]
     assert abs(s["speedup_median"] - 1.0) <= 0.03, s["speedup_median"]
 
