@@ -158,11 +158,10 @@ def test_attribute_targets_follow_the_canonical_attributes():
             "a small red circle on a plain blue background",
         ]
     )
-    keys = list(ATTRIBUTES)
     # canonical order: left object first, so "b right of a" puts the blue square in slot a
-    assert ATTRIBUTES["a_color"][int(t[0, keys.index("a_color")])] == "blue"
-    assert ATTRIBUTES["b_shape"][int(t[0, keys.index("b_shape")])] == "circle"
-    assert int(t[1, keys.index("b_color")]) == -100 and int(t[1, keys.index("axis")]) == -100
+    assert ATTRIBUTES["a_color"][int(t["a_color"][0])] == "blue"
+    assert ATTRIBUTES["b_shape"][int(t["b_shape"][0])] == "circle"
+    assert int(t["b_color"][1]) == -100 and int(t["axis"][1]) == -100
     with pytest.raises(ValueError, match="outside the scene grammar"):
         AttributeHeads.targets(["a cat"])
 

@@ -48,6 +48,7 @@ from adtbench.models.mini import MiniTextEncoder, TextEncoderConfig, ar_config_d
 from adtbench.models.registry import resolve_device
 from adtbench.scenes import ATTRIBUTES, VOCAB, parse_caption, to_tensor_range
 from adtbench.tools.train.common import (
+    attribute_targets,
     batches,
     export_dir,
     init_from,
@@ -104,25 +105,23 @@ class AttributeHeads(nn.Module):
         self.heads = nn.ModuleDict({k: nn.Linear(dim, len(v)) for k, v in ATTRIBUTES.items()})
 
     @staticmethod
-    def targets(captions: list[str]) -> torch.Tensor:
-        """``[n, |A|]`` value indices (``ATTRIBUTES`` order); −100 where the caption lacks the attribute (one
-        object: no ``axis`` / ``b_*``). A caption outside the grammar is an error."""
-        out = torch.full((len(captions), len(ATTRIBUTES)), -100, dtype=torch.long)
-        for i, text in enumerate(captions):
+    def targets(captions: list[str]) -> dict[str, torch.Tensor]:
+        """``{attribute: [n]}`` value indices of each caption (``common.attribute_targets``; −100 where the caption
+        lacks the attribute). A caption outside the grammar is an error."""
+        parsed = []
+        for text in captions:
             want = parse_caption(text)
             if want is None:
                 raise ValueError(f"caption outside the scene grammar: {text!r}")
-            for j, (k, values) in enumerate(ATTRIBUTES.items()):
-                if k in want:
-                    out[i, j] = values.index(want[k])
-        return out
+            parsed.append(want)
+        return attribute_targets(parsed)
 
-    def loss(self, feats: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def loss(self, feats: torch.Tensor, targets: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean over attributes of the CE of every position's prediction (rows whose attribute is −100 skipped)."""
         N = feats.shape[1]
         parts = []
-        for j, head in enumerate(self.heads.values()):
-            t = targets[:, j]
+        for k, head in self.heads.items():
+            t = targets[k]
             if bool((t >= 0).any()):
                 parts.append(
                     F.cross_entropy(head(feats).flatten(0, 1).float(), t.repeat_interleave(N), ignore_index=-100)
@@ -214,7 +213,7 @@ def run(cfg: DictConfig) -> dict:
         loss, logs = ce, {}
         if heads is not None and attrs is not None and bool((~drop).any()):
             keep = (~drop).to(dev)
-            aux = heads.loss(feats[keep], attrs[idx][~drop].to(dev))
+            aux = heads.loss(feats[keep], {k: t[idx][~drop].to(dev) for k, t in attrs.items()})
             loss, logs = ce + aux_w * aux, {"aux": float(aux.detach())}
         loss.backward()
         acc = (logits.argmax(-1) == c).float().mean()

@@ -299,3 +299,16 @@ def scene_pool(seed: int, split: str, count: int, size: int, cache_dir: Path | N
 def batches(n: int, size: int) -> Iterator[slice]:
     for i in range(0, n, size):
         yield slice(i, min(n, i + size))
+
+
+def attribute_targets(attrs: list[dict[str, str]]) -> dict[str, torch.Tensor]:
+    """Class index per caption attribute (``scenes.ATTRIBUTES``), ``{attribute: [n] int64}``, from canonical
+    attribute dicts (``scenes.attributes`` / ``scenes.parse_caption``); −100 where a dict lacks the attribute (one
+    object: no ``axis`` / ``b_*``), which ``F.cross_entropy(ignore_index=-100)`` skips."""
+    from adtbench.scenes import ATTRIBUTES
+
+    out = {k: torch.full((len(attrs),), -100, dtype=torch.long) for k in ATTRIBUTES}
+    for i, a in enumerate(attrs):
+        for k, v in a.items():
+            out[k][i] = ATTRIBUTES[k].index(v)
+    return out

@@ -27,6 +27,7 @@ from adtbench.models.registry import resolve_device
 from adtbench.resources import PACKAGE_DIR
 from adtbench.scenes import ATTRIBUTES, attributes, caption_split, iter_split, render, sample_scene, to_tensor_range
 from adtbench.tools.train.common import (
+    attribute_targets,
     export_dir,
     init_from,
     save_safetensors,
@@ -40,11 +41,7 @@ TWO_OBJECT = ("axis", "b_size", "b_color", "b_shape")
 
 def targets(scenes: list) -> dict[str, torch.Tensor]:
     """Class index per attribute ``[B]`` (−100 = not applicable: ignored by the loss)."""
-    out = {k: torch.full((len(scenes),), -100, dtype=torch.long) for k in ATTRIBUTES}
-    for i, s in enumerate(scenes):
-        for k, v in attributes(s).items():
-            out[k][i] = ATTRIBUTES[k].index(v)
-    return out
+    return attribute_targets([attributes(s) for s in scenes])
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
