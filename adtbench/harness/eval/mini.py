@@ -8,8 +8,9 @@ called as ``function(path)`` when ``eval.mini.path`` is set, else ``function()``
   attributes the caption states that the evaluator recognises); ``None`` for a prompt outside its grammar;
 - ``features(images) -> [N, d]``: an image embedding (for FID / precision-recall in its feature space);
 - optionally ``attribute_hits(images, prompts) -> [N]``: per image ``{attribute: recognised?}`` for the attributes
-  its prompt states (None off-grammar); then ``mini_agreement.by_attribute`` records, per attribute, the share of
-  the images stating it in which it was recognised (``value``) and their count (``n``) — what a model gets wrong;
+  its prompt states (None off-grammar); then the evaluator runs once per batch, an image's agreement is the mean of
+  its hits (what the shipped evaluator's ``score`` computes), and ``mini_agreement.by_attribute`` records, per
+  attribute, the share of the images stating it in which it was recognised (``value``) and their count (``n``);
 
 where ``images`` is a uint8 tensor ``[N, H, W, 3]`` (the run's images at their native size, or resized to
 ``eval.mini.image_size``; the evaluator resizes to its own input size). Recorded: ``mini_agreement`` (mean
@@ -51,12 +52,15 @@ def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
     with torch.no_grad():
         for chunk in batches(ctx.samples, ctx.batch_size):
             images, prompts = _images(list(chunk), size), [s.prompt for s in chunk]
-            if hasattr(ev, "attribute_hits"):
-                for h in ev.attribute_hits(images, prompts):
+            if hasattr(ev, "attribute_hits"):  # one evaluator pass gives both the hits and the agreement
+                chunk_hits = ev.attribute_hits(images, prompts)
+                for h in chunk_hits:
                     for k, ok in (h or {}).items():
                         hits.setdefault(k, []).append(bool(ok))
-            scores = ev.score(images, prompts)
-            scores = scores.detach().cpu().tolist() if isinstance(scores, torch.Tensor) else list(scores)
+                scores = [sum(map(bool, h.values())) / len(h) if h else None for h in chunk_hits]
+            else:
+                scores = ev.score(images, prompts)
+                scores = scores.detach().cpu().tolist() if isinstance(scores, torch.Tensor) else list(scores)
             if len(scores) != len(chunk):
                 raise ValueError(f"mini evaluator score() returned {len(scores)} values for {len(chunk)} images")
             per.update({s.prompt_id: None if v is None else float(v) for s, v in zip(chunk, scores)})
