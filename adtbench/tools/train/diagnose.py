@@ -630,11 +630,12 @@ def cond_diagnosis(n: int = 256, probe_train: int = 768, cfg: float = 3.0, ar_pa
     g_train = encode_images(vq, S.render_batch(train, 64))
     f_tr = cond_features(model, [s.caption for s in train], g_train)
     f_te = cond_features(model, [s.caption for s in held], g_held)
+    attrs_tr, attrs_te = [S.attributes(s) for s in train], [S.attributes(s) for s in held]
     probes: dict[str, dict[str, float]] = {}
     for attr in PROBE_ATTRS:
         values = S.ATTRIBUTES[attr]
-        a_tr = [S.attributes(s).get(attr) for s in train]
-        a_te = [S.attributes(s).get(attr) for s in held]
+        a_tr = [a.get(attr) for a in attrs_tr]
+        a_te = [a.get(attr) for a in attrs_te]
         i_tr = [i for i, v in enumerate(a_tr) if v is not None]
         i_te = [i for i, v in enumerate(a_te) if v is not None]
         y_tr = torch.tensor([values.index(a_tr[i]) for i in i_tr])
