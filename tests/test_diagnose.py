@@ -139,6 +139,24 @@ def test_ar_and_drafter_stats_ranges(vq, held) -> None:
     assert (ds["pmax"] <= 1 + 1e-6).all() and ds["agree"].mean() > 0.1
 
 
+def test_by_confidence_and_bg_kind_partition_planted_stats() -> None:
+    """Bins partition the tokens (pmax = 1 falls in the last bin); per-bin and per-kind means are the planted ones."""
+    pmax = np.array([[0.1, 0.4, 0.95, 1.0], [0.2, 0.6, 0.8, 0.995]])
+    agree = np.array([[0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+    st = {"pmax": pmax, "agree": agree, "accept": 0.5 * agree}
+    rows = D.by_confidence(st)
+    assert abs(sum(r["share"] for r in rows.values()) - 1) < 1e-12
+    assert rows["0-0.3"] == {"share": 0.25, "agree": 0.0, "accept": 0.0}
+    assert rows["0.99-1"]["share"] == 0.25 and rows["0.99-1"]["agree"] == 1.0  # 0.995 and 1.0
+    assert rows["0.3-0.5"]["agree"] == 1.0 and rows["0.5-0.7"]["agree"] == 0.0
+    sc = [S.sample_scene(0, i) for i in range(40)]
+    plain = next(s for s in sc if s.bg_kind == "plain")
+    noisy = next(s for s in sc if s.bg_kind == "noisy")
+    kinds = D.by_bg_kind(st, [plain, noisy])
+    assert kinds["plain"] == {"images": 1, "agree": 0.75, "accept": 0.375, "unsure": 0.5, "confident": 0.5}
+    assert kinds["noisy"]["unsure"] == 0.25 and kinds["noisy"]["confident"] == 0.25
+
+
 def test_vq_diagnosis_of_another_tokenizer(tmp_path) -> None:
     """``what=vq vq_path=DIR`` diagnoses a retraining candidate: here a random local-encoder VQ saved in the
     mini layout (config.json + model.safetensors), whose flat images are one code each by construction."""

@@ -1,7 +1,8 @@
 """Why is the mini model weak? Measurements of every component (issue 12, first step).
 
     python -m adtbench.tools.train.diagnose [what=all|vq|tokens|ar|cond|drafter|data] [n=256] [out=...] [threads=1]
-        [train_n=4000] [ar_train_n=n] [drafter_n=32] [gen_n=8] [cfg=3.0] [ar_path=DIR] [probe_train=768]
+        [train_n=4000] [ar_train_n=n] [drafter_n=32] [gen_n=8] [greedy_n=0] [cfg=3.0] [ar_path=DIR]
+        [probe_train=768]
 
 Inference and counting only (no training). Every number is computed on scenes of stream 0 of
 ``adtbench.scenes``: *held-out* = the first ``n`` held-out-split scenes (``iter_split(0, "heldout", n)``, the
@@ -31,7 +32,9 @@ Parts (the JSON keys):
 ``drafter``  the shipped EAGLE drafter teacher-forced on the target's own features (``teacher_sample``, the
              training pairing): top-1 agreement with the target and the expected one-token acceptance
              Σ_v min(p_v, q_v) at T = 1 (both distributions CFG-mixed), split by type, on held-out ground-truth
-             grids and on the target's own AR samples (T = 1, CFG 3).
+             grids and on the target's own AR samples (T = 1, CFG 3); with ``greedy_n`` > 0 also on the target's
+             own greedy samples (T = 0: what bounds greedy τ), split by the target's confidence max_v p_v
+             (``by_confidence``) and by the caption's background kind (``by_bg_kind``).
 ``cond``     does the caption reach the object tokens? (a) teacher-forced CE of the conditional and unconditional
              rows where an object *starts* — ``object_first`` (an image's first object-covered token in raster
              order) and ``object_top`` (object-covered, the token above not) — the only places the caption can
@@ -53,7 +56,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import product
+from itertools import pairwise, product
 from pathlib import Path
 from typing import Any
 
@@ -694,12 +697,15 @@ def drafter_token_stats(target: Any, drafter: Any, seqs: Sequence[tuple[str, Seq
     return {k: np.stack(v) for k, v in acc.items()}
 
 
-def generated_sequences(target: Any, captions: Sequence[str], cfg: float = 3.0) -> list[tuple[str, list[int]]]:
-    """The target's own AR samples (T = 1, CFG ``cfg``; generator seed = index), as the engine decodes."""
+def generated_sequences(
+    target: Any, captions: Sequence[str], cfg: float = 3.0, temperature: float = 1.0
+) -> list[tuple[str, list[int]]]:
+    """The target's own AR samples (CFG ``cfg``, ``temperature``: 0 = greedy; generator seed = index), as the
+    engine decodes."""
     from adtbench.algorithm.engine import decode_ar
     from adtbench.algorithm.sampling import SamplingParams
 
-    sp = SamplingParams(temperature=1.0, cfg_scale=cfg)
+    sp = SamplingParams(temperature=temperature, cfg_scale=cfg)
     out = []
     for i, c in enumerate(captions):
         res = decode_ar(target, target.encode_prompt(c, cfg=True), sp, torch.Generator().manual_seed(i))
@@ -707,8 +713,46 @@ def generated_sequences(target: Any, captions: Sequence[str], cfg: float = 3.0) 
     return out
 
 
-def drafter_diagnosis(n: int = 32, gen_n: int = 8, cfg: float = 3.0) -> dict:
-    """Part 4 (module docstring): ``n`` held-out ground-truth grids and ``gen_n`` of the target's own samples."""
+PMAX_BINS = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
+
+
+def by_confidence(stats: dict[str, np.ndarray], edges: Sequence[float] = PMAX_BINS) -> dict:
+    """``agree`` / ``accept`` and the token share per bin ``[lo, hi)`` of the target's max probability ``pmax``
+    (the last bin includes 1)."""
+    pm = stats["pmax"]
+    out = {}
+    for lo, hi in pairwise(edges):
+        m = (pm >= lo) & ((pm < hi) if hi < edges[-1] else (pm <= hi))
+        if m.any():
+            out[f"{lo:g}-{hi:g}"] = {
+                "share": float(m.mean()),
+                "agree": float(stats["agree"][m].mean()),
+                "accept": float(stats["accept"][m].mean()),
+            }
+    return out
+
+
+def by_bg_kind(stats: dict[str, np.ndarray], scenes: Sequence[S.Scene]) -> dict:
+    """Per background kind of the captions (rows of ``stats``): image count, ``agree``, ``accept``, and the token
+    shares where the target is ``unsure`` (``pmax`` < 0.5) and ``confident`` (≥ 0.9)."""
+    kinds = np.array([s.bg_kind for s in scenes])
+    out = {}
+    for k in sorted(set(kinds.tolist())):
+        m = kinds == k
+        pm = stats["pmax"][m]
+        out[k] = {
+            "images": int(m.sum()),
+            "agree": float(stats["agree"][m].mean()),
+            "accept": float(stats["accept"][m].mean()),
+            "unsure": float((pm < 0.5).mean()),
+            "confident": float((pm >= 0.9).mean()),
+        }
+    return out
+
+
+def drafter_diagnosis(n: int = 32, gen_n: int = 8, cfg: float = 3.0, greedy_n: int = 0) -> dict:
+    """Part 4 (module docstring): ``n`` held-out ground-truth grids, ``gen_n`` of the target's own T = 1 samples
+    and ``greedy_n`` of its greedy ones (captions of the first held-out scenes)."""
     target, drafter = load_target_and_drafter()
     vq = target.vq
     off = target.layout.image_token_offset
@@ -725,6 +769,18 @@ def drafter_diagnosis(n: int = 32, gen_n: int = 8, cfg: float = 3.0) -> dict:
         st = drafter_token_stats(target, drafter, gen, cfg)
         types = {k: v[:, 1:] for k, v in position_types(gg).items()}
         out["generated"] = {"n": gen_n, "by_type": by_type(st, types, "accept")}
+    if greedy_n > 0:
+        gsc = scene_set("heldout", greedy_n)
+        gen = generated_sequences(target, [s.caption for s in gsc], cfg, temperature=0.0)
+        gg = np.array([np.array(t) - off for _, t in gen]).reshape(greedy_n, GRID, GRID)
+        st = drafter_token_stats(target, drafter, gen, cfg)
+        types = {k: v[:, 1:] for k, v in position_types(gg).items()}
+        out["greedy"] = {
+            "n": greedy_n,
+            "by_type": by_type(st, types, "accept"),
+            "by_confidence": by_confidence(st),
+            "by_bg_kind": by_bg_kind(st, gsc),
+        }
     return out
 
 
@@ -859,11 +915,21 @@ def summary(part: str, res: dict) -> str:
         return "\n".join(lines)
     if part == "drafter":
         cols = ("share", "agree", "accept", "accept_cond", "pmax", "ent", "loss_share")
-        return "\n".join(
+        lines = [
             f"drafter {k} (n={res[k]['n']}; loss_share = share of Σ accept):\n" + _fmt_types(res[k]["by_type"], cols)
-            for k in ("heldout_truth", "generated")
+            for k in ("heldout_truth", "generated", "greedy")
             if k in res
-        )
+        ]
+        if "greedy" in res:
+            lines.append(
+                "  greedy, by the target's max probability:\n"
+                + _fmt_types(res["greedy"]["by_confidence"], ("share", "agree", "accept"))
+            )
+            lines.append(
+                "  greedy, by background kind:\n"
+                + _fmt_types(res["greedy"]["by_bg_kind"], ("images", "agree", "accept", "unsure", "confident"))
+            )
+        return "\n".join(lines)
     if part == "data":
         g = res["grammar"]
         return (
@@ -896,7 +962,9 @@ def main(args: list[str]) -> int:
         "tokens": lambda: token_diagnosis(n, int(kv.get("train_n", 4000))),
         "ar": lambda: ar_diagnosis(n, int(kv.get("ar_train_n", n)), cfg, kv.get("ar_path")),
         "cond": lambda: cond_diagnosis(n, int(kv.get("probe_train", 768)), cfg, kv.get("ar_path")),
-        "drafter": lambda: drafter_diagnosis(int(kv.get("drafter_n", 32)), int(kv.get("gen_n", 8)), cfg),
+        "drafter": lambda: drafter_diagnosis(
+            int(kv.get("drafter_n", 32)), int(kv.get("gen_n", 8)), cfg, int(kv.get("greedy_n", 0))
+        ),
     }
     results = json.loads(out.read_text()) if out.exists() else {}
     for part in PARTS if what == "all" else (what,):
