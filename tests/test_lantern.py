@@ -316,12 +316,14 @@ def test_lantern_proposal_children_on_the_host_match_the_generic_loop():
     """Same uniforms → same accepted child and the same residual, for LANTERN's proposal step on the host
     (``verify._proposal_children`` with ``host_extra``) and through ``LanternRule.with_proposal`` one child at a
     time: the fast path changes the arithmetic, not the law."""
-    from adtbench.algorithm.verify import _host_proposal, _proposal_children
+    from adtbench.algorithm.verify import EXACT, _proposal_children
 
     for seed in range(40):
         table, p = _random_case(seed)
         rule = LanternRule(table, 0, delta=0.25)
-        assert _host_proposal(rule) and not _host_proposal(LanternRule(table, 0, delta=0.25, reference_residual=True))
+        host = rule.host_proposal()
+        assert host is not None and host.extra == rule.host_extra and EXACT.host_proposal().extra is None
+        assert LanternRule(table, 0, delta=0.25, reference_residual=True).host_proposal() is None
         g = torch.Generator().manual_seed(500 + seed)
         q = torch.rand(p.numel(), generator=g, dtype=torch.float64) ** 2
         q = q / q.sum()

@@ -144,6 +144,8 @@ def test_exact_proposal_fast_path_decides_like_the_generic_loop():
     q = {u: torch.randn(6, generator=gen, dtype=torch.float64).softmax(-1) for u in (0, 1, 4)}
     tree = DraftTree(tree_tokens, parents, drafted_depth=3, proposal=q)
     logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 1.5).log_softmax(-1)
+    # overriding ``with_proposal`` without declaring ``host_proposal`` keeps a rule off the host path
+    assert _GenericProposal().host_proposal() is None and AcceptanceRule().host_proposal() is not None
     assert_same_decisions(tree, logits, _GenericProposal())
 
 

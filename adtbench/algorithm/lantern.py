@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adtbench.algorithm.verify import AcceptanceRule
+from adtbench.algorithm.verify import AcceptanceRule, HostProposal
 
 log = logging.getLogger(__name__)
 
@@ -147,11 +147,10 @@ class LanternRule(AcceptanceRule):
         extra = torch.where(mstar > 0, cum.gather(1, (mstar - 1).clamp_min(0)[:, None])[:, 0], 0.0)
         return Relaxation(extra.to(p.dtype), mstar, nbr, valid)
 
-    @property
-    def host_extra_applies(self) -> bool:
-        """Can the verifier's float64 host loop (``verify._proposal_children``) run this rule's proposal step?
-        Yes unless ``reference_residual`` (which also edits q on rejection)."""
-        return not self.reference_residual
+    def host_proposal(self) -> HostProposal | None:
+        """The proposal step on the verifier's float64 host loop: p(x) + C_{m*}(x) (``host_extra``), unless
+        ``reference_residual`` (which also edits q on rejection: only ``with_proposal`` runs that)."""
+        return None if self.reference_residual else HostProposal(self.host_extra)
 
     def host_extra(self, p: np.ndarray, x: int) -> float:
         """C_{m*}(x) of ``relax`` for one draft on a float64 host vector ``p [V]`` (the same prefix rule: the

@@ -49,8 +49,18 @@ class Acceptance:
         return len(self.path) - 1
 
 
+@dataclass(frozen=True)
+class HostProposal:
+    """A rule's proposal step in the form the verifier's float64 host loop (:func:`_proposal_children`) runs:
+    accept x with min(1, (p(x) + extra(p, x)) / q(x)), on rejection p ← normalise(max(p − q, 0)). ``extra`` is None
+    for the exact rule (nothing added)."""
+
+    extra: Callable[[np.ndarray, int], float] | None = None
+
+
 class AcceptanceRule:
-    """Exact (lossless) acceptance. Subclasses relax it (LANTERN) by overriding the three hooks."""
+    """Exact (lossless) acceptance. Subclasses relax it (LANTERN) by overriding the three hooks, and declare
+    with :meth:`host_proposal` whether their proposal step may run on the host fast path."""
 
     name = "exact"
     lossless = True
@@ -70,6 +80,12 @@ class AcceptanceRule:
         qx = float(q[x])
         accept = 1.0 if qx <= 0.0 else min(1.0, float(p[x]) / qx)
         return accept, (p - q).clamp_min(0.0)
+
+    def host_proposal(self) -> HostProposal | None:
+        """``with_proposal`` as a :class:`HostProposal`, or None when it is not of that form (then the verifier
+        calls ``with_proposal`` itself). A subclass that overrides ``with_proposal`` gets None unless it overrides
+        this too."""
+        return HostProposal() if type(self).with_proposal is AcceptanceRule.with_proposal else None
 
 
 EXACT = AcceptanceRule()
@@ -115,18 +131,19 @@ def verify_sampling(
     probs = logits.softmax(-1)
     tokens = tree.tokens.tolist()
     draws = iter(_uniforms(tree.size, generator))
+    proposal = tree.proposal
+    host = rule.host_proposal() if proposal is not None else None
     u, path = 0, [0]
     while True:
         p = probs[u]
         accepted = None
         kids = tree.children[u]
-        if tree.proposal is not None and u in tree.proposal and kids and _host_proposal(rule):
-            extra = None if _exact_with_proposal(rule) else rule.host_extra  # type: ignore[attr-defined]
-            accepted, pn = _proposal_children(probs[u], tree.proposal[u], kids, tokens, draws, extra)
+        if proposal is not None and host is not None and u in proposal and kids:
+            accepted, pn = _proposal_children(probs[u], proposal[u], kids, tokens, draws, host.extra)
             if accepted is None:
                 return Acceptance(path=path, bonus=sample_np(pn, generator))
-        elif tree.proposal is not None and u in tree.proposal and kids:
-            q = tree.proposal[u].to(p)
+        elif proposal is not None and u in proposal and kids:
+            q = proposal[u].to(p)
             for c in kids:
                 x = tokens[c]
                 acc, residual = rule.with_proposal(p, x, q)
@@ -167,17 +184,6 @@ def _distinct_children(kids: list[int], tokens: list[int]) -> Iterator[tuple[int
 def _exact_point_mass(rule: AcceptanceRule) -> bool:
     """Is ``rule``'s point-mass step the exact one (so :func:`_point_mass_children` may stand in for it)?"""
     return type(rule).point_mass is AcceptanceRule.point_mass
-
-
-def _exact_with_proposal(rule: AcceptanceRule) -> bool:
-    """Is ``rule``'s proposal step the exact one (so :func:`_proposal_children` may stand in for it)?"""
-    return type(rule).with_proposal is AcceptanceRule.with_proposal
-
-
-def _host_proposal(rule: AcceptanceRule) -> bool:
-    """May :func:`_proposal_children` stand in for ``rule``'s proposal step? The exact rule, and relaxations that
-    only add mass to p(x) and expose it on the host (``host_extra``; LANTERN without ``reference_residual``)."""
-    return _exact_with_proposal(rule) or bool(getattr(rule, "host_extra_applies", False))
 
 
 def _proposal_children(
