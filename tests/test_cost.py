@@ -137,6 +137,32 @@ def test_cost_model_is_measured_once_then_read_from_the_cache(tmp_path, monkeypa
     assert len(res.tokens) == target.layout.num_gen_tokens
 
 
+def test_a_cost_model_measured_under_load_is_measured_again_once_the_machine_is_idle(tmp_path, monkeypatch):
+    """A cache measured with the load above the cores holds contention's times: re-measured when the load is back
+    under the cores, kept (with a warning) while the machine is still busy; one measured idle is always kept."""
+    caches = cost_mod
+    target, drafter = tiny("tiny_llamagen", dtype="float32")
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    first = load_or_measure(target, drafter, sp, max_nodes=4, max_level=2, cache_dir=tmp_path)
+    (file,) = (tmp_path / "cost").glob("*.json")
+    data = json.loads(file.read_text())
+    data["model"]["meta"]["load"] = 9.0
+    file.write_text(json.dumps(data))
+    fresh = CostModel([1, 4], [1.0, 2.0], [1, 2], [0.2, 0.3], 0.1, {"load": 0.5})
+    calls = []
+    monkeypatch.setattr(caches, "cpus_available", lambda: 2)
+    monkeypatch.setattr(caches, "measure_cost", lambda *a, **k: calls.append(1) or fresh)
+    monkeypatch.setattr(caches, "load_average", lambda: [5.0, 5.0, 5.0])  # still busy: keep the cache
+    kept = load_or_measure(target, drafter, sp, max_nodes=4, max_level=2, cache_dir=tmp_path)
+    assert not calls and kept.verify_ms == first.verify_ms
+    monkeypatch.setattr(caches, "load_average", lambda: [0.3, 0.5, 0.5])  # idle now: measure again, re-cache
+    again = load_or_measure(target, drafter, sp, max_nodes=4, max_level=2, cache_dir=tmp_path)
+    assert calls == [1] and again.verify_ms == [1.0, 2.0]
+    assert json.loads(file.read_text())["model"]["meta"]["load"] == 0.5
+    load_or_measure(target, drafter, sp, max_nodes=4, max_level=2, cache_dir=tmp_path)  # measured idle: kept
+    assert calls == [1]
+
+
 def test_bind_through_the_policy_config(tmp_path):
     from adtbench.harness.config import build_policy
 

@@ -2,7 +2,8 @@
 
 - The **cost model** of ``budget: cost`` trees (``algorithm.cost.CostModel``): measured once per machine × model
   × threads × torch version (``cost_key``; never the weights' values) and kept as
-  ``<paths.cache_dir>/cost/<sha256(key)[:16]>.json``; re-measured when the cached one covers too few nodes.
+  ``<paths.cache_dir>/cost/<sha256(key)[:16]>.json``; re-measured when the cached one covers too few nodes, or
+  was measured under a load above the cores while the machine is idle now.
   ``cost_source`` hands a policy's ``bind`` the callable that loads or measures it.
 - The **LANTERN neighbour table** (``algorithm.lantern.nearest_codes``): ``<lantern.cache_dir>/nn_<key>_k<k>.npy``,
   keyed by the codebook bytes, k and ``normalize``; written atomically, so concurrent jobs never read half a table.
@@ -29,7 +30,7 @@ from adtbench.algorithm.cost import MEASURE_METHOD, CostModel, measure_cost, tar
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_bytes, atomic_write_with
-from adtbench.resources import cpus_available
+from adtbench.resources import cpus_available, load_average
 
 log = logging.getLogger("adtbench")
 
@@ -75,11 +76,13 @@ def load_or_measure(
     key = cost_key(target, drafter, rows)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / "cost" / f"{digest}.json"
+    cores = cpus_available()
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
             model = CostModel.from_json(data["model"])
-            if max(model.verify_nodes) >= max_nodes and max(model.level_nodes) >= max_level:
+            covers = max(model.verify_nodes) >= max_nodes and max(model.level_nodes) >= max_level
+            if covers and not _measured_busy_now_idle(model, cores, path):
                 log.info("cost model: cached %s", path)
                 return model
         except (OSError, ValueError, KeyError, TypeError) as e:
@@ -87,7 +90,6 @@ def load_or_measure(
     t0 = time.perf_counter()
     model = measure_cost(target, drafter, sp, max_nodes, max_level)
     model.meta["key"] = key
-    cores = cpus_available()
     load = model.meta.get("load")
     if load is not None and load > cores:
         log.warning("cost model measured under load %.1f > %d cores: its times may be inflated", load, cores)
@@ -96,6 +98,24 @@ def load_or_measure(
     if path is not None:
         atomic_write_bytes(path, json.dumps({"key": key, "model": model.to_json()}, indent=2).encode())
     return model
+
+
+def _measured_busy_now_idle(model: CostModel, cores: int, path: Path) -> bool:
+    """Should a cached cost model be measured again? Yes when it was measured under a load above the cores (its
+    times, and so the tree sizes it picks, are contention's) and the machine is no longer that busy; a cache
+    measured busy on a still-busy machine is kept, with a warning (measuring again would be no better)."""
+    then = model.meta.get("load")
+    if then is None or then <= cores:
+        return False
+    avg = load_average()
+    now = None if avg is None else avg[0]
+    if now is not None and now <= cores:
+        log.info("cost model: the cached %s was measured under load %.1f > %d cores; measuring again (load %.1f)",
+                 path, then, cores, now)  # fmt: skip
+        return True
+    log.warning("cost model: the cached %s was measured under load %.1f > %d cores and the machine is still busy; "
+                "using it", path, then, cores)  # fmt: skip
+    return False
 
 
 def cost_source(target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> Callable[[int, int], CostModel]:
