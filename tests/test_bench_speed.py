@@ -38,3 +38,32 @@ def test_bad_options_are_key_named_errors(tmp_path: Path, capsys) -> None:
     assert "bench.colour" in capsys.readouterr().err
     opts, rest = parse(["bench.prompts=3", "policy.budget=fixed"])
     assert opts["prompts"] == 3 and rest == ["policy.budget=fixed"]
+
+
+def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_path: Path, capsys) -> None:
+    """``adtbench bench overhead bench.phases=true`` (the default run's setting): exclusive phase times that sum,
+    with ``cycle (rest)``, to the cycle time; every phase the static sampled tree goes through is seen, the sampled
+    trees' draws are not; and every wrapped function, method and instance attribute is the original again."""
+    import adtbench.algorithm.engine as E
+    from adtbench.algorithm.drafters.session import DraftSession
+    from adtbench.algorithm.policies import sampled, static
+    from adtbench.tools.bench import main as bench_main
+
+    originals = (E.verify_tree, E.process_logits, DraftSession.expand, static.sample_without_replacement,
+                 sampled.gumbel_draws)  # fmt: skip
+    out = tmp_path / "phases.json"
+    assert bench_main(["overhead", "bench.phases=true", "bench.prompts=1", "threads=1", f"bench.out={out}"]) == 0
+    r = json.loads(out.read_text())
+    rows = {x["phase"]: x for x in r["phases"]}
+    assert abs(sum(x["ms_per_cycle"] for x in r["phases"]) - r["cycle_ms"]) < 1e-9 and r["cycles"] > 10
+    seen = ("target network (verify forward)", "verify mask + positions", "KV commit", "acceptance (verify_tree)",
+            "drafter network", "drafter extend (bookkeeping)", "drafting session (expand bookkeeping)",
+            "draws without replacement (static)", "policy: tree building", "target logits processing")  # fmt: skip
+    for label in seen:
+        assert rows[label]["ms_per_cycle"] > 0 and rows[label]["calls_per_cycle"] > 0, label
+    assert "draws without replacement (sampled trees)" not in rows and "cycle (rest)" in rows
+    # the network dominates the exclusive split; the rest is the cycle's own lines, a small part
+    assert rows["target network (verify forward)"]["share"] > 0.2 and abs(rows["cycle (rest)"]["share"]) < 0.3
+    assert originals == (E.verify_tree, E.process_logits, DraftSession.expand, static.sample_without_replacement,
+                         sampled.gumbel_draws)  # fmt: skip
+    assert "| target network (verify forward) |" in capsys.readouterr().out

@@ -1,6 +1,6 @@
 """Benchmarks (scripts, not tests).
 
-    adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.out=FILE]
+    adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true] [bench.out=FILE]
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=README.md] [overrides]
@@ -10,7 +10,9 @@
 forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
 (the target prompt pass and the drafter's prefix pass) is excluded from both sides. Timers wrap the forward
 calls; on CUDA each reading synchronises. Reports the mean per cycle over ``bench.prompts`` prompts after
-one warm-up generation.
+one warm-up generation. ``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the
+decode loop (``PHASES``: target network, masks, acceptance, drafter network, drafting bookkeeping, draws, policy,
+…) and the rest of the cycle's own lines.
 
 ``cost``: the cost model of one draft–verify cycle on this machine (``adtbench.algorithm.cost.measure_cost``, the same
 measurement ``budget: cost`` trees use), for any model — real-shaped ones with random weights included (timing
@@ -68,6 +70,82 @@ class _Timed:
         setattr(obj, name, wrapped)
 
 
+# Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or
+# ``target`` / ``drafter`` / ``policy`` for the built instances. Times are exclusive (a phase's nested phases are not
+# in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
+PHASES: tuple[tuple[str, str, str], ...] = (
+    ("target", "_forward", "target network (verify forward)"),
+    ("target", "verify_forward", "verify mask + positions"),
+    ("target", "commit", "KV commit"),
+    ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
+    ("adtbench.algorithm.engine", "verify_tree", "acceptance (verify_tree)"),
+    ("drafter", "forward", "drafter network"),
+    ("drafter", "extend", "drafter extend (bookkeeping)"),
+    ("target", "lm_head", "drafter LM head"),
+    ("adtbench.algorithm.drafters.session:DraftSession", "_logprobs", "drafter logits → log-probs"),
+    ("adtbench.algorithm.drafters.session:DraftSession", "expand", "drafting session (expand bookkeeping)"),
+    ("adtbench.algorithm.policies.static", "sample_without_replacement", "draws without replacement (static)"),
+    ("adtbench.algorithm.policies.sampled", "gumbel_draws", "draws without replacement (sampled trees)"),
+    ("policy", "propose", "policy: tree building"),
+    ("policy", "observe", "policy: observe"),
+)
+
+
+class _Phases:
+    """Exclusive wall time per :data:`PHASES` entry while active (a context manager that restores every attribute it
+    wrapped); on CUDA each reading synchronises."""
+
+    def __init__(self, instances: dict[str, Any], sync: bool) -> None:
+        import importlib
+
+        self.total: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+        self._stack: list[float] = []
+        self._undo: list[tuple[Any, str, Any, bool]] = []
+        self.sync = sync
+        for owner_name, attr, label in PHASES:
+            if owner_name in instances:
+                owner = instances[owner_name]
+            else:
+                mod, _, cls = owner_name.partition(":")
+                owner = importlib.import_module(mod)
+                owner = getattr(owner, cls) if cls else owner
+            own = attr in vars(owner)
+            self._undo.append((owner, attr, vars(owner).get(attr) if own else None, own))
+            setattr(owner, attr, self._wrap(getattr(owner, attr), label))
+            self.total[label], self.calls[label] = 0.0, 0
+
+    def _wrap(self, fn: Any, label: str) -> Any:
+        def wrapped(*a: Any, **k: Any) -> Any:
+            if self.sync:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            self._stack.append(0.0)
+            try:
+                return fn(*a, **k)
+            finally:
+                if self.sync:
+                    torch.cuda.synchronize()
+                dt = time.perf_counter() - t
+                inner = self._stack.pop()
+                self.total[label] += dt - inner
+                self.calls[label] += 1
+                if self._stack:
+                    self._stack[-1] += dt
+
+        return wrapped
+
+    def __enter__(self) -> _Phases:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for owner, attr, original, own in reversed(self._undo):
+            if own:
+                setattr(owner, attr, original)
+            else:
+                delattr(owner, attr)  # an instance attribute shadowing its class's method: remove the shadow
+
+
 def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     """Engine overhead per cycle (module docstring); ``target``/``drafter`` reuse already-built models."""
     register_resolvers()
@@ -95,6 +173,9 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         return generate(target, drafter, policy, target.encode_prompt(text, use_cfg), sp, g, rule)
 
     run(prompts[0].text, 0)  # warm-up
+    phases = bool(cfg.bench.get("phases", False))
+    if phases:
+        return _phase_breakdown(cfg, prompts, run, {"target": target, "drafter": drafter, "policy": policy}, sync)
     t_fwd = _Timed(target, "_forward", sync)
     d_fwd = _Timed(drafter, "forward", sync)
     head = _Timed(target, "lm_head", sync)
@@ -126,6 +207,38 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         "prompts": len(prompts),
         "cycles": cycles,
         **per,
+    }
+
+
+def _phase_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str, Any], sync: bool) -> dict:
+    """``bench.phases=true``: exclusive ms per cycle of every :data:`PHASES` entry over the prompts (the prefill's
+    share — the target's prompt pass and the drafter's prefix pass, both inside ``prefill_s`` — is removed from the
+    two network phases by timing the prefills alone), plus ``cycle (rest)``. The wrappers cost ≈ 1 µs per call."""
+    cycles, cycle_s = 0, 0.0
+    with _Phases(instances, sync) as ph:
+        prefill = {"target network (verify forward)": 0.0, "drafter network": 0.0}
+        for p in prompts:
+            before = {k: ph.total[k] for k in prefill}
+            res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
+            cycles += len(res.cycles)
+            cycle_s += res.latency_s - res.prefill_s
+            # the first call of each network in an image is inside prefill_s (target: its prompt pass is not a
+            # ``_forward``; drafter: its prefix pass is): bounded by the prefill's time
+            prefill["drafter network"] += min(ph.total["drafter network"] - before["drafter network"], res.prefill_s)
+    per = {k: 1e3 * (v - prefill.get(k, 0.0)) / cycles for k, v in ph.total.items() if ph.calls[k]}
+    per["cycle (rest)"] = 1e3 * cycle_s / cycles - sum(per.values())
+    cycle_ms = 1e3 * cycle_s / cycles
+    return {
+        "model": str(cfg.model.name),
+        "policy": instances["policy"].name,
+        "threads": torch.get_num_threads(),
+        "prompts": len(prompts),
+        "cycles": cycles,
+        "cycle_ms": cycle_ms,
+        "phases": [
+            {"phase": k, "ms_per_cycle": v, "share": v / cycle_ms, "calls_per_cycle": ph.calls.get(k, cycles) / cycles}
+            for k, v in sorted(per.items(), key=lambda kv: -kv[1])
+        ],
     }
 
 
@@ -219,6 +332,8 @@ def main(args: list[str]) -> int:
     conf = str(conf_dir())
     register_resolvers()
     extra = ["+bench.prompts=8", "+bench.out=null"]
+    if args[0] == "overhead":
+        extra += ["+bench.phases=false"]
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
     with initialize_config_dir(version_base="1.3", config_dir=conf):
@@ -231,6 +346,13 @@ def main(args: list[str]) -> int:
         return 2
     if args[0] == "cost":
         print(cost_table(r))
+    elif "phases" in r:
+        print(f"{r['model']}, policy={r['policy']}, {r['threads']} thread(s), {r['prompts']} prompts, {r['cycles']} "
+              f"cycles: {r['cycle_ms']:.3f} ms per cycle (prefill excluded)\n")  # fmt: skip
+        print("| phase | ms per cycle | share | calls per cycle |\n|---|---:|---:|---:|")
+        for row in r["phases"]:
+            print(f"| {row['phase']} | {row['ms_per_cycle']:.3f} | {100 * row['share']:.1f} % | "
+                  f"{row['calls_per_cycle']:.2f} |")  # fmt: skip
     else:
         cols = ["model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
                 "overhead_ms", "overhead_frac"]  # fmt: skip
