@@ -109,6 +109,32 @@ def test_image_range_derived_from_vocabulary_map(target: ChameleonTarget) -> Non
     assert image_token_name(12) == "IMGIMGBCZ"
 
 
+def test_random_init_anole_with_its_full_vocabulary_builds_and_decodes() -> None:
+    """``model=anole model.random_init=true`` (issue 10 §5's cost model of the 7B shape) keeps Anole's 65 536 ids and
+    8 192 codes: the stand-in text ids must be the fillers above the specials, whatever the vocabulary size (filler
+    names past ``<reserved99999>`` once lost the prefix and left an empty text range). Width shrunk for the CPU."""
+    from omegaconf import OmegaConf
+
+    from adtbench.algorithm.engine import decode_ar
+    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.models.chameleon import FILLER_PREFIX
+    from adtbench.resources import conf_dir
+
+    node = OmegaConf.load(conf_dir() / "model" / "anole.yaml")
+    node.random_init, node.device, node.dtype, node.grid = True, "cpu", "float32", [2, 2]
+    node.arch.update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                     num_key_value_heads=2)  # fmt: skip
+    vm = tiny_vocabulary_map(65536, 8192)
+    assert len(vm) == 65536 and all(n.startswith(FILLER_PREFIX) for n, i in vm.items() if i >= 8192 + 8)
+    t = build_target(node)
+    lay = t.layout
+    assert (lay.image_token_offset, lay.num_codes, lay.vocab_size) == (4, 8192, 65536)
+    ids = t.tokenizer("a red circle")
+    assert ids and all(8192 + 8 <= i < 65536 for i in ids)
+    res = decode_ar(t, t.encode_prompt("a red circle", cfg=True), SamplingParams(), torch.Generator().manual_seed(0))
+    assert len(res.tokens) == 4 and all(4 <= x < 4 + 8192 for x in res.tokens)
+
+
 def test_bad_vocabulary_maps_raise() -> None:
     vm = tiny_vocabulary_map(128, 64)
     shuffled = dict(vm)

@@ -51,7 +51,7 @@ SPECIAL_NAMES: dict[str, str] = {
     "eot": "<reserved08706>",  # end of turn / separator
 }
 REQUIRED_SPECIALS = ("bos", "pad", "boi", "eot")
-FILLER_PREFIX = "<reserved9"  # tiny-vocabulary filler names <reserved9xxxx> (stand-in text ids)
+FILLER_PREFIX = "<reserved9"  # tiny-vocabulary filler names <reserved9NNNNNN> (stand-in text ids; 7 digits)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -120,8 +120,9 @@ def tiny_vocabulary_map(vocab_size: int, num_codes: int, extra: Sequence[str] = 
 
     ``<s>``=0, ``<pad>``=1, ``</s>``=2, ``<unk>``=3, image tokens at ``4 .. 4+K-1``, then ``<eoss>``,
     ``<racm3:break>``, ``<image>``, ``<reserved08706>``, then the ``extra`` names (e.g. Lumina's end-of-line
-    ``<reserved08799>`` and size tokens ``<reserved088NN>``); the remaining ids are filler ``<reserved9xxxx>``
-    names (the stand-in text tokens; they cannot collide with real reserved names, which stop below 10000).
+    ``<reserved08799>`` and size tokens ``<reserved088NN>``); the remaining ids i are filler ``<reserved9NNNNNN>``
+    names, i in six digits (the stand-in text tokens): every one starts with ``FILLER_PREFIX`` whatever the
+    vocabulary size (a full-size 65 536 one included), and none can collide with a real reserved name (five digits).
     """
     names = ["<s>", "<pad>", "</s>", "<unk>"]
     names += [image_token_name(c) for c in range(num_codes)]
@@ -130,7 +131,7 @@ def tiny_vocabulary_map(vocab_size: int, num_codes: int, extra: Sequence[str] = 
         raise ValueError("duplicate names in the tiny vocabulary")
     if len(names) >= vocab_size:
         raise ValueError(f"vocab_size {vocab_size} leaves no room for text tokens after {len(names)} specials")
-    names += [f"<reserved{90000 + i}>" for i in range(len(names), vocab_size)]
+    names += [f"{FILLER_PREFIX}{i:06d}>" for i in range(len(names), vocab_size)]
     return {name: i for i, name in enumerate(names)}
 
 

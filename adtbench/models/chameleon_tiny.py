@@ -55,7 +55,7 @@ def write_chameleon_tiny(out: Path, seed: int, lumina: bool) -> dict[str, Any]:
     """Write the tiny Anole (``lumina=False``) or Lumina-mGPT folder; returns the in-memory reference modules."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-    from adtbench.models.chameleon import tiny_vocabulary_map
+    from adtbench.models.chameleon import FILLER_PREFIX, tiny_vocabulary_map
     from adtbench.models.lumina import lumina_extra_names
     from adtbench.models.vq_taming import make_tiny_taming_vq, save_taming_vqgan
 
@@ -90,7 +90,7 @@ def write_chameleon_tiny(out: Path, seed: int, lumina: bool) -> dict[str, Any]:
     write_json(out / "config.json", cfg_dict)
     save_sharded_safetensors(sd, out, 2 if lumina else 3)
     # text tokenizer over the filler ids (characters), Chameleon specials by name
-    lo = max(i for n, i in vm.items() if not n.startswith("<reserved9")) + 1
+    lo = max(i for n, i in vm.items() if not n.startswith(FILLER_PREFIX)) + 1
     chars = {c: lo + j for j, c in enumerate(CHARS)}
     if lo + len(CHARS) > CHAMELEON_ARCH["vocab_size"]:
         raise ValueError("tiny vocabulary too small for the character tokenizer")
