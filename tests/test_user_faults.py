@@ -314,3 +314,38 @@ def test_summary_line_shows_eval_scores():
     assert "clip_score=n/a" in line
     s["eval"]["error"] = {"metric": "fid", "type": "OSError", "message": "x"}
     assert "FAILED(fid)" in summary_line(s)
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "key"),
+    [
+        ("bench", ["overhead", "policy.bogus=1"], "policy.bogus"),
+        ("bench", ["cost", "policy=nosuch"], "policy"),
+        ("bench", ["versus", "dataset.limit=[1", "--variant", "a"], "dataset.limit"),
+        ("bench", ["versus", "policy=adt", "policy.budget=cost", "--variant", "a", "--variant", "b",
+                   "policy=static_sampled"], "policy.budget"),
+        ("bench", ["speed", "bogus=1", "bench.prompts=1"], "bogus"),
+        ("train", ["ar", "bogus.key=1"], "bogus.key"),
+        ("train", ["drafter", "teacher.bogus=1"], "teacher.bogus"),
+    ],
+)  # fmt: skip
+def test_tools_report_a_bad_override_as_a_config_error_naming_its_key(tool, args, key, capsys, tmp_path) -> None:
+    """Every compose()-based command (``adtbench bench | train | eval``) turns a Hydra composition error — an unknown
+    key, a missing group option, a malformed value, a key another variant's group lacks — into one line naming the
+    key, exit 2, before anything is built (``run.py`` has Hydra's own CLI for this)."""
+    import importlib
+
+    main = importlib.import_module({"bench": "adtbench.tools.bench", "train": "adtbench.tools.train.cli"}[tool]).main
+    assert main(args) == 2
+    cap = capsys.readouterr()
+    text = cap.out + cap.err
+    assert "config error" in text and f"{key}:" in text and "Traceback" not in text, text
+
+
+def test_eval_reports_a_bad_override_as_a_config_error(capsys, tmp_path) -> None:
+    from adtbench.harness.eval import main
+
+    (tmp_path / "samples.jsonl").write_text("")
+    assert main([str(tmp_path), "eval=mini", "eval.bogus=1"]) == 2
+    err = capsys.readouterr().err
+    assert "config error: eval.bogus:" in err

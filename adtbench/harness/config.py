@@ -36,6 +36,28 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
 
 
+def compose_config(config_name: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
+    """Hydra ``compose`` for the command-line tools (``adtbench bench|train|eval``; ``run.py`` has Hydra's own CLI): a
+    bad override — an unknown key, a missing group option, a malformed value — is a ``ConfigError`` naming its key
+    instead of a Hydra traceback. ``config_dir`` defaults to the project's ``conf/``."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=config_dir or str(resources.conf_dir())):
+        try:
+            return compose(config_name, overrides=list(overrides))
+        except (HydraException, OmegaConfBaseException) as e:
+            text = " ".join(str(e).split()).split(" Config search path")[0]
+            quoted = re.findall(r"'([^']+)'", text)
+            keys = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
+            key = next((q.replace("/", ".") for q in quoted if q.replace("/", ".") in keys), None)  # a key or group
+            key = key or next((k for q in quoted for k, o in keys.items() if q in o.split("=", 1)[-1]), None)  # a value
+            key = key or next((k for k in keys if k and k in text), "overrides")
+            raise ConfigError(key, f"{text} (overrides: {' '.join(overrides) or '-'})") from None
+
+
 def paths_root(cfg: DictConfig) -> Path | None:
     """``paths.root_dir`` (``~`` expanded), or None when the config has none."""
     value = cfg.get("paths", {}).get("root_dir") if isinstance(cfg.get("paths"), DictConfig) else None

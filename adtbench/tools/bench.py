@@ -37,16 +37,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
 from adtbench.algorithm.cost import fill_cache, fill_cache_to, median_ms, random_tree  # noqa: F401 (re-exported)
 from adtbench.algorithm.engine import generate
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
-from adtbench.harness.config import build_rule, build_sampling, prompt_seed, register_resolvers, resolve_paths, validate
+from adtbench.harness.config import (
+    build_rule,
+    build_sampling,
+    compose_config,
+    prompt_seed,
+    register_resolvers,
+    resolve_paths,
+    validate,
+)
 from adtbench.harness.drafters import build_drafter
 from adtbench.io import atomic_write_json
-from adtbench.resources import conf_dir
 
 
 class _Timed:
@@ -329,17 +335,14 @@ def main(args: list[str]) -> int:
         from adtbench.tools.bench_versus import main as versus_main
 
         return versus_main(args[1:])
-    conf = str(conf_dir())
-    register_resolvers()
     extra = ["+bench.prompts=8", "+bench.out=null"]
     if args[0] == "overhead":
         extra += ["+bench.phases=false"]
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
-    with initialize_config_dir(version_base="1.3", config_dir=conf):
-        cfg = compose("config", overrides=[*extra, *args[1:]])
-    resolve_paths(cfg)  # relative dataset / weight paths against paths.root_dir, as in the app
     try:
+        cfg = compose_config("config", [*extra, *args[1:]])
+        resolve_paths(cfg)  # relative dataset / weight paths against paths.root_dir, as in the app
         r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:
         print(f"adtbench: config error: {e}")

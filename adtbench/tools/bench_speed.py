@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json, atomic_write_text
 
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -225,7 +226,7 @@ def write_readme(readme: Path, text: str) -> None:
     try:
         write_between_markers(readme, "speed-table", text)
     except ValueError as e:
-        raise ValueError(f"bench.readme: {readme}: {e}") from None
+        raise ConfigError("bench.readme", f"{readme}: {e}") from None
 
 
 def main(args: list[str]) -> int:
@@ -234,6 +235,14 @@ def main(args: list[str]) -> int:
     except ValueError as e:
         print(f"adtbench: config error: {e}", file=sys.stderr)
         return 2
+    try:
+        return _main(opts, rest)
+    except ConfigError as e:  # a bad override (composed for the cost model and for every row) names its key
+        print(f"adtbench: config error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(opts: dict[str, Any], rest: list[str]) -> int:
     common = [f"dataset.limit={opts['prompts']}", "save_images=false", "progress=false", *rest]
     if not any(a.startswith("timing.repeats=") for a in rest):  # job-to-job drift is ±3 % at 1 repeat
         common.insert(0, f"timing.repeats={DEFAULT_REPEATS}")
@@ -269,17 +278,14 @@ def machine_cost_model(common: list[str]) -> Any:
     """This machine's cost model for the rows' model (measured once, or read from ``paths.cache_dir``, the cache
     the ``budget: cost`` rows then use), under the rows' thread count."""
     import torch
-    from hydra import compose, initialize_config_dir
 
     from adtbench.harness.app import CONF_DIR
     from adtbench.harness.caches import load_or_measure
-    from adtbench.harness.config import register_resolvers, resolve_paths, validate
+    from adtbench.harness.config import compose_config, resolve_paths, validate
     from adtbench.harness.drafters import build_drafter
     from adtbench.models.registry import build_target
 
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=CONF_DIR):
-        cfg = compose("config", overrides=[*common, "policy=adt"])
+    cfg = compose_config("config", [*common, "policy=adt"], CONF_DIR)
     resolve_paths(cfg)
     sp, _ = validate(cfg)
     if cfg.get("threads") is not None:

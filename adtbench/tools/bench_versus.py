@@ -27,12 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json
-from adtbench.resources import conf_dir
 
 USAGE = (
     "usage: adtbench bench versus [common overrides] --variant NAME [overrides] --variant NAME [overrides] ... "
@@ -77,15 +75,16 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str], dict[str, list[st
 
 def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[str, Any]:
     """Each variant's composed, path-resolved config; only ``FREE_GROUPS`` may differ from the first."""
-    from adtbench.harness.config import config_diff, register_resolvers, resolve_paths
+    from adtbench.harness.config import compose_config, config_diff, resolve_paths
 
-    register_resolvers()
     cfgs = {}
-    with initialize_config_dir(version_base="1.3", config_dir=str(conf_dir())):
-        for name, over in variants.items():
-            cfg = compose("config", overrides=[*common, *over])
-            resolve_paths(cfg)
-            cfgs[name] = cfg
+    for name, over in variants.items():
+        try:
+            cfg = compose_config("config", [*common, *over])
+        except ConfigError as e:
+            raise ConfigError(e.key, f"variant {name!r}: {e.message}") from None
+        resolve_paths(cfg)
+        cfgs[name] = cfg
     first_name, first = next(iter(cfgs.items()))
     ref = OmegaConf.to_container(first, resolve=True)
     for name, cfg in cfgs.items():

@@ -18,7 +18,6 @@ from adtbench.harness.eval.context import EvalContext
 from adtbench.harness.eval.metrics import METRICS, validate
 from adtbench.harness.rundir import EVAL_FILE, EVAL_SAMPLES_FILE, SAMPLES_FILE, SUMMARY_FILE, to_jsonable
 from adtbench.io import atomic_write_text
-from adtbench.resources import conf_dir
 
 log = logging.getLogger("adtbench.harness.eval")
 
@@ -120,15 +119,14 @@ def main(args: list[str]) -> int:
     if not args or args[0] in ("-h", "--help") or args[0].find("=") >= 0:
         print("usage: adtbench eval <run_dir | results tree> eval=<preset> [overrides]", file=sys.stderr)
         return 2
-    from hydra import compose, initialize_config_dir
+    from adtbench.harness.config import compose_config
 
-    from adtbench.harness.config import register_resolvers
-
-    register_resolvers()
     root, overrides = Path(args[0]), args[1:]
-    conf = str(conf_dir())
-    with initialize_config_dir(version_base="1.3", config_dir=conf):
-        cfg = compose("config", overrides=list(overrides))
+    try:
+        cfg = compose_config("config", list(overrides))
+    except ConfigError as e:
+        print(f"adtbench eval: config error: {e}", file=sys.stderr)
+        return 2
     runs = find_run_dirs(root)
     if not runs:
         print(f"adtbench eval: no run dir (with {SAMPLES_FILE}) at or under {root}", file=sys.stderr)

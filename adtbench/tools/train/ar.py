@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.mini import MiniTextEncoder, TextEncoderConfig, ar_config_dict, load_vq, right_align
@@ -175,7 +176,7 @@ def coded_data(cfg: DictConfig, split: str, count: int, vq, dev: torch.device) -
 def run(cfg: DictConfig) -> dict:
     aux_w = float(cfg.get("aux_weight", 0.0))
     if aux_w < 0:  # checked before any data or model is loaded
-        raise ValueError(f"aux_weight must be ≥ 0, got {aux_w}")
+        raise ConfigError("aux_weight", f"must be ≥ 0, got {aux_w}")
     out = stage_dir(cfg)
     dev = resolve_device(str(cfg.device), "device")
     vq = load_vq(str(cfg.vq_path), dev)

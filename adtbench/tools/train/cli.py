@@ -27,12 +27,17 @@ def main(args: list[str]) -> int:
     if not args or args[0] not in STAGES:
         print(USAGE, file=sys.stderr)
         return 2
+    from adtbench.errors import ConfigError
     from adtbench.tools.train.common import compose_stage
 
     names = [a.split("=", 1)[1] for a in args[1:] if a.startswith("config=")]
     overrides = [a for a in args[1:] if not a.startswith("config=")]
-    cfg = compose_stage(names[-1] if names else args[0], overrides)
-    info = importlib.import_module(STAGES[args[0]]).run(cfg)
+    try:
+        cfg = compose_stage(names[-1] if names else args[0], overrides)
+        info = importlib.import_module(STAGES[args[0]]).run(cfg)
+    except ConfigError as e:
+        print(f"adtbench train {args[0]}: config error: {e}", file=sys.stderr)
+        return 2
     keys = [k for k in ("wall_s", "steps") if k in info]
     print(json.dumps({"stage": args[0], **{k: info[k] for k in keys}, "final": info.get("final", {})}))
     return 0

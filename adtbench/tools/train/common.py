@@ -48,13 +48,9 @@ RESUME_IGNORED = (
 
 def compose_stage(stage: str, overrides: list[str]) -> DictConfig:
     """``conf/train/<stage>.yaml`` composed with command-line ``overrides`` (Hydra syntax)."""
-    from hydra import compose, initialize_config_dir
+    from adtbench.harness.config import compose_config
 
-    from adtbench.harness.config import register_resolvers
-
-    register_resolvers()
-    with initialize_config_dir(version_base="1.3", config_dir=str(CONF_DIR)):
-        cfg = compose(config_name=f"train/{stage}", overrides=overrides)
+    cfg = compose_config(f"train/{stage}", overrides, str(CONF_DIR))
     if "train" in cfg and len(cfg) == 1:  # composed under the group's package: lift it
         cfg = cfg.train
     return cfg
