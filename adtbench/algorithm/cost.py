@@ -148,21 +148,30 @@ class TreeBudget:
         """(k, rate) maximising ``(gain0 + Σ_{i<k} values_i) / (spent_ms + t_verify(n0 + k))`` over k = 0 … len(values):
         how many of ``values`` (sorted descending) to add to a tree of ``n0`` nodes and expected gain ``gain0``
         (sampled trees: the values are calibrated reach estimates, so no ``c`` here; ties → the smaller k)."""
-        gain = gain0 + np.concatenate([[0.0], np.cumsum(values)])
-        rate = gain / (spent_ms + self._t_verify_upto(n0 + values.size)[n0 - 1 :])
-        k = int(np.argmax(rate))
-        return k, float(rate[k])
+        # scalar loop (these arrays hold a few to a few dozen entries): the same sequential sums and divisions as
+        # ``gain0 + cumsum`` over ``spent + t_verify``, and the first maximum, as ``argmax`` takes
+        tv = self._t_verify_upto(n0 + values.size)[n0 - 1 :].tolist()
+        k, best, c = 0, gain0 / (spent_ms + tv[0]), 0.0
+        for i, v in enumerate(values.tolist(), start=1):
+            c += v
+            r = (gain0 + c) / (spent_ms + tv[i])
+            if r > best:
+                k, best = i, r
+        return k, best
 
     def best_frontier(self, gain0: float, n0: int, reach: np.ndarray, spent_ms: float) -> int:
         """How many of the nodes with reach ``reach`` (descending) to expand in one more drafter level: the count with
         the best optimistic rate ``(gain0 + Σ reach) / (spent + t_level(m) + t_verify(n0 + m))`` (children's reach
         sums to at most their parent's), or 0 if none beats the tree as it stands."""
-        m = np.arange(1, reach.size + 1)
-        tv = self._t_verify_upto(n0 + reach.size)
-        t = spent_ms + self._t_level_upto(reach.size) + tv[n0 - 1 + m]
-        rate = (gain0 + np.cumsum(reach)) / t
-        best = int(np.argmax(rate))
-        return best + 1 if rate[best] > gain0 / (spent_ms + tv[n0 - 1]) else 0
+        tv = self._t_verify_upto(n0 + reach.size)[n0 - 1 :].tolist()
+        tl = self._t_level_upto(reach.size).tolist()
+        k, best, c = 0, float("-inf"), 0.0  # scalar loop, the same arithmetic as the vectorised form
+        for i, x in enumerate(reach.tolist(), start=1):
+            c += x
+            r = (gain0 + c) / (spent_ms + tl[i - 1] + tv[i])
+            if r > best:
+                k, best = i, r
+        return k if k and best > gain0 / (spent_ms + tv[0]) else 0
 
     def worth_expanding(self, pi_sorted: np.ndarray, frontier_pi: float, frontier: int, spent_ms: float) -> bool:
         """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""

@@ -170,8 +170,10 @@ def gumbel_draws(lp: np.ndarray, n: int | np.ndarray, generator: torch.Generator
     Gumbel-top-n (Kool et al. 2019): the n largest keys ``lp + Gumbel`` have the law of n sequential draws without
     replacement, in that order (keys tie with probability 0). One uniform per entry of the rows drawn from; a row
     with ``n[i] = 0`` consumes none. Rows need at least ``n[i]`` finite entries (lp = −inf is never drawn)."""
-    counts = np.broadcast_to(np.asarray(n), lp.shape[:1])
-    rows = np.flatnonzero(counts)
+    counts = np.asarray(n)
+    if counts.ndim == 0:
+        counts = np.full(lp.shape[0], int(counts))
+    rows = counts.nonzero()[0]
     out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * lp.shape[0]
     if rows.size == 0:
         return out

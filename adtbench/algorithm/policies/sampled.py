@@ -100,9 +100,11 @@ class SampledTree:
     entropy: dict[int, float] = field(default_factory=dict)  # node → H(q_node) for nodes given children
 
 
-def _entropy(q: np.ndarray, lp: np.ndarray) -> np.ndarray:
-    """H(q) per row of ``q = exp(lp)`` ``[m, V]`` (−inf entries contribute 0)."""
-    return np.asarray(-np.einsum("mv,mv->m", q, np.where(q > 0, lp, 0.0)))
+def _entropy_support(q: np.ndarray, lp: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """H(q) per row of ``q = exp(lp)`` ``[m, V]`` (−inf entries contribute 0) and min(#{q > 0}, top_k) per row,
+    from one pass over ``q > 0``."""
+    pos = q > 0
+    return np.asarray(-np.einsum("mv,mv->m", q, np.where(pos, lp, 0.0))), np.minimum(pos.sum(-1), top_k)
 
 
 def build_sampled_tree(
@@ -136,11 +138,10 @@ def build_sampled_tree(
     spent = budget.spent_ms(levels) if budget is not None else 0.0
     for level in range(rounds + 1):
         q = np.exp(lp)
-        H = _entropy(q, lp)
+        H, support = _entropy_support(q, lp, top_k)
         a = model.alpha(H)[:, None]
-        support = np.minimum(np.count_nonzero(q, axis=-1), top_k)[:, None]
-        values = np.where(j < support, reach[frontier][:, None] * a * (1.0 - a) ** j, -1.0).ravel()
-        order = np.argsort(-values, kind="stable")  # per parent a prefix in draw order: values fall with j
+        values = np.where(j < support[:, None], reach[frontier][:, None] * a * (1.0 - a) ** j, -1.0).ravel()
+        order = (-values).argsort(kind="stable")  # per parent a prefix in draw order: values fall with j
         order = order[values[order] > 0.0][: cap - n]
         if budget is not None:
             k, _ = budget.best_extension(1.0 + reach[1:n].sum(), n, values[order], spent)
@@ -150,7 +151,7 @@ def build_sampled_tree(
         counts = np.bincount(order // top_k, minlength=frontier.size)
         draws = gumbel_draws(lp, counts, session.generator)
         m = int(counts.sum())
-        for i in np.flatnonzero(counts).tolist():
+        for i in counts.nonzero()[0].tolist():
             f, c = int(frontier[i]), int(counts[i])
             toks[n : n + c] = draws[i]
             par[n : n + c] = f
@@ -161,7 +162,7 @@ def build_sampled_tree(
         new = np.arange(n - m, n)
         if level == rounds or n >= cap:
             break
-        cand = new[np.argsort(-reach[new], kind="stable")][:top_k]
+        cand = new[(-reach[new]).argsort(kind="stable")][:top_k]
         if budget is not None:
             cand = cand[: budget.best_frontier(1.0 + reach[1:n].sum(), n, reach[cand], spent)]
         if cand.size == 0:
