@@ -55,7 +55,7 @@ def lines(path: Path) -> list[dict]:
         ("sampling", ["default", "greedy"]),
         ("drafter", ["eagle", "mini", "none"]),
         ("logger", ["none"]),
-        ("experiment", ["lossless_check", "mini_lantern"]),
+        ("experiment", ["lossless_check", "mini_lantern", "mini_adt_lantern"]),
     ],
 )
 def test_every_option_composes(group, options):
@@ -68,6 +68,11 @@ def test_every_option_composes(group, options):
                 assert cfg.policy.name == "static" and cfg.policy.draft_sampling == "sample"
                 assert list(map(list, cfg.policy.tree)) == [[0], [0, 0], [0, 0, 0]]
                 assert cfg.lantern.enabled and cfg.lantern.delta == 0.3 and cfg.model.name == "mini"
+            elif opt == "mini_adt_lantern":
+                p = cfg.policy
+                assert p.name == "adt" and p.budget == "cost" and p.draft_sampling == "sample"
+                assert (p.K0, p.K_min, p.K_max, p.l_k) == (2, 1, 2, 1) and cfg.lantern.enabled
+                assert cfg.lantern.delta == 0.3 and cfg.model.name == "mini" and cfg.drafter.path is not None
             else:
                 assert group in cfg
 
