@@ -54,40 +54,19 @@ from adtbench.harness.config import (
 from adtbench.harness.drafters import build_drafter
 from adtbench.io import atomic_write_json
 
-
-class _Timed:
-    """Wrap ``obj.name`` to accumulate its wall time (seconds) and call count."""
-
-    def __init__(self, obj: Any, name: str, sync: bool) -> None:
-        self.total, self.calls, self.sync = 0.0, 0, sync
-        fn = getattr(obj, name)
-
-        def wrapped(*a: Any, **k: Any) -> Any:
-            if self.sync:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            out = fn(*a, **k)
-            if self.sync:
-                torch.cuda.synchronize()
-            self.total += time.perf_counter() - t
-            self.calls += 1
-            return out
-
-        setattr(obj, name, wrapped)
-
-
 # Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or
 # ``target`` / ``drafter`` / ``policy`` for the built instances. Times are exclusive (a phase's nested phases are not
 # in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
+TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
 PHASES: tuple[tuple[str, str, str], ...] = (
-    ("target", "_forward", "target network (verify forward)"),
+    ("target", "_forward", TARGET_NET),
     ("target", "verify_forward", "verify mask + positions"),
     ("target", "commit", "KV commit"),
     ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
     ("adtbench.algorithm.engine", "verify_tree", "acceptance (verify_tree)"),
-    ("drafter", "forward", "drafter network"),
+    ("drafter", "forward", DRAFTER_NET),
     ("drafter", "extend", "drafter extend (bookkeeping)"),
-    ("target", "lm_head", "drafter LM head"),
+    ("target", "lm_head", DRAFTER_HEAD),
     ("adtbench.algorithm.drafters.session:DraftSession", "_logprobs", "drafter logits → log-probs"),
     ("adtbench.algorithm.drafters.session:DraftSession", "expand", "drafting session (expand bookkeeping)"),
     ("adtbench.algorithm.policies.static", "sample_without_replacement", "draws without replacement (static)"),
@@ -97,11 +76,17 @@ PHASES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-class _Phases:
-    """Exclusive wall time per :data:`PHASES` entry while active (a context manager that restores every attribute it
-    wrapped); on CUDA each reading synchronises."""
+# the plain overhead split: the three model calls (none nests in another, so exclusive = inclusive time)
+MODEL_PHASES = tuple(p for p in PHASES if p[2] in (TARGET_NET, DRAFTER_NET, DRAFTER_HEAD))
 
-    def __init__(self, instances: dict[str, Any], sync: bool) -> None:
+
+class _Phases:
+    """Exclusive wall time per entry of ``phases`` (default :data:`PHASES`) while active: a context manager that
+    restores every attribute it wrapped; on CUDA each reading synchronises."""
+
+    def __init__(
+        self, instances: dict[str, Any], sync: bool, phases: tuple[tuple[str, str, str], ...] = PHASES
+    ) -> None:
         import importlib
 
         self.total: dict[str, float] = {}
@@ -109,7 +94,7 @@ class _Phases:
         self._stack: list[float] = []
         self._undo: list[tuple[Any, str, Any, bool]] = []
         self.sync = sync
-        for owner_name, attr, label in PHASES:
+        for owner_name, attr, label in phases:
             if owner_name in instances:
                 owner = instances[owner_name]
             else:
@@ -179,24 +164,12 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         return generate(target, drafter, policy, target.encode_prompt(text, use_cfg), sp, g, rule)
 
     run(prompts[0].text, 0)  # warm-up
-    phases = bool(cfg.bench.get("phases", False))
-    if phases:
-        return _phase_breakdown(cfg, prompts, run, {"target": target, "drafter": drafter, "policy": policy}, sync)
-    t_fwd = _Timed(target, "_forward", sync)
-    d_fwd = _Timed(drafter, "forward", sync)
-    head = _Timed(target, "lm_head", sync)
-    cycles, cycle_s, prefix_drafter = 0, 0.0, 0.0
-    for p in prompts:
-        before = d_fwd.total
-        calls = d_fwd.calls
-        res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
-        cycles += len(res.cycles)
-        cycle_s += res.latency_s - res.prefill_s
-        # the drafter's first forward of each image is its prefix pass (inside prefill_s)
-        if d_fwd.calls > calls:
-            prefix_drafter += min(d_fwd.total - before, res.prefill_s)
-    target_s = t_fwd.total
-    drafter_s = d_fwd.total - prefix_drafter + head.total
+    instances = {"target": target, "drafter": drafter, "policy": policy}
+    if bool(cfg.bench.get("phases", False)):
+        return _phase_breakdown(cfg, prompts, run, instances, sync)
+    ph, cycles, cycle_s, prefix_drafter = _timed_decodes(cfg, prompts, run, instances, sync, MODEL_PHASES)
+    target_s = ph.total[TARGET_NET]
+    drafter_s = ph.total[DRAFTER_NET] - prefix_drafter + ph.total[DRAFTER_HEAD]
     per = {
         "cycle_ms": 1e3 * cycle_s / cycles,
         "target_forward_ms": 1e3 * target_s / cycles,
@@ -216,24 +189,37 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     }
 
 
-def _phase_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str, Any], sync: bool) -> dict:
-    """``bench.phases=true``: exclusive ms per cycle of every :data:`PHASES` entry over the prompts (the prefill's
-    share — the target's prompt pass and the drafter's prefix pass, both inside ``prefill_s`` — is removed from the
-    two network phases by timing the prefills alone), plus ``cycle (rest)``. The wrappers cost ≈ 1 µs per call."""
-    cycles, cycle_s = 0, 0.0
-    with _Phases(instances, sync) as ph:
-        prefill = {"target network (verify forward)": 0.0, "drafter network": 0.0}
+def _timed_decodes(
+    cfg: Any,
+    prompts: list[Any],
+    run: Any,
+    instances: dict[str, Any],
+    sync: bool,
+    phases: tuple[tuple[str, str, str], ...],
+) -> tuple[_Phases, int, float, float]:
+    """Decode every prompt with ``phases`` timed; returns the timer, the cycles, their seconds (prefill excluded) and
+    the seconds of the drafter's prefix passes (its first forward of each image, inside ``prefill_s``: bounded by
+    the prefill's time), which belong to no cycle. The target's prompt pass is not a ``_forward``."""
+    cycles, cycle_s, prefix_drafter = 0, 0.0, 0.0
+    with _Phases(instances, sync, phases) as ph:
         for p in prompts:
-            before = {k: ph.total[k] for k in prefill}
+            before = ph.total[DRAFTER_NET]
             res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
             cycles += len(res.cycles)
             cycle_s += res.latency_s - res.prefill_s
-            # the first call of each network in an image is inside prefill_s (target: its prompt pass is not a
-            # ``_forward``; drafter: its prefix pass is): bounded by the prefill's time
-            prefill["drafter network"] += min(ph.total["drafter network"] - before["drafter network"], res.prefill_s)
-    per = {k: 1e3 * (v - prefill.get(k, 0.0)) / cycles for k, v in ph.total.items() if ph.calls[k]}
-    per["cycle (rest)"] = 1e3 * cycle_s / cycles - sum(per.values())
+            prefix_drafter += min(ph.total[DRAFTER_NET] - before, res.prefill_s)
+    return ph, cycles, cycle_s, prefix_drafter
+
+
+def _phase_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str, Any], sync: bool) -> dict:
+    """``bench.phases=true``: exclusive ms per cycle of every :data:`PHASES` entry over the prompts (the drafter's
+    prefix passes removed from its network phase), plus ``cycle (rest)``. The wrappers cost ≈ 1 µs per call."""
+    ph, cycles, cycle_s, prefix_drafter = _timed_decodes(cfg, prompts, run, instances, sync, PHASES)
+    seconds = {k: v for k, v in ph.total.items() if ph.calls[k]}
+    seconds[DRAFTER_NET] = seconds.get(DRAFTER_NET, 0.0) - prefix_drafter
     cycle_ms = 1e3 * cycle_s / cycles
+    per = {k: 1e3 * v / cycles for k, v in seconds.items()}
+    per["cycle (rest)"] = cycle_ms - sum(per.values())
     return {
         "model": str(cfg.model.name),
         "policy": instances["policy"].name,
