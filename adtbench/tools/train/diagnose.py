@@ -763,18 +763,20 @@ def drafter_diagnosis(n: int = 32, gen_n: int = 8, cfg: float = 3.0, greedy_n: i
     st = drafter_token_stats(target, drafter, seqs, cfg)
     types = {k: v[:, 1:] for k, v in position_types(grids, sc).items()}
     out["heldout_truth"] = {"n": n, "by_type": by_type(st, types, "accept")}
-    if gen_n > 0:
-        gen = generated_sequences(target, [s.caption for s in sc[:gen_n]], cfg)
-        gg = np.array([np.array(t) - off for _, t in gen]).reshape(gen_n, GRID, GRID)
+
+    def own_samples(scenes: Sequence[S.Scene], temperature: float) -> tuple[dict, dict]:
+        """The drafter's token stats on the target's own samples for ``scenes``' captions, and their types."""
+        gen = generated_sequences(target, [s.caption for s in scenes], cfg, temperature)
+        gg = np.array([np.array(t) - off for _, t in gen]).reshape(len(scenes), GRID, GRID)
         st = drafter_token_stats(target, drafter, gen, cfg)
-        types = {k: v[:, 1:] for k, v in position_types(gg).items()}
+        return st, {k: v[:, 1:] for k, v in position_types(gg).items()}
+
+    if gen_n > 0:
+        st, types = own_samples(sc[:gen_n], 1.0)
         out["generated"] = {"n": gen_n, "by_type": by_type(st, types, "accept")}
     if greedy_n > 0:
         gsc = scene_set("heldout", greedy_n)
-        gen = generated_sequences(target, [s.caption for s in gsc], cfg, temperature=0.0)
-        gg = np.array([np.array(t) - off for _, t in gen]).reshape(greedy_n, GRID, GRID)
-        st = drafter_token_stats(target, drafter, gen, cfg)
-        types = {k: v[:, 1:] for k, v in position_types(gg).items()}
+        st, types = own_samples(gsc, 0.0)
         out["greedy"] = {
             "n": greedy_n,
             "by_type": by_type(st, types, "accept"),
