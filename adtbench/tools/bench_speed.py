@@ -78,6 +78,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "chain of 3 sampled drafts, T = 1, lantern=on, δ = 0.3 (experiment=mini_lantern)",
         ["experiment=mini_lantern"],
     ),
+    "mini_adt_lantern": (
+        "adt + budget: cost + sampled drafts, K ≤ 2, T = 1, lantern=on, δ = 0.3 (experiment=mini_adt_lantern)",
+        ["experiment=mini_adt_lantern"],
+    ),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
     "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
     "static_sampled_gated_greedy": (
