@@ -68,6 +68,26 @@ class TokenLayout:
             out = torch.where(gen_idx == self.grid_h * self.row_len, self.eoi_token, out)
         return out
 
+    def forced_token(self, gen_idx: int) -> int:
+        """The forced token at one generation index (``-1``: a free image token), on the host."""
+        if self.eoi_token is not None and gen_idx == self.grid_h * self.row_len:
+            return self.eoi_token
+        if self.eol_token is not None and gen_idx % self.row_len == self.grid_w:
+            return self.eol_token
+        return -1
+
+    def forced_kind(self, gen_idx: torch.Tensor) -> torch.Tensor:
+        """Per generation index: 0 free image token, 1 the first forced token of ``(eol, eoi)`` the layout has, 2 the
+        second (the row of ``sampling.constrain``'s table), computed on ``gen_idx``'s device."""
+        kind = torch.zeros_like(gen_idx)
+        nxt = 1
+        if self.eol_token is not None:
+            kind = torch.where(gen_idx % self.row_len == self.grid_w, nxt, kind)
+            nxt += 1
+        if self.eoi_token is not None:
+            kind = torch.where(gen_idx == self.grid_h * self.row_len, nxt, kind)
+        return kind
+
     def image_token_mask(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """Bool ``[vocab_size]``: True on image-token ids."""
         mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)

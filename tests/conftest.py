@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -70,10 +71,17 @@ class FakeSession:
     """A scripted ``DraftSession``: distributions keyed by the token path from the root."""
 
     def __init__(self, dists: dict[tuple[int, ...], torch.Tensor], vocab: int, greedy: bool = True, root: int = 99):
-        self.dists, self.vocab, self.greedy, self.root_token = dists, vocab, greedy, root
+        self.dists, self.vocab, self.greedy = dists, vocab, greedy
+        self.root_token = torch.tensor([root])
+        self.device = torch.device("cpu")
         self.generator = torch.Generator().manual_seed(0)
         self.paths: list[tuple[int, ...]] = [()]
         self.expansions: list[list[int]] = []
+        self.levels: list[int] = []
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.paths)
 
     def _lp(self, path: tuple[int, ...]) -> torch.Tensor:
         p = self.dists.get(path, torch.full((self.vocab,), 1.0 / self.vocab))
@@ -82,19 +90,23 @@ class FakeSession:
     def root_logprobs(self) -> torch.Tensor:
         return self._lp(())
 
-    def expand(self, parents, tokens):
+    def expand(self, parents, tokens, level):
         tokens = torch.as_tensor(tokens).view(-1).tolist()
+        parents = torch.as_tensor(parents).view(-1).tolist()
         ids = []
         for par, tok in zip(parents, tokens):
+            assert len(self.paths[par]) == level - 1, "expand's parents sit at depth level − 1"
             ids.append(len(self.paths))
             self.paths.append((*self.paths[par], tok))
         self.expansions.append(ids)
-        return ids, torch.stack([self._lp(self.paths[i]) for i in ids])
+        self.levels.append(len(ids))
+        return range(ids[0], ids[-1] + 1), torch.stack([self._lp(self.paths[i]) for i in ids])
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no CUDA device is present."""
-    if torch.cuda.is_available():
+    """``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no CUDA device is present, unless
+    ``ADTBENCH_GPU_TEST_DEVICE=cpu`` asks to run them on the CPU (a check of the GPU tests themselves)."""
+    if torch.cuda.is_available() or os.environ.get("ADTBENCH_GPU_TEST_DEVICE") == "cpu":
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:

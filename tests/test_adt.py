@@ -39,7 +39,7 @@ def cycle(policy: ADTPolicy, layout: TokenLayout, g: int, a: int, max_depth: int
     path = [0]
     for _ in range(a):
         path.append(tree.children[path[-1]][0])
-    policy.observe(tree, Acceptance(path=path, bonus=0), g)
+    policy.observe(tree, Acceptance(path=path, bonus=0, tree_depth=tree.max_depth), g)
     return tree
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from adtbench.tools.bench_speed import END, START, main, parse
 
 
@@ -49,14 +51,13 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
     from adtbench.algorithm.policies import sampled, static
     from adtbench.tools.bench import main as bench_main
 
-    originals = (E.verify_tree, E.process_logits, DraftSession.expand, static.sample_without_replacement,
-                 sampled.gumbel_draws)  # fmt: skip
+    originals = (E.accept, E.process_logits, DraftSession.expand, static.gumbel_top_k, sampled.gumbel_top_k)
     out = tmp_path / "phases.json"
     assert bench_main(["overhead", "bench.phases=true", "bench.prompts=1", "threads=1", f"bench.out={out}"]) == 0
     r = json.loads(out.read_text())
     rows = {x["phase"]: x for x in r["phases"]}
     assert abs(sum(x["ms_per_cycle"] for x in r["phases"]) - r["cycle_ms"]) < 1e-9 and r["cycles"] > 10
-    seen = ("target network (verify forward)", "verify mask + positions", "KV commit", "acceptance (verify_tree)",
+    seen = ("target network (verify forward)", "verify mask + positions", "KV commit", "acceptance (verify.accept)",
             "drafter network", "drafter extend (bookkeeping)", "drafting session (expand bookkeeping)",
             "draws without replacement (static)", "policy: tree building", "target logits processing")  # fmt: skip
     for label in seen:
@@ -64,6 +65,26 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
     assert "draws without replacement (sampled trees)" not in rows and "cycle (rest)" in rows
     # the network dominates the exclusive split; the rest is the cycle's own lines, a small part
     assert rows["target network (verify forward)"]["share"] > 0.2 and abs(rows["cycle (rest)"]["share"]) < 0.3
-    assert originals == (E.verify_tree, E.process_logits, DraftSession.expand, static.sample_without_replacement,
-                         sampled.gumbel_draws)  # fmt: skip
+    assert originals == (E.accept, E.process_logits, DraftSession.expand, static.gumbel_top_k, sampled.gumbel_top_k)
     assert "| target network (verify forward) |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("policy", [[], ["policy=eagle2"], ["policy=adt"], ["policy=adt", "policy.budget=fixed"]])
+def test_bench_count_reads_the_device_at_most_twice_per_cycle(tmp_path: Path, capsys, policy) -> None:
+    """``adtbench bench overhead bench.count=true``: the default policy, EAGLE-2 and ADT (both budgets) read the device
+    at most twice per cycle outside the networks (once for the tree's outcome; ``budget: cost`` once more for its node
+    count), the counts by phase add up, and the wrapped functions are restored."""
+    import adtbench.algorithm.engine as E
+    from adtbench.tools.bench import main as bench_main
+
+    original = E.accept
+    out = tmp_path / "count.json"
+    args = ["overhead", "bench.count=true", "bench.prompts=1", "threads=1", f"bench.out={out}", *policy]
+    assert bench_main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["cycles"] > 10 and 1.0 <= r["host_reads_per_cycle"] <= 2.0
+    engine = sum(x["ops_per_cycle"] for x in r["phases"] if not x["network"])
+    assert engine == pytest.approx(r["engine_ops_per_cycle"]) and r["engine_ops_per_cycle"] > 10
+    assert r["read_sites"] and all("adtbench/" in x["site"] for x in r["read_sites"])
+    assert E.accept is original
+    assert "host reads" in capsys.readouterr().out

@@ -37,11 +37,16 @@ def test_free_nodes_are_all_verified_and_costly_ones_none():
     assert TreeBudget(linear_model(10.0), calibrate=False).best(pi, 0.0)[0] == 0
 
 
-def test_worth_expanding_compares_optimistic_gain_with_level_cost():
-    pi = np.array([0.6, 0.3])
-    assert TreeBudget(linear_model(0.01, level=0.01), calibrate=False).worth_expanding(pi, 0.6, 2, 0.0)
-    assert not TreeBudget(linear_model(0.01, level=50.0), calibrate=False).worth_expanding(pi, 0.6, 2, 0.0)
-    assert not TreeBudget(linear_model(0.01, level=0.01), calibrate=False).worth_expanding(pi, 0.0, 2, 0.0)
+def test_round_plan_is_the_level_rule_in_hindsight():
+    """``choose`` sets the next cycle's rounds to where the one-level look-ahead stops: never past the root when a
+    level costs 100 ms, every round and one more when levels are free."""
+    for level_ms, want in ((100.0, 0), (0.0, 3)):
+        b = TreeBudget(linear_model(0.01, level=level_ms), calibrate=False)
+        assert b.plan_rounds(2) == 2  # an image's first cycle drafts the policy's depth
+        build_eagle2_tree(session(), depth=2, top_k=3, total_tokens=13, max_depth=5, budget=b)
+        assert b.next_rounds == want and b.plan_rounds(2) == min(2, want)
+        b.reset()
+        assert b.next_rounds is None
 
 
 def test_calibration_is_observed_over_predicted_with_a_prior_and_clamped():
@@ -79,7 +84,9 @@ def test_budgeted_eagle2_tree_is_the_best_prefix_of_the_rerank(per_node):
 
 
 def test_expensive_levels_stop_drafting_after_the_root():
+    """The image's first cycle drafts every round; from the second on, expensive levels are not drafted."""
     b = TreeBudget(linear_model(0.01, level=100.0), calibrate=False)
+    build_eagle2_tree(session(), depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
     s = session()
     tree = build_eagle2_tree(s, depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
     assert s.expansions == [] and tree.drafted_depth == 1 and tree.max_depth <= 1

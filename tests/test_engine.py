@@ -80,7 +80,7 @@ class OraclePolicy(TreePolicy):
             tokens += [bad, true_tok]
             parents += [spine, spine]
             spine = len(tokens) - 1
-            session.expand([0], [true_tok])  # exercise the drafter's scratch slots too
+            session.expand(torch.tensor([0]), torch.tensor([true_tok]), 1)  # exercise the drafter's scratch slots
         return DraftTree(torch.tensor(tokens), parents, drafted_depth=min(3, max_depth))
 
 

@@ -1,48 +1,181 @@
-"""GPU-only checks (``@pytest.mark.gpu``; skipped without CUDA): the lean forward, the engine and the timer on
-a CUDA device. Exactness on GPU is checked against the CPU in float32 at float32 tolerance (cuBLAS/SDPA kernels
-round differently), and greedy decoding is checked token for token within the device."""
+"""Every option on a GPU (``@pytest.mark.gpu``; skipped without CUDA): the lean forward, every policy × exact /
+LANTERN × greedy / T = 1, the loop policies, the engine's clock and the default run through the CLI, on the device.
+
+Exactness on the GPU is checked within the device: greedy output token for token against AR greedy on the same
+device, and at T = 1 the joint law of the first tokens against AR's exact law (χ², as the CPU suite). The forward is
+compared with the CPU at float32 tolerance (cuBLAS / SDPA kernels round differently).
+
+``ADTBENCH_GPU_TEST_DEVICE=cpu pytest -m gpu tests/test_gpu.py`` runs the same module on the CPU (a check of the
+tests themselves; ``tests/conftest.py`` then does not skip them)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
 import pytest
 import torch
-from conftest import tiny
+from conftest import ROOT, pooled_chisquare, synthetic_cost_model, tiny
+from omegaconf import OmegaConf
 
-from adtbench.algorithm.cost import random_tree
+from adtbench.algorithm.cost import TreeBudget, random_tree
 from adtbench.algorithm.engine import Clock, decode_ar, generate
+from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.ar import ArPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
+from adtbench.algorithm.policies.zipar import ZipARPolicy
 from adtbench.algorithm.sampling import SamplingParams
-from adtbench.harness.caches import cost_source
+from adtbench.algorithm.verify import EXACT
 
 pytestmark = pytest.mark.gpu
+DEVICE = os.environ.get("ADTBENCH_GPU_TEST_DEVICE", "cuda")
 
 
-def test_verify_forward_on_cuda_matches_cpu() -> None:
+def _cost(policy):
+    policy.cost.tree = TreeBudget(synthetic_cost_model(), calibrate=True)
+    return policy
+
+
+# every tree policy in both budgets and draft modes (the yaml's shapes, shrunk to the tiny models)
+POLICIES = {
+    "ar": lambda: ArPolicy(),
+    "chain": lambda: ChainPolicy(3),
+    "static": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]]),
+    "static_sampled": lambda: StaticTreePolicy([[0], [1], [0, 0]], "sample"),
+    "eagle2": lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9),
+    "eagle2_cost": lambda: _cost(Eagle2Policy(depth=2, top_k=3, total_tokens=9, budget="cost")),
+    "eagle2_sampled": lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9, draft_sampling="sample"),
+    "adt_fixed": lambda: ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="fixed"),
+    "adt_cost": lambda: _cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost")),
+    "adt_cost_sampled": lambda: _cost(
+        ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost", draft_sampling="sample")
+    ),
+    "zipar": lambda: ZipARPolicy(window=2),
+}
+
+
+def _rule(target, relax: str, delta: float = 0.2):
+    if relax == "exact":
+        return EXACT
+    return LanternRule(nearest_codes(target.codebook(), 3), target.layout.image_token_offset, delta=delta)
+
+
+def _generator(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def test_verify_forward_on_the_device_matches_cpu() -> None:
     cpu_t, _ = tiny(dtype="float32")
-    gpu_t, _ = tiny(dtype="float32", device="cuda")
-    gen = torch.Generator().manual_seed(0)
+    dev_t, _ = tiny(dtype="float32", device=DEVICE)
     outs = []
-    for t in (cpu_t, gpu_t):
+    for t in (cpu_t, dev_t):
         t.start(t.encode_prompt("a red circle", cfg=True), 16)
         mask, depth = random_tree(9, torch.Generator().manual_seed(1))
-        toks = torch.randint(0, 16, (9,), generator=gen.manual_seed(2))
-        logits, feats = t.verify_forward(toks, mask, depth)
+        toks = torch.randint(0, 16, (9,), generator=torch.Generator().manual_seed(2))
+        logits, feats = t.verify_forward(toks.to(t.device), mask.to(t.device), depth.to(t.device))
         outs.append((logits.float().cpu(), feats.float().cpu()))
     assert torch.allclose(outs[0][0], outs[1][0], atol=1e-4, rtol=1e-4)
     assert torch.allclose(outs[0][1], outs[1][1], atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("budget", ["fixed", "cost"])
-def test_greedy_speculation_equals_ar_on_cuda(budget: str, tmp_path) -> None:
-    target, drafter = tiny(dtype="float32", device="cuda")
-    policy = Eagle2Policy(depth=3, top_k=4, total_tokens=20, budget=budget)
+@pytest.mark.parametrize("relax", ["exact", "lantern_zero"])
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_greedy_every_policy_equals_ar_on_the_device(name: str, relax: str) -> None:
+    """Greedy speculation is AR greedy token for token on the device (LANTERN at δ = 0 is the exact rule)."""
+    target, drafter = tiny(dtype="float32", device=DEVICE)
     sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
-    policy.bind(cost_source(target, drafter, sp, tmp_path))
-    inputs = target.encode_prompt("two blue squares", cfg=True)
-    ar = decode_ar(target, inputs, sp, None)
-    spec = generate(target, drafter, policy, inputs, sp, None)
-    assert spec.tokens == ar.tokens and spec.tau > 1.0
+    rule = _rule(target, "lantern", delta=0.0) if relax == "lantern_zero" else EXACT
+    for prompt in ("two blue squares", "a red circle"):
+        inputs = target.encode_prompt(prompt, cfg=True)
+        ar = decode_ar(target, inputs, sp, None)
+        spec = generate(target, drafter, POLICIES[name](), inputs, sp, None, rule)
+        assert spec.tokens == ar.tokens and spec.tau >= 1.0, (name, prompt)
 
 
-def test_clock_synchronises_on_cuda() -> None:
-    assert Clock(torch.device("cuda")).sync and not Clock(torch.device("cpu")).sync
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_lantern_runs_on_the_device(name: str, temperature: float) -> None:
+    """A relaxed rule (δ = 0.2) decodes complete images of image tokens with every policy, greedy and T = 1."""
+    target, drafter = tiny(dtype="float32", device=DEVICE)
+    sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
+    res = generate(target, drafter, POLICIES[name](), target.encode_prompt("a red circle", cfg=True), sp,
+                   _generator(0), _rule(target, "lantern"))  # fmt: skip
+    assert len(res.tokens) == target.layout.num_gen_tokens and set(res.tokens) <= set(target.layout.image_ids)
+
+
+LAW_POLICIES = ["static_sampled", "eagle2", "eagle2_cost", "eagle2_sampled", "adt_cost", "adt_cost_sampled", "zipar"]
+
+
+@pytest.mark.parametrize("name", LAW_POLICIES)
+def test_sampling_law_matches_ar_on_the_device(name: str) -> None:
+    """T = 1 with top-k 3, CFG 3: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary), with
+    the generator on the device."""
+    from test_engine import _exact_joint
+
+    arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}
+    target, drafter = tiny("tiny_llamagen", dtype="float32", device=DEVICE, **arch)
+    sp = SamplingParams(temperature=1.0, top_k=3, cfg_scale=3.0)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    expected = _exact_joint(target, inputs, sp, 3)
+    g, n = _generator(0), 600
+    counts: Counter = Counter()
+    for _ in range(n):
+        counts[tuple(generate(target, drafter, POLICIES[name](), inputs, sp, g).tokens[:3])] += 1
+    assert pooled_chisquare(counts, expected, n)[0] > 1e-3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_mulo_on_the_device(temperature: float) -> None:
+    """MuLo-SD's loop on the device: greedy equals AR greedy; T = 1 decodes a complete image."""
+    from conftest import model_cfg
+    from test_mulo import Nearest
+
+    from adtbench.algorithm.mulo import MuloModels, MuloParams, decode_mulo
+    from adtbench.models.registry import build_target
+
+    cfg = {"arch.vocab_size": 64}
+    t = build_target(model_cfg("tiny_llamagen", dtype="float32", device=DEVICE, **cfg, **{"arch.block_size": 16}))
+    d = build_target(model_cfg("tiny_llamagen", dtype="float32", device=DEVICE, **cfg, **{"arch.block_size": 4}))
+    models = MuloModels(d, Nearest(2), None, 2, lambda i: d.encode_prompt(i.text, i.cfg))
+    sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
+    inputs = t.encode_prompt("a red circle", cfg=True)
+    res = decode_mulo(t, models, inputs, sp, None if temperature == 0 else _generator(0), MuloParams())
+    if temperature == 0:
+        assert res.tokens == decode_ar(t, inputs, sp, None).tokens
+    assert len(res.tokens) == t.layout.num_gen_tokens
+
+
+def test_trained_drafter_speculates_on_the_device() -> None:
+    """The mini model on the device: greedy EAGLE-2 equals AR greedy and its trained drafter is accepted (τ > 1)."""
+    from conftest import model_cfg
+
+    from adtbench.harness.drafters import build_drafter
+    from adtbench.models.registry import build_target
+
+    target = build_target(model_cfg("mini", device=DEVICE))
+    drafter = build_drafter(OmegaConf.load(ROOT / "conf" / "drafter" / "mini.yaml"), target)
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("a large red circle on a plain blue background", cfg=True)
+    spec = generate(target, drafter, Eagle2Policy(depth=3, top_k=4, total_tokens=20), inputs, sp, None)
+    assert spec.tokens == decode_ar(target, inputs, sp, None).tokens and spec.tau > 1.5
+
+
+def test_clock_synchronises_only_on_cuda() -> None:
+    assert Clock(torch.device(DEVICE)).sync == (DEVICE == "cuda")
+
+
+@pytest.mark.parametrize("extra", [[], ["experiment=mini_lantern"], ["policy=adt"], ["policy=zipar", "drafter=none"]])
+def test_the_default_run_through_the_cli_on_the_device(tmp_path: Path, extra: list[str]) -> None:
+    """``python run.py model.device=<device>`` end to end (2 prompts, AR baseline in the same job)."""
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "run.py", f"model.device={DEVICE}", "dataset.limit=2", f"hydra.run.dir={run_dir}", *extra]
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["n_samples"] == 2 and summary["complete"] and summary["tau"] >= 1.0 and summary["speedup"] > 0

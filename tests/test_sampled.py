@@ -10,10 +10,9 @@ from conftest import synthetic_cost_model, tiny
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.adt import ADTPolicy
-from adtbench.algorithm.policies.base import gumbel_draws
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.sampled import AcceptanceModel, build_sampled_tree
-from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.sampling import SamplingParams, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
@@ -25,10 +24,7 @@ def _session(gen_seed: int = 0):
     inputs = target.encode_prompt("a red circle", cfg=True)
     from adtbench.algorithm.engine import prefill
 
-    root, res = prefill(target, inputs, sp, 64, None)
-    drafter.reset(target.rows, res.features.shape[1] + 64 + 64)
-    emb = target.embed_tokens(torch.tensor([root]))[None].expand(target.rows, 1, -1)
-    out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], emb], 1), res.positions, res.valid)
+    root, _, out = prefill(target, drafter, inputs, sp, 64, 64, None)
     g = torch.Generator().manual_seed(gen_seed)
     return DraftSession(drafter, target, sp, root, 0, target.next_pos.clone(), out, g)
 
@@ -47,7 +43,7 @@ def test_tree_shape_invariants(budget):
             toks = [int(t.tokens[c]) for c in kids]
             assert len(set(toks)) == len(toks) <= 3
             if kids:
-                assert u in t.proposal and u in out.entropy
+                assert u in out.entropy and float(t.proposal[u].sum()) == pytest.approx(1.0)
                 assert all(float(t.proposal[u][x]) > 0 for x in toks)
         assert t.max_depth <= t.drafted_depth <= 4
 
@@ -70,7 +66,7 @@ def test_acceptance_model_counts_tries():
     assert m.tries.sum() == 0
 
 
-def test_gumbel_draws_are_sequential_draws_without_replacement():
+def test_gumbel_top_k_draws_are_sequential_draws_without_replacement():
     """First draw ~ q; second draw ~ q without the first (χ² on the pair law of a 4-token q)."""
     from collections import Counter
 
@@ -79,7 +75,8 @@ def test_gumbel_draws_are_sequential_draws_without_replacement():
     q = np.array([0.1, 0.2, 0.3, 0.4])
     g = torch.Generator().manual_seed(0)
     n = 4000
-    pairs = Counter(tuple(gumbel_draws(np.log(q)[None], 2, g)[0].tolist()) for _ in range(n))
+    lq = torch.from_numpy(np.log(q))[None]
+    pairs = Counter(tuple(gumbel_top_k(lq, 2, g)[0][0].tolist()) for _ in range(n))
     keys = [(a, b) for a in range(4) for b in range(4) if a != b]
     exp = [n * q[a] * q[b] / (1 - q[a]) for a, b in keys]
     assert chisquare([pairs.get(k, 0) for k in keys], exp).pvalue > 1e-3

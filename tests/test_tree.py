@@ -41,7 +41,7 @@ def test_eagle2_worked_example_exactly():
     s = worked_example_session()
     tree = build_eagle2_tree(s, depth=2, top_k=2, total_tokens=5, max_depth=10)
     assert tree.tokens.tolist() == [99, 0, 1, 1, 0]
-    assert tree.parents[1:] == [0, 0, 1, 3]  # mask_index
+    assert tree.parent_list[1:] == [0, 0, 1, 3]  # mask_index
     assert tree.depth.tolist() == [0, 1, 1, 2, 3]
     assert tree.drafted_depth == 3
     rows = ["".join(str(int(b)) for b in r) for r in tree.ancestor_mask]
@@ -66,7 +66,7 @@ def test_eagle2_ties_keep_parents():
     for n in range(2, 8):
         tree = build_eagle2_tree(s, depth=3, top_k=2, total_tokens=n, max_depth=10)
         for j in range(1, tree.size):
-            assert tree.parents[j] < j
+            assert tree.parent_list[j] < j
         # zero-probability drafts are never kept
         assert 2 not in tree.tokens[1:].tolist()
 
@@ -99,11 +99,11 @@ def test_eagle2_tree_invariants(seed, depth, top_k, total):
     assert n == total
     m = tree.ancestor_mask
     assert torch.equal(tree.depth, m.sum(1) - 1)
-    internal = {p for p in tree.parents[1:]}
+    internal = {p for p in tree.parent_list[1:]}
     assert len(tree.retrieve_indices()) == n - len(internal)
     for row in tree.retrieve_indices().tolist():
         path = [v for v in row if v >= 0]
-        assert path[0] == 0 and all(tree.parents[b] == a for a, b in itertools.pairwise(path))
+        assert path[0] == 0 and all(tree.parent_list[b] == a for a, b in itertools.pairwise(path))
     # siblings in decreasing drafter score
     assert tree.max_depth <= depth + 1
 
@@ -121,7 +121,7 @@ def test_static_tree_topk_any_width():
     s = FakeSession({(): dist(V, {3: 0.4, 5: 0.3, 1: 0.2})}, V)
     tree = StaticTreePolicy([[0], [1], [2], [0, 0], [2, 0]]).propose(s, max_depth=5)
     assert tree.tokens[1:4].tolist() == [3, 5, 1]
-    assert tree.parents == [-1, 0, 0, 0, 1, 3]
+    assert tree.parent_list == [-1, 0, 0, 0, 1, 3]
     assert tree.drafted_depth == 2 and tree.proposal is None
     chain = ChainPolicy(3).propose(FakeSession({}, V), max_depth=2)
     assert chain.size == 3 and chain.max_depth == 2

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from scipy.stats import chisquare
 
-from adtbench.algorithm.policies.base import sample_without_replacement
+from adtbench.algorithm.sampling import gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import AcceptanceRule, verify_greedy, verify_sampling
 
@@ -84,8 +84,8 @@ def test_sampled_without_replacement_uses_true_q():
     n = 8_000
     counts: Counter = Counter()
     for _ in range(n):
-        drawn, probs = sample_without_replacement(q.log(), 3, g)
-        tree = DraftTree(torch.tensor([9, *drawn.tolist()]), [-1, 0, 0, 0], drafted_depth=1, proposal={0: probs})
+        drawn, _ = gumbel_top_k(q.log()[None], 3, g)
+        tree = DraftTree(torch.tensor([9, *drawn[0].tolist()]), [-1, 0, 0, 0], drafted_depth=1, proposal={0: q})
         counts[first_token(tree, verify_sampling(tree, logits, g))] += 1
     assert chi2_pvalue(counts, dict(enumerate(P_ROOT.tolist())), n) > 1e-3
 

@@ -16,10 +16,14 @@ observed accepted drafts to predicted ones over the image's cycles so far (with 
 tokens at c = 1), clamped to [1/4, 4]; it restarts with every image, so a prompt's trees (and, for a given seed,
 its tokens) do not depend on the prompts decoded before it.
 
-Levels are pruned by the same rule: before an expansion round over frontier F, the best a round can add is
-c · Σ_{f ∈ F} π_f (children's π sum to at most their parent's), for one drafter level t_level(|F|) plus at least
-|F| more nodes to verify. The round runs only if that optimistic rate beats the best rate without it. (Deeper
-rounds add at most as much for the same cost, so a one-level look-ahead decides them too.)
+Levels. For the top-k trees (EAGLE-2, ADT-Tree) the rounds are planned, not decided one by one: after a tree is
+drafted, ``choose`` also finds in hindsight the number of rounds r* whose candidates alone would have given the best
+rate had only r* rounds been paid for, and the image's next cycle drafts r* + 1 rounds (at most the policy's depth;
+an image's first cycle drafts them all). A decision before every round would need a read of the device before every
+round; the plan needs none (adjacent cycles are alike: ADT-Tree's premise). Sampled trees keep a per-level
+look-ahead (``best_frontier``): before an expansion round over frontier F the best a round can add is c · Σ_{f ∈ F}
+π_f (children's π sum to at most their parent's), for one drafter level t_level(|F|) plus at least |F| more nodes to
+verify; the round runs only if that optimistic rate beats the best rate without it.
 
 Both choices only decide *which drafted nodes are verified*: acceptance is untouched, so the method stays
 lossless under an exact rule.
@@ -107,6 +111,8 @@ class TreeBudget:
         self.accepted = 0.0
         self._tv = np.zeros(0)  # t_verify(1 … len) tabulated (grown on demand: one np.interp per size, not per call)
         self._tl = np.zeros(0)  # t_level(1 … len), likewise
+        self._tv_dev: dict[torch.device, torch.Tensor] = {}
+        self.next_rounds: int | None = None  # ``plan_rounds``: set by ``choose``, None at an image's start
 
     def _t_verify_upto(self, n: int) -> np.ndarray:
         """``t_verify(1 … n)`` as an array."""
@@ -173,12 +179,51 @@ class TreeBudget:
                 k, best = i, r
         return k if k and best > gain0 / (spent_ms + tv[0]) else 0
 
-    def worth_expanding(self, pi_sorted: np.ndarray, frontier_pi: float, frontier: int, spent_ms: float) -> bool:
-        """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay?"""
-        n, rate = self.best(pi_sorted, spent_ms)
-        gain = 1.0 + self.c * float(pi_sorted[:n].sum())
-        t_more = spent_ms + self.t_level(frontier) + float(self._t_verify_upto(n + 1 + frontier)[-1])
-        return (gain + self.c * frontier_pi) / t_more > rate
+    def plan_rounds(self, rounds: int) -> int:
+        """Expansion rounds to draft this cycle, at most ``rounds`` (the policy's depth): what the level rule decided
+        in hindsight on the image's previous cycle (``choose``); all of them in an image's first cycle. Decided on
+        the host from what the last cycle's read brought back, so drafting reads nothing."""
+        return rounds if self.next_rounds is None else min(rounds, self.next_rounds)
+
+    def _t_verify_on(self, n: int, device: torch.device) -> torch.Tensor:
+        """``t_verify(1 … n)`` as a float64 tensor on ``device`` (cached until it must grow)."""
+        t = self._tv_dev.get(device)
+        if t is None or t.numel() < n:
+            t = self._tv_dev[device] = torch.from_numpy(self._t_verify_upto(max(n, 64)).copy()).to(device)
+        return t[:n]
+
+    def choose(
+        self, ranked: torch.Tensor, level: torch.Tensor, max_n: int, level_sizes: list[int], frontier: int
+    ) -> tuple[int, float]:
+        """The node budget of a drafted top-k tree, on the device, with one host read; also sets the next cycle's
+        round plan.
+
+        ``ranked [M]``: every candidate's score (cumulative drafter log-prob) in rerank order (descending);
+        ``level [M]``: the round that made it (0: the root's children); ``level_sizes``: the nodes expanded by each
+        round drafted; ``frontier``: the frontier width (K). Returns ``(N, E_pred)``: N ≤ ``max_n`` maximising
+        ``rate(N)`` with every drafted round paid for (``best``'s rule; ties → the smaller N) and the predicted
+        accepted drafts ``Σ_{i<N} π_i``. The plan: for each l = 0 … L rounds, the candidates of rounds ≤ l give the
+        best rate at the cost of l rounds, and one more round over the K best round-l candidates (mass Σπ_F) could
+        at most add c·Σπ_F for ``t_level(K)`` and K more nodes (module docstring); the level rule stops at the first
+        l where that does not beat the rate without it, and the next cycle drafts that many rounds."""
+        dev, L = ranked.device, len(level_sizes)
+        pi = ranked.to(torch.float64).exp()
+        rounds = torch.arange(L + 1, device=dev)[:, None]
+        upto = torch.where(level[None] <= rounds, pi[None], 0.0).sort(-1, descending=True).values
+        cum = torch.nn.functional.pad(upto[:, :max_n].cumsum(-1), (1, 0))  # [L + 1, max_n + 1]: Σπ of the best N
+        spent = [self.spent_ms(level_sizes[:r]) for r in range(L + 1)]
+        spent_t = torch.tensor(spent, dtype=torch.float64, device=dev)[:, None]
+        tv = self._t_verify_on(max_n + 1 + frontier, dev)
+        rate = (1.0 + self.c * cum) / (spent_t + tv[None, : max_n + 1])
+        best, n = rate.max(-1)  # first maximum: the smaller N on ties
+        f_pi = torch.where(level[None] == rounds, pi[None], 0.0).sort(-1, descending=True).values[:, :frontier].sum(-1)
+        gain = 1.0 + self.c * cum.gather(1, n[:, None])[:, 0]
+        t_more = spent_t[:, 0] + self.t_level(frontier) + tv[n + frontier]
+        stop = torch.cat([(gain + self.c * f_pi) / t_more <= best, torch.ones(1, dtype=torch.bool, device=dev)])
+        out = torch.stack([n[L].to(torch.float64), cum[L, n[L]], stop.to(torch.uint8).argmax().to(torch.float64)])
+        n_keep, e_pred, plan = out.tolist()
+        self.next_rounds = int(plan)
+        return int(n_keep), float(e_pred)
 
     def observe(self, predicted: float, accepted: int) -> None:
         """Online calibration: predicted Σπ of a verified tree vs the drafts it accepted."""
@@ -186,8 +231,10 @@ class TreeBudget:
         self.accepted += accepted
 
     def reset(self) -> None:
-        """A new image: calibration restarts (so an image's trees never depend on the images before it)."""
+        """A new image: calibration and the round plan restart (an image's trees never depend on the images before
+        it)."""
         self.predicted = self.accepted = 0.0
+        self.next_rounds = None
 
 
 CostModelSource = Callable[[int, int], CostModel]
@@ -247,7 +294,7 @@ def target_parameters(target: Any) -> list[torch.Tensor]:
     return []
 
 
-MEASURE_METHOD = "blocked-5"  # part of the cache key: a cost model measured another way is re-measured
+MEASURE_METHOD = "blocked-5-device"  # part of the cache key: a cost model measured another way is re-measured
 BLOCK = 5  # consecutive timed calls of one size per pass
 
 
@@ -279,7 +326,7 @@ def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
     """
     parents = [-1]
     for i in range(1, n):
-        parents.append(int(torch.randint(max(0, i - 8), i, (1,), generator=gen)))
+        parents.append(int(torch.randint(max(0, i - 8), i, (1,), generator=gen, device=gen.device)))
     mask = torch.eye(n, dtype=torch.bool)
     depth = torch.zeros(n, dtype=torch.long)
     for i in range(1, n):
@@ -313,7 +360,7 @@ def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -
     goal = min(kv_len, budget)
     while target.length < goal:
         n = min(128, goal - target.length)
-        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen, device=gen.device)
         chain = torch.ones(n, n, dtype=torch.bool).tril()
         target.verify_forward(toks, chain, torch.arange(n))
         target.commit(torch.arange(n))
@@ -329,7 +376,7 @@ def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Gener
     goal = target.length + max(0, min(int(fraction * lay.num_gen_tokens), lay.num_gen_tokens - 1))
     while target.length < goal:
         n = min(128, goal - target.length)
-        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen, device=gen.device)
         target.verify_forward(toks, torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n))
         target.commit(torch.arange(n))
     return int(target.length)
@@ -359,27 +406,28 @@ def measure_cost(
     rows, dev = target.rows, target.device
 
     def toks(n: int) -> torch.Tensor:
-        return int(lay.image_token_offset) + torch.randint(0, lay.num_codes, (n,), generator=gen)
+        return int(lay.image_token_offset) + torch.randint(0, lay.num_codes, (n,), generator=gen, device=gen.device)
 
     cases = []
     for n in v_sizes:
         mask, depth = random_tree(n, gen)
-        cases.append((toks(n), mask, depth))
+        cases.append((toks(n).to(dev), mask.to(dev), depth.to(dev)))  # born on the device, as a policy's trees
     verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync)
     # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes
     drafter.reset(rows, length + 4 * max(l_sizes) + max_nodes + 16)
     H = target.hidden_size
-    feats = torch.randn(rows, length, H, generator=gen).to(dev, target.dtype)
+    feats = torch.randn(rows, length, H, generator=gen, device=gen.device).to(dev, target.dtype)
     pos = torch.arange(length, device=dev)[None].expand(rows, length)
     embeds = target.embed_tokens(toks(length).to(dev))[None].expand(rows, -1, -1)
     valid = torch.ones(rows, length, dtype=torch.bool)
     drafter.extend(feats[:, :-2], embeds[:, :-2], pos[:, :-2], valid[:, :-2])
     base_len = drafter.length
+    root = toks(1).to(dev)
 
     def fixed() -> torch.Tensor:
         drafter.length = base_len  # re-extend the same two slots each time
         out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
-        s = DraftSession(drafter, target, sp, int(toks(1)), length // 2, target.next_pos.clone(), out, None)
+        s = DraftSession(drafter, target, sp, root, length // 2, target.next_pos, out, None)
         logprobs: torch.Tensor = s.root_logprobs()
         return logprobs
 
@@ -390,11 +438,11 @@ def measure_cost(
     out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
 
     def level(kids: torch.Tensor) -> None:
-        s = DraftSession(drafter, target, sp, int(kids[0]), length // 2, target.next_pos.clone(), out, None)
-        s.expand([0] * kids.numel(), kids)
+        s = DraftSession(drafter, target, sp, root, length // 2, target.next_pos, out, None)
+        s.expand(torch.zeros_like(kids), kids, 1)
         drafter.rollback()
 
-    kids = [toks(m) for m in l_sizes]
+    kids = [toks(m).to(dev) for m in l_sizes]
     level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
     avg = load_average()
     load = None if avg is None else avg[0]

@@ -5,42 +5,64 @@
     speculative_cycle  draft a tree (policy × drafter) → verify it (one target forward) → commit a + 1 tokens
     generate           prefill, then cycles until the image is complete
 
-Bookkeeping per cycle (algorithms.md §1): the root is the last chosen token (not yet in the target's KV
-cache); the target commits root + a accepted drafts and picks the bonus token, which becomes the next root.
-τ = committed / cycles counts the bonus (AR: τ = 1). The tree depth is capped by the image positions left,
-minus one, so the last token is always a bonus and no cycle overshoots the image (a cycle with no room for
-drafts verifies the root alone; the policy is not consulted). The token sampled at prefill is cycle 1's root;
-the last chosen token ends the image without a further forward.
+Bookkeeping per cycle (algorithms.md §1): the root is the last chosen token (not yet in the target's KV cache); the
+target commits root + a accepted drafts and picks the bonus token, which becomes the next root. τ = committed /
+cycles counts the bonus (AR: τ = 1). The tree depth is capped by the image positions left, minus one, so the last
+token is always a bonus and no cycle overshoots the image (a cycle with no room for drafts verifies the root alone;
+the policy is not consulted). The token sampled at prefill is cycle 1's root; the last chosen token ends the image
+without a further forward.
+
+The cycle stays on the device. Tree, verify forward, acceptance (``verify.accept``), KV commit and the drafter's
+inputs are device tensors; the host learns once per cycle what it must know — the accepted count and path, the
+bonus token, the realised depth and live nodes (ADT-Tree, the records), the entropy of the bonus's distribution
+(the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
+count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image.
 
 The drafter consumes the committed slots (f_t, x_{t+1}) lazily: all those since its last forward enter it in one
 ``extend`` at the start of the next drafted cycle. A policy's draft gate (``algorithm.gate``) may replace a cycle by
 a plain AR step (the root verified alone); consecutive AR steps then cost the target forward alone.
 
-Timed scope (``latency_s``): from before the prompt prefill (text encoding excluded) to the last token,
-prefill and KV allocation included, VQ decoding excluded; CUDA is synchronised at every timer boundary.
+Timed scope (``latency_s``): from before the prompt prefill (text encoding excluded) to the last token, prefill and
+KV allocation included, VQ decoding excluded; CUDA is synchronised at the image's start and end only, the split into
+prefill / draft / verify comes from CUDA events (``records.Clock``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
 
+from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.policies.base import LoopPolicy, Policy, TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits
-from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_tree
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, accept, read_verdict
 from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_step, ar_tokens, prefill_token
 
 
 def prefill(
-    target: Target, inputs: PromptInputs, sp: SamplingParams, max_tree_nodes: int, generator: torch.Generator | None
-) -> tuple[int, PrefillResult]:
-    """Run the prompt; returns (first image token, ``PrefillResult``) — ``models.base.prefill_token``, the step
-    the AR baseline's loop (``ar_tokens``) starts with too."""
-    return prefill_token(target, inputs, sp, max_tree_nodes, generator)
+    target: Target,
+    drafter: Drafter,
+    inputs: PromptInputs,
+    sp: SamplingParams,
+    max_tree_nodes: int,
+    drafter_slots: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, PrefillResult, torch.Tensor]:
+    """Run the prompt through the target (``models.base.prefill_token``, the step the AR baseline's loop starts with
+    too) and the drafter; returns (first image token ``[]`` on the device, ``PrefillResult``, the drafter's output at
+    the root ``[R, H]``). ``drafter_slots``: the most scratch slots one cycle's drafting needs."""
+    root, res = prefill_token(target, inputs, sp, max_tree_nodes, generator)
+    R, n_gen = target.rows, target.layout.num_gen_tokens
+    drafter.reset(R, res.features.shape[1] + n_gen + max(max_tree_nodes, drafter_slots) + 1)
+    root_embed = target.embed_tokens(root.view(1))[None].expand(R, 1, -1)
+    out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
+    return root, res, out
 
 
 @torch.no_grad()
@@ -50,23 +72,26 @@ def decode_ar(
     """Plain AR decoding (``models.base.ar_tokens``: one target forward per token), timed."""
     clock = Clock(target.device)
     t0 = clock.now()
-    marks: list[float] = []
-    tokens = ar_tokens(target, inputs, sp, generator, on_prefill=lambda: marks.append(clock.now()))
+    start, marks = clock.mark(), []
+    tokens = ar_tokens(target, inputs, sp, generator, on_prefill=lambda: marks.append(clock.mark()))
     latency = clock.now() - t0
-    t_prefill = marks[0] - t0
+    t_prefill = clock.seconds(start, marks[0])
     cycles = [CycleRecord(pos=g, nodes=1, D=0, d=0, K=0, a=0) for g in range(len(tokens) - 1)]
     return GenerationResult(tokens, cycles, latency, t_prefill, 0.0, latency - t_prefill, target.forwards, 0)
 
 
 @dataclass
 class CycleOutcome:
+    """What one cycle hands the loop: host values (read once) and the device tensors the drafter consumes next."""
+
+    root: int  # the root's token (read with the cycle)
     tokens: list[int]  # committed after the root: the accepted drafts, then the bonus token
     record: CycleRecord
     features: torch.Tensor  # [R, a+1, H] target features of the committed tokens (root first)
     positions: torch.Tensor  # [R, a+1] their position ids
-    last_logits: torch.Tensor  # [V] processed logits the bonus token was drawn from (the next root's)
-    draft_s: float
-    verify_s: float
+    next_tokens: torch.Tensor  # [a+1] the token after each (accepted drafts, then the bonus): the drafter's x_{t+1}
+    entropy: float | None  # H of the bonus's distribution (read only for a draft gate)
+    marks: tuple[Any, Any, Any]  # clock marks: drafted, verified, done
     drafter_forwards: int
 
 
@@ -79,37 +104,52 @@ def speculative_cycle(
     generator: torch.Generator | None,
     max_depth: int,
     clock: Clock,
+    entropy: bool = False,
 ) -> CycleOutcome:
     """Draft a tree, verify it in one target forward, commit root + accepted drafts, tell the policy."""
-    ta = clock.now()
     tree = policy.propose(session, max_depth)
     session.drafter.rollback()
-    tb = clock.now()
+    drafted = clock.mark()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
     processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
-    acc = verify_tree(tree, processed, sp.greedy, generator, rule)
-    keep = torch.tensor(acc.path, dtype=torch.long)
-    positions = target.next_pos[:, None] + torch.arange(keep.numel(), device=target.next_pos.device)[None]
-    target.commit(keep)
-    tc = clock.now()
+    verdict = accept(tree, processed, sp.greedy, generator, rule)
+    read = read_verdict(tree, verdict, [DraftGate.entropy(verdict.bonus_logits)] if entropy else [])
+    acc, keep = read.acceptance, read.keep
+    a = acc.accepted
+    positions = target.next_pos[:, None] + _arange(a + 1, keep.device)[None]
+    target.commit(keep, in_place=acc.path[-1] == a)
+    verified = clock.mark()
     if tree.size > 1:
         policy.observe(tree, acc, session.root_gen)
-    new = [*tree.tokens[acc.path[1:]].tolist(), acc.bonus]
-    rec = CycleRecord(
-        session.root_gen, tree.size, tree.drafted_depth, tree.max_depth, tree.width, acc.accepted, dict(tree.info)
-    )
-    feats, last = feats[:, keep.to(feats.device)], processed[acc.path[-1]]
-    return CycleOutcome(new, rec, feats, positions, last, tb - ta + clock.now() - tc, tc - tb, session.forwards)
+    rec = CycleRecord(session.root_gen, acc.nodes, tree.drafted_depth, acc.tree_depth, tree.width, a, dict(tree.info))
+    next_tokens = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
+    return CycleOutcome(
+        read.root, read.tokens, rec, feats.index_select(1, keep), positions, next_tokens,
+        read.extra[0] if entropy else None, (drafted, verified, clock.mark()), session.forwards,
+    )  # fmt: skip
 
 
 def ar_cycle(
-    target: Target, root: int, g: int, sp: SamplingParams, generator: torch.Generator | None, clock: Clock
+    target: Target,
+    root: torch.Tensor,
+    g: int,
+    sp: SamplingParams,
+    generator: torch.Generator | None,
+    clock: Clock,
+    entropy: bool = False,
 ) -> CycleOutcome:
-    """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``models.base.ar_step``)."""
-    t = clock.now()
+    """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``models.base.ar_step``);
+    its token and the root's (and the entropy for a gate) are read at once."""
+    start = clock.mark()
     bonus, last, feats = ar_step(target, root, g + 1, sp, generator)
     positions = target.next_pos[:, None] - 1
-    return CycleOutcome([bonus], CycleRecord(g, 1, 0, 0, 0, 0), feats, positions, last, 0.0, clock.now() - t, 0)
+    head = [root.view(()), bonus] + ([DraftGate.entropy(last)] if entropy else [])
+    values = torch.stack([x.to(torch.float64) for x in head]).tolist()
+    done = clock.mark()
+    return CycleOutcome(
+        int(values[0]), [int(values[1])], CycleRecord(g, 1, 0, 0, 0, 0), feats, positions, bonus.view(1),
+        values[2] if entropy else None, (start, done, done), 0,
+    )  # fmt: skip
 
 
 @torch.no_grad()
@@ -123,7 +163,7 @@ def generate(
     rule: AcceptanceRule = EXACT,
 ) -> GenerationResult:
     """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models);
-    a tree policy runs cycles with the EAGLE ``drafter`` (``policy.uses_drafter`` False → AR decoding)."""
+    a tree policy runs cycles with the ``drafter`` (``policy.uses_drafter`` False → AR decoding)."""
     if isinstance(policy, LoopPolicy):
         return policy.generate(target, drafter, inputs, sp, generator, rule)
     if not policy.uses_drafter or drafter is None:
@@ -132,47 +172,63 @@ def generate(
     gate = policy.gate
     if gate is not None:
         gate.reset()
-    clock, n_gen, R = Clock(target.device), target.layout.num_gen_tokens, 0
+    clock, n_gen = Clock(target.device), target.layout.num_gen_tokens
     t0 = clock.now()
-    root, res = prefill(target, inputs, sp, policy.max_nodes(), generator)
+    begin = clock.mark()
+    root, _, out = prefill(target, drafter, inputs, sp, policy.max_nodes(), policy.max_draft_slots(), generator)
+    prefilled = clock.mark()
     R = target.rows
-    drafter.reset(R, res.features.shape[1] + n_gen + max(policy.max_nodes(), policy.max_draft_slots()) + 1)
-    root_embed = target.embed_tokens(torch.tensor([root]))[None].expand(R, 1, -1)
-    out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
-    t_prefill = clock.now() - t0
-    tokens, cycles, draft_s, verify_s, drafter_forwards = [root], [], 0.0, 0.0, 1
-    pending: list[tuple[torch.Tensor, torch.Tensor]] = []  # (features, positions) of slots the drafter has not seen
-    pending_tokens: list[int] = []  # their next tokens x_{t+1}
+    tokens: list[int] = [-1]  # the root's value is read with the first cycle (its tokens follow it)
+    root_t = root.view(1)
+    cycles: list[CycleRecord] = []
+    marks: list[tuple[Any, Any, Any, Any]] = []  # per cycle: start, drafted, verified, done
+    drafter_forwards = 1
+    pending: list[CycleOutcome] = []  # committed slots the drafter has not seen (f_t, positions, x_{t+1})
     b: int | None = None  # the gate's entropy bin of the next root (None: unknown)
     while len(tokens) < n_gen:
         g = len(tokens) - 1
         room = n_gen - len(tokens) - 1  # drafts stop one short of the image end: the last token is a bonus
+        start = clock.mark()
         if room >= 1 and (gate is None or gate.draft(b)):
-            t = clock.now()
             if pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
-                feats, positions = pending[0] if len(pending) == 1 else (torch.cat(x, 1) for x in zip(*pending))
-                embeds = target.embed_tokens(torch.tensor(pending_tokens))[None].expand(R, -1, -1).to(feats.dtype)
+                feats, positions, nxt = (
+                    (pending[0].features, pending[0].positions, pending[0].next_tokens) if len(pending) == 1
+                    else (torch.cat([c.features for c in pending], 1), torch.cat([c.positions for c in pending], 1),
+                          torch.cat([c.next_tokens for c in pending]))
+                )  # fmt: skip
+                embeds = target.embed_tokens(nxt)[None].expand(R, -1, -1).to(feats.dtype)
                 out = drafter.extend(feats, embeds, positions)
-                pending, pending_tokens, drafter_forwards = [], [], drafter_forwards + 1
-            session = DraftSession(drafter, target, sp, tokens[-1], g, target.next_pos.clone(), out, generator)
-            draft_s += clock.now() - t
-            c = speculative_cycle(target, session, policy, sp, rule, generator, room, clock)
+                pending, drafter_forwards = [], drafter_forwards + 1
+            session = DraftSession(drafter, target, sp, root_t, g, target.next_pos, out, generator)
+            c = speculative_cycle(target, session, policy, sp, rule, generator, room, clock, gate is not None)
             if gate is not None:
                 gate.observe(b, len(c.tokens))
         else:
-            c = ar_cycle(target, tokens[-1], g, sp, generator, clock)
-        t = clock.now()
+            c = ar_cycle(target, root_t, g, sp, generator, clock, gate is not None)
+        if tokens[0] < 0:
+            tokens[0] = c.root
         tokens += c.tokens
         cycles.append(c.record)
+        marks.append((start, *c.marks))
+        root_t = c.next_tokens[-1:]
         if gate is not None:
-            b = gate.bin_of(c.last_logits)
+            b = gate.bin_of_entropy(c.entropy) if c.entropy is not None else None
         if len(tokens) < n_gen:
-            pending.append((c.features, c.positions))
-            pending_tokens += c.tokens
-        draft_s, verify_s = draft_s + c.draft_s + clock.now() - t, verify_s + c.verify_s
+            pending.append(c)
         drafter_forwards += c.drafter_forwards
     latency = clock.now() - t0
+    if tokens[0] < 0:  # a one-token image: no cycle read the root
+        tokens[0] = int(root)
+    t_prefill = clock.seconds(begin, prefilled)
+    draft_s = sum(clock.seconds(s, d) + clock.seconds(v, e) for s, d, v, e in marks)
+    verify_s = sum(clock.seconds(d, v) for _, d, v, _ in marks)
     stats = {} if gate is None else {"gated_steps": gate.skips}
     return GenerationResult(
         tokens[:n_gen], cycles, latency, t_prefill, draft_s, verify_s, target.forwards, drafter_forwards, stats
     )
+
+
+@lru_cache(maxsize=256)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device`` (cached, never written)."""
+    return torch.arange(n, device=device)

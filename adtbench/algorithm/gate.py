@@ -52,10 +52,21 @@ class DraftGate:
         self.skips = 0
 
     @staticmethod
-    def bin_of(logits: torch.Tensor) -> int:
-        """Entropy bin of ``softmax(logits)`` (processed logits ``[V]``, −inf outside the support)."""
-        h = float(torch.special.entr(logits.softmax(-1)).sum())
+    def entropy(logits: torch.Tensor) -> torch.Tensor:
+        """H(softmax(logits)) in nats, ``[]`` on the logits' device (processed logits ``[V]``, −inf outside the
+        support): the engine reads it with the cycle's outcome."""
+        h: torch.Tensor = torch.special.entr(logits.softmax(-1)).sum()
+        return h
+
+    @staticmethod
+    def bin_of_entropy(h: float) -> int:
+        """Entropy bin of an entropy ``h`` (nats): ``sampling.ENTROPY_EDGES``."""
         return int(np.searchsorted(ENTROPY_EDGES, h, side="right"))
+
+    @classmethod
+    def bin_of(cls, logits: torch.Tensor) -> int:
+        """Entropy bin of ``softmax(logits)`` (reads the device)."""
+        return cls.bin_of_entropy(float(cls.entropy(logits)))
 
     def draft(self, b: int | None) -> bool:
         """Draft this cycle? ``b``: the root's bin (None: unknown, e.g. right after the prefill → draft)."""

@@ -177,37 +177,41 @@ class LanternRule(AcceptanceRule):
         r = self.relax(p[None], torch.tensor([x], device=p.device))
         return r.neighbours[0, : int(r.mstar[0])].tolist()
 
-    # --- AcceptanceRule hooks ---------------------------------------------------------------------------
+    # --- AcceptanceRule hooks (rows on any device; the base class derives the scalar ones) -----------------------
     def greedy_accept(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         exact = logits.argmax(-1) == tokens
         p = logits.softmax(-1)
         r = self.relax(p, tokens)
-        moved = r.extra > 0
-        if not bool(moved.any()):
-            return exact
-        rows = torch.arange(tokens.numel(), device=p.device)
-        p_mod = p.clone()
-        p_mod[rows, tokens] = p[rows, tokens] + r.extra
-        return torch.where(moved, p_mod.argmax(-1) == tokens, exact)
+        p_mod = p.scatter_add(1, tokens[:, None], r.extra[:, None])  # p̃(x) at x, p elsewhere
+        return torch.where(r.extra > 0, p_mod.argmax(-1) == tokens, exact)
 
-    def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
-        r = self.relax(p[None], torch.tensor([x], device=p.device))
-        mstar = int(r.mstar[0])
-        residual = p.clone()
-        residual[x] = 0.0
-        if self.reference_residual and mstar > 0:
-            ref = residual.clone()
-            ref[r.neighbours[0, : self.k + 1]] = 0.0
-            if float(ref.sum()) > 0:
-                return float(p[x] + r.extra[0]), ref
-        residual[r.neighbours[0, :mstar]] = 0.0
-        return float(p[x] + r.extra[0]), residual
+    def _first(self, r: Relaxation, cols: int, upto: torch.Tensor) -> torch.Tensor:
+        """Bool ``[m, cols]``: neighbour column i < ``upto`` (per row) and the draft an image token."""
+        i = torch.arange(cols, device=upto.device)
+        return (i[None] < upto[:, None]) & r.valid[:, None]
 
-    def with_proposal(self, p: torch.Tensor, x: int, q: torch.Tensor) -> tuple[float, torch.Tensor]:
-        r = self.relax(p[None], torch.tensor([x], device=p.device))
-        qx = float(q[x])
-        accept = 1.0 if qx <= 0.0 else min(1.0, float(p[x] + r.extra[0]) / qx)
-        if self.reference_residual and int(r.mstar[0]) > 0:
-            q = q.clone()
-            q[r.neighbours[0, : self.k + 1]] = 0.0
+    def point_mass_rows(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.relax(p, x)
+        accept = p.gather(1, x[:, None])[:, 0] + r.extra
+        nbr = r.neighbours[:, : self.k]
+        residual = p.scatter(1, x[:, None], 0.0)
+        principled = residual.scatter(
+            1, nbr, torch.where(self._first(r, self.k, r.mstar), 0.0, residual.gather(1, nbr))
+        )
+        if not self.reference_residual:
+            return accept, principled
+        wide = r.neighbours[:, : self.k + 1]
+        drop = self._first(r, wide.shape[1], torch.where(r.mstar > 0, wide.shape[1], 0))
+        ref = residual.scatter(1, wide, torch.where(drop, 0.0, residual.gather(1, wide)))
+        return accept, torch.where((ref.sum(-1) > 0)[:, None], ref, principled)
+
+    def proposal_rows(
+        self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r = self.relax(p, x)
+        accept = torch.where(qx > 0, ((px + r.extra) / qx).clamp_max(1.0), 1.0)
+        if self.reference_residual:
+            wide = r.neighbours[:, : self.k + 1]
+            drop = self._first(r, wide.shape[1], torch.where(r.mstar > 0, wide.shape[1], 0))
+            q = q.scatter(1, wide, torch.where(drop, 0.0, q.gather(1, wide)))
         return accept, (p - q).clamp_min(0.0)

@@ -62,7 +62,9 @@ class GenerationResult:
 
 
 class Clock:
-    """Accumulating wall clock; synchronises CUDA before each reading when ``sync``."""
+    """Wall clock of a decode loop. ``now()`` synchronises CUDA first (image boundaries: the latency); ``mark()``
+    timestamps a point inside the loop without synchronising (a recorded CUDA event on a GPU, ``perf_counter`` on the
+    CPU), and ``seconds(a, b)`` turns two marks into seconds once the device has passed both (after a ``now()``)."""
 
     def __init__(self, device: torch.device) -> None:
         self.sync = device.type == "cuda"
@@ -71,3 +73,13 @@ class Clock:
         if self.sync:
             torch.cuda.synchronize()
         return time.perf_counter()
+
+    def mark(self) -> Any:
+        if not self.sync:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, a: Any, b: Any) -> float:
+        return float(b - a) if not self.sync else 1e-3 * float(a.elapsed_time(b))

@@ -55,30 +55,42 @@ def cfg_mix(logits: torch.Tensor, scale: float) -> torch.Tensor:
     return uncond + scale * (cond - uncond)
 
 
-@lru_cache(maxsize=32)
-def _image_bias(vocab: int, offset: int, codes: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """Additive ``[V]`` row: 0 on image tokens, −inf elsewhere (one add instead of a mask per call)."""
+@lru_cache(maxsize=64)
+def _allowed_bias(
+    vocab: int, offset: int, codes: int, forced: int, device: torch.device, dtype: torch.dtype
+) -> torch.Tensor:
+    """Additive ``[V]`` row: 0 on the allowed tokens, −inf elsewhere (one add instead of a mask per call). Allowed:
+    the image tokens, or the single ``forced`` token when ``forced ≥ 0``."""
     bias = torch.full((vocab,), NEG_INF, dtype=dtype, device=device)
-    bias[offset : offset + codes] = 0.0
+    if forced >= 0:
+        bias[forced] = 0.0
+    else:
+        bias[offset : offset + codes] = 0.0
     return bias
 
 
-def constrain(logits: torch.Tensor, gen_idx: torch.Tensor, layout: TokenLayout) -> torch.Tensor:
+def _bias(layout: TokenLayout, forced: int, like: torch.Tensor) -> torch.Tensor:
+    return _allowed_bias(
+        layout.vocab_size, layout.image_token_offset, layout.num_codes, forced, like.device, like.dtype
+    )
+
+
+def constrain(logits: torch.Tensor, gen_idx: torch.Tensor | int, layout: TokenLayout) -> torch.Tensor:
     """Mask ``[n, V]`` logits to image tokens, or to the forced token where ``gen_idx`` forces one.
 
-    Allowed logits keep their exact values (x + 0 = x); the rest become −inf.
+    Allowed logits keep their exact values (x + 0 = x); the rest become −inf. ``gen_idx``: the generation index of
+    each row (a tensor ``[n]``), or one index for every row (an int: the constraint is chosen on the host, one add).
+    Either way no device value is read: a tensor index picks each row's additive row from a small table.
     """
-    bias = _image_bias(layout.vocab_size, layout.image_token_offset, layout.num_codes, logits.device, logits.dtype)
-    out = logits + bias
+    if isinstance(gen_idx, int):
+        return logits + _bias(layout, layout.forced_token(gen_idx), logits)
     if layout.eol_token is None and layout.eoi_token is None:
-        return out
-    forced = layout.forced_tokens(gen_idx.to(logits.device))
-    rows = (forced >= 0).nonzero(as_tuple=True)[0]
-    if rows.numel():
-        cols = forced[rows]
-        out[rows] = NEG_INF
-        out[rows, cols] = logits[rows, cols]
-    return out
+        return logits + _bias(layout, -1, logits)
+    # rows of the table: image tokens, then one per forced token (EOL, EOI); kind = which row a generation index uses
+    forced = [t for t in (layout.eol_token, layout.eoi_token) if t is not None]
+    table = torch.stack([_bias(layout, -1, logits), *(_bias(layout, t, logits) for t in forced)])
+    kind = layout.forced_kind(gen_idx.to(logits.device))
+    return logits + table[kind]
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -100,17 +112,74 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(drop, NEG_INF)
 
 
-def process_logits(raw: torch.Tensor, gen_idx: torch.Tensor, layout: TokenLayout, sp: SamplingParams) -> torch.Tensor:
+def process_logits(
+    raw: torch.Tensor, gen_idx: torch.Tensor | int, layout: TokenLayout, sp: SamplingParams
+) -> torch.Tensor:
     """Raw ``[R, n, V]`` logits → processed ``[n, V]`` logits (−inf outside the support).
 
-    ``gen_idx[i]`` is the generation index of the token *predicted* by row i.
+    ``gen_idx[i]`` is the generation index of the token *predicted* by row i (an int: the same for every row).
+    Temperature 1 divides by nothing (``x / 1 = x`` bit for bit).
     """
     dtype = torch.promote_types(raw.dtype, torch.float32)
     x = constrain(cfg_mix(raw.to(dtype), sp.cfg_scale), gen_idx, layout)
     if sp.greedy:
         return x
-    x = x / sp.temperature
+    if sp.temperature != 1.0:
+        x = x / sp.temperature
     return top_p_filter(top_k_filter(x, sp.top_k), sp.top_p)
+
+
+# --- draws on the generator's device (the decode loop's hot path: no host copy) ----------------------------------
+
+
+def _draw(fill: str, shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """float64 random numbers of ``shape`` on ``device``, drawn by ``generator`` on *its* device (a CPU generator for
+    CUDA data draws on the CPU and copies; None: the default generator of ``device``). ``fill``: a ``Tensor`` in-place
+    sampler (``uniform_``, ``exponential_``)."""
+    where = device if generator is None else generator.device
+    out: torch.Tensor = getattr(torch.empty(shape, dtype=torch.float64, device=where), fill)(generator=generator)
+    return out if out.device == device else out.to(device)
+
+
+def uniforms(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """U[0, 1) draws (float64) on ``device`` (:func:`_draw`)."""
+    return _draw("uniform_", shape, generator, device)
+
+
+def exponentials(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """Exp(1) draws (float64) on ``device`` (:func:`_draw`); ``−log E`` is a standard Gumbel."""
+    return _draw("exponential_", shape, generator, device)
+
+
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row of (possibly unnormalised) probabilities ``[..., V]`` on their device: the exponential race
+    ``argmax_v p_v / E_v`` with E i.i.d. Exp(1) — the categorical law exactly (``P(argmin E_v / p_v = v) =
+    p_v / Σp``); zero-probability entries are never drawn. Returns long ``[...]``."""
+    race = probs.to(torch.float64) / exponentials(tuple(probs.shape), generator, probs.device)
+    token: torch.Tensor = race.argmax(-1)
+    return token
+
+
+def gumbel_top_k(
+    logprobs: torch.Tensor, k: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` draws without replacement from each row of ``softmax(logprobs)`` ``[m, V]``, in draw order, on the rows'
+    device: the k largest keys ``logprobs − log E`` (Gumbel-top-k, Kool et al. 2019). Returns (tokens ``[m, k]``,
+    drawn ``[m, k]`` bool: False where a row has fewer than k tokens of positive probability — those entries hold no
+    draw)."""
+    keys = logprobs.to(torch.float64) - exponentials(tuple(logprobs.shape), generator, logprobs.device).log()
+    top = keys.topk(min(k, keys.shape[-1]), dim=-1)
+    return top.indices, top.values > NEG_INF
+
+
+def next_token_tensor(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
+    """AR next token from processed logits ``[V]`` as a device tensor ``[]`` (argmax, or a draw): no host read."""
+    if sp.greedy:
+        return processed.argmax(-1)
+    return sample_rows(processed.softmax(-1), generator)
+
+
+# --- host draws (the reference paths and the loops that decide on the host: ZipAR, MuLo-SD) -----------------------
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -130,10 +199,9 @@ def sample_np(p: np.ndarray, generator: torch.Generator | None) -> int:
 
 
 def next_token(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> int:
-    """AR next token from processed logits ``[V]``: argmax (greedy) or a sample."""
-    if sp.greedy:
-        return int(processed.argmax())
-    return sample(processed.softmax(-1), generator)
+    """``next_token_tensor`` read to the host (the loops that decide on the host: ZipAR, MuLo-SD): the same draws as
+    the AR baseline's, so a seeded generator gives the same tokens through either."""
+    return int(next_token_tensor(processed, sp, generator))
 
 
 # --- SamplingParams from config (the one builder; ``adtbench.harness.config`` re-exports it) ------------------------

@@ -1,89 +1,115 @@
 """Draft trees: the data a policy proposes and the target verifies.
 
 A ``DraftTree`` of n nodes is given by ``tokens[n]`` and ``parents[n]`` with node 0 the root (the token the
-target chose last cycle, not yet in its KV cache) and ``parents[0] = -1``.
+target chose last cycle, not yet in its KV cache) and ``parents[0] = -1``. Every tensor lives on the device the
+tree was built on (the drafter's): a policy builds the tree there and the engine verifies it there, so no tree
+tensor crosses to the host during a cycle.
 
-Invariants (checked by ``DraftTree.__post_init__``)
+Invariants (built in by the policies' builders; checked by ``DraftTree`` for trees given host parents)
 - parents precede children: ``parents[j] < j`` for j ≥ 1;
 - siblings appear in proposal order (rank order for top-k trees, draw order for sampled trees);
 - ``depth[j] = depth[parents[j]] + 1``, ``depth[0] = 0``;
 - ``ancestor_mask[i, j]`` is True iff j is i or an ancestor of i (the ancestor closure), so
-  ``depth = ancestor_mask.sum(1) − 1``.
+  ``depth = ancestor_mask.sum(1) − 1``;
+- ``alive[j]`` is False for a node the drafter gave probability 0 (a top-k rank past the drafter's support, a
+  Gumbel key of −inf) and for every descendant of one: such nodes keep the tree's shape static but are never
+  accepted (the host-side builders of earlier versions dropped them).
 
-Sampled trees (drafts drawn *without replacement* from the drafter's distribution) carry ``proposal[u]``:
-the drafter's processed distribution at node u from which u's children were drawn, in draw order. Trees
-without it are point-mass (deterministic top-k) proposals.
+Sampled trees (drafts drawn *without replacement* from the drafter's distribution) carry ``proposal [n, V]``:
+row u is the drafter's processed distribution at node u from which u's children were drawn, in draw order (rows
+of nodes without children are unused). Trees without it are point-mass (deterministic top-k) proposals.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 
 import numpy as np
 import torch
 
 
-@dataclass
 class DraftTree:
-    tokens: torch.Tensor  # long [n]
-    parents: list[int]
-    drafted_depth: int  # D: sequential draft levels the drafter ran this cycle (d̄ in the ADT-Tree paper)
-    width: int = 0  # K: top-k / branching used by the policy (trace only)
-    proposal: dict[int, torch.Tensor] | None = None  # node → drafter probs over its children (sampled trees)
-    info: dict[str, float | int | str] = field(default_factory=dict)  # policy-specific trace fields
+    """One cycle's draft tree (module docstring). ``drafted_depth`` D: sequential drafter levels run this cycle
+    (d̄ in the ADT-Tree paper); ``width`` K: the policy's top-k / branching (trace only); ``info``: policy trace
+    fields (host values). ``depth``, ``ancestor_mask`` and ``max_children`` may be given by a builder that knows
+    them (static shapes); otherwise they are derived from ``parents``."""
 
-    def __post_init__(self) -> None:
-        n = len(self.parents)
-        if self.tokens.numel() != n or n < 1 or self.parents[0] != -1:
-            raise ValueError("tree needs tokens[n], parents[n] with parents[0] == -1")
-        par = np.asarray(self.parents, dtype=np.int64)
-        bad = np.flatnonzero((par[1:] < 0) | (par[1:] >= np.arange(1, n)))
-        if bad.size:
-            j = int(bad[0]) + 1
-            raise ValueError(f"node {j} has parent {self.parents[j]}: parents must precede children")
-        self._par = par
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        parents: torch.Tensor | Sequence[int],
+        drafted_depth: int,
+        width: int = 0,
+        proposal: torch.Tensor | Mapping[int, torch.Tensor] | None = None,
+        info: dict[str, float | int | str] | None = None,
+        *,
+        alive: torch.Tensor | None = None,
+        depth: torch.Tensor | None = None,
+        ancestor_mask: torch.Tensor | None = None,
+        max_children: int | None = None,
+    ) -> None:
+        dev = tokens.device
+        self.tokens = tokens
+        self.drafted_depth, self.width = drafted_depth, width
+        self.info: dict[str, float | int | str] = {} if info is None else info
+        self.alive = alive
+        n = tokens.numel()
+        if isinstance(parents, torch.Tensor):
+            self.parents = parents.to(dev)
+            host: np.ndarray | None = None
+        else:  # host parents (tests, host-built trees): checked, and the static structure is derived on the host
+            host = np.asarray(list(parents), dtype=np.int64)
+            _check_parents(host, n)
+            self.parents = torch.from_numpy(host).to(dev)
+        if depth is None or ancestor_mask is None:
+            if host is None:
+                host = self.parents.cpu().numpy()
+            d, anc = _ancestry(host)
+            depth = torch.from_numpy(d).to(dev) if depth is None else depth
+            ancestor_mask = torch.from_numpy(anc).to(dev) if ancestor_mask is None else ancestor_mask
+        self.depth, self.ancestor_mask = depth, ancestor_mask
+        self._max_children = max_children
+        if isinstance(proposal, Mapping):
+            rows = torch.zeros(n, next(iter(proposal.values())).numel(), dtype=torch.float64, device=dev)
+            for u, q in proposal.items():
+                rows[u] = q.to(dev, torch.float64)
+            proposal = rows
+        self.proposal = proposal
 
     @property
     def size(self) -> int:
-        return len(self.parents)
+        return self.tokens.numel()
 
+    # --- host views (reference verifier, sampled-tree bookkeeping, tests): each reads the device once -----------
     @cached_property
-    def _ancestry(self) -> tuple[np.ndarray, np.ndarray]:
-        """(depth [n], ancestor closure [n, n]), shared by trees of the same shape (static trees repeat theirs every
-        cycle): from a bounded per-process cache, else :func:`_ancestry_of`. Never written to."""
-        key = tuple(self.parents)
-        hit = _ANCESTRY.get(key)
-        if hit is None:
-            if len(_ANCESTRY) >= _ANCESTRY_MAX:
-                _ANCESTRY.clear()
-            hit = _ANCESTRY[key] = _ancestry_of(self._par)
-        return hit
-
-    @cached_property
-    def depth(self) -> torch.Tensor:
-        return torch.from_numpy(self._ancestry[0])
+    def parent_list(self) -> list[int]:
+        return [int(p) for p in self.parents.tolist()]
 
     @property
     def max_depth(self) -> int:
-        """Realised depth d after reranking (root at depth 0)."""
-        return int(self.depth.max())
+        """Realised depth d after reranking (root at depth 0), over the live nodes."""
+        depth = self.depth if self.alive is None else self.depth * self.alive
+        return int(depth.max())
 
     @cached_property
     def children(self) -> list[list[int]]:
         kids: list[list[int]] = [[] for _ in range(self.size)]
-        for j in range(1, self.size):
-            kids[self.parents[j]].append(j)
+        for j, p in enumerate(self.parent_list[1:], start=1):
+            kids[p].append(j)
         return kids
 
-    @cached_property
-    def ancestor_mask(self) -> torch.Tensor:
-        return torch.from_numpy(self._ancestry[1])
+    @property
+    def max_children(self) -> int:
+        """The most children any node has (the acceptance loop's length); given by static builders."""
+        if self._max_children is None:
+            self._max_children = max((len(k) for k in self.children), default=0)
+        return self._max_children
 
     def path_to(self, node: int) -> list[int]:
         path = [node]
-        while self.parents[path[-1]] >= 0:
-            path.append(self.parents[path[-1]])
+        while self.parent_list[path[-1]] >= 0:
+            path.append(self.parent_list[path[-1]])
         return path[::-1]
 
     def retrieve_indices(self, sampling_order: bool = False) -> torch.Tensor:
@@ -93,7 +119,7 @@ class DraftTree:
         which is EAGLE-2's order when sampling.
         """
         leaves = [j for j in range(self.size) if not self.children[j]]
-        width = self.max_depth + 1
+        width = int(self.depth.max()) + 1
         rows = [self.path_to(j) + [-1] * (width - len(self.path_to(j))) for j in leaves]
         if sampling_order:
             big = self.size + 1
@@ -101,9 +127,29 @@ class DraftTree:
         return torch.tensor(rows, dtype=torch.long)
 
 
+def _check_parents(par: np.ndarray, n: int) -> None:
+    if par.size != n or n < 1 or par[0] != -1:
+        raise ValueError("tree needs tokens[n], parents[n] with parents[0] == -1")
+    bad = np.flatnonzero((par[1:] < 0) | (par[1:] >= np.arange(1, n)))
+    if bad.size:
+        j = int(bad[0]) + 1
+        raise ValueError(f"node {j} has parent {int(par[j])}: parents must precede children")
+
+
+def _ancestry(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(depth [n], ancestor closure [n, n]) of a host parent array: from a bounded per-process cache (static trees
+    repeat their shape every cycle), else :func:`_ancestry_of`. Never written to."""
+    key = par.tobytes()
+    hit = _ANCESTRY.get(key)
+    if hit is None:
+        if len(_ANCESTRY) >= _ANCESTRY_MAX:
+            _ANCESTRY.clear()
+        hit = _ANCESTRY[key] = _ancestry_of(par)
+    return hit
+
+
 def _ancestry_of(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(depth [n], ancestor closure [n, n]) of a parent array by pointer jumping: one vectorised step per level.
-    Trees of one shape share these arrays (and the tensors viewing them): nothing may write to them."""
+    """(depth [n], ancestor closure [n, n]) of a parent array by pointer jumping: one vectorised step per level."""
     n = par.size
     mask = np.eye(n, dtype=bool)
     depth = np.zeros(n, dtype=np.int64)
@@ -118,10 +164,24 @@ def _ancestry_of(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return depth, mask
 
 
-_ANCESTRY: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+_ANCESTRY: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 _ANCESTRY_MAX = 4096
 
 
-def root_only(token: int) -> DraftTree:
-    """The one-node tree of plain AR decoding."""
-    return DraftTree(tokens=torch.tensor([token], dtype=torch.long), parents=[-1], drafted_depth=0, width=0)
+def ancestry_on_device(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(depth ``[n]``, ancestor closure ``[n, n]`` bool) of a device parent array whose depth is at most
+    ``max_depth``, on its device without a host read: ``max_depth`` pointer-jumping steps (the root is its own
+    parent, so a finished chain keeps marking the root column, which every row holds anyway)."""
+    n = parents.numel()
+    up = parents.clamp_min(0)
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    cur = up
+    for _ in range(max_depth):
+        anc.scatter_(1, cur[:, None], True)
+        cur = up[cur]
+    return anc.sum(1) - 1, anc
+
+
+def root_only(token: torch.Tensor) -> DraftTree:
+    """The one-node tree of plain AR decoding (``token``: ``[1]`` long on the device)."""
+    return DraftTree(token.view(1), [-1], drafted_depth=0, width=0)

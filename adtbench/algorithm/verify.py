@@ -24,24 +24,38 @@ Sampling, proposals drawn without replacement (sampled trees, true q)
     follows p.
 
 Relaxations (LANTERN) change only the ``AcceptanceRule``.
+
+Two implementations of these laws. ``accept`` decides on the tree's device with no host read (the decode loop's;
+the host learns the outcome in the cycle's one read): greedy and exact point mass in closed form — with one uniform
+U per node, child c of u (siblings in order, duplicates skipped) is accepted iff Σ_{c' before c} p_u(x_c') ≤ U <
+Σ_{c' up to c} p_u(x_c'), the law of the sequential walk, since P(accept the i-th) = Π_{j<i}(1 − p_j)·p_i/Π... = p(x_i)
+(each rejection renormalises p by 1 − p(x_j), which the next acceptance divides back out, so the i-th child is
+accepted with probability p(x_i)) — and every other rule (proposals, LANTERN) by a loop over child ranks, vectorised
+over nodes. ``verify_tree`` walks the tree on float64 host copies: the reference the device path is tested equal to
+in law.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import torch
 
-from adtbench.algorithm.sampling import sample, sample_np
+from adtbench.algorithm.sampling import sample, sample_np, sample_rows, uniforms
 from adtbench.algorithm.tree import DraftTree
 
 
 @dataclass(frozen=True)
 class Acceptance:
+    """What the host learns of one verified tree (the engine's one read per cycle; the reference verifier's result)."""
+
     path: list[int]  # accepted node ids, root first
     bonus: int  # token chosen by the target after the last accepted node
+    tree_depth: int = 0  # realised depth d of the verified tree (its live nodes)
+    nodes: int = 1  # live nodes verified, root included
 
     @property
     def accepted(self) -> int:
@@ -59,8 +73,12 @@ class HostProposal:
 
 
 class AcceptanceRule:
-    """Exact (lossless) acceptance. Subclasses relax it (LANTERN) by overriding the three hooks, and declare
-    with :meth:`host_proposal` whether their proposal step may run on the host fast path."""
+    """Exact (lossless) acceptance. Subclasses relax it (LANTERN) by overriding the hooks, and declare with
+    :meth:`host_proposal` whether their proposal step may run on the host fast path.
+
+    The row hooks (``greedy_accept``, ``point_mass_rows``, ``proposal_rows``) are the rule, vectorised over rows on
+    any device; the scalar hooks (``point_mass``, ``with_proposal``) are the same rule on one row for the host
+    reference loop."""
 
     name = "exact"
     lossless = True
@@ -69,23 +87,37 @@ class AcceptanceRule:
         """Bool ``[m]``: does node row ``logits[i]`` (processed, ``[m, V]``) accept draft ``tokens[i]``?"""
         return logits.argmax(-1) == tokens
 
+    def point_mass_rows(self, p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of probabilities ``p [m, V]`` and point-mass draft ``x [m]``: the acceptance probability ``[m]`` and
+        the unnormalised residual ``[m, V]`` (here p(x), and p with x zeroed)."""
+        px = p.gather(1, x[:, None])
+        return px[:, 0], p.scatter(1, x[:, None], 0.0)
+
+    def proposal_rows(
+        self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row: draft ``x`` drawn from ``q``; ``px``, ``qx`` its probabilities. The acceptance probability
+        ``min(1, p(x)/q(x))`` (1 where q(x) = 0) and the unnormalised residual ``max(p − q, 0)``."""
+        accept = torch.where(qx > 0, (px / qx).clamp_max(1.0), 1.0)
+        return accept, (p - q).clamp_min(0.0)
+
     def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
         """Acceptance probability of a point-mass draft x under target p, and the unnormalised residual."""
-        residual = p.clone()
-        residual[x] = 0.0
-        return float(p[x]), residual
+        accept, residual = self.point_mass_rows(p[None], torch.tensor([x], device=p.device))
+        return float(accept[0]), residual[0]
 
     def with_proposal(self, p: torch.Tensor, x: int, q: torch.Tensor) -> tuple[float, torch.Tensor]:
         """Acceptance probability of x drawn from q, and the unnormalised residual ``max(p − q, 0)``."""
-        qx = float(q[x])
-        accept = 1.0 if qx <= 0.0 else min(1.0, float(p[x]) / qx)
-        return accept, (p - q).clamp_min(0.0)
+        xs = torch.tensor([x], device=p.device)
+        accept, residual = self.proposal_rows(p[None], xs, q[None], p[x].view(1), q[x].view(1))
+        return float(accept[0]), residual[0]
 
     def host_proposal(self) -> HostProposal | None:
         """``with_proposal`` as a :class:`HostProposal`, or None when it is not of that form (then the verifier
         calls ``with_proposal`` itself). A subclass that overrides ``with_proposal`` gets None unless it overrides
         this too."""
-        return HostProposal() if type(self).with_proposal is AcceptanceRule.with_proposal else None
+        generic = type(self).with_proposal is AcceptanceRule.with_proposal
+        return HostProposal() if generic and type(self).proposal_rows is AcceptanceRule.proposal_rows else None
 
 
 EXACT = AcceptanceRule()
@@ -108,17 +140,24 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, rule: AcceptanceRule = 
     n = tree.size
     ok = torch.ones(n, dtype=torch.bool)
     if n > 1:
-        parents = torch.tensor(tree.parents[1:], dtype=torch.long, device=logits.device)
+        parents = tree.parents[1:].to(logits.device)
         ok[1:] = rule.greedy_accept(logits[parents], tree.tokens[1:].to(logits.device)).cpu()
+    if tree.alive is not None:
+        ok &= tree.alive.cpu()
     ok_list = ok.tolist()
     depth = tree.depth.tolist()
     best, best_depth = 0, 0
     path_ok = [True] * n
     for j in range(1, n):
-        path_ok[j] = ok_list[j] and path_ok[tree.parents[j]]
+        path_ok[j] = ok_list[j] and path_ok[tree.parent_list[j]]
         if path_ok[j] and depth[j] > best_depth:
             best, best_depth = j, depth[j]
-    return Acceptance(path=tree.path_to(best), bonus=int(logits[best].argmax()))
+    return _result(tree, tree.path_to(best), int(logits[best].argmax()))
+
+
+def _result(tree: DraftTree, path: list[int], bonus: int) -> Acceptance:
+    nodes = tree.size if tree.alive is None else int(tree.alive.sum())
+    return Acceptance(path, bonus, tree.max_depth, nodes)
 
 
 def verify_sampling(
@@ -130,6 +169,7 @@ def verify_sampling(
     """Multi-candidate recursive rejection (point-mass or without-replacement proposals)."""
     probs = logits.softmax(-1)
     tokens = tree.tokens.tolist()
+    alive = [True] * tree.size if tree.alive is None else tree.alive.tolist()
     draws = iter(_uniforms(tree.size, generator))
     proposal = tree.proposal
     host = rule.host_proposal() if proposal is not None else None
@@ -137,12 +177,12 @@ def verify_sampling(
     while True:
         p = probs[u]
         accepted = None
-        kids = tree.children[u]
-        if proposal is not None and host is not None and u in proposal and kids:
+        kids = [c for c in tree.children[u] if alive[c]]
+        if proposal is not None and host is not None and kids:
             accepted, pn = _proposal_children(probs[u], proposal[u], kids, tokens, draws, host.extra)
             if accepted is None:
-                return Acceptance(path=path, bonus=sample_np(pn, generator))
-        elif proposal is not None and u in proposal and kids:
+                return _result(tree, path, sample_np(pn, generator))
+        elif proposal is not None and kids:
             q = proposal[u].to(p)
             for c in kids:
                 x = tokens[c]
@@ -157,7 +197,7 @@ def verify_sampling(
         elif kids and _exact_point_mass(rule):
             accepted, pn = _point_mass_children(probs[u], kids, tokens, draws)
             if accepted is None:
-                return Acceptance(path=path, bonus=sample_np(pn, generator))
+                return _result(tree, path, sample_np(pn, generator))
         else:
             for c, x in _distinct_children(kids, tokens):
                 acc, residual = rule.point_mass(p, x)
@@ -166,7 +206,7 @@ def verify_sampling(
                     break
                 p = _normalise(residual, p)
         if accepted is None:
-            return Acceptance(path=path, bonus=sample(p, generator))
+            return _result(tree, path, sample(p, generator))
         path.append(accepted)
         u = accepted
 
@@ -183,7 +223,8 @@ def _distinct_children(kids: list[int], tokens: list[int]) -> Iterator[tuple[int
 
 def _exact_point_mass(rule: AcceptanceRule) -> bool:
     """Is ``rule``'s point-mass step the exact one (so :func:`_point_mass_children` may stand in for it)?"""
-    return type(rule).point_mass is AcceptanceRule.point_mass
+    cls = type(rule)
+    return cls.point_mass is AcceptanceRule.point_mass and cls.point_mass_rows is AcceptanceRule.point_mass_rows
 
 
 def _proposal_children(
@@ -253,3 +294,196 @@ def verify_tree(
     if greedy:
         return verify_greedy(tree, logits, rule)
     return verify_sampling(tree, logits, generator, rule)
+
+
+# --------------------------------------------------------------------------------------------------------
+# On the device: the same laws, no host read (module docstring)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    """One tree's acceptance on its device, before the host reads it: ``on_path [n]`` (the accepted nodes, root
+    included), ``last []`` (the deepest accepted node), ``bonus []`` (the token chosen after it) and ``bonus_logits
+    [V]`` (the processed row it was chosen from, whatever the rule zeroed afterwards: the next root's distribution)."""
+
+    on_path: torch.Tensor
+    last: torch.Tensor
+    bonus: torch.Tensor
+    bonus_logits: torch.Tensor
+
+
+@dataclass
+class CycleRead:
+    """The host's one read of a verified tree (``read_verdict``)."""
+
+    acceptance: Acceptance
+    root: int  # the root's token
+    tokens: list[int]  # the committed tokens after the root: accepted drafts, then the bonus
+    keep: torch.Tensor  # [a+1] the path's node ids on the device, root first
+    extra: list[float]  # the caller's extra scalars, in order
+
+
+def read_verdict(tree: DraftTree, verdict: Verdict, extra: Sequence[torch.Tensor] = ()) -> CycleRead:
+    """Pack what the host must learn of a verified tree into one small tensor and read it (one device sync): the
+    path — its node ids and tokens: the accepted nodes in node order (parents precede children), so at most
+    ``drafted_depth + 1`` — the bonus, the realised depth and live nodes, and the caller's ``extra`` scalars (e.g. the
+    draft gate's entropy)."""
+    order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices  # the path first, in node order
+    ids = order[: min(tree.size, tree.drafted_depth + 1)]
+    depth = tree.depth if tree.alive is None else tree.depth * tree.alive
+    nodes = tree.alive.sum() if tree.alive is not None else torch.full_like(verdict.last, tree.size)
+    head = [verdict.on_path.sum(), verdict.bonus, depth.max(), nodes, *extra]
+    packed = torch.cat([torch.stack([x.to(torch.float64) for x in head]), ids.to(torch.float64),
+                        tree.tokens[ids].to(torch.float64)])  # fmt: skip
+    values = packed.tolist()
+    k, h, w = int(values[0]), len(head), ids.numel()
+    bonus = int(values[1])
+    acc = Acceptance([int(x) for x in values[h : h + k]], bonus, int(values[2]), int(values[3]))
+    tokens = [int(x) for x in values[h + w + 1 : h + w + k]] + [bonus]
+    return CycleRead(acc, int(values[h + w]), tokens, ids[:k], values[4:h])
+
+
+def accept(
+    tree: DraftTree,
+    processed: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None = None,
+    rule: AcceptanceRule = EXACT,
+) -> Verdict:
+    """Verify ``tree`` against processed target logits ``[n, V]`` on their device (module docstring)."""
+    if tree.size == 1:
+        bonus = processed[0].argmax() if greedy else sample_rows(processed[0].softmax(-1), generator)
+        return Verdict(_root_flag(processed.device), processed.new_zeros((), dtype=torch.long), bonus, processed[0])
+    if greedy:
+        ok = rule.greedy_accept(processed.index_select(0, tree.parents[1:]), tree.tokens[1:])
+        return _finish(tree, processed, ok, None, generator)
+    p = processed.softmax(-1)
+    if tree.proposal is None and _exact_point_mass(rule):
+        return _closed_form(tree, processed, p, generator)
+    return _by_rank(tree, processed, p, generator, rule)
+
+
+def _live(tree: DraftTree, ok: torch.Tensor) -> torch.Tensor:
+    return ok if tree.alive is None else ok & tree.alive[1:]
+
+
+def _finish(
+    tree: DraftTree,
+    processed: torch.Tensor,
+    chosen: torch.Tensor,
+    residual: torch.Tensor | None,
+    generator: torch.Generator | None,
+) -> Verdict:
+    """From ``chosen [n − 1]`` (child j + 1 acceptable / accepted at its parent): the deepest node whose whole path
+    is chosen (first in node order on ties), and the bonus there — argmax (``residual`` None: greedy) or a draw from
+    that node's ``residual`` row."""
+    ok = torch.cat([_root_flag(chosen.device), _live(tree, chosen)])
+    path_ok = ~(tree.ancestor_mask & ~ok).any(1)
+    last = torch.where(path_ok, tree.depth, -1).argmax()
+    row = processed[last]
+    bonus = row.argmax() if residual is None else sample_rows(residual[last], generator)
+    return Verdict(tree.ancestor_mask[last], last, bonus, row)
+
+
+def _siblings(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``same [n−1, n−1]``: children j, j' share a parent; ``dup [n−1]``: an earlier sibling proposed the same
+    token — a rejected token has probability 0 in the residual, so trying it again only wastes a draw)."""
+    par, tok = tree.parents[1:], tree.tokens[1:]
+    same = par[:, None] == par[None]
+    before = _strictly_lower(par.numel(), par.device)
+    dup = (same & before & (tok[:, None] == tok[None])).any(1)
+    return same, dup
+
+
+def _closed_form(
+    tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+) -> Verdict:
+    """Exact point-mass rejection with one uniform per node (module docstring): child c of u is accepted iff U_u
+    falls in its slice ``[lo_c, lo_c + p_u(x_c))`` of the siblings' cumulative mass; the bonus at the last node u is
+    drawn from p_u with its children's tokens zeroed."""
+    par, tok = tree.parents[1:], tree.tokens[1:]
+    same, dup = _siblings(tree)
+    mass = torch.where(_live(tree, ~dup), p[par, tok], 0.0)
+    hi = (same & ~_strictly_lower(par.numel(), par.device).T).to(mass.dtype) @ mass  # Σ mass of siblings up to c
+    u = uniforms((tree.size,), generator, p.device).to(mass.dtype)[par]
+    chosen = (hi - mass <= u) & (u < hi) & (mass > 0)
+    # the residual of every node: p with its children's tokens zeroed (a node's own row only is ever drawn from)
+    residual = p.index_put((par, tok), torch.zeros((), dtype=p.dtype, device=p.device))
+    return _finish(tree, processed, chosen, residual, generator)
+
+
+def _by_rank(
+    tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None, rule: AcceptanceRule
+) -> Verdict:
+    """Recursive rejection, every node at once, one child rank per step: at step r each node that has a live r-th
+    child not preceded by an accepted one tries it under ``rule`` (point mass, or drawn from q when the tree has a
+    proposal); a rejection replaces the node's p by the normalised residual (and its q by q without the draft,
+    renormalised). The bonus at the last node is drawn from its final p.
+
+    One uniform U per node serves all its tries: given the rejections so far U is uniform on [lo, 1), so a try with
+    acceptance probability a accepts iff U < lo + a·(1 − lo), and a rejection moves lo there. For the exact point-mass
+    rule the thresholds are the closed form's cumulative masses: both use the same draws and take the same decisions
+    (so LANTERN at δ = 0 replays the exact rule seed for seed)."""
+    n, R = tree.size, tree.max_children
+    rank = _child_ranks(tree, R)  # [n, R] child node id, −1 where none
+    q = tree.proposal
+    if q is not None:
+        q = q.to(p.dtype)
+    else:
+        _, dup = _siblings(tree)
+    live = torch.cat([_root_flag(p.device), _live(tree, torch.ones_like(tree.parents[1:], dtype=torch.bool))])
+    if q is None:
+        live = live & ~torch.cat([_root_flag(p.device), dup])
+    u = uniforms((n,), generator, p.device).to(p.dtype)
+    lo = torch.zeros_like(u)
+    accepted = torch.full((n,), -1, dtype=torch.long, device=p.device)
+    for r in range(R):
+        c = rank[:, r]
+        cc = c.clamp_min(0)
+        x = tree.tokens[cc]
+        tries = (c >= 0) & live[cc] & (accepted < 0)
+        px = p.gather(1, x[:, None])[:, 0]
+        if q is None:
+            acc, residual = rule.point_mass_rows(p, x)
+        else:
+            qx = q.gather(1, x[:, None])[:, 0]
+            acc, residual = rule.proposal_rows(p, x, q, px, qx)
+            q = torch.where(tries[:, None], _normalise_rows(q.scatter(1, x[:, None], 0.0), q), q)
+        threshold = lo + acc * (1.0 - lo)
+        take = tries & (u < threshold)
+        rejected = tries & ~take
+        accepted = torch.where(take, cc, accepted)
+        lo = torch.where(rejected, threshold, lo)
+        p = torch.where(rejected[:, None], _normalise_rows(residual, p), p)
+    chosen = torch.zeros(n + 1, dtype=torch.bool, device=p.device)
+    chosen.scatter_(0, torch.where(accepted >= 0, accepted, n), True)
+    return _finish(tree, processed, chosen[1:n], p, generator)
+
+
+def _normalise_rows(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``residual / Σ residual`` per row; rows whose residual vanished (a measure-zero event: the rejected draft had
+    probability 1) keep ``fallback``."""
+    total = residual.sum(-1, keepdim=True)
+    return torch.where(total > 0, residual / total, fallback)
+
+
+def _child_ranks(tree: DraftTree, R: int) -> torch.Tensor:
+    """``[n, R]``: the node id of each node's r-th child (sibling order), −1 where it has fewer."""
+    n, par = tree.size, tree.parents[1:]
+    same = par[:, None] == par[None]
+    order = (same & _strictly_lower(n - 1, par.device)).sum(1)  # earlier siblings of each child
+    table = torch.full((n, max(R, 1)), -1, dtype=torch.long, device=par.device)
+    return table.index_put_((par, order), torch.arange(1, n, device=par.device))
+
+
+@lru_cache(maxsize=64)
+def _root_flag(device: torch.device) -> torch.Tensor:
+    """``[True]`` on ``device`` (the root is always accepted; cached, never written)."""
+    return torch.ones(1, dtype=torch.bool, device=device)
+
+
+@lru_cache(maxsize=256)
+def _strictly_lower(m: int, device: torch.device) -> torch.Tensor:
+    """Bool ``[m, m]``: j' < j (cached, never written)."""
+    return torch.ones(m, m, dtype=torch.bool, device=device).tril(-1)

@@ -64,7 +64,7 @@ import torch
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import window_schedule
-from adtbench.algorithm.sampling import SamplingParams, next_token, process_logits
+from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target, prefill_token
 
@@ -217,11 +217,11 @@ def zipar_plan(layout: TokenLayout, window: int) -> ZipARPlan:
 
 
 def draw(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> list[int]:
-    """One token per row of processed logits ``[m, V]``, rows in order: ``next_token`` row by row (greedy: one
-    ``argmax`` over the rows, which is row-wise ``next_token``'s — the first maximal index — in one sync)."""
+    """One token per row of processed logits ``[m, V]``, rows in order: ``next_token_tensor`` row by row (the AR
+    baseline's draws; greedy: one ``argmax`` over the rows, the first maximal index), read in one sync."""
     if sp.greedy:
         return [int(x) for x in processed.argmax(-1).tolist()]
-    return [next_token(row, sp, generator) for row in processed]
+    return [int(x) for x in torch.stack([next_token_tensor(row, sp, generator) for row in processed]).tolist()]
 
 
 def zipar_forward(
@@ -252,7 +252,7 @@ def decode_plan(
     first, _ = prefill_token(target, inputs, sp, plan.max_fed, generator)
     t_prefill = clock.now() - t0
     tokens = [-1] * n
-    tokens[0] = first
+    tokens[0] = int(first)
     cycles = []
     for fw in plan.forwards:
         zipar_forward(target, fw, tokens, sp, generator)

@@ -32,12 +32,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, next_token, process_logits
+from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits
 from adtbench.layout import TokenLayout
 from adtbench.models.rope import Rope
 
@@ -188,21 +189,48 @@ class Target(ABC):
         self.forwards += 1
         return self._forward(tokens.to(dev), mask, pos)
 
-    def commit(self, keep: torch.Tensor) -> None:
-        """Keep tree nodes ``keep`` (the accepted path, root first) as the next committed KV entries."""
+    def commit(self, keep: torch.Tensor, in_place: bool = False) -> None:
+        """Keep tree nodes ``keep`` (the accepted path, root first; on the device) as the next committed KV entries.
+        ``in_place``: the caller knows ``keep`` is ``0 … k−1`` (an AR step, a path of first children), so nothing
+        moves. No device value is read."""
         k = keep.numel()
-        self._compact(self.length, keep)
-        self.valid[:, self.length : self.length + k] = True
+        if not in_place:
+            self._compact(self.length, keep)
+        self._mark_valid(self.length, k)
         self.length += k
         self.next_pos = self.next_pos + k
+
+    def _mark_valid(self, start: int, k: int) -> None:
+        self.valid[:, start : start + k] = True
 
 
 class StaticGPTTarget(Target):
     """Target hooks shared by in-project GPTs (LlamaGen, AR-DTok): ``self.net`` exposes ``tok_embeddings``,
-    ``output`` and ``forward_embeds(x, pos, mask, cache, start)``; K/V live in a ``StaticKVCache``."""
+    ``output`` and ``forward_embeds(x, pos, mask, cache, start)``; K/V live in a ``StaticKVCache``.
+
+    Masks are additive (0 / −inf, model dtype): ``key_bias [R, capacity]`` holds the committed columns' term (kept up
+    to date by ``start`` and ``commit``), so a verify mask is one ``cat`` of it with the tree's block."""
 
     net: Any
     cache: Any = None
+    key_bias: torch.Tensor | None = None
+
+    def start(self, inputs: PromptInputs, max_tree_nodes: int) -> PrefillResult:
+        res = super().start(inputs, max_tree_nodes)
+        self.key_bias = torch.where(self.valid, 0.0, float("-inf")).to(self.dtype)
+        return res
+
+    def _mark_valid(self, start: int, k: int) -> None:
+        super()._mark_valid(start, k)
+        assert self.key_bias is not None
+        self.key_bias[:, start : start + k] = 0.0
+
+    def _verify_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
+        """Additive ``[R, 1, n, L + n]``: the committed columns' bias, then the tree's ancestor block."""
+        assert self.key_bias is not None, "prefill first"
+        n, L, R = tree_mask.shape[0], self.length, self.rows
+        block = torch.where(tree_mask, 0.0, float("-inf")).to(self.dtype)
+        return torch.cat([self.key_bias[:, None, None, :L].expand(R, 1, n, L), block.expand(R, 1, n, n)], -1)
 
     def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """Additive ``[R, 1, n, L + n]``: 0 where attended, −inf elsewhere (model dtype), built once per forward."""
@@ -239,27 +267,32 @@ class StaticGPTTarget(Target):
 
 def prefill_token(
     target: Target, inputs: PromptInputs, sp: SamplingParams, max_tree_nodes: int, generator: torch.Generator | None
-) -> tuple[int, PrefillResult]:
-    """Run the prompt and choose the first image token; returns (token, ``PrefillResult``)."""
+) -> tuple[torch.Tensor, PrefillResult]:
+    """Run the prompt and choose the first image token; returns (that token ``[]`` on the device, ``PrefillResult``)."""
     res = target.start(inputs, max_tree_nodes)
-    processed = process_logits(res.logits[:, None], torch.zeros(1, dtype=torch.long), target.layout, sp)[0]
-    return next_token(processed, sp, generator), res
+    processed = process_logits(res.logits[:, None], 0, target.layout, sp)[0]
+    return next_token_tensor(processed, sp, generator), res
 
 
-_ONE_NODE = torch.ones(1, 1, dtype=torch.bool)  # the ancestor mask of a one-node tree
-_FIRST = torch.zeros(1, dtype=torch.long)  # its depth, and the node ``commit`` keeps
+@lru_cache(maxsize=16)
+def one_node(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ancestor mask ``[1, 1]``, depth ``[1]``) of a one-node tree on ``device``; its depth is also the node ``commit``
+    keeps. Cached, never written."""
+    return torch.ones(1, 1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.long, device=device)
 
 
 def ar_step(
-    target: Target, token: int, gen_idx: int, sp: SamplingParams, generator: torch.Generator | None
-) -> tuple[int, torch.Tensor, torch.Tensor]:
-    """One plain AR step: forward ``token`` alone (a one-node tree), commit it, choose the token at generation index
-    ``gen_idx``. Returns (that token, the processed logits ``[V]`` it was chosen from, the features ``[R, 1, H]``).
-    The AR baseline's step and the speculative loop's gated step (``engine.generate``) alike."""
-    raw, feats = target.verify_forward(torch.tensor([token]), _ONE_NODE, _FIRST)
-    processed = process_logits(raw, torch.tensor([gen_idx]), target.layout, sp)[0]
-    target.commit(_FIRST)
-    return next_token(processed, sp, generator), processed, feats
+    target: Target, token: torch.Tensor, gen_idx: int, sp: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One plain AR step: forward ``token`` (``[]`` or ``[1]`` on the device) alone (a one-node tree), commit it,
+    choose the token at generation index ``gen_idx``. Returns (that token ``[]`` on the device, the processed logits
+    ``[V]`` it was chosen from, the features ``[R, 1, H]``); nothing is read. The AR baseline's step and the
+    speculative loop's gated step (``engine.generate``) alike."""
+    mask, first = one_node(target.valid.device)
+    raw, feats = target.verify_forward(token.view(1), mask, first)
+    processed = process_logits(raw, gen_idx, target.layout, sp)[0]
+    target.commit(first, in_place=True)
+    return next_token_tensor(processed, sp, generator), processed, feats
 
 
 @torch.no_grad()
@@ -272,7 +305,8 @@ def ar_tokens(
 ) -> list[int]:
     """Plain AR decoding over the ``Target`` interface: ``layout.num_gen_tokens`` generated token ids.
 
-    The prefill samples token 0; each further step is an ``ar_step``. Invariant: the same calls and random draws as
+    The prefill samples token 0; each further step is an ``ar_step``. The tokens stay on the device until the image
+    is complete (one host read per image, gpt-fast's loop). Invariant: the same calls and random draws as
     ``engine.decode_ar``, so a seeded ``generator`` gives the same tokens. ``on_prefill`` is called once, right after
     the first token is sampled (a timing hook). The model layer's own plain passes (Tar's other stage) run through
     this.
@@ -281,7 +315,7 @@ def ar_tokens(
     if on_prefill is not None:
         on_prefill()
     tokens = [token]
-    while len(tokens) < target.layout.num_gen_tokens:
-        token = ar_step(target, token, len(tokens), sp, generator)[0]
+    for g in range(1, target.layout.num_gen_tokens):
+        token = ar_step(target, token, g, sp, generator)[0]
         tokens.append(token)
-    return tokens
+    return [int(t) for t in torch.stack(tokens).tolist()]

@@ -46,8 +46,7 @@ class StaticKVCache:
         return self.write_kv(layer, start, torch.cat([k, v], 1))
 
     def compact(self, start: int, keep: torch.Tensor) -> None:
+        """Entries ``start + keep[i]`` → ``start + i`` (``keep`` on the cache's device; nothing is read: a caller that
+        knows ``keep`` is ``0 … k−1`` skips the call)."""
         k = keep.numel()
-        if keep.tolist() == list(range(k)):
-            return  # already in place (always true for AR steps and fully-left paths)
-        src = start + keep.to(self.buf.device)
-        self.buf[:, :, :, start : start + k] = self.buf.index_select(3, src)
+        self.buf[:, :, :, start : start + k] = self.buf.index_select(3, keep + start)

@@ -1,6 +1,6 @@
 """Benchmarks (scripts, not tests).
 
-    adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true] [bench.out=FILE]
+    adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true | bench.count=true] [bench.out=FILE]
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=README.md] [overrides]
@@ -12,7 +12,8 @@ forwards − time inside the drafter (its forwards and the LM-head calls that sc
 calls; on CUDA each reading synchronises. Reports the mean per cycle over ``bench.prompts`` prompts after
 one warm-up generation. ``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the
 decode loop (``PHASES``: target network, masks, acceptance, drafter network, drafting bookkeeping, draws, policy,
-…) and the rest of the cycle's own lines.
+…) and the rest of the cycle's own lines. ``bench.count=true`` counts instead, per cycle and per phase, the aten ops
+issued outside the networks and the device→host reads (``adtbench.tools.bench_count``; any machine).
 
 ``cost``: the cost model of one draft–verify cycle on this machine (``adtbench.algorithm.cost.measure_cost``, the same
 measurement ``budget: cost`` trees use), for any model — real-shaped ones with random weights included (timing
@@ -58,19 +59,25 @@ from adtbench.io import atomic_write_json
 # ``target`` / ``drafter`` / ``policy`` for the built instances. Times are exclusive (a phase's nested phases are not
 # in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
 TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
+EMBEDDING = "token embedding"
+NETWORKS = frozenset(
+    {TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING}
+)  # what ``bench.count`` does not call engine ops
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),
     ("target", "verify_forward", "verify mask + positions"),
     ("target", "commit", "KV commit"),
     ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
-    ("adtbench.algorithm.engine", "verify_tree", "acceptance (verify_tree)"),
+    ("adtbench.algorithm.engine", "accept", "acceptance (verify.accept)"),
+    ("adtbench.algorithm.engine", "read_cycle", "the cycle's host read"),
     ("drafter", "forward", DRAFTER_NET),
     ("drafter", "extend", "drafter extend (bookkeeping)"),
     ("target", "lm_head", DRAFTER_HEAD),
-    ("adtbench.algorithm.drafters.session:DraftSession", "_logprobs", "drafter logits → log-probs"),
+    ("target", "embed_tokens", EMBEDDING),
+    ("adtbench.algorithm.drafters.session:DraftSession", "logprobs", "drafter logits → log-probs"),
     ("adtbench.algorithm.drafters.session:DraftSession", "expand", "drafting session (expand bookkeeping)"),
-    ("adtbench.algorithm.policies.static", "sample_without_replacement", "draws without replacement (static)"),
-    ("adtbench.algorithm.policies.sampled", "gumbel_draws", "draws without replacement (sampled trees)"),
+    ("adtbench.algorithm.policies.static", "gumbel_top_k", "draws without replacement (static)"),
+    ("adtbench.algorithm.policies.sampled", "gumbel_top_k", "draws without replacement (sampled trees)"),
     ("policy", "propose", "policy: tree building"),
     ("policy", "observe", "policy: observe"),
 )
@@ -82,13 +89,19 @@ MODEL_PHASES = tuple(p for p in PHASES if p[2] in (TARGET_NET, DRAFTER_NET, DRAF
 
 class _Phases:
     """Exclusive wall time per entry of ``phases`` (default :data:`PHASES`) while active: a context manager that
-    restores every attribute it wrapped; on CUDA each reading synchronises."""
+    restores every attribute it wrapped; on CUDA each reading synchronises. With a ``counter``
+    (``bench_count.DeviceCounter``) each wrapped call also brackets its phase label there."""
 
     def __init__(
-        self, instances: dict[str, Any], sync: bool, phases: tuple[tuple[str, str, str], ...] = PHASES
+        self,
+        instances: dict[str, Any],
+        sync: bool,
+        phases: tuple[tuple[str, str, str], ...] = PHASES,
+        counter: Any = None,
     ) -> None:
         import importlib
 
+        self.counter = counter
         self.total: dict[str, float] = {}
         self.calls: dict[str, int] = {}
         self._stack: list[float] = []
@@ -112,9 +125,13 @@ class _Phases:
                 torch.cuda.synchronize()
             t = time.perf_counter()
             self._stack.append(0.0)
+            if self.counter is not None:
+                self.counter.push(label)
             try:
                 return fn(*a, **k)
             finally:
+                if self.counter is not None:
+                    self.counter.pop()
                 if self.sync:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t
@@ -165,6 +182,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
 
     run(prompts[0].text, 0)  # warm-up
     instances = {"target": target, "drafter": drafter, "policy": policy}
+    if bool(cfg.bench.get("count", False)):
+        return _count_breakdown(cfg, prompts, run, instances)
     if bool(cfg.bench.get("phases", False)):
         return _phase_breakdown(cfg, prompts, run, instances, sync)
     ph, cycles, cycle_s, prefix_drafter = _timed_decodes(cfg, prompts, run, instances, sync, MODEL_PHASES)
@@ -231,6 +250,26 @@ def _phase_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
             {"phase": k, "ms_per_cycle": v, "share": v / cycle_ms, "calls_per_cycle": ph.calls.get(k, cycles) / cycles}
             for k, v in sorted(per.items(), key=lambda kv: -kv[1])
         ],
+    }
+
+
+def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str, Any]) -> dict:
+    """``bench.count=true``: aten ops outside the networks and host reads per cycle, by phase (``bench_count``)."""
+    from adtbench.tools.bench_count import PREFILL, DeviceCounter
+
+    counter = DeviceCounter(NETWORKS)
+    phases = (("adtbench.algorithm.engine", "prefill", PREFILL), ("target", "encode_prompt", PREFILL), *PHASES)
+    cycles = 0
+    with _Phases(instances, False, phases, counter=counter), counter:
+        for p in prompts:
+            cycles += len(run(p.text, prompt_seed(int(cfg.seed), p.prompt_id)).cycles)
+    target = instances["target"]
+    return {
+        "model": str(cfg.model.name),
+        "policy": instances["policy"].name,
+        "device": str(target.device),
+        "prompts": len(prompts),
+        **counter.per_cycle(cycles),
     }
 
 
@@ -323,7 +362,7 @@ def main(args: list[str]) -> int:
         return versus_main(args[1:])
     extra = ["+bench.prompts=8", "+bench.out=null"]
     if args[0] == "overhead":
-        extra += ["+bench.phases=false"]
+        extra += ["+bench.phases=false", "+bench.count=false"]
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
     try:
@@ -335,6 +374,19 @@ def main(args: list[str]) -> int:
         return 2
     if args[0] == "cost":
         print(cost_table(r))
+    elif "host_reads_per_cycle" in r:
+        print(f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
+              f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops and "
+              f"{r['transfers_per_cycle']:.2f} transfers per cycle (networks: {r['network_ops_per_cycle']:.1f} ops, "
+              f"{r['network_reads_per_cycle']:.2f} reads; prefill excluded)\n")  # fmt: skip
+        print("| phase | ops per cycle | host reads per cycle | transfers per cycle |\n|---|---:|---:|---:|")
+        for row in r["phases"]:
+            name = row["phase"] + (" (network)" if row["network"] else "")
+            print(f"| {name} | {row['ops_per_cycle']:.1f} | {row['reads_per_cycle']:.2f} | "
+                  f"{row['transfers_per_cycle']:.2f} |")  # fmt: skip
+        print("\n| host read site | per cycle |\n|---|---:|")
+        for row in r["read_sites"]:
+            print(f"| `{row['site']}` | {row['per_cycle']:.2f} |")
     elif "phases" in r:
         print(f"{r['model']}, policy={r['policy']}, {r['threads']} thread(s), {r['prompts']} prompts, {r['cycles']} "
               f"cycles: {r['cycle_ms']:.3f} ms per cycle (prefill excluded)\n")  # fmt: skip

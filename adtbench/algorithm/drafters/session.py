@@ -1,11 +1,16 @@
 """One cycle's drafting interface: what a ``TreePolicy`` sees of the drafter (and nothing of the model).
 
 Nodes are numbered in creation order, node 0 being the root (the token the target chose last cycle).
-``root_logprobs()`` is the drafter's distribution over the root's children; ``expand(parents, tokens)``
-adds children to existing nodes, runs the drafter on them in one forward and returns the distribution
-over *their* children. Distributions are log-probabilities after the target's own processing
-(CFG mix → constraint → temperature → top-k → top-p; greedy: CFG mix → constraint), so drafter ranks
-and sampled proposals ``q`` are on the same footing as the verifier's ``p``.
+``root_logprobs()`` is the drafter's distribution over the root's children; ``expand(parents, tokens, level)``
+adds children to existing nodes — all of them at depth ``level``, their parents at ``level − 1`` (policies grow
+trees level by level) — runs the drafter on them in one forward and returns the distribution over *their*
+children. Distributions are log-probabilities after the target's own processing (CFG mix → constraint →
+temperature → top-k → top-p; greedy: CFG mix → constraint), so drafter ranks and sampled proposals ``q`` are on the
+same footing as the verifier's ``p``.
+
+Everything stays on the drafter's device: node ids, parents and tokens are device tensors, the scratch-slot
+ancestry is a device mask, and the only host state is the node count and the levels run (both known without
+reading the device).
 
 Position bookkeeping: the root sits at target position ``root_pos`` (per CFG row) and generation index
 ``root_gen``. A node at depth d ≥ 1 occupies drafter slot position ``root_pos + d − 1`` (the position of the
@@ -14,28 +19,32 @@ feature it is paired with) and its children are tokens at generation index ``roo
 
 from __future__ import annotations
 
-import numpy as np
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
 import torch
 
-from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.sampling import SamplingParams, process_logits
 from adtbench.models.base import Target
 
+if TYPE_CHECKING:
+    from adtbench.algorithm.drafters.base import Drafter
+
 
 class DraftSession:
-    """Per-cycle drafting state: node bookkeeping in numpy (no per-node Python objects, no small torch ops).
+    """Per-cycle drafting state on the device.
 
-    ``depth [nodes]`` (root 0), ``outputs [R, nodes, H]`` (the drafter output at each node; the root's came from
-    ``extend``) and ``slot_anc [nodes, slots]``: which scratch slots node i's own slot attends (its ancestors'
+    ``outputs [R, nodes, H]`` (the drafter output at each node; the root's came from ``extend``) and ``slot_bias
+    [nodes, slots]``: the additive mask (0 / −inf) of which scratch slots node i's own slot attends (its ancestors'
     slots and its own; the root has no slot). Node i ≥ 1 occupies scratch slot i − 1.
     """
 
     def __init__(
         self,
-        drafter: EagleDrafter,
+        drafter: Drafter,
         target: Target,
         sp: SamplingParams,
-        root_token: int,
+        root_token: torch.Tensor,
         root_gen: int,
         root_pos: torch.Tensor,
         root_out: torch.Tensor,
@@ -43,56 +52,57 @@ class DraftSession:
     ) -> None:
         self.drafter, self.target, self.sp = drafter, target, sp
         self.layout = target.layout
-        self.root_token, self.root_gen, self.root_pos = root_token, root_gen, root_pos
+        self.root_token = root_token.view(1)  # [1] long, on the device
+        self.root_gen, self.root_pos = root_gen, root_pos
         self.generator = generator
-        self.depth = np.zeros(1, dtype=np.int64)
+        self.device = root_out.device
         self.outputs = root_out[:, None]
-        self.slot_anc = np.zeros((1, 0), dtype=bool)
-        self.forwards = 0  # drafter forward passes this cycle (root's came from ``extend``)
+        self.slot_bias = torch.zeros(1, 0, dtype=root_out.dtype, device=self.device)
+        self.num_nodes = 1
+        self.levels: list[int] = []  # nodes expanded per drafter forward (level 1 first)
+        self.forwards = 0  # drafter forward passes this cycle (the root's came from ``extend``)
 
     @property
     def greedy(self) -> bool:
         return self.sp.greedy
 
-    @property
-    def num_nodes(self) -> int:
-        return self.depth.size
-
-    def _logprobs(self, outputs: torch.Tensor, depths: np.ndarray) -> torch.Tensor:
+    def logprobs(self, outputs: torch.Tensor, level: int) -> torch.Tensor:
+        """Processed drafter log-probs ``[m, V]`` of outputs ``[R, m, H]`` at nodes of depth ``level`` (their children
+        are tokens at generation index ``root_gen + level + 1``)."""
         raw = self.target.lm_head(outputs)  # [R, m, V]
-        gen_idx = torch.from_numpy(depths + (self.root_gen + 1))
-        return process_logits(raw, gen_idx, self.layout, self.sp).log_softmax(-1)
+        return process_logits(raw, self.root_gen + level + 1, self.layout, self.sp).log_softmax(-1)
 
     @torch.no_grad()
     def root_logprobs(self) -> torch.Tensor:
         """Drafter log-probs ``[V]`` over the root's children."""
-        return self._logprobs(self.outputs[:, :1], self.depth[:1])[0]
+        return self.logprobs(self.outputs[:, :1], 0)[0]
 
     @torch.no_grad()
-    def expand(
-        self, parents: np.ndarray | torch.Tensor | list[int], tokens: torch.Tensor | list[int]
-    ) -> tuple[list[int], torch.Tensor]:
-        """Add node ``i`` = child ``tokens[i]`` of ``parents[i]``; return the new ids and log-probs ``[m, V]``."""
-        par = parents.cpu().numpy() if isinstance(parents, torch.Tensor) else np.asarray(parents, dtype=np.int64)
-        m, n0, base = par.size, self.num_nodes, self.slot_anc.shape[1]
-        tok = torch.as_tensor(tokens, dtype=torch.long).view(-1)
-        if tok.numel() != m or m == 0:
+    def expand(self, parents: torch.Tensor, tokens: torch.Tensor, level: int) -> tuple[range, torch.Tensor]:
+        """Add node ``n0 + i`` = child ``tokens[i]`` of node ``parents[i]`` (device tensors ``[m]``; every parent at
+        depth ``level − 1``); return the new node ids ``range(n0, n0 + m)`` and their children's log-probs
+        ``[m, V]``."""
+        m, n0, base = parents.numel(), self.num_nodes, self.slot_bias.shape[1]
+        if tokens.numel() != m or m == 0:
             raise ValueError("expand needs one token per parent and at least one node")
         if base != self.drafter.scratch:
             raise RuntimeError(f"drafter scratch ({self.drafter.scratch}) out of step with the session ({base})")
-        anc = np.zeros((n0 + m, base + m), dtype=bool)  # a new node's slot sees its parent's slots and itself
-        anc[:n0, :base] = self.slot_anc
-        anc[n0:, :base] = self.slot_anc[par]
-        anc[np.arange(n0, n0 + m), np.arange(base, base + m)] = True
-        self.slot_anc = anc
-        depth = self.depth[par] + 1
-        self.depth = np.concatenate([self.depth, depth])
-        dev = self.outputs.device
-        feats = self.outputs[:, torch.from_numpy(par).to(dev)]  # [R, m, H]
-        embeds = self.target.embed_tokens(tok)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
-        pos = self.root_pos[:, None] + torch.from_numpy(depth - 1).to(self.root_pos.device)
-        slots = torch.from_numpy(np.where(anc[n0:], 0.0, -np.inf).astype(np.float32))  # additive: one op fewer
-        out = self.drafter.expand(feats, embeds, pos, slots)
+        # a new node's slot sees its parent's slots and itself: rows [m, base + m]
+        own = _diagonal_bias(m, self.slot_bias.dtype, self.device)
+        rows = torch.cat([self.slot_bias.index_select(0, parents), own], 1)
+        self.slot_bias = torch.cat([torch.nn.functional.pad(self.slot_bias, (0, m), value=float("-inf")), rows], 0)
+        feats = self.outputs.index_select(1, parents)  # [R, m, H]
+        embeds = self.target.embed_tokens(tokens)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
+        pos = self.root_pos[:, None].expand(-1, m) + (level - 1)
+        out = self.drafter.expand(feats, embeds, pos, rows)
         self.forwards += 1
+        self.levels.append(m)
+        self.num_nodes = n0 + m
         self.outputs = torch.cat([self.outputs, out], 1)
-        return list(range(n0, n0 + m)), self._logprobs(out, depth)
+        return range(n0, n0 + m), self.logprobs(out, level)
+
+
+@lru_cache(maxsize=256)
+def _diagonal_bias(m: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive ``[m, m]``: 0 on the diagonal, −inf elsewhere (cached, never written)."""
+    return torch.full((m, m), float("-inf"), dtype=dtype, device=device).fill_diagonal_(0.0)

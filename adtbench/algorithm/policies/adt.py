@@ -211,7 +211,7 @@ class ADTPolicy(TreePolicy):
         self._pending = None
         self.cost.observe(tree, acceptance)
         self.sampled.observe(tree, acceptance)
-        a, d, D_dr = acceptance.accepted, tree.max_depth, tree.drafted_depth
+        a, d, D_dr = acceptance.accepted, acceptance.tree_depth, tree.drafted_depth
         alpha_d = a / d if d > 0 else 0.0
         alpha_D = a / D_dr if D_dr > 0 else 0.0
         alpha = alpha_d if self.alpha_def == "realised" else alpha_D

@@ -141,56 +141,8 @@ def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
     return np.take_along_axis(idx, order, -1).reshape(*x.shape[:-1], k)
 
 
-def stable_topk(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k largest scores, ties broken toward the lower index (deterministic): ``top_k_stable`` on a
-    host copy (widened to float32 at least, which keeps every order and tie), returned on ``scores``' device."""
-    host = scores.detach().to("cpu", torch.promote_types(scores.dtype, torch.float32)).numpy()
-    return torch.from_numpy(top_k_stable(host, k)).to(scores.device)
-
-
-def _gumbel_keys(lp: np.ndarray, generator: torch.Generator | None) -> np.ndarray:
-    """``lp + Gumbel`` with one uniform per entry (u = 0 gives −inf: never drawn)."""
-    u = torch.rand(lp.shape, generator=generator, dtype=torch.float64).numpy()
-    with np.errstate(divide="ignore"):
-        return np.asarray(lp - np.log(-np.log(u)))
-
-
-def _largest_in_order(keys: np.ndarray, c: int) -> np.ndarray:
-    """Indices of the ``c`` largest of ``keys [V]``, largest first (one partition and a sort of c; argmax for 1)."""
-    if c == 1:
-        return np.array([int(np.argmax(keys))])
-    idx = np.argpartition(-keys, c - 1)[:c] if c < keys.size else np.arange(keys.size)
-    return np.asarray(idx[np.argsort(-keys[idx], kind="stable")])
-
-
-def gumbel_draws(lp: np.ndarray, n: int | np.ndarray, generator: torch.Generator | None) -> list[np.ndarray]:
-    """Draws without replacement from each row of ``softmax(lp)`` ``[m, V]``, in draw order: ``n[i]`` from row i
-    (an int: the same for every row).
-
-    Gumbel-top-n (Kool et al. 2019): the n largest keys ``lp + Gumbel`` have the law of n sequential draws without
-    replacement, in that order (keys tie with probability 0). One uniform per entry of the rows drawn from; a row
-    with ``n[i] = 0`` consumes none. Rows need at least ``n[i]`` finite entries (lp = −inf is never drawn)."""
-    counts = np.asarray(n)
-    if counts.ndim == 0:
-        counts = np.full(lp.shape[0], int(counts))
-    rows = counts.nonzero()[0]
-    out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * lp.shape[0]
-    if rows.size == 0:
-        return out
-    keys = _gumbel_keys(lp[rows], generator)
-    for r, i in enumerate(rows.tolist()):
-        out[i] = _largest_in_order(keys[r], int(counts[i]))
-    return out
-
-
-def sample_without_replacement(
-    logprobs: torch.Tensor, k: int, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw ``k`` distinct tokens in order from ``softmax(logprobs)`` ``[V]`` (Gumbel-top-k, as ``gumbel_draws`` on
-    one row); returns (tokens, probs ``[V]`` in float64). Fewer than k tokens come back when the support is smaller."""
-    lp = logprobs.detach().to("cpu", torch.float64).numpy()
-    k = min(k, int(np.isfinite(lp).sum()))
-    probs = torch.from_numpy(np.exp(lp))
-    if k == 0:
-        return torch.zeros(0, dtype=torch.long), probs
-    return torch.from_numpy(_largest_in_order(_gumbel_keys(lp, generator), k)), probs
+def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values, indices) of the ``k`` largest entries along the last dim, ties toward the lower index — the order of
+    :func:`desc_stable` — on ``scores``' device (one stable sort; ``torch.topk`` breaks ties arbitrarily)."""
+    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+    return vals[..., :k], idx[..., :k]

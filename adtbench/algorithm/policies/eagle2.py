@@ -16,16 +16,17 @@ parent's and parents have lower indices, every kept node's parent is kept (asser
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, top_k_stable, with_gate
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
-from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.policies.static import true_flag
+from adtbench.algorithm.tree import DraftTree, ancestry_on_device
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
 
@@ -43,86 +44,64 @@ def build_eagle2_tree(
     max_depth: int,
     budget: TreeBudget | None = None,
 ) -> DraftTree:
-    """EAGLE-2's tree (module docstring); with a ``budget`` (``adtbench.algorithm.cost``) the rounds run only while one
-    more level can pay for itself, and the rerank keeps the N best candidates that maximise the expected
-    committed tokens per unit of time instead of ``total_tokens − 1``.
+    """EAGLE-2's tree (module docstring), built on the drafter's device. With a ``budget``
+    (``adtbench.algorithm.cost``) the rounds drafted follow the budget's plan (``TreeBudget.plan_rounds``) and the
+    rerank keeps the N best candidates that maximise the expected committed tokens per unit of time instead of
+    ``total_tokens − 1``; N is the one value the host reads before the verify.
 
-    Candidates live in flat numpy arrays in creation order (a few dozen entries: numpy's per-call cost is a
-    fraction of a torch op's): score (cumulative drafter log-prob, in the drafter's float dtype, so sums round
-    exactly as in torch), token, parent candidate id (−1 = root) and, once expanded, the session node id. The
-    only torch work per level is the drafter forward; its ``[m, V]`` log-probs are ranked on a host copy
-    (``top_k_stable``: one ``np.partition`` and a sort of the K candidates, in the order of a stable ``torch.sort``).
+    Candidates are kept in creation order (level 0: the root's K best children; round r: K·K children of the K
+    frontier nodes) with their cumulative drafter log-prob as score; a candidate the drafter gives probability 0
+    keeps its place with score −inf: it ranks after every live one (never before its parent) and, if kept, is a
+    dead node (``DraftTree.alive``). Every shape is known on the host, so building the tree reads nothing.
     """
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
-    lp0 = session.root_logprobs()
-    dev = lp0.device
-    lp0_host = lp0.cpu().numpy()
-    first = top_k_stable(lp0_host, K)
-    first_lp = lp0_host[first]
-    finite = np.isfinite(first_lp)
-    first, first_lp = first[finite], first_lp[finite]
-    count = first.size
-    cap = count + rounds * K * K
-    scores = np.empty(cap, dtype=first_lp.dtype)
-    toks = np.empty(cap, dtype=np.int64)
-    parents = np.empty(cap, dtype=np.int64)
-    node = np.full(cap, -1, dtype=np.int64)  # session node of each expanded candidate
-    scores[:count], toks[:count], parents[:count] = first_lp, first, -1
-    frontier = np.arange(count)
-    levels = [0] if count else []  # nodes expanded per drafter level (level 0: the root, scored by ``extend``)
-    for _ in range(rounds):
-        if frontier.size == 0:
-            break
-        if budget is not None:
-            pi = np.exp(-np.sort(-scores[:count].astype(np.float64)))
-            fpi = float(np.exp(scores[frontier].astype(np.float64)).sum())
-            if not budget.worth_expanding(pi, fpi, frontier.size, budget.spent_ms(levels[1:])):
-                break
-        fpar = parents[frontier]
-        par_node = np.where(fpar < 0, 0, node[np.maximum(fpar, 0)])
-        ids, lp = session.expand(par_node, torch.from_numpy(toks[frontier]).to(dev))
-        node[frontier] = ids
-        levels.append(frontier.size)
-        lp_host = lp.cpu().numpy()
-        top = top_k_stable(lp_host, K)  # per row: K best children, ties toward the lower token id
-        cum = (np.take_along_axis(lp_host, top, -1) + scores[frontier][:, None]).ravel()
-        kids = top.ravel()
-        keep = np.isfinite(cum)
-        n_new = int(keep.sum())
-        if n_new == 0:
-            break
-        gid = np.full(kids.size, -1, dtype=np.int64)
-        gid[keep] = count + np.arange(n_new)
-        end = count + n_new
-        scores[count:end], toks[count:end] = cum[keep], kids[keep]
-        parents[count:end] = np.repeat(frontier, K)[keep]
-        count = end
-        best = desc_stable(np.where(keep, cum, -np.inf))[:K]
-        frontier = gid[best[keep[best]]]
-    order = desc_stable(scores[:count].astype(np.float64))[: min(total_tokens - 1, count)]
+    if budget is not None:
+        rounds = budget.plan_rounds(rounds)
+    dev = session.device
+    v0, t0 = stable_topk(session.root_logprobs(), K)
+    k0 = v0.numel()  # K, or V when the vocabulary is smaller
+    scores, toks, par = [v0], [t0], [_const(-1, k0, dev)]
+    f_score, f_tok, f_cand, f_sess = v0, t0, torch.arange(k0, device=dev), _const(0, k0, dev)
+    count = k0
+    for r in range(rounds):
+        ids, lp = session.expand(f_sess, f_tok, r + 1)
+        vals, kids = stable_topk(lp, K)  # [f, K] per frontier row, ties toward the lower token id
+        cum = (vals + f_score[:, None]).view(-1)
+        scores.append(cum)
+        toks.append(kids.reshape(-1))
+        par.append(f_cand.repeat_interleave(vals.shape[1], output_size=cum.numel()))
+        f_score, best = stable_topk(cum, K)  # the next frontier: the K best new candidates
+        f_tok, f_cand = toks[-1][best], count + best
+        f_sess = torch.arange(ids.start, ids.stop, device=dev)[best // vals.shape[1]]
+        count += cum.numel()
+    score, tok, parent = torch.cat(scores), torch.cat(toks), torch.cat(par)
+    keep = min(total_tokens - 1, count)
+    ranked, order = stable_topk(score, count)  # the rerank order of every candidate
     info: dict[str, float | int | str] = {}
     if budget is not None:
-        pi = np.exp(scores[order].astype(np.float64))
-        n_keep, _ = budget.best(pi, budget.spent_ms(levels[1:]))
-        info.update(N_cost=n_keep, E_pred=float(pi[:n_keep].sum()), calib=budget.c)
-        order = order[:n_keep]
-    n_keep = order.size
-    sel = np.sort(order)
-    tree_node = np.full(count + 1, -1, dtype=np.int64)  # slot count = root (id −1)
-    tree_node[sel] = np.arange(1, n_keep + 1)
-    tree_node[count] = 0
-    par = parents[sel]
-    tree_par = tree_node[np.where(par < 0, count, par)]
-    if (tree_par < 0).any():
-        raise AssertionError("EAGLE-2 rerank kept a candidate without its parent")
+        level = torch.cat([torch.full((s.numel(),), i, device=dev) for i, s in enumerate(scores)])
+        keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K)
+        info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
+    order = order[:keep]
+    sel = order.sort().values  # kept candidates in creation order: parents before children
+    slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
+    slot[sel] = torch.arange(1, keep + 1, device=dev)
+    slot[count] = 0
+    tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
+    parents = torch.cat([_const(-1, 1, dev), tree_par])
+    d, anc = ancestry_on_device(parents, rounds + 1)
     return DraftTree(
-        tokens=torch.from_numpy(np.concatenate([[session.root_token], toks[sel]]).astype(np.int64)),
-        parents=[-1, *tree_par.tolist()],
-        drafted_depth=len(levels),
-        width=K,
-        info=info,
-    )
+        torch.cat([session.root_token, tok[sel]]), parents, drafted_depth=len(session.levels) + 1, width=K,
+        info=info, alive=torch.cat([true_flag(dev), score[sel] > float("-inf")]), depth=d, ancestor_mask=anc,
+        max_children=K,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=256)
+def _const(value: int, n: int, device: torch.device) -> torch.Tensor:
+    """A constant long ``[n]`` on ``device`` (cached, never written)."""
+    return torch.full((n,), value, dtype=torch.long, device=device)
 
 
 class Eagle2Policy(TreePolicy):

@@ -39,8 +39,7 @@ import torch
 
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import gumbel_draws
-from adtbench.algorithm.sampling import ENTROPY_EDGES
+from adtbench.algorithm.sampling import ENTROPY_EDGES, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
@@ -100,11 +99,14 @@ class SampledTree:
     entropy: dict[int, float] = field(default_factory=dict)  # node → H(q_node) for nodes given children
 
 
-def _entropy_support(q: np.ndarray, lp: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """H(q) per row of ``q = exp(lp)`` ``[m, V]`` (−inf entries contribute 0) and min(#{q > 0}, top_k) per row,
-    from one pass over ``q > 0``."""
+def _entropy_support(lp: torch.Tensor, top_k: int) -> torch.Tensor:
+    """``[2, m]`` float64 on lp's device: H(q) per row of ``q = exp(lp)`` ``[m, V]`` (−inf entries contribute 0) and
+    min(#{q > 0}, top_k) per row — what the host reads of a level to size it."""
+    lp = lp.to(torch.float64)
+    q = lp.exp()
     pos = q > 0
-    return np.asarray(-np.einsum("mv,mv->m", q, np.where(pos, lp, 0.0))), np.minimum(pos.sum(-1), top_k)
+    H = -(q * torch.where(pos, lp, 0.0)).sum(-1)
+    return torch.stack([H, pos.sum(-1).clamp_max(top_k).to(torch.float64)])
 
 
 def build_sampled_tree(
@@ -119,26 +121,26 @@ def build_sampled_tree(
     """The sampled tree of one cycle (module docstring): ``depth`` rounds after level 0, at most ``top_k``
     children per node and frontier nodes per round, at most ``max_nodes`` nodes (root included).
 
-    Nodes live in flat numpy arrays in creation order (token, parent, reach R, session node once expanded); the
-    only torch work is the drafter forward of each round and one uniform draw per round."""
+    The sizing is host work on parent-level values (reach R, α(H)), so each level reads its frontier's entropies and
+    supports (one small read per level; the top-k trees read nothing while drafting); the draws (Gumbel-top-k on the
+    drafter's device), the tokens and the proposal rows stay on the device."""
     rounds = max(0, min(depth, max_depth - 1))
-    cap = max_nodes
-    toks = np.empty(cap, dtype=np.int64)
+    cap, dev = max_nodes, session.device
     par = np.empty(cap, dtype=np.int64)
     reach = np.empty(cap, dtype=np.float64)
     sess = np.full(cap, -1, dtype=np.int64)
-    toks[0], par[0], reach[0], sess[0] = session.root_token, -1, 1.0, 0
+    par[0], reach[0], sess[0] = -1, 1.0, 0
     n = 1
-    proposal: dict[int, torch.Tensor] = {}
+    toks = [session.root_token]  # device pieces in node order
+    q_nodes: list[int] = []
+    q_rows: list[torch.Tensor] = []
     entropy: dict[int, float] = {}
     frontier = np.zeros(1, dtype=np.int64)
-    lp = session.root_logprobs().double().cpu().numpy()[None]
+    lp = session.root_logprobs()[None]
     j = np.arange(top_k)
-    levels: list[int] = []  # nodes expanded per drafter round
-    spent = budget.spent_ms(levels) if budget is not None else 0.0
+    spent = budget.spent_ms([]) if budget is not None else 0.0
     for level in range(rounds + 1):
-        q = np.exp(lp)
-        H, support = _entropy_support(q, lp, top_k)
+        H, support = _entropy_support(lp, top_k).cpu().numpy()
         a = model.alpha(H)[:, None]
         values = np.where(j < support[:, None], reach[frontier][:, None] * a * (1.0 - a) ** j, -1.0).ravel()
         order = (-values).argsort(kind="stable")  # per parent a prefix in draw order: values fall with j
@@ -149,14 +151,17 @@ def build_sampled_tree(
         if order.size == 0:
             break
         counts = np.bincount(order // top_k, minlength=frontier.size)
-        draws = gumbel_draws(lp, counts, session.generator)
+        drawn, _ = gumbel_top_k(lp, int(counts.max()), session.generator)  # [f, max count], draw order
+        rows = np.repeat(np.arange(frontier.size), counts)
+        ranks = np.concatenate([np.arange(c) for c in counts])
+        toks.append(drawn[torch.from_numpy(rows).to(dev), torch.from_numpy(ranks).to(dev)])
         m = int(counts.sum())
         for i in counts.nonzero()[0].tolist():
             f, c = int(frontier[i]), int(counts[i])
-            toks[n : n + c] = draws[i]
             par[n : n + c] = f
             reach[n : n + c] = values[i * top_k : i * top_k + c]
-            proposal[f] = torch.from_numpy(q[i])
+            q_nodes.append(f)
+            q_rows.append(lp[i])
             entropy[f] = float(H[i])
             n += c
         new = np.arange(n - m, n)
@@ -167,16 +172,19 @@ def build_sampled_tree(
             cand = cand[: budget.best_frontier(1.0 + reach[1:n].sum(), n, reach[cand], spent)]
         if cand.size == 0:
             break
-        ids, lp_t = session.expand(sess[par[cand]], torch.from_numpy(toks[cand]))
-        sess[cand] = ids
-        levels.append(cand.size)
+        ids, lp = session.expand(
+            torch.from_numpy(sess[par[cand]]).to(dev), torch.cat(toks)[torch.from_numpy(cand).to(dev)], level + 1
+        )
+        sess[cand] = np.arange(ids.start, ids.stop)
+        frontier = cand
         if budget is not None:
             spent += budget.t_level(cand.size)
-        frontier, lp = cand, lp_t.double().cpu().numpy()
+    q = torch.stack(q_rows).to(torch.float64).exp()
+    proposal = q.new_zeros(n, q.shape[-1]).index_copy_(0, torch.tensor(q_nodes, device=dev), q)
     tree = DraftTree(
-        tokens=torch.from_numpy(toks[:n].copy()),
-        parents=par[:n].tolist(),
-        drafted_depth=len(levels) + (1 if n > 1 else 0),
+        torch.cat(toks),
+        par[:n].tolist(),
+        drafted_depth=len(session.levels) + (1 if n > 1 else 0),
         width=top_k,
         proposal=proposal,
         info={"E_est": float(reach[1:n].sum())},

@@ -14,18 +14,15 @@ forward per level over all nodes of that level that have children.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import torch
 
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import (
-    POLICIES,
-    TreePolicy,
-    sample_without_replacement,
-    stable_topk,
-    with_gate,
-)
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
+from adtbench.algorithm.sampling import gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 
 # mc_sim_7b_63: EAGLE-1's default tree (SafeAILab/EAGLE eagle/model/choices.py), 25 nodes, depth 5.
@@ -79,6 +76,33 @@ def validate_paths(paths: Sequence[Sequence[int]], key: str = "policy.tree") -> 
     return sorted(tuples, key=lambda p: (len(p), p))
 
 
+@dataclass(frozen=True)
+class _Level:
+    """One level of a static tree's drafting plan (node ids are positions in the sorted path list, root 0).
+
+    ``row [m]``: the row of the level's log-prob block each node draws from (its parent's row); ``rank [m]``: its
+    child rank; ``parents [m]``: its parent node; ``grow``: indices (into the level) of the nodes that have
+    children; ``grow_parents``: the session ids of those nodes' parents (the session numbers nodes in expand
+    order: the root 0, then each level's grown nodes)."""
+
+    row: torch.Tensor
+    rank: torch.Tensor
+    parents: torch.Tensor
+    width: int  # draws per row (1 + the largest rank of the level)
+    grow: torch.Tensor
+    grow_parents: torch.Tensor
+
+
+@dataclass(frozen=True)
+class _Plan:
+    levels: list[_Level]
+    parents: torch.Tensor  # [n] (−1 for the root)
+    depth: torch.Tensor
+    ancestor_mask: torch.Tensor
+    proposal_nodes: torch.Tensor  # nodes with children, in level order (the rows of the stacked q)
+    max_children: int
+
+
 class StaticTreePolicy(TreePolicy):
     name = "static"
 
@@ -91,67 +115,86 @@ class StaticTreePolicy(TreePolicy):
         self.draft_sampling = draft_sampling
         self.name = name
         self.width = max(p[-1] for p in self.paths) + 1
-        self._plan = self._build_plan()
-        self._inner = {p[:-1] for p in self.paths if len(p) > 1}  # paths with children
+        self._plans: dict[tuple[int, torch.device], _Plan] = {}
 
     def max_nodes(self) -> int:
         return len(self.paths) + 1
 
-    def _build_plan(self) -> list[list[tuple[tuple[int, ...], list[tuple[int, ...]], int]]]:
-        """Per level: ``(parent path, its child paths in path order, 1 + their largest rank)``, parents in the order
-        of their first child path; computed once (the paths never change)."""
-        plan: list[list[tuple[tuple[int, ...], list[tuple[int, ...]], int]]] = []
-        for level in range(1, max(map(len, self.paths)) + 1):
-            groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-            for p in self.paths:
-                if len(p) == level:
-                    groups.setdefault(p[:-1], []).append(p)
-            plan.append([(pre, kids, max(k[-1] for k in kids) + 1) for pre, kids in groups.items()])
+    def _plan(self, max_depth: int, device: torch.device) -> _Plan:
+        """The drafting plan of the tree cut at ``max_depth`` levels, on ``device`` (built once per cut and device:
+        the shape never changes, so no per-cycle bookkeeping is left but the tokens)."""
+        key = (max_depth, device)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        paths = [p for p in self.paths if len(p) <= max_depth]  # sorted by (length, path): a prefix, levels contiguous
+        node: dict[tuple[int, ...], int] = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
+        inner = {p[:-1] for p in paths if len(p) > 1}
+        sess: dict[tuple[int, ...], int] = {(): 0}
+        levels: list[_Level] = []
+        for level in range(1, max(map(len, paths)) + 1):
+            here = [p for p in paths if len(p) == level]
+            prefixes = list(dict.fromkeys(p[:-1] for p in here))  # parents, in the order of their first child
+            grow = [i for i, p in enumerate(here) if p in inner and level < max_depth]
+            grow_parents = [sess[here[i][:-1]] for i in grow]
+            for i in grow:
+                sess[here[i]] = len(sess)
+            levels.append(_Level(
+                row=_long([prefixes.index(p[:-1]) for p in here], device),
+                rank=_long([p[-1] for p in here], device),
+                parents=_long([node[p[:-1]] for p in here], device),
+                width=max(p[-1] for p in here) + 1,
+                grow=_long(grow, device),
+                grow_parents=_long(grow_parents, device),
+            ))  # fmt: skip
+        par = [-1] + [node[p[:-1]] for p in paths]
+        tree = DraftTree(torch.zeros(len(par), dtype=torch.long, device=device), par, drafted_depth=0)
+        kids = [sum(1 for q in paths if q[:-1] == p) for p in [(), *paths]]
+        plan = self._plans[key] = _Plan(
+            levels, tree.parents, tree.depth, tree.ancestor_mask,
+            _long([node[p] for p in [(), *paths] if p == () or p in inner], device), max(kids),
+        )  # fmt: skip
         return plan
 
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
+        """Draft level by level: each level's tokens are one gather from the ranked (top-k) or drawn (sample) tokens
+        of its parents' rows; the shape, the session ids and the masks come from the plan."""
         sample = self.draft_sampling == "sample" and not session.greedy
-        tokens, parents = [session.root_token], [-1]
-        node_of: dict[tuple[int, ...], int] = {(): 0}
-        sess_of: dict[tuple[int, ...], int] = {(): 0}
-        logprobs: dict[tuple[int, ...], torch.Tensor] = {(): session.root_logprobs()}
-        proposal: dict[int, torch.Tensor] = {}
-        depth = 0
-        for level, groups in enumerate(self._plan[:max_depth], start=1):
-            new: list[tuple[int, ...]] = []
-            for prefix, kids, width in groups:
-                lp = logprobs.get(prefix)
-                if lp is None:  # the parent was not drafted (a −inf rank) or not expanded
-                    continue
-                if sample:
-                    drawn, probs = sample_without_replacement(lp, len(kids), session.generator)
-                    chosen = list(zip(kids, drawn.tolist()))
-                    proposal[node_of[prefix]] = probs
-                else:
-                    top = stable_topk(lp, width)
-                    finite = torch.isfinite(lp[top]).tolist()
-                    top_l = top.tolist()
-                    chosen = [(p, top_l[p[-1]]) for p in kids if finite[p[-1]]]
-                for p, tok in chosen:
-                    node_of[p] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(node_of[prefix])
-                    new.append(p)
-            if not new:
-                break
-            depth = level
-            grow = [p for p in new if p in self._inner] if level < max_depth else []
-            if grow:
-                ids, lps = session.expand([sess_of[p[:-1]] for p in grow], [tokens[node_of[p]] for p in grow])
-                for p, sid, lp in zip(grow, ids, lps):
-                    sess_of[p], logprobs[p] = sid, lp
+        plan = self._plan(min(max_depth, max(map(len, self.paths))), session.device)
+        lp = session.root_logprobs()[None]  # [rows, V]: the level's parents' distributions
+        tokens, alive, qs = [session.root_token], [true_flag(session.device)], []
+        alive_all = alive[0]
+        for i, lv in enumerate(plan.levels):
+            if sample:
+                drawn, ok = gumbel_top_k(lp, lv.width, session.generator)
+                qs.append(lp)
+            else:
+                vals, drawn = stable_topk(lp, lv.width)
+                ok = vals > float("-inf")
+            tok, live = drawn[lv.row, lv.rank], ok[lv.row, lv.rank] & alive_all[lv.parents]
+            tokens.append(tok)
+            alive.append(live)
+            alive_all = torch.cat(alive)
+            if lv.grow.numel():
+                _, lp = session.expand(lv.grow_parents, tok[lv.grow], i + 1)
+        proposal = None
+        if sample:
+            q = torch.cat(qs).exp()
+            proposal = q.new_zeros(plan.parents.numel(), q.shape[-1]).index_copy_(0, plan.proposal_nodes, q)
         return DraftTree(
-            tokens=torch.tensor(tokens, dtype=torch.long),
-            parents=parents,
-            drafted_depth=depth,
-            width=self.width,
-            proposal=proposal if sample else None,
-        )
+            torch.cat(tokens), plan.parents, drafted_depth=len(plan.levels), width=self.width, proposal=proposal,
+            alive=alive_all, depth=plan.depth, ancestor_mask=plan.ancestor_mask, max_children=plan.max_children,
+        )  # fmt: skip
+
+
+def _long(values: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
+
+
+@lru_cache(maxsize=64)
+def true_flag(device: torch.device) -> torch.Tensor:
+    """``[True]`` on ``device`` (cached, never written)."""
+    return torch.ones(1, dtype=torch.bool, device=device)
 
 
 class ChainPolicy(StaticTreePolicy):
