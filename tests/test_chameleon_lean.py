@@ -131,17 +131,24 @@ def test_lean_weights_are_one_fused_copy(tiny_dir: Path) -> None:
         assert sum(p.numel() for p in net.parameters()) == n_hf - n_norms
 
 
-def test_random_init_is_the_hf_model(tiny_dir: Path) -> None:
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_random_init_is_the_hf_model(kv_heads: int) -> None:
     """``random_init`` (``model=tiny_chameleon``, the cost model's 7B shape): the lean path converts the HF path's
-    seeded model, so both decode the same weights; the conversion empties the HF layers as it goes."""
+    seeded model, so both decode the same weights (also with grouped K/V heads); the conversion empties the HF
+    layers as it goes."""
     from adtbench.models.chameleon import random_chameleon
     from adtbench.models.chameleon_lean import lean_from_hf
 
-    hf = build_target(model_cfg("tiny_chameleon", dtype="float64", impl="hf", attn_implementation="sdpa"))
-    lean = build_target(model_cfg("tiny_chameleon", dtype="float64"))
+    over = {"dtype": "float64", "arch.num_key_value_heads": kv_heads}
+    hf = build_target(model_cfg("tiny_chameleon", impl="hf", attn_implementation="sdpa", **over))
+    lean = build_target(model_cfg("tiny_chameleon", **over))
     assert type(lean).__name__ == "LeanChameleonTarget" and type(hf).__name__ == "ChameleonTarget"
+    assert lean.net.layers[0].k_norm.weight.shape == (kv_heads, 16)
     inputs = hf.encode_prompt(TEXT, cfg=True)
-    torch.testing.assert_close(hf.start(inputs, 1).logits, lean.start(inputs, 1).logits, atol=1e-10, rtol=0)
+    torch.testing.assert_close(hf.start(inputs, 5).logits, lean.start(inputs, 5).logits, atol=1e-10, rtol=0)
+    tree = DraftTree(_ids(hf, [3, 9, 17, 30, 41]), [-1, 0, 0, 1, 2], drafted_depth=2)
+    a, b = (t.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth) for t in (hf, lean))
+    torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
     lm = random_chameleon(model_cfg("tiny_chameleon"), 64)
     net = lean_from_hf(lm)
     assert not any(True for _ in lm.model.layers.parameters()) and net.arch.num_layers == 2

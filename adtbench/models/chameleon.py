@@ -1,9 +1,16 @@
-"""Chameleon-family adapter (Anole): vocabulary, prompt rows and the builder from a ``model`` config node.
+"""Chameleon-family adapter (Anole): vocabulary, prompt rows, the two targets and the builder from a ``model`` node.
 
-The LM runs on the generic transformers target (``hf_causal.HFCausalTarget``) through ``lm.model`` +
-``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``, which sets every image-token logit to
-``finfo.min``. Checkpoints and tokenizers are read by ``hf_checkpoint`` (``load_chameleon_lm``: the q/k-norm
-fix of models.md §1.4).
+``model.impl`` picks the LM's implementation; both expose raw logits over the whole vocabulary (the image-token
+constraint is ``TokenLayout``'s) and share this module's vocabulary and prompt rows (``ChameleonVocab``):
+
+- ``lean`` (default): ``LeanChameleonTarget``, the LM of ``chameleon_lean`` on the project's lean stack with a
+  static KV cache (``StaticGPTTarget``'s tree bookkeeping, device-side compaction, ``compile_forward``);
+- ``hf``: ``ChameleonTarget``, the generic transformers target (``hf_causal.HFCausalTarget``) through
+  ``lm.model`` + ``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``, which sets every
+  image-token logit to ``finfo.min``: the reference the lean path is tested against.
+
+Checkpoints and tokenizers are read by ``hf_checkpoint`` (the q/k-norm fix of models.md §1.4;
+``load_chameleon_lm`` for hf, ``chameleon_lean.load_chameleon_net`` for lean).
 
 Vocabulary: image tokens are the ``IMGIMG<letters>Z`` entries of ``config.vocabulary_map`` (letters A–J
 spell the decimal VQ code); their id range is derived from the map and asserted contiguous,
@@ -202,7 +209,7 @@ class ChameleonTarget(ChameleonVocab, HFCausalTarget):
         dtype: torch.dtype = torch.float32,
         cfg_mode: str = "batched",
     ) -> None:
-        HFCausalTarget.__init__(self, lm, device, dtype, cfg_mode)
+        super().__init__(lm, device, dtype, cfg_mode)
         self._init_vocab(lm.config, vq, tokenizer, grid, device)
 
 

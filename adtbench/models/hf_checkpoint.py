@@ -3,8 +3,10 @@
 ``load_chameleon_lm``: an HF folder (``config.json`` + safetensors shards) → ``ChameleonForConditionalGeneration``.
 q/k-norm tensors stored as ``(d0, head_dim)`` with ``d0`` < heads (Lumina-mGPT's pre-release layout, models.md
 §1.4) are expanded with ``repeat_interleave`` to ``(heads, head_dim)``; every other shape must match, and only
-``model.vqmodel.*`` (the unused VQ encoder) may be missing. Tokenizers: ``HFTokenizer`` (a transformers
-tokenizer folder) and ``HashTokenizer`` (the stand-in over a tiny vocabulary's filler ids).
+``model.vqmodel.*`` (the unused VQ encoder) may be missing. ``open_chameleon_checkpoint`` (file checks, config,
+shapes) and ``shape_mismatches`` are shared with the lean loader (``chameleon_lean.load_chameleon_net``).
+Tokenizers: ``HFTokenizer`` (a transformers tokenizer folder) and ``HashTokenizer`` (the stand-in over a tiny
+vocabulary's filler ids).
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ official) runs the uncond row as a second, unbatched forward with its own cache;
 left-padded second row. Greedy (``temperature: 0``) and temperature sampling both work (the reference EAGLE
 path supports neither).
 
+``model.impl`` as for Anole (``chameleon``): ``LeanLuminaTarget`` (default; its CFG rows always run batched in
+one static cache — the same logits as the sequential layout up to float rounding) or ``LuminaTarget`` (hf).
+
 Official sampling (README): CFG 4.0, image top-k 2000, temperature 1.0. LANTERN: CFG 3.0 (its drafter was
 trained with 3.0), top-k 2000, temperature 1.0.
 """
