@@ -1,4 +1,5 @@
-"""Tests for the Chameleon/Anole adapter on the tiny random model (CPU, float64 where exactness is checked).
+"""Tests for the Chameleon/Anole adapter's transformers path (``model.impl=hf``) on the tiny random model (CPU,
+float64 where exactness is checked); the lean default equals it (tests/test_chameleon_lean.py).
 
 Covers: vocabulary-derived image-id range, Anole prompt rows, that transformers passes our 4-D mask through
 unchanged, tree verification == sequential decoding (with a causal-mask negative control), KV compaction
@@ -44,8 +45,9 @@ ATOL = {"sdpa": 1e-9, "eager": 1e-5}
 
 
 def _target(dtype: str = "float64", attn: str = "sdpa") -> ChameleonTarget:
+    """The transformers path (``model.impl=hf``; the lean default is tests/test_chameleon_lean.py's)."""
     cfg = OmegaConf.load(CONF)
-    cfg.dtype, cfg.attn_implementation = dtype, attn
+    cfg.dtype, cfg.attn_implementation, cfg.impl = dtype, attn, "hf"
     return build_target(cfg)
 
 

@@ -131,7 +131,7 @@ def test_anole_loads_real_layout(tiny) -> None:
     idx = json.loads((d / "model.safetensors.index.json").read_text())
     assert len(set(idx["weight_map"].values())) == 3  # sharded, as the HF release
     assert any(k.startswith("model.vqmodel.") for k in idx["weight_map"])
-    t = load("anole", d)
+    t = load("anole", d, impl="hf")  # the lean default's weights: tests/test_chameleon_lean.py
     assert_same_weights(t.lm, refs["anole"]["lm"])
     lay = t.layout
     assert (lay.image_token_offset, lay.num_codes, lay.grid_h, lay.num_gen_tokens) == (4, 64, 4, 16)
@@ -169,7 +169,7 @@ def test_lumina_qk_norm_trap(tiny) -> None:
     assert cfg["architectures"] == ["ChameleonXLLMXForConditionalGeneration"] and "z_loss_weight" in cfg
     with pytest.raises(RuntimeError, match=r"size mismatch|shape"):  # the trap: plain loading fails
         ChameleonForConditionalGeneration.from_pretrained(str(d))
-    t = load("lumina_mgpt", d)
+    t = load("lumina_mgpt", d, impl="hf")
     assert_same_weights(t.lm, refs["lumina_mgpt"]["lm"], skip=("model.vqmodel.",))
     assert t.lm.model.layers[1].self_attn.k_norm.weight.shape == (4, 16)
     v = torch.arange(6.0).view(1, 6)
@@ -183,7 +183,7 @@ def test_lumina_layout_and_prompt(tiny) -> None:
 
     root, _ = tiny
     t = load("lumina_mgpt", root / "lumina_mgpt")
-    vm, lay = t.lm.config.vocabulary_map, t.layout
+    vm, lay = t.net.config.vocabulary_map, t.layout
     assert size_token_name(24) == "<reserved08824>"
     assert lay.eol_token == vm[EOL_NAME] and lay.eoi_token == vm["<eoss>"]
     assert lay.num_gen_tokens == 4 * (4 + 1) + 1
@@ -213,7 +213,7 @@ def test_lumina_sequential_equals_batched_cfg(tiny) -> None:
     root, _ = tiny
     out = {}
     for mode in ("sequential", "batched"):
-        t = load("lumina_mgpt", root / "lumina_mgpt", cfg_mode=mode)
+        t = load("lumina_mgpt", root / "lumina_mgpt", cfg_mode=mode, impl="hf")
         res = t.start(t.encode_prompt(TEXT, cfg=True), 4)
         step, _ = t.verify_forward(torch.tensor([7, 9]), torch.ones(2, 2, dtype=torch.bool).tril(), torch.arange(2))
         out[mode] = (res.logits, step, t.caches)
@@ -379,7 +379,8 @@ def test_missing_paths_name_key_and_file(tiny, tmp_path: Path, monkeypatch: pyte
         build_target(model_cfg("anole", tmp_path / "nope"))
     assert e.value.key == "model.path"
     # the VQ files are checked before the LM weights are read
-    monkeypatch.setattr(cham, "load_chameleon_lm", lambda *a, **k: pytest.fail("LM loaded before path checks"))
+    for loader in ("load_chameleon_lm", "load_chameleon_net"):  # the hf and the lean path
+        monkeypatch.setattr(cham, loader, lambda *a, **k: pytest.fail("LM loaded before path checks"))
     with pytest.raises(ConfigError, match=r"vqgan.ckpt") as e:
         build_target(model_cfg("anole", root / "anole", **{"vq.ckpt": "missing/vqgan.ckpt"}))
     assert e.value.key == "model.vq.ckpt"
@@ -418,7 +419,9 @@ def test_dtype_device_and_attention_options(tiny) -> None:
     assert resolve_dtype("auto", torch.device("cuda")) == torch.bfloat16
     with pytest.raises(ConfigError, match=r"model.dtype"):
         resolve_dtype("fp8", torch.device("cpu"))
-    t = build_target(model_cfg("anole", root / "anole", dtype="auto", device="auto", attn_implementation="eager"))
+    t = build_target(
+        model_cfg("anole", root / "anole", dtype="auto", device="auto", attn_implementation="eager", impl="hf")
+    )
     assert t.dtype == (torch.bfloat16 if torch.cuda.is_available() else torch.float32)
     assert t.lm.config._attn_implementation == "eager"
     with pytest.raises(ConfigError, match="attn_implementation"):

@@ -12,7 +12,8 @@ Invariants:
   (0, 1], ``policy.depth ≥ 1`` …) stay with the builders (``config.build_sampling``, the policy
   constructors), which also reject the strings OmegaConf would coerce (``"yes"`` → ``True``).
 - Open groups: ``model`` (each family has its own keys: ``arch``, ``vq``, ``text_encoder`` …; checked by the
-  family's loader), ``eval`` (metric-specific nodes; checked by ``adtbench.harness.eval.validate``), and the
+  family's loader, except the shared ``model.impl``: :func:`check_model`), ``eval`` (metric-specific nodes;
+  checked by ``adtbench.harness.eval.validate``), and the
   ``hydra`` / ``bench`` nodes of the bench tools. ``policy`` is checked against the schema of its ``name``.
 
 Why one structured validation and not Hydra's ConfigStore schema matching: the app's contract for bad input
@@ -51,6 +52,7 @@ __all__ = [
     "TimingConf",
     "check",
     "check_group",
+    "check_model",
 ]
 
 
@@ -319,10 +321,22 @@ def _top_value(cfg: DictConfig, key: str) -> Any:
     return _plain(value, key)
 
 
+def check_model(cfg: DictConfig) -> None:
+    """The ``model`` keys the families share that can be checked before a loader runs: ``model.impl`` (``lean`` |
+    ``hf``, ``models.registry.IMPLS``; absent = ``lean``). The rest of the open ``model`` node is the loader's."""
+    node = cfg.get("model")
+    if not isinstance(node, DictConfig) or "impl" not in node:
+        return
+    from adtbench.models.registry import model_impl
+
+    model_impl({"impl": _plain(node.get("impl"), "model.impl")})
+
+
 def check(cfg: DictConfig) -> None:
     """Check the composed app config: the top-level keys, then every group with a fixed schema (:data:`GROUPS`
-    and ``policy``). Raises ``ConfigError`` naming the first bad key."""
+    and ``policy``), then :func:`check_model`. Raises ``ConfigError`` naming the first bad key."""
     top = {k: None if k in GROUPS or k in OPEN else _top_value(cfg, str(k)) for k in cfg}
     _merge(top, AppConf, "")
     for group in (*GROUPS, "policy"):
         check_group(cfg, group)
+    check_model(cfg)

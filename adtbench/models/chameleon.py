@@ -1,9 +1,16 @@
-"""Chameleon-family adapter (Anole): vocabulary, prompt rows and the builder from a ``model`` config node.
+"""Chameleon-family adapter (Anole): vocabulary, prompt rows, the two targets and the builder from a ``model`` node.
 
-The LM runs on the generic transformers target (``hf_causal.HFCausalTarget``) through ``lm.model`` +
-``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``, which sets every image-token logit to
-``finfo.min``. Checkpoints and tokenizers are read by ``hf_checkpoint`` (``load_chameleon_lm``: the q/k-norm
-fix of models.md §1.4).
+``model.impl`` picks the LM's implementation; both expose raw logits over the whole vocabulary (the image-token
+constraint is ``TokenLayout``'s) and share this module's vocabulary and prompt rows (``ChameleonVocab``):
+
+- ``lean`` (default): ``LeanChameleonTarget``, the LM of ``chameleon_lean`` on the project's lean stack with a
+  static KV cache (``StaticGPTTarget``'s tree bookkeeping, device-side compaction, ``compile_forward``);
+- ``hf``: ``ChameleonTarget``, the generic transformers target (``hf_causal.HFCausalTarget``) through
+  ``lm.model`` + ``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``, which sets every
+  image-token logit to ``finfo.min``: the reference the lean path is tested against.
+
+Checkpoints and tokenizers are read by ``hf_checkpoint`` (the q/k-norm fix of models.md §1.4;
+``load_chameleon_lm`` for hf, ``chameleon_lean.load_chameleon_net`` for lean).
 
 Vocabulary: image tokens are the ``IMGIMG<letters>Z`` entries of ``config.vocabulary_map`` (letters A–J
 spell the decimal VQ code); their id range is derived from the map and asserted contiguous,
@@ -32,9 +39,12 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PromptInputs
-from adtbench.models.hf_causal import HFCausalTarget, common_options, spread_init_
+from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
+from adtbench.models.chameleon_lean import lean_from_hf, load_chameleon_net
+from adtbench.models.hf_causal import CFG_MODES, HFCausalTarget, common_options, prompt_mask, spread_init_
 from adtbench.models.hf_checkpoint import HashTokenizer, HFTokenizer, load_chameleon_lm
+from adtbench.models.kv import StaticKVCache
+from adtbench.models.rope import Rope, Rope1D
 
 IMAGE_PREFIX, IMAGE_SUFFIX = "IMGIMG", "Z"
 _DIGIT = {chr(ord("A") + i): str(i) for i in range(10)}  # letter → decimal digit of the VQ code
@@ -140,33 +150,25 @@ def tiny_vocabulary_map(vocab_size: int, num_codes: int, extra: Sequence[str] = 
 # ---------------------------------------------------------------------------------------------------------
 
 
-class ChameleonTarget(HFCausalTarget):
-    """Anole-style Chameleon target (see module docstring).
+class ChameleonVocab:
+    """Vocabulary, token layout and prompt rows of a Chameleon-family target: the one copy the HF
+    (``ChameleonTarget``) and the lean (``LeanChameleonTarget``) implementations share, as a mixin before their
+    network base class. ``_init_vocab`` sets ``vq``, ``tokenizer``, ``special`` and ``layout`` from the
+    checkpoint's ``ChameleonConfig``; Lumina-mGPT overrides ``_make_layout`` and ``encode_prompt``."""
 
-    ``lm``: a ``ChameleonForConditionalGeneration`` (its ``.model`` and ``.lm_head`` are used);
-    ``vq``: a taming VQGAN decoder (``decode_codes(codes [1, h*w], h, w)``) or None;
-    ``tokenizer``: a callable ``text → list[int]`` of text-token ids (no specials).
-    """
+    layout: TokenLayout
+    special: dict[str, int]
+    tokenizer: Any
+    vq: Any
 
-    def __init__(
-        self,
-        lm: nn.Module,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "batched",
-    ) -> None:
-        super().__init__(lm, device, dtype, cfg_mode)
+    def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
         self.vq = vq.to(device=device).eval() if vq is not None else None
         self.tokenizer = tokenizer
-        c = lm.config
-        offset, k = image_token_range(c.vocabulary_map)
-        self.special = special_token_ids(c.vocabulary_map)
+        offset, k = image_token_range(config.vocabulary_map)
+        self.special = special_token_ids(config.vocabulary_map)
         if self.vq is not None and self.vq.codebook_size != k:
             raise ConfigError("model.vq", f"VQ codebook {self.vq.codebook_size} ≠ {k} image tokens in the vocabulary")
-        self.layout = self._make_layout(c, offset, k, grid)
+        self.layout = self._make_layout(config, offset, k, grid)
 
     def _make_layout(self, c: Any, offset: int, k: int, grid: tuple[int, int]) -> TokenLayout:
         return TokenLayout(
@@ -184,6 +186,77 @@ class ChameleonTarget(HFCausalTarget):
         sp = self.special
         cond = [sp["bos"], *self.tokenizer(text), sp["eot"], sp["boi"]]
         return prompt_rows(text, cfg, cond, [sp["bos"], sp["boi"]], sp["pad"])
+
+    def prompt_length(self, inputs: PromptInputs) -> int:
+        return int(inputs.data["ids"].shape[1])
+
+
+class ChameleonTarget(ChameleonVocab, HFCausalTarget):
+    """Anole-style Chameleon target on transformers (``model.impl: hf``; see module docstring).
+
+    ``lm``: a ``ChameleonForConditionalGeneration`` (its ``.model`` and ``.lm_head`` are used);
+    ``vq``: a taming VQGAN decoder (``decode_codes(codes [1, h*w], h, w)``) or None;
+    ``tokenizer``: a callable ``text → list[int]`` of text-token ids (no specials).
+    """
+
+    def __init__(
+        self,
+        lm: nn.Module,
+        vq: Any,
+        tokenizer: Any,
+        grid: tuple[int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        cfg_mode: str = "batched",
+    ) -> None:
+        super().__init__(lm, device, dtype, cfg_mode)
+        self._init_vocab(lm.config, vq, tokenizer, grid, device)
+
+
+class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
+    """Anole-style Chameleon target on the lean stack (``model.impl: lean``, the default; ``chameleon_lean``).
+
+    Same constructor and prompt rows as ``ChameleonTarget``, with ``lm`` a ``chameleon_lean.ChameleonLM``. The CFG
+    rows always run batched in one preallocated ``StaticKVCache`` (the uncond row left-padded, its pad columns
+    never attended: ``valid``); ``cfg_mode`` is validated and kept for the record — ``sequential`` (the HF path's
+    one cache per row) is the same function, so the lean path computes it batched. Tree verification, the
+    additive mask, device-side KV compaction and ``compile_forward`` are ``StaticGPTTarget``'s.
+    """
+
+    def __init__(
+        self,
+        lm: Any,
+        vq: Any,
+        tokenizer: Any,
+        grid: tuple[int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        cfg_mode: str = "batched",
+    ) -> None:
+        super().__init__()
+        if cfg_mode not in CFG_MODES:
+            raise ConfigError("model.cfg_mode", f"unknown CFG mode {cfg_mode!r}; choose one of {CFG_MODES}")
+        self.cfg_mode = cfg_mode
+        self.net = lm.to(device=device, dtype=dtype).eval()
+        self.device, self.dtype = torch.device(device), dtype
+        a = lm.arch
+        self.hidden_size, self.num_heads, self.num_kv_heads = a.hidden_size, a.num_heads, a.num_kv_heads
+        self.head_dim, self.intermediate_size, self.rope_theta = a.head_dim, a.intermediate_size, a.rope_theta
+        self.cache: StaticKVCache | None = None
+        self._init_vocab(lm.config, vq, tokenizer, grid, device)
+
+    def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
+        dev = self.device
+        ids, valid, pos = (inputs.data[k].to(dev) for k in ("ids", "valid", "positions"))
+        self.cache = self.net.new_cache(ids.shape[0], capacity)
+        x = self.net.tok_embeddings(ids)
+        feats = self.net.forward_embeds(x, pos, prompt_mask(valid), self.cache, 0)
+        return PrefillResult(
+            logits=self.net.output(feats[:, -1]), features=feats, input_embeds=x, positions=pos, valid=valid
+        )
+
+    def drafter_rope(self, head_dim: int) -> Rope:
+        return Rope1D(head_dim, theta=self.rope_theta)  # HF rotate_half pairing, as the target's own
 
 
 def prompt_rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) -> PromptInputs:
@@ -286,26 +359,33 @@ def random_chameleon(cfg: Any, num_codes: int, extra_names: tuple[str, ...] = ()
     return lm.to(dtype)
 
 
-def build_parts(cfg: Any, extra_names: tuple[str, ...] = ()) -> tuple[nn.Module, Any, Any]:
+def build_parts(cfg: Any, extra_names: tuple[str, ...] = ()) -> tuple[Any, Any, Any]:
     """``(lm, vq, tokenizer)`` of a Chameleon-family ``model`` node (Anole, Lumina-mGPT).
 
+    ``lm`` follows ``model.impl``: ``lean`` (default) a ``chameleon_lean.ChameleonLM``, ``hf`` a transformers
+    ``ChameleonForConditionalGeneration``; both carry the checkpoint's ``ChameleonConfig`` as ``.config``.
     ``random_init: true``: ``random_chameleon`` (tiny vocabulary plus ``extra_names`` unless ``arch`` carries its
-    own ``vocabulary_map``) and a tiny VQ only when ``vq.kind: tiny`` (a checkpoint VQ makes no sense with random
-    LM weights). Otherwise every path (``model.path``, the VQ files) is validated before the LM weights are read
-    by ``load_chameleon_lm``. Tokenizer problems are a ``ConfigError`` on ``model.tokenizer``.
+    own ``vocabulary_map``; the lean path converts it, so both paths get the same seeded weights) and a tiny VQ only
+    when ``vq.kind: tiny`` (a checkpoint VQ makes no sense with random LM weights). Otherwise every path
+    (``model.path``, the VQ files) is validated before the LM weights are read by ``load_chameleon_net`` (lean) or
+    ``load_chameleon_lm`` (hf). Tokenizer problems are a ``ConfigError`` on ``model.tokenizer``.
     """
-    from adtbench.models.registry import get, resolve_dir
+    from adtbench.models.registry import get, model_impl, resolve_dir
 
-    _, dtype, attn, seed = common_options(cfg)
+    impl = model_impl(cfg)
+    device, dtype, attn, seed = common_options(cfg)
     base = None
+    lm: Any
     if bool(get(cfg, "random_init", False)):
         vq = make_vq(cfg, seed) if str(get(cfg, "vq.kind", "none")) == "tiny" else None
         k = vq.codebook_size if vq is not None else int(get(cfg, "arch.num_codes", 64))
         lm = random_chameleon(cfg, k, extra_names)
+        if impl == "lean":
+            lm = lean_from_hf(lm)
     else:
         base = resolve_dir("model.path", get(cfg, "path"), ["config.json", "*.safetensors"])
         vq = make_vq(cfg, seed, base)  # validate every path before reading the LM weights
-        lm = load_chameleon_lm(base, dtype, attn)
+        lm = load_chameleon_net(base, dtype, device) if impl == "lean" else load_chameleon_lm(base, dtype, attn)
     try:
         tokenizer = make_tokenizer(cfg, lm.config, base)
     except ValueError as e:
@@ -313,25 +393,27 @@ def build_parts(cfg: Any, extra_names: tuple[str, ...] = ()) -> tuple[nn.Module,
     return lm, vq, tokenizer
 
 
-def build_target(cfg: Any) -> ChameleonTarget:
+def build_target(cfg: Any) -> ChameleonTarget | LeanChameleonTarget:
     """Build from a ``model`` config node (``conf/model/anole.yaml``, ``conf/model/tiny_chameleon.yaml``).
 
+    ``model.impl``: ``lean`` (default) → ``LeanChameleonTarget``, ``hf`` → ``ChameleonTarget`` (the reference).
     ``random_init: true`` builds ``ChameleonConfig(**arch)`` with the tiny vocabulary map (unless ``arch``
     carries its own ``vocabulary_map``) and seeded, spread-out random weights; otherwise the LM is loaded from
-    ``model.path`` (an HF folder or hub id) by ``load_chameleon_lm``. ``grid: [h, w]`` is the generated grid.
+    ``model.path`` (an HF folder or hub id). ``grid: [h, w]`` is the generated grid.
     """
-    from adtbench.models.registry import get
+    from adtbench.models.registry import get, model_impl
 
+    cls = LeanChameleonTarget if model_impl(cfg) == "lean" else ChameleonTarget
     device, dtype, _, _ = common_options(cfg)
     grid = grid_of(cfg, "[32, 32] for Anole")
     lm, vq, tokenizer = build_parts(cfg)
-    return ChameleonTarget(
-        lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=str(get(cfg, "cfg_mode", "batched"))
-    )
+    return cls(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=str(get(cfg, "cfg_mode", "batched")))
 
 
 __all__ = [
     "ChameleonTarget",
+    "ChameleonVocab",
+    "LeanChameleonTarget",
     "build_parts",
     "build_target",
     "grid_of",

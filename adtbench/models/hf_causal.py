@@ -57,6 +57,15 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
 
 
+def prompt_mask(valid: torch.Tensor) -> torch.Tensor:
+    """Boolean prefill mask ``[R, 1, P, P]`` of left-padded prompt rows ``valid [R, P]``: causal over the row's real
+    tokens, and every position attends to itself so that no mask row is empty (a pad row's output is unused)."""
+    P = valid.shape[1]
+    causal = torch.ones(P, P, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(P, dtype=torch.bool, device=valid.device)
+    return ((causal[None] & valid[:, None, :]) | eye[None])[:, None]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The generic transformers-LM target
 # ---------------------------------------------------------------------------------------------------------
@@ -134,8 +143,8 @@ class HFCausalTarget(Target):
         pos = inputs.data["positions"].to(dev)
         R, P = ids.shape
         self.rows = R  # ``sequential`` reads it before ``start`` sets it
-        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         if self.sequential:  # each row alone, its pad columns dropped
+            causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
             self.cache, self.caches = None, []
             feats = torch.zeros(R, P, self.hidden_size, dtype=self.dtype, device=dev)
             for r in range(R):
@@ -146,10 +155,8 @@ class HFCausalTarget(Target):
                 feats[r, cols] = self._run(ids[r : r + 1, cols], mask, pos[r : r + 1, cols], cache)[0]
                 self.caches.append(cache)
         else:
-            eye = torch.eye(P, dtype=torch.bool, device=dev)
-            mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]  # [R, 1, P, P]
             self.cache, self.caches = self._new_cache(), []
-            feats = self._run(ids, mask, pos, self.cache)
+            feats = self._run(ids, prompt_mask(valid), pos, self.cache)
         return PrefillResult(
             logits=self.lm.lm_head(feats[:, -1]),
             features=feats,
@@ -278,5 +285,6 @@ __all__ = [
     "cache_num_layers",
     "cache_set",
     "common_options",
+    "prompt_mask",
     "spread_init_",
 ]

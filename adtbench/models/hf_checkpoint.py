@@ -3,8 +3,10 @@
 ``load_chameleon_lm``: an HF folder (``config.json`` + safetensors shards) → ``ChameleonForConditionalGeneration``.
 q/k-norm tensors stored as ``(d0, head_dim)`` with ``d0`` < heads (Lumina-mGPT's pre-release layout, models.md
 §1.4) are expanded with ``repeat_interleave`` to ``(heads, head_dim)``; every other shape must match, and only
-``model.vqmodel.*`` (the unused VQ encoder) may be missing. Tokenizers: ``HFTokenizer`` (a transformers
-tokenizer folder) and ``HashTokenizer`` (the stand-in over a tiny vocabulary's filler ids).
+``model.vqmodel.*`` (the unused VQ encoder) may be missing. ``open_chameleon_checkpoint`` (file checks, config,
+shapes) and ``shape_mismatches`` are shared with the lean loader (``chameleon_lean.load_chameleon_net``).
+Tokenizers: ``HFTokenizer`` (a transformers tokenizer folder) and ``HashTokenizer`` (the stand-in over a tiny
+vocabulary's filler ids).
 """
 
 from __future__ import annotations
@@ -58,15 +60,16 @@ def expand_qk_norm(t: torch.Tensor, heads: int, key: str = "") -> torch.Tensor:
     return t.repeat_interleave(heads // d0, dim=0)
 
 
-def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "model.path") -> nn.Module:
-    """``ChameleonForConditionalGeneration`` from an HF folder, with the q/k-norm fix (module docstring).
+def open_chameleon_checkpoint(
+    path: Path, key: str = "model.path"
+) -> tuple[Any, list[Path], dict[str, tuple[int, ...]]]:
+    """``(ChameleonConfig, shard files, tensor name → shape)`` of an HF Chameleon folder; no tensor is read.
 
-    Checks (``ConfigError(key, …)``): at least one safetensors shard; every checkpoint tensor's shape equals the
-    model's, except q/k-norms of shape ``(d0, head_dim)`` with ``d0`` dividing the head count; only
-    ``model.vqmodel.*`` may be missing. Extra keys (e.g. a VQ decoder) are ignored.
+    Checks (``ConfigError(key, …)``): at least one safetensors shard, each structurally whole (``check_weights``),
+    and a ``config.json`` with a ``vocabulary_map``. Both loaders (``load_chameleon_lm``, the lean
+    ``chameleon_lean.load_chameleon_net``) start here.
     """
-    from safetensors import safe_open
-    from transformers import ChameleonConfig, ChameleonForConditionalGeneration
+    from transformers import ChameleonConfig
 
     from adtbench.io import check_weights
 
@@ -78,9 +81,32 @@ def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "mod
     config = ChameleonConfig.from_pretrained(str(path))
     if getattr(config, "vocabulary_map", None) is None:
         raise ConfigError(key, f"{path / 'config.json'} has no vocabulary_map (needed for the image-token ids)")
-    shapes = checkpoint_shapes(files)
+    return config, files, checkpoint_shapes(files)
+
+
+def shape_mismatches(shapes: dict[str, tuple[int, ...]], own: dict[str, tuple[int, ...]]) -> list[str]:
+    """``"key: checkpoint … vs model …"`` for every tensor whose shape differs from the model's, except q/k-norms
+    stored ``(d0, head_dim)`` (expanded at load, ``expand_qk_norm``)."""
+    return [
+        f"{k}: checkpoint {s} vs model {own[k]}"
+        for k, s in shapes.items()
+        if k in own and own[k] != s and not (is_qk_norm(k) and len(s) == 2 and s[1:] == own[k][1:])
+    ]
+
+
+def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "model.path") -> nn.Module:
+    """``ChameleonForConditionalGeneration`` from an HF folder, with the q/k-norm fix (module docstring).
+
+    Checks (``ConfigError(key, …)``): those of ``open_chameleon_checkpoint``; every checkpoint tensor's shape
+    equals the model's, except q/k-norms of shape ``(d0, head_dim)`` with ``d0`` dividing the head count; only
+    ``model.vqmodel.*`` may be missing. Extra keys (e.g. a VQ decoder) are ignored.
+    """
+    from safetensors import safe_open
+    from transformers import ChameleonForConditionalGeneration
+
+    config, files, shapes = open_chameleon_checkpoint(path, key)
     qk = {k: s for k, s in shapes.items() if is_qk_norm(k)}
-    need_fix = any(len(s) == 2 and s[0] != _heads_for(k, config) for k, s in qk.items())
+    need_fix = any(len(s) == 2 and s[0] != heads_for(k, config) for k, s in qk.items())
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()
@@ -92,11 +118,7 @@ def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "mod
     finally:
         hf_logging.set_verbosity(level)
     own = lm.state_dict()
-    bad = [
-        f"{k}: checkpoint {s} vs model {tuple(own[k].shape)}"
-        for k, s in shapes.items()
-        if k in own and tuple(own[k].shape) != s and not (is_qk_norm(k) and len(s) == 2 and s[1:] == own[k].shape[1:])
-    ]
+    bad = shape_mismatches(shapes, {k: tuple(t.shape) for k, t in own.items()})
     missing = [k for k in info["missing_keys"] if not k.startswith("model.vqmodel.")]
     if bad or missing:
         raise ConfigError(
@@ -108,12 +130,13 @@ def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "mod
                 with safe_open(str(f), framework="pt") as h:
                     for k in h.keys():  # noqa: SIM118
                         if is_qk_norm(k) and k in own:
-                            t = expand_qk_norm(h.get_tensor(k), _heads_for(k, config), k)
+                            t = expand_qk_norm(h.get_tensor(k), heads_for(k, config), k)
                             own[k].copy_(t.to(own[k].dtype))
     return lm.eval()
 
 
-def _heads_for(key: str, config: Any) -> int:
+def heads_for(key: str, config: Any) -> int:
+    """Rows of a full q/k-norm tensor: the head count for ``q_norm``, the KV-head count for ``k_norm``."""
     return config.num_attention_heads if ".q_norm." in key else config.num_key_value_heads
 
 
@@ -153,7 +176,10 @@ __all__ = [
     "HashTokenizer",
     "checkpoint_shapes",
     "expand_qk_norm",
+    "heads_for",
     "is_qk_norm",
     "load_chameleon_lm",
+    "open_chameleon_checkpoint",
     "safetensors_files",
+    "shape_mismatches",
 ]

@@ -40,14 +40,20 @@ def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.full(mask.shape, float("-inf"), dtype=dtype, device=mask.device).masked_fill_(mask, 0.0)
 
 
-def rms(x: torch.Tensor, eps: float, weight: torch.Tensor | None = None) -> torch.Tensor:
+def rms(
+    x: torch.Tensor, eps: float, weight: torch.Tensor | None = None, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """RMSNorm ``x · rsqrt(mean(x²) + eps) [· weight]`` over the last dim.
 
     Half types normalise in fp32 and cast back before the weight (LlamaGen's ``_norm(x.float()).type_as(x) · w``);
-    other dtypes use ``F.rms_norm`` (bitwise the same formula on CPU, fused on CUDA).
+    other dtypes use ``F.rms_norm`` (bitwise the same formula on CPU, fused on CUDA). ``dtype``: normalise in this
+    dtype whatever x's, cast back, then the weight — HF's Llama/Chameleon RMSNorm is ``dtype=float32`` (its
+    ``x.to(float32)``), so a float64 model rounds there to float32 too; None: the rule above.
     """
-    if x.dtype in HALF:
-        out = F.rms_norm(x.float(), (x.shape[-1],), None, eps).type_as(x)
+    if dtype is None and x.dtype in HALF:
+        dtype = torch.float32
+    if dtype is not None and dtype != x.dtype:
+        out = F.rms_norm(x.to(dtype), (x.shape[-1],), None, eps).to(x.dtype)
         return out if weight is None else out * weight
     return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
@@ -82,8 +88,24 @@ class LayerWeights:
     norm_in: bool  # RMS-normalise the layer input (EAGLE's layer 0 has no input norm)
     eps_in: float
     eps_ffn: float
-    q_norm: Any = None  # per-head LayerNorms applied to q / k before RoPE (LANTERN's Chameleon drafters)
+    q_norm: Any = None  # per-head LayerNorms applied to q / k before RoPE (Chameleon; LANTERN's drafters)
     k_norm: Any = None
+    norm_dtype: torch.dtype | None = None  # ``rms``'s dtype for both RMSNorms (Chameleon: float32, HF's rule)
+
+
+class HeadLayerNorm(nn.Module):
+    """Chameleon's q/k norm: LayerNorm over ``head_dim`` without affine (eps 1e-5), then a per-head affine,
+    ``LN(x)·w_h + b_h`` for x ``[..., heads, head_dim]`` with weight, bias ``[heads, head_dim]`` (the
+    ``LayerWeights.q_norm`` / ``k_norm`` of the lean Chameleon target; the same op order as transformers)."""
+
+    def __init__(self, heads: int, head_dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(heads, head_dim))
+        self.bias = nn.Parameter(torch.zeros(heads, head_dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
 
 
 def decoder_layer(
@@ -104,7 +126,7 @@ def decoder_layer(
     """
     H, KV, hd = w.heads, w.kv_heads, w.head_dim
     n = x.shape[0] // rows
-    h = rms(x, w.eps_in) if w.norm_in else x
+    h = rms(x, w.eps_in, dtype=w.norm_dtype) if w.norm_in else x
     qkv = torch.mm(h, w.qkv) if w.qkv_bias is None else torch.addmm(w.qkv_bias, h, w.qkv)
     qkv = qkv.view(rows, n, H + 2 * KV, hd)
     if w.q_norm is not None:
@@ -120,7 +142,7 @@ def decoder_layer(
         k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
     a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     x = torch.addmm(x, a.transpose(1, 2).reshape(rows * n, H * hd), w.o)
-    gate, up = torch.mm(rms(x, w.eps_ffn), w.up).chunk(2, -1)
+    gate, up = torch.mm(rms(x, w.eps_ffn, dtype=w.norm_dtype), w.up).chunk(2, -1)
     return torch.addmm(x, F.silu(gate) * up, w.down)
 
 
@@ -134,16 +156,17 @@ def lean_stack(
     mask: torch.Tensor,
     cache: StaticKVCache,
     start: int,
+    norm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """``x [R, n, D]`` through ``decoder_layer``s (layer i uses cache layer i), then RMSNorm with weight ``norm``
-    (None: no final norm) → ``[R, n, D]``. The unit ``compile_stack`` compiles."""
+    (None: no final norm; ``norm_dtype`` as in ``rms``) → ``[R, n, D]``. The unit ``compile_stack`` compiles."""
     R, n, D = x.shape
     if start + n > cache.capacity:
         raise RuntimeError(f"KV cache overflow: need {start + n} > capacity {cache.capacity}")
     h = x.reshape(R * n, D)
     for w, kv_buf in zip(layers, cache.kv, strict=True):
         h = decoder_layer(h, w, R, tables, style, mask, kv_buf, start)
-    return (h if norm is None else rms(h, eps, norm)).view(R, n, D)
+    return (h if norm is None else rms(h, eps, norm, norm_dtype)).view(R, n, D)
 
 
 def compile_stack(module: nn.Module) -> None:

@@ -22,6 +22,9 @@ official) runs the uncond row as a second, unbatched forward with its own cache;
 left-padded second row. Greedy (``temperature: 0``) and temperature sampling both work (the reference EAGLE
 path supports neither).
 
+``model.impl`` as for Anole (``chameleon``): ``LeanLuminaTarget`` (default; its CFG rows always run batched in
+one static cache — the same logits as the sequential layout up to float rounding) or ``LuminaTarget`` (hf).
+
 Official sampling (README): CFG 4.0, image top-k 2000, temperature 1.0. LANTERN: CFG 3.0 (its drafter was
 trained with 3.0), top-k 2000, temperature 1.0.
 """
@@ -36,7 +39,14 @@ from torch import nn
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs
-from adtbench.models.chameleon import ChameleonTarget, build_parts, grid_of, prompt_rows
+from adtbench.models.chameleon import (
+    ChameleonTarget,
+    ChameleonVocab,
+    LeanChameleonTarget,
+    build_parts,
+    grid_of,
+    prompt_rows,
+)
 from adtbench.models.hf_causal import common_options
 
 EOL_NAME = "<reserved08799>"
@@ -54,23 +64,14 @@ def lumina_extra_names(grid: tuple[int, int]) -> tuple[str, ...]:
     return (EOL_NAME, *dict.fromkeys(size_token_name(g // 2) for g in grid))
 
 
-class LuminaTarget(ChameleonTarget):
-    """Lumina-mGPT target (module docstring). Same constructor as ``ChameleonTarget``; ``grid`` entries must be
-    even (one size unit = 2 codes)."""
+class LuminaVocab(ChameleonVocab):
+    """Lumina-mGPT's layout (EOL/EOI forced, size tokens) and prompt rows (module docstring); mixin of the HF and
+    the lean Lumina targets. ``grid`` entries must be even (one size unit = 2 codes)."""
 
-    def __init__(
-        self,
-        lm: nn.Module,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "sequential",
-    ) -> None:
+    def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
         if grid[0] % 2 or grid[1] % 2:
             raise ConfigError("model.grid", f"Lumina grids are whole size units of 2 codes; got {grid}")
-        super().__init__(lm, vq, tokenizer, grid, device, dtype, cfg_mode)
+        super()._init_vocab(config, vq, tokenizer, grid, device)
 
     def _make_layout(self, c: Any, offset: int, k: int, grid: tuple[int, int]) -> TokenLayout:
         vm = c.vocabulary_map
@@ -104,19 +105,65 @@ class LuminaTarget(ChameleonTarget):
         return prompt_rows(text, cfg, cond, header, sp["pad"])
 
 
-def build_target(cfg: Any) -> LuminaTarget:
-    """Build from a ``model`` node (``conf/model/lumina_mgpt.yaml``).
+class LuminaTarget(LuminaVocab, ChameleonTarget):
+    """Lumina-mGPT on transformers (``model.impl: hf``); same constructor as ``ChameleonTarget`` (default
+    ``cfg_mode: sequential``, the official unbatched CFG)."""
+
+    def __init__(
+        self,
+        lm: nn.Module,
+        vq: Any,
+        tokenizer: Any,
+        grid: tuple[int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        cfg_mode: str = "sequential",
+    ) -> None:
+        super().__init__(lm, vq, tokenizer, grid, device, dtype, cfg_mode)
+
+
+class LeanLuminaTarget(LuminaVocab, LeanChameleonTarget):
+    """Lumina-mGPT on the lean stack (``model.impl: lean``, the default): ``LeanChameleonTarget`` with Lumina's
+    layout and prompt rows; its CFG rows run batched whatever ``cfg_mode`` says (the same logits as the official
+    sequential CFG up to float rounding)."""
+
+    def __init__(
+        self,
+        lm: Any,
+        vq: Any,
+        tokenizer: Any,
+        grid: tuple[int, int],
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        cfg_mode: str = "sequential",
+    ) -> None:
+        super().__init__(lm, vq, tokenizer, grid, device, dtype, cfg_mode)
+
+
+def build_target(cfg: Any) -> LuminaTarget | LeanLuminaTarget:
+    """Build from a ``model`` node (``conf/model/lumina_mgpt.yaml``); ``model.impl`` as for Anole
+    (``chameleon.build_target``).
 
     ``random_init: true``: a seeded tiny Chameleon whose tiny vocabulary also holds the EOL/size names;
-    otherwise ``model.path`` (HF folder or hub id) through ``load_chameleon_lm`` (q/k-norm fix).
+    otherwise ``model.path`` (HF folder or hub id) with the q/k-norm fix.
     """
-    from adtbench.models.registry import get
+    from adtbench.models.registry import get, model_impl
 
+    cls = LeanLuminaTarget if model_impl(cfg) == "lean" else LuminaTarget
     device, dtype, _, _ = common_options(cfg)
     grid = grid_of(cfg, "[48, 48] for Lumina-mGPT-7B-768")
     lm, vq, tokenizer = build_parts(cfg, lumina_extra_names(grid))
     mode = str(get(cfg, "cfg_mode", "sequential"))
-    return LuminaTarget(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
+    return cls(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
 
 
-__all__ = ["EOL_NAME", "PROMPT_TEMPLATE", "LuminaTarget", "build_target", "lumina_extra_names", "size_token_name"]
+__all__ = [
+    "EOL_NAME",
+    "PROMPT_TEMPLATE",
+    "LeanLuminaTarget",
+    "LuminaTarget",
+    "LuminaVocab",
+    "build_target",
+    "lumina_extra_names",
+    "size_token_name",
+]

@@ -48,6 +48,19 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
+IMPLS = ("lean", "hf")
+"""``model.impl`` of the families with two implementations (Chameleon: Anole, Lumina-mGPT): ``lean`` (default, the
+project's own static-cache network) or ``hf`` (transformers, the reference)."""
+
+
+def model_impl(cfg: Any) -> str:
+    """``model.impl`` of a model node (``lean`` when absent); another value is a ConfigError naming ``model.impl``."""
+    impl = get(cfg, "impl", "lean")
+    if not isinstance(impl, str) or impl not in IMPLS:
+        raise ConfigError("model.impl", f"unknown implementation {impl!r}; choose one of {list(IMPLS)}")
+    return impl
+
+
 def build_target(cfg: Any) -> Target:
     """The target of the model node ``cfg`` (its checkpoint's sidecar merged in first); unknown families are a
     ConfigError naming ``model.family``."""
@@ -222,11 +235,13 @@ def resolve_file(key: str, value: Any, what: str, base: Path | None = None, repo
 __all__ = [
     "DTYPES",
     "FAMILIES",
+    "IMPLS",
     "SIDECAR",
     "apply_sidecar",
     "build_target",
     "get",
     "looks_like_repo_id",
+    "model_impl",
     "plain",
     "resolve_device",
     "resolve_dir",
