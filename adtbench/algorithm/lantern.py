@@ -209,7 +209,7 @@ class LanternRule(AcceptanceRule):
         self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         r = self.relax(p, x)
-        accept = torch.where(qx > 0, ((px + r.extra) / qx).clamp_max(1.0), 1.0)
+        accept = ((px + r.extra) / qx).clamp_max(1.0).nan_to_num(1.0)  # q(x) = 0: 1
         if self.reference_residual:
             wide = r.neighbours[:, : self.k + 1]
             drop = self._first(r, wide.shape[1], torch.where(r.mstar > 0, wide.shape[1], 0))

@@ -32,8 +32,8 @@ import torch
 class DraftTree:
     """One cycle's draft tree (module docstring). ``drafted_depth`` D: sequential drafter levels run this cycle
     (d̄ in the ADT-Tree paper); ``width`` K: the policy's top-k / branching (trace only); ``info``: policy trace
-    fields (host values). ``depth``, ``ancestor_mask`` and ``max_children`` may be given by a builder that knows
-    them (static shapes); otherwise they are derived from ``parents``."""
+    fields (host values). ``depth``, ``ancestor_mask``, ``max_children`` and ``child_ranks`` may be given by a builder
+    that knows them (static shapes); otherwise they are derived from ``parents``."""
 
     def __init__(
         self,
@@ -48,6 +48,7 @@ class DraftTree:
         depth: torch.Tensor | None = None,
         ancestor_mask: torch.Tensor | None = None,
         max_children: int | None = None,
+        child_ranks: torch.Tensor | None = None,
     ) -> None:
         dev = tokens.device
         self.tokens = tokens
@@ -70,6 +71,7 @@ class DraftTree:
             ancestor_mask = torch.from_numpy(anc).to(dev) if ancestor_mask is None else ancestor_mask
         self.depth, self.ancestor_mask = depth, ancestor_mask
         self._max_children = max_children
+        self._child_ranks = child_ranks
         if isinstance(proposal, Mapping):
             rows = torch.zeros(n, next(iter(proposal.values())).numel(), dtype=torch.float64, device=dev)
             for u, q in proposal.items():
@@ -98,6 +100,17 @@ class DraftTree:
         for j, p in enumerate(self.parent_list[1:], start=1):
             kids[p].append(j)
         return kids
+
+    @cached_property
+    def child_ranks(self) -> torch.Tensor:
+        """``[n, max_children]`` on the tree's device: the node id of each node's r-th child (sibling order), −1 where
+        it has fewer; given by static builders, else derived on the device (no read)."""
+        if self._child_ranks is not None:
+            return self._child_ranks
+        n, par = self.size, self.parents[1:]
+        earlier = (par[:, None] == par[None]) & torch.ones(n - 1, n - 1, dtype=torch.bool, device=par.device).tril(-1)
+        table = torch.full((n, max(self.max_children, 1)), -1, dtype=torch.long, device=par.device)
+        return table.index_put_((par, earlier.sum(1)), torch.arange(1, n, device=par.device))
 
     @property
     def max_children(self) -> int:

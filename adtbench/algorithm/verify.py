@@ -98,8 +98,7 @@ class AcceptanceRule:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per row: draft ``x`` drawn from ``q``; ``px``, ``qx`` its probabilities. The acceptance probability
         ``min(1, p(x)/q(x))`` (1 where q(x) = 0) and the unnormalised residual ``max(p − q, 0)``."""
-        accept = torch.where(qx > 0, (px / qx).clamp_max(1.0), 1.0)
-        return accept, (p - q).clamp_min(0.0)
+        return (px / qx).clamp_max(1.0).nan_to_num(1.0), (p - q).clamp_min(0.0)  # q(x) = 0: 1 (inf or nan → 1)
 
     def point_mass(self, p: torch.Tensor, x: int) -> tuple[float, torch.Tensor]:
         """Acceptance probability of a point-mass draft x under target p, and the unnormalised residual."""
@@ -378,12 +377,12 @@ def _finish(
     """From ``chosen [n − 1]`` (child j + 1 acceptable / accepted at its parent): the deepest node whose whole path
     is chosen (first in node order on ties), and the bonus there — argmax (``residual`` None: greedy) or a draw from
     that node's ``residual`` row."""
-    ok = torch.cat([_root_flag(chosen.device), _live(tree, chosen)])
-    path_ok = ~(tree.ancestor_mask & ~ok).any(1)
-    last = torch.where(path_ok, tree.depth, -1).argmax()
-    row = processed[last]
-    bonus = row.argmax() if residual is None else sample_rows(residual[last], generator)
-    return Verdict(tree.ancestor_mask[last], last, bonus, row)
+    refused = torch.cat([_root_flag(chosen.device).logical_not(), ~_live(tree, chosen)])
+    blocked = (tree.ancestor_mask & refused).any(1)  # an ancestor (or the node) not chosen
+    last = torch.where(blocked, -1, tree.depth).argmax().view(1)  # [1]: a 0-d index would be read to the host
+    row = processed[last][0]
+    bonus = row.argmax() if residual is None else sample_rows(residual[last][0], generator)
+    return Verdict(tree.ancestor_mask[last][0], last[0], bonus, row)
 
 
 def _siblings(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
@@ -426,36 +425,35 @@ def _by_rank(
     rule the thresholds are the closed form's cumulative masses: both use the same draws and take the same decisions
     (so LANTERN at δ = 0 replays the exact rule seed for seed)."""
     n, R = tree.size, tree.max_children
-    rank = _child_ranks(tree, R)  # [n, R] child node id, −1 where none
+    rank = tree.child_ranks  # [n, R] child node id, −1 where none
+    child = rank.clamp_min(0)
+    live = tree.alive if tree.alive is not None else torch.ones_like(tree.tokens, dtype=torch.bool)
     q = tree.proposal
-    if q is not None:
-        q = q.to(p.dtype)
+    if q is None:  # point mass: an earlier sibling with the same token makes a child not worth a try
+        live = live & ~torch.cat([_root_flag(p.device).logical_not(), _siblings(tree)[1]])
     else:
-        _, dup = _siblings(tree)
-    live = torch.cat([_root_flag(p.device), _live(tree, torch.ones_like(tree.parents[1:], dtype=torch.bool))])
-    if q is None:
-        live = live & ~torch.cat([_root_flag(p.device), dup])
+        q = q.to(p.dtype)
+    tries_all = (rank >= 0) & live[child]  # [n, R]
+    xs = tree.tokens[child]
     u = uniforms((n,), generator, p.device).to(p.dtype)
-    lo = torch.zeros_like(u)
     accepted = torch.full((n,), -1, dtype=torch.long, device=p.device)
+    lo: torch.Tensor | float = 0.0
     for r in range(R):
-        c = rank[:, r]
-        cc = c.clamp_min(0)
-        x = tree.tokens[cc]
-        tries = (c >= 0) & live[cc] & (accepted < 0)
-        px = p.gather(1, x[:, None])[:, 0]
+        x = xs[:, r]
+        tries = tries_all[:, r] if r == 0 else tries_all[:, r] & (accepted < 0)
         if q is None:
             acc, residual = rule.point_mass_rows(p, x)
         else:
-            qx = q.gather(1, x[:, None])[:, 0]
-            acc, residual = rule.proposal_rows(p, x, q, px, qx)
-            q = torch.where(tries[:, None], _normalise_rows(q.scatter(1, x[:, None], 0.0), q), q)
-        threshold = lo + acc * (1.0 - lo)
+            acc, residual = rule.proposal_rows(p, x, q, p.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0])
+        threshold = acc if r == 0 else lo + acc * (1.0 - lo)
         take = tries & (u < threshold)
         rejected = tries & ~take
-        accepted = torch.where(take, cc, accepted)
-        lo = torch.where(rejected, threshold, lo)
+        accepted = torch.where(take, child[:, r], accepted)
         p = torch.where(rejected[:, None], _normalise_rows(residual, p), p)
+        if r + 1 < R:
+            lo = torch.where(rejected, threshold, lo)
+            if q is not None:
+                q = torch.where(rejected[:, None], _normalise_rows(q.scatter(1, x[:, None], 0.0), q), q)
     chosen = torch.zeros(n + 1, dtype=torch.bool, device=p.device)
     chosen.scatter_(0, torch.where(accepted >= 0, accepted, n), True)
     return _finish(tree, processed, chosen[1:n], p, generator)
@@ -466,15 +464,6 @@ def _normalise_rows(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Ten
     probability 1) keep ``fallback``."""
     total = residual.sum(-1, keepdim=True)
     return torch.where(total > 0, residual / total, fallback)
-
-
-def _child_ranks(tree: DraftTree, R: int) -> torch.Tensor:
-    """``[n, R]``: the node id of each node's r-th child (sibling order), −1 where it has fewer."""
-    n, par = tree.size, tree.parents[1:]
-    same = par[:, None] == par[None]
-    order = (same & _strictly_lower(n - 1, par.device)).sum(1)  # earlier siblings of each child
-    table = torch.full((n, max(R, 1)), -1, dtype=torch.long, device=par.device)
-    return table.index_put_((par, order), torch.arange(1, n, device=par.device))
 
 
 @lru_cache(maxsize=64)

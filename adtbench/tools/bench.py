@@ -69,7 +69,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "commit", "KV commit"),
     ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
     ("adtbench.algorithm.engine", "accept", "acceptance (verify.accept)"),
-    ("adtbench.algorithm.engine", "read_cycle", "the cycle's host read"),
+    ("adtbench.algorithm.engine", "read_verdict", "the cycle's host read"),
     ("drafter", "forward", DRAFTER_NET),
     ("drafter", "extend", "drafter extend (bookkeeping)"),
     ("target", "lm_head", DRAFTER_HEAD),

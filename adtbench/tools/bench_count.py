@@ -9,8 +9,9 @@ Both are properties of the code path, not of the machine, so they can be counted
 - ``engine_ops_per_cycle``: aten ops (``TorchDispatchMode``: every op the dispatcher sees, views included) issued
   while no network runs — the target's ``_forward``, the drafter's ``forward``, the LM head and the token embedding
   are networks (their ops are reported apart as ``network_ops_per_cycle``);
-- ``host_reads_per_cycle``: the calls listed above (``TorchFunctionMode``; a read inside a read counts once) outside
-  the networks; reads inside them are ``network_reads_per_cycle`` (on the CPU the rotary tables are gathered from a
+- ``host_reads_per_cycle``: the calls listed above (``TorchFunctionMode``; a read inside a read counts once) and the
+  reads no Python call names — an aten ``_local_scalar_dense`` or ``nonzero`` issued inside another op, e.g. indexing
+  with a 0-d tensor — outside the networks; reads inside them are ``network_reads_per_cycle`` (on the CPU the rotary tables are gathered from a
   per-position table sized by a read — a CPU-only path; on a GPU they are computed directly);
 - ``transfers_per_cycle``: ``.to(<device>)``, ``.cuda()``, ``torch.tensor`` / ``as_tensor`` of Python data outside the
   networks — host→device copies on a GPU (a pageable one synchronises the stream as well), no-ops on the CPU.
@@ -38,6 +39,7 @@ READ_METHODS = frozenset(
 DATA_DEPENDENT = frozenset(
     {"nonzero", "masked_select", "unique", "unique_consecutive", "argwhere", "bincount", "nonzero_static"}
 )
+HIDDEN_READS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select", "aten::_unique2"})
 PREFILL = "prefill"
 REST = "cycle (rest)"
 
@@ -102,6 +104,8 @@ class DeviceCounter:
         class _Ops(TorchDispatchMode):
             def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
                 outer.ops[outer.label] += 1
+                if outer._in_read == 0 and func.name() in HIDDEN_READS:
+                    outer._read()  # a read no Python call asked for, e.g. indexing with a 0-d tensor (``x[t]``)
                 return func(*args, **(kwargs or {}))
 
         self._modes = (_Reads(), _Ops())

@@ -101,6 +101,7 @@ class _Plan:
     ancestor_mask: torch.Tensor
     proposal_nodes: torch.Tensor  # nodes with children, in level order (the rows of the stacked q)
     max_children: int
+    child_ranks: torch.Tensor
 
 
 class StaticTreePolicy(TreePolicy):
@@ -152,7 +153,7 @@ class StaticTreePolicy(TreePolicy):
         kids = [sum(1 for q in paths if q[:-1] == p) for p in [(), *paths]]
         plan = self._plans[key] = _Plan(
             levels, tree.parents, tree.depth, tree.ancestor_mask,
-            _long([node[p] for p in [(), *paths] if p == () or p in inner], device), max(kids),
+            _long([node[p] for p in [(), *paths] if p == () or p in inner], device), max(kids), tree.child_ranks,
         )  # fmt: skip
         return plan
 
@@ -184,6 +185,7 @@ class StaticTreePolicy(TreePolicy):
         return DraftTree(
             torch.cat(tokens), plan.parents, drafted_depth=len(plan.levels), width=self.width, proposal=proposal,
             alive=alive_all, depth=plan.depth, ancestor_mask=plan.ancestor_mask, max_children=plan.max_children,
+            child_ranks=plan.child_ranks,
         )  # fmt: skip
 
 
