@@ -47,17 +47,18 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
     with ``cycle (rest)``, to the cycle time; every phase the static sampled tree goes through is seen, the sampled
     trees' draws are not; and every wrapped function, method and instance attribute is the original again."""
     import adtbench.algorithm.engine as E
+    import adtbench.algorithm.verify as Vf
     from adtbench.algorithm.drafters.session import DraftSession
     from adtbench.algorithm.policies import sampled, static
     from adtbench.tools.bench import main as bench_main
 
-    originals = (E.accept, E.process_logits, DraftSession.expand, static.gumbel_top_k, sampled.gumbel_top_k)
+    originals = (Vf.verify_tree, E.process_logits, DraftSession.expand, static.gumbel_top_k, sampled.gumbel_top_k)
     out = tmp_path / "phases.json"
     assert bench_main(["overhead", "bench.phases=true", "bench.prompts=1", "threads=1", f"bench.out={out}"]) == 0
     r = json.loads(out.read_text())
     rows = {x["phase"]: x for x in r["phases"]}
     assert abs(sum(x["ms_per_cycle"] for x in r["phases"]) - r["cycle_ms"]) < 1e-9 and r["cycles"] > 10
-    seen = ("target network (verify forward)", "verify mask + positions", "KV commit", "acceptance (verify.accept)",
+    seen = ("target network (verify forward)", "verify mask + positions", "KV commit", "acceptance (host walk)",
             "drafter network", "drafter extend (bookkeeping)", "drafting session (expand bookkeeping)",
             "draws without replacement (static)", "policy: tree building", "target logits processing")  # fmt: skip
     for label in seen:
@@ -65,7 +66,13 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
     assert "draws without replacement (sampled trees)" not in rows and "cycle (rest)" in rows
     # the network dominates the exclusive split; the rest is the cycle's own lines, a small part
     assert rows["target network (verify forward)"]["share"] > 0.2 and abs(rows["cycle (rest)"]["share"]) < 0.3
-    assert originals == (E.accept, E.process_logits, DraftSession.expand, static.gumbel_top_k, sampled.gumbel_top_k)
+    assert originals == (
+        Vf.verify_tree,
+        E.process_logits,
+        DraftSession.expand,
+        static.gumbel_top_k,
+        sampled.gumbel_top_k,
+    )
     assert "| target network (verify forward) |" in capsys.readouterr().out
 
 
@@ -74,10 +81,10 @@ def test_bench_count_reads_the_device_at_most_twice_per_cycle(tmp_path: Path, ca
     """``adtbench bench overhead bench.count=true``: the default policy, EAGLE-2 and ADT (both budgets) read the device
     at most twice per cycle outside the networks (once for the tree's outcome; ``budget: cost`` once more for its node
     count), the counts by phase add up, and the wrapped functions are restored."""
-    import adtbench.algorithm.engine as E
+    import adtbench.algorithm.verify as Vf
     from adtbench.tools.bench import main as bench_main
 
-    original = E.accept
+    original = Vf.accept
     out = tmp_path / "count.json"
     args = ["overhead", "bench.count=true", "bench.prompts=1", "threads=1", f"bench.out={out}", *policy]
     assert bench_main(args) == 0
@@ -86,5 +93,5 @@ def test_bench_count_reads_the_device_at_most_twice_per_cycle(tmp_path: Path, ca
     engine = sum(x["ops_per_cycle"] for x in r["phases"] if not x["network"])
     assert engine == pytest.approx(r["engine_ops_per_cycle"]) and r["engine_ops_per_cycle"] > 10
     assert r["read_sites"] and all("adtbench/" in x["site"] for x in r["read_sites"])
-    assert E.accept is original
+    assert Vf.accept is original
     assert "host reads" in capsys.readouterr().out

@@ -15,7 +15,8 @@ ZipAR and MuLo-SD loops — and fails when
   does not pass ``device=``.
 
 A negative control plants the original bug (a CPU draw from a generator) in an algorithm module's namespace and
-checks that the watcher reports it.
+checks that the watcher reports it. Acceptance runs on the device here (``engine.acceptance=device``: what a GPU
+runs; on the CPU the default is the float64 host walk, the reference).
 """
 
 from __future__ import annotations
@@ -133,7 +134,7 @@ def test_every_policy_keeps_its_tensors_and_draws_on_the_device(relax: str, temp
     inputs = target.encode_prompt("a red circle", cfg=True)
     with Watcher() as w:
         for make in POLICIES.values():
-            generate(target, drafter, make(), inputs, sp, torch.Generator().manual_seed(0), rule)
+            generate(target, drafter, make(), inputs, sp, torch.Generator().manual_seed(0), rule, "device")
     assert w.violations == [], "\n".join(sorted(set(w.violations)))
 
 
@@ -165,6 +166,6 @@ def test_the_watcher_catches_a_cpu_draw_from_a_generator(monkeypatch: pytest.Mon
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
     with Watcher() as w:
         generate(target, drafter, POLICIES["static_sampled"](), target.encode_prompt("a", cfg=True), sp,
-                 torch.Generator().manual_seed(0))  # fmt: skip
+                 torch.Generator().manual_seed(0), acceptance="device")  # fmt: skip
     assert any("without naming its device" in v and "sampling.py" in v for v in w.violations)
     assert any("without device= in the decode loop" in v for v in w.violations)

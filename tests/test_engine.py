@@ -54,9 +54,9 @@ def test_greedy_equals_ar_for_every_policy(model, cfg_scale):
         inputs = target.encode_prompt(prompt, cfg=sp.use_cfg)
         ar = decode_ar(target, inputs, sp, None)
         assert ar.tau == 1.0 and len(ar.tokens) == target.layout.num_gen_tokens
-        for name, make in POLICIES.items():
-            res = generate(target, drafter, make(), inputs, sp, None)
-            assert res.tokens == ar.tokens, f"{model} {name} cfg={cfg_scale}"
+        for (name, make), where in product(POLICIES.items(), ("device", "host")):
+            res = generate(target, drafter, make(), inputs, sp, None, acceptance=where)
+            assert res.tokens == ar.tokens, f"{model} {name} cfg={cfg_scale} {where}"
             assert res.committed == len(ar.tokens) - 1  # the last token needs no forward
 
 
@@ -133,8 +133,10 @@ def _exact_joint(target, inputs, sp, k):
     ],
     ids=["eagle2-pointmass-cfg", "static-trueq", "eagle2-cost-cfg", "eagle2-sampled-cfg", "adt-cost-sampled-cfg"],
 )
-def test_sampling_joint_distribution_matches_ar(policy, cfg_scale):
-    """T = 1 with top-k: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary)."""
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_sampling_joint_distribution_matches_ar(policy, cfg_scale, where):
+    """T = 1 with top-k: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary), with acceptance
+    on the device (what a GPU runs) and as the host walk (the CPU default)."""
     arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}
     target, drafter = tiny("tiny_llamagen", **arch)
     sp = SamplingParams(temperature=1.0, top_k=3, cfg_scale=cfg_scale)
@@ -144,7 +146,7 @@ def test_sampling_joint_distribution_matches_ar(policy, cfg_scale):
     n = 800
     counts, accepted = Counter(), 0
     for _ in range(n):
-        res = generate(target, drafter, policy(), inputs, sp, g)
+        res = generate(target, drafter, policy(), inputs, sp, g, acceptance=where)
         counts[tuple(res.tokens[:3])] += 1
         accepted += sum(c.a for c in res.cycles)
     assert abs(sum(expected.values()) - 1) < 1e-9

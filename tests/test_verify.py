@@ -3,6 +3,7 @@
 from collections import Counter
 
 import numpy as np
+import pytest
 import torch
 from scipy.stats import chisquare
 
@@ -160,3 +161,73 @@ def test_sample_is_the_categorical_law_and_skips_zeros():
     assert set(counts) <= {1, 3, 4}
     assert chi2_pvalue(counts, {k: float(v) / 8.0 for k, v in enumerate(p.tolist()) if v > 0}, n) > 1e-3
     assert sample(torch.tensor([0.0, 0.0, 1.0]), g) == 2
+
+
+def _outcomes(tree: DraftTree, logits: torch.Tensor, where: str, rule: AcceptanceRule, n: int, greedy: bool = False):
+    from adtbench.algorithm.verify import verify_cycle
+
+    g = torch.Generator().manual_seed(7 if where == "device" else 11)
+    return Counter(
+        (tuple(r.acceptance.path), r.acceptance.bonus)
+        for r in (verify_cycle(tree, logits, greedy, g, rule, where=where) for _ in range(n))
+    )
+
+
+def _lantern_rule(V: int):
+    from adtbench.algorithm.lantern import LanternRule
+
+    table = torch.stack([torch.roll(torch.arange(V), -i)[1:4] for i in range(V)])  # neighbours: the next codes
+    return LanternRule(table, 0, delta=0.3)
+
+
+@pytest.mark.parametrize("kind", ["point_mass", "proposal", "lantern_point_mass", "lantern_proposal"])
+def test_device_acceptance_has_the_host_walks_law(kind: str) -> None:
+    """The device path (closed form for exact point mass, the rank loop otherwise) and the float64 host walk give
+    the same joint law of (accepted path, bonus): a two-sample χ² over 4 000 verifications each, on a three-level tree
+    with a duplicate sibling, a dead node and (``proposal``) q at every inner node."""
+    from scipy.stats import chi2_contingency
+
+    gen = torch.Generator().manual_seed(3)
+    V = 6
+    tokens = torch.tensor([9, 0, 2, 0, 1, 3, 4, 2])
+    parents = [-1, 0, 0, 0, 1, 1, 4, 4]
+    proposal = None
+    if "proposal" in kind:
+        tokens = torch.tensor([9, 0, 2, 4, 1, 3, 1, 2])
+        proposal = {u: torch.randn(V, generator=gen, dtype=torch.float64).softmax(-1) for u in (0, 1, 4)}
+    alive = torch.tensor([True] * 7 + [False])
+    tree = DraftTree(tokens, parents, drafted_depth=3, proposal=proposal, alive=alive)
+    logits = (torch.randn(8, V, generator=gen, dtype=torch.float64) * 1.5).log_softmax(-1)
+    if proposal is not None:  # first drafts likely under q, less so under p: every child rank is tried often
+        f64 = torch.float64
+        q_of = {
+            0: [0.45, 0.05, 0.2, 0.05, 0.2, 0.05],
+            1: [0.1, 0.5, 0.1, 0.2, 0.05, 0.05],
+            4: [0.1, 0.6, 0.2, 0.05, 0.03, 0.02],
+        }
+        p_of = {
+            0: [0.1, 0.15, 0.3, 0.1, 0.25, 0.1],
+            1: [0.3, 0.2, 0.1, 0.25, 0.1, 0.05],
+            4: [0.25, 0.2, 0.3, 0.1, 0.1, 0.05],
+        }
+        proposal = {u: torch.tensor(q, dtype=f64) for u, q in q_of.items()}
+        tree = DraftTree(tokens, parents, drafted_depth=3, proposal=proposal, alive=alive)
+        for u, p in p_of.items():
+            logits[u] = torch.tensor(p, dtype=f64).log()
+    rule = _lantern_rule(V) if kind.startswith("lantern") else AcceptanceRule()
+    n = 4000
+    dev, host = _outcomes(tree, logits, "device", rule, n), _outcomes(tree, logits, "host", rule, n)
+    keys = sorted(set(dev) | set(host))
+    table = np.array([[dev.get(k, 0) for k in keys], [host.get(k, 0) for k in keys]])
+    table = table[:, table.sum(0) >= 10]  # cells too rare for χ² are dropped (both rows alike)
+    assert all(tree.tokens[p[-1]] != tokens[7] or p[-1] != 7 for p, _ in dev)  # the dead node is never accepted
+    assert chi2_contingency(table)[1] > 1e-3 and table.shape[1] >= 6
+
+
+def test_device_greedy_acceptance_is_the_host_walks() -> None:
+    gen = torch.Generator().manual_seed(5)
+    tree = DraftTree(torch.tensor([9, 0, 2, 0, 1, 3, 4, 2]), [-1, 0, 0, 0, 1, 1, 4, 4], drafted_depth=3)
+    for _ in range(20):
+        logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 3).log_softmax(-1)
+        for rule in (AcceptanceRule(), _lantern_rule(6)):
+            assert _outcomes(tree, logits, "device", rule, 1, True) == _outcomes(tree, logits, "host", rule, 1, True)

@@ -220,7 +220,9 @@ class TreeBudget:
         gain = 1.0 + self.c * cum.gather(1, n[:, None])[:, 0]
         t_more = spent_t[:, 0] + self.t_level(frontier) + tv[n + frontier]
         stop = torch.cat([(gain + self.c * f_pi) / t_more <= best, torch.ones(1, dtype=torch.bool, device=dev)])
-        out = torch.stack([n[L].to(torch.float64), cum[L, n[L]], stop.to(torch.uint8).argmax().to(torch.float64)])
+        n_all = n[L:]  # [1]: indexing with a 0-d tensor would read it to the host
+        chosen = torch.cat([n_all.to(torch.float64), cum[L].gather(0, n_all), stop.to(torch.uint8).argmax().view(1)])
+        out = chosen.to(torch.float64)
         n_keep, e_pred, plan = out.tolist()
         self.next_rounds = int(plan)
         return int(n_keep), float(e_pred)

@@ -16,7 +16,9 @@ The cycle stays on the device. Tree, verify forward, acceptance (``verify.accept
 inputs are device tensors; the host learns once per cycle what it must know — the accepted count and path, the
 bonus token, the realised depth and live nodes (ADT-Tree, the records), the entropy of the bonus's distribution
 (the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
-count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image.
+count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. When the
+device is the CPU, acceptance runs as the float64 host walk by default (``verify.verify_cycle``, ``acceptance``):
+the same law, fewer and cheaper calls there.
 
 The drafter consumes the committed slots (f_t, x_{t+1}) lazily: all those since its last forward enter it in one
 ``extend`` at the start of the next drafted cycle. A policy's draft gate (``algorithm.gate``) may replace a cycle by
@@ -41,7 +43,7 @@ from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.policies.base import LoopPolicy, Policy, TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits
-from adtbench.algorithm.verify import EXACT, AcceptanceRule, accept, read_verdict
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_cycle
 from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_step, ar_tokens, prefill_token
 
 
@@ -105,15 +107,18 @@ def speculative_cycle(
     max_depth: int,
     clock: Clock,
     entropy: bool = False,
+    acceptance: str = "auto",
 ) -> CycleOutcome:
-    """Draft a tree, verify it in one target forward, commit root + accepted drafts, tell the policy."""
+    """Draft a tree, verify it in one target forward, commit root + accepted drafts, tell the policy. ``entropy``:
+    read the entropy of the bonus's distribution too (a draft gate); ``acceptance``: where acceptance runs
+    (``verify.verify_cycle``)."""
     tree = policy.propose(session, max_depth)
     session.drafter.rollback()
     drafted = clock.mark()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
     processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
-    verdict = accept(tree, processed, sp.greedy, generator, rule)
-    read = read_verdict(tree, verdict, [DraftGate.entropy(verdict.bonus_logits)] if entropy else [])
+    extra = (lambda row: [DraftGate.entropy(row)]) if entropy else None
+    read = verify_cycle(tree, processed, sp.greedy, generator, rule, extra, acceptance)
     acc, keep = read.acceptance, read.keep
     a = acc.accepted
     positions = target.next_pos[:, None] + _arange(a + 1, keep.device)[None]
@@ -122,9 +127,8 @@ def speculative_cycle(
     if tree.size > 1:
         policy.observe(tree, acc, session.root_gen)
     rec = CycleRecord(session.root_gen, acc.nodes, tree.drafted_depth, acc.tree_depth, tree.width, a, dict(tree.info))
-    next_tokens = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
     return CycleOutcome(
-        read.root, read.tokens, rec, feats.index_select(1, keep), positions, next_tokens,
+        read.root, read.tokens, rec, feats.index_select(1, keep), positions, read.next_tokens,
         read.extra[0] if entropy else None, (drafted, verified, clock.mark()), session.forwards,
     )  # fmt: skip
 
@@ -161,9 +165,11 @@ def generate(
     sp: SamplingParams,
     generator: torch.Generator | None,
     rule: AcceptanceRule = EXACT,
+    acceptance: str = "auto",
 ) -> GenerationResult:
     """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models);
-    a tree policy runs cycles with the ``drafter`` (``policy.uses_drafter`` False → AR decoding)."""
+    a tree policy runs cycles with the ``drafter`` (``policy.uses_drafter`` False → AR decoding). ``acceptance``:
+    ``auto`` | ``device`` | ``host`` (``verify.verify_cycle``; ``engine.acceptance``)."""
     if isinstance(policy, LoopPolicy):
         return policy.generate(target, drafter, inputs, sp, generator, rule)
     if not policy.uses_drafter or drafter is None:
@@ -200,7 +206,9 @@ def generate(
                 out = drafter.extend(feats, embeds, positions)
                 pending, drafter_forwards = [], drafter_forwards + 1
             session = DraftSession(drafter, target, sp, root_t, g, target.next_pos, out, generator)
-            c = speculative_cycle(target, session, policy, sp, rule, generator, room, clock, gate is not None)
+            c = speculative_cycle(
+                target, session, policy, sp, rule, generator, room, clock, gate is not None, acceptance
+            )
             if gate is not None:
                 gate.observe(b, len(c.tokens))
         else:

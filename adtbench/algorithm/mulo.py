@@ -22,8 +22,9 @@ high-resolution slots [b0, b1):
 4. **Accept.** ``rule=pooled`` (eq. 5): accept x̃_i iff Σ_{x ∈ {x̃_i} ∪ kNN_k(x̃_i)} p_i(x) ≥ τ
    (``regions.pooled_accept``, LANTERN's neighbour table; at T = 0 p_i is the point mass at the argmax, as AR
    samples it). R_T = rejected positions, t0 = min R_T. ``rule=exact`` (lossless control arm): the drafts as one
-   chain (x̃_{b0} … x̃_{b1−2}) through ``verify.accept`` with the exact point-mass rule → accepted prefix and a bonus
-   from the residual at the first rejection; the rest of the block is resampled sequentially (raster rule, l = ∞).
+   chain (x̃_{b0} … x̃_{b1−2}) through ``verify.verify_cycle`` with the exact point-mass rule → accepted prefix and
+   a bonus from the residual at the first rejection; the rest of the block is resampled sequentially (raster rule,
+   l = ∞).
 5. **Expand** (eq. 6–7, pooled): R_X = ``expand_rejections(R_T, l)`` on the block grid (never before t0);
    positions outside R_X keep their draft, even after t0.
 6. **Resample R_X** from the full processed p_u (not the SD residual). ``sequential``: raster order; p_u from one
@@ -75,7 +76,7 @@ from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import expand_rejections, island_schedule, islands, pooled_accept
 from adtbench.algorithm.sampling import SamplingParams, check_number, next_token, process_logits
 from adtbench.algorithm.tree import DraftTree
-from adtbench.algorithm.verify import EXACT, AcceptanceRule, accept, read_verdict
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_cycle
 from adtbench.errors import ConfigError
 from adtbench.models.base import PromptInputs, Target
 from adtbench.models.resample import Resampler
@@ -385,7 +386,7 @@ def exact_cycle(
     rows = torch.stack([P[i][0] for i in range(b0, b1)])
     chain = torch.tensor([root, *side.vals[b0 : b1 - 1]], device=rows.device)
     tree = DraftTree(chain, list(range(-1, n - 1)), drafted_depth=n - 1)
-    acc = read_verdict(tree, accept(tree, rows, sp.greedy, generator, rule)).acceptance
+    acc = verify_cycle(tree, rows, sp.greedy, generator, rule).acceptance
     t = b0 + acc.accepted
     commit_verified(side, fed, t)
     for i in range(b0, t + 1):

@@ -320,6 +320,7 @@ class CycleRead:
     root: int  # the root's token
     tokens: list[int]  # the committed tokens after the root: accepted drafts, then the bonus
     keep: torch.Tensor  # [a+1] the path's node ids on the device, root first
+    next_tokens: torch.Tensor  # [a+1] the committed tokens after the root on the device (drafts, then the bonus)
     extra: list[float]  # the caller's extra scalars, in order
 
 
@@ -340,7 +341,41 @@ def read_verdict(tree: DraftTree, verdict: Verdict, extra: Sequence[torch.Tensor
     bonus = int(values[1])
     acc = Acceptance([int(x) for x in values[h : h + k]], bonus, int(values[2]), int(values[3]))
     tokens = [int(x) for x in values[h + w + 1 : h + w + k]] + [bonus]
-    return CycleRead(acc, int(values[h + w]), tokens, ids[:k], values[4:h])
+    keep = ids[:k]
+    following = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
+    return CycleRead(acc, int(values[h + w]), tokens, keep, following, values[4:h])
+
+
+ACCEPTANCE = ("auto", "device", "host")
+
+
+def verify_cycle(
+    tree: DraftTree,
+    processed: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None,
+    rule: AcceptanceRule = EXACT,
+    extra: Callable[[torch.Tensor], list[torch.Tensor]] | None = None,
+    where: str = "auto",
+) -> CycleRead:
+    """Verify ``tree`` against processed logits ``[n, V]`` and read what the host must learn (``CycleRead``);
+    ``extra(row)``: further scalars of the bonus's processed row to read with it (the draft gate's entropy).
+
+    ``where``: ``device`` — ``accept`` on the logits' device, then one packed read (``read_verdict``); ``host`` —
+    the float64 walk of ``verify_tree`` on host copies; ``auto`` — host when the logits are on the CPU (there the host
+    is the device: numpy's per-call cost is a fraction of a torch op's, and a read costs nothing), device elsewhere.
+    The same law either way (tested); the draws differ, so a seed gives other tokens on the two paths."""
+    if where == "device" or (where == "auto" and processed.device.type != "cpu"):
+        verdict = accept(tree, processed, greedy, generator, rule)
+        return read_verdict(tree, verdict, extra(verdict.bonus_logits) if extra is not None else [])
+    acc = verify_tree(tree, processed, greedy, generator, rule)
+    tokens = tree.tokens.tolist()
+    committed = [tokens[i] for i in acc.path[1:]] + [acc.bonus]
+    dev = tree.tokens.device
+    row = processed[acc.path[-1]]
+    values = [float(x) for x in extra(row)] if extra is not None else []
+    keep = torch.tensor(acc.path, device=dev)
+    return CycleRead(acc, tokens[0], committed, keep, torch.tensor(committed, device=dev), values)
 
 
 def accept(
@@ -407,8 +442,10 @@ def _closed_form(
     hi = (same & ~_strictly_lower(par.numel(), par.device).T).to(mass.dtype) @ mass  # Σ mass of siblings up to c
     u = uniforms((tree.size,), generator, p.device).to(mass.dtype)[par]
     chosen = (hi - mass <= u) & (u < hi) & (mass > 0)
-    # the residual of every node: p with its children's tokens zeroed (a node's own row only is ever drawn from)
-    residual = p.index_put((par, tok), torch.zeros((), dtype=p.dtype, device=p.device))
+    # the residual of every node: p with its live children's tokens zeroed (a node's own row only is ever drawn
+    # from; a dead child was never tried, and shares no token with a live sibling)
+    tried = _live(tree, torch.ones_like(par, dtype=torch.bool))
+    residual = p.index_put((par, tok), torch.where(tried, 0.0, p[par, tok]))
     return _finish(tree, processed, chosen, residual, generator)
 
 
@@ -433,8 +470,9 @@ def _by_rank(
         live = live & ~torch.cat([_root_flag(p.device).logical_not(), _siblings(tree)[1]])
     else:
         q = q.to(p.dtype)
-    tries_all = (rank >= 0) & live[child]  # [n, R]
-    xs = tree.tokens[child]
+    has = rank >= 0
+    tries_all = has & live[child]  # [n, R]
+    xs = torch.where(has, tree.tokens[child], 0)  # a token id for every (node, rank); only tries are read
     u = uniforms((n,), generator, p.device).to(p.dtype)
     accepted = torch.full((n,), -1, dtype=torch.long, device=p.device)
     lo: torch.Tensor | float = 0.0

@@ -51,6 +51,7 @@ from adtbench.harness.config import (
     build_rule,
     check_prompts,
     config_fingerprint,
+    engine_acceptance,
     engine_compile,
     prompt_seed,
     register_resolvers,
@@ -325,6 +326,7 @@ def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     bind_s = time.perf_counter() - t_bind
     log.info("policy bind: %.1f s", bind_s)
     compile_on = engine_compile(cfg)
+    acceptance = engine_acceptance(cfg)
     if compile_on:  # one compiled target serves both sides (baseline and method)
         compile_models(target, drafter, cfg)
     env = environment(target)
@@ -338,7 +340,10 @@ def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
         inputs = target.encode_prompt(p.text, cfg=use_cfg)
         encode_s = clock.now() - t0
         g = torch.Generator(device=gen_device).manual_seed(seed)
-        res = generate(target, drafter, policy, inputs, sp, g, rule) if method else decode_ar(target, inputs, sp, g)
+        if not method:
+            res = decode_ar(target, inputs, sp, g)
+        else:
+            res = generate(target, drafter, policy, inputs, sp, g, rule, acceptance)
         res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)
         return res
 

@@ -240,6 +240,7 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, Policy]:
     if cfg.get("threads") is not None:
         _number(cfg, "threads", int, lo=1)
     timing_repeats(cfg)
+    engine_acceptance(cfg)
     if engine_compile(cfg) and int(cfg.warmup) < 1:
         raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
     sp = build_sampling(_get(cfg, "sampling"))
@@ -276,6 +277,18 @@ def engine_compile(cfg: DictConfig) -> bool:
     if not isinstance(v, bool):
         raise ConfigError("engine.compile", f"must be true or false, got {v!r}")
     return v
+
+
+def engine_acceptance(cfg: DictConfig) -> str:
+    """``engine.acceptance``: where tree acceptance runs — ``auto`` (the float64 host walk when the target is on the
+    CPU, on the device otherwise), ``device`` or ``host`` (``algorithm.verify.verify_cycle``)."""
+    from adtbench.algorithm.verify import ACCEPTANCE
+
+    node = cfg.get("engine")
+    value = "auto" if not isinstance(node, DictConfig) else node.get("acceptance", "auto")
+    if value not in ACCEPTANCE:
+        raise ConfigError("engine.acceptance", f"must be one of {list(ACCEPTANCE)}, got {value!r}")
+    return str(value)
 
 
 def prompt_seed(base: int, prompt_id: str) -> int:

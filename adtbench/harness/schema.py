@@ -228,6 +228,7 @@ class TimingConf:
 @dataclass
 class EngineConf:
     compile: bool = False
+    acceptance: str = "auto"
 
 
 @dataclass

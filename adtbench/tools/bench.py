@@ -47,6 +47,7 @@ from adtbench.harness.config import (
     build_rule,
     build_sampling,
     compose_config,
+    engine_acceptance,
     prompt_seed,
     register_resolvers,
     resolve_paths,
@@ -68,8 +69,9 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "verify_forward", "verify mask + positions"),
     ("target", "commit", "KV commit"),
     ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
-    ("adtbench.algorithm.engine", "accept", "acceptance (verify.accept)"),
-    ("adtbench.algorithm.engine", "read_verdict", "the cycle's host read"),
+    ("adtbench.algorithm.verify", "accept", "acceptance (device)"),
+    ("adtbench.algorithm.verify", "read_verdict", "the cycle's host read"),
+    ("adtbench.algorithm.verify", "verify_tree", "acceptance (host walk)"),
     ("drafter", "forward", DRAFTER_NET),
     ("drafter", "extend", "drafter extend (bookkeeping)"),
     ("target", "lm_head", DRAFTER_HEAD),
@@ -176,9 +178,12 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     sync = target.device.type == "cuda"
     use_cfg = sp.use_cfg and target.supports_cfg
 
+    # the count measures what a GPU runs: acceptance on the device (``engine.acceptance`` otherwise)
+    acceptance = "device" if bool(cfg.bench.get("count", False)) else engine_acceptance(cfg)
+
     def run(text: str, seed: int):
         g = torch.Generator(device=target.device if sync else "cpu").manual_seed(seed)
-        return generate(target, drafter, policy, target.encode_prompt(text, use_cfg), sp, g, rule)
+        return generate(target, drafter, policy, target.encode_prompt(text, use_cfg), sp, g, rule, acceptance)
 
     run(prompts[0].text, 0)  # warm-up
     instances = {"target": target, "drafter": drafter, "policy": policy}

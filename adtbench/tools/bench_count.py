@@ -10,13 +10,16 @@ Both are properties of the code path, not of the machine, so they can be counted
   while no network runs — the target's ``_forward``, the drafter's ``forward``, the LM head and the token embedding
   are networks (their ops are reported apart as ``network_ops_per_cycle``);
 - ``host_reads_per_cycle``: the calls listed above (``TorchFunctionMode``; a read inside a read counts once) and the
-  reads no Python call names — an aten ``_local_scalar_dense`` or ``nonzero`` issued inside another op, e.g. indexing
-  with a 0-d tensor — outside the networks; reads inside them are ``network_reads_per_cycle`` (on the CPU the rotary tables are gathered from a
-  per-position table sized by a read — a CPU-only path; on a GPU they are computed directly);
+  reads no Python call names — an aten ``_local_scalar_dense`` or ``nonzero`` issued inside another op, e.g.
+  indexing with a 0-d tensor — outside the networks; reads inside them are ``network_reads_per_cycle`` (on the CPU
+  the rotary tables are gathered from a per-position table sized by a read — a CPU-only path; on a GPU they are
+  computed directly);
 - ``transfers_per_cycle``: ``.to(<device>)``, ``.cuda()``, ``torch.tensor`` / ``as_tensor`` of Python data outside the
   networks — host→device copies on a GPU (a pageable one synchronises the stream as well), no-ops on the CPU.
 
-Prefill (the prompt pass, the first token, the drafter's prefix pass: ``engine.prefill``) is excluded; the figures
+Acceptance runs on the device (``engine.acceptance=device``, what a GPU runs) whatever the config says: on the CPU
+the default is the float64 host walk, which reads the device by design. Prefill (the prompt pass, the first token,
+the drafter's prefix pass: ``engine.prefill``) is excluded; the figures
 are totals over the prompts' cycles divided by the cycles. Counts are attributed to the innermost active phase of
 ``bench.PHASES`` (or ``cycle (rest)``), and ``read_sites`` names the lines that read outside the networks, busiest
 first. Prompt encoding (outside the timed scope) counts as prefill.
