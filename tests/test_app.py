@@ -200,6 +200,7 @@ def test_bad_input_names_the_key_before_loading(tmp_path, caplog, override, key)
         run(compose_app(override), tmp_path / "x", {})
     assert e.value.key == key
     assert not any("loading model" in r.getMessage() for r in caplog.records)
+    assert not (tmp_path / "x").exists()  # checked before the run dir is locked (created)
 
 
 @pytest.mark.parametrize("override,key", [BAD_INPUT[2], BAD_INPUT[6]])
@@ -216,7 +217,8 @@ def test_empty_prompt_file_and_unknown_option(tmp_path):
     proc = run_cli("dataset=text", f"dataset.path={empty}", f"hydra.run.dir={tmp_path / 'e'}", *FAST, check=False)
     assert proc.returncode == 2 and "dataset.path" in proc.stderr and str(empty) in proc.stderr
     proc = run_cli("policy=nonexistent", check=False)
-    assert proc.returncode != 0 and "eagle2" in proc.stderr  # Hydra lists the available options
+    assert proc.returncode == 2 and "eagle2" in proc.stderr  # Hydra's message lists the available options
+    assert proc.stderr.strip().startswith("adtbench: config error: policy:") and len(proc.stderr.splitlines()) == 1
 
 
 def test_multirun_models_by_policies(tmp_path):

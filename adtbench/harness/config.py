@@ -36,10 +36,25 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
 
 
+def config_error(e: Exception, overrides: list[str]) -> ConfigError:
+    """A Hydra / OmegaConf composition error as a ``ConfigError`` naming the override's key: the key or group a
+    quoted name in the message matches (``'policy.bogus'``, ``'policy/foo'``), else the override whose value the
+    message quotes, else an override key the message mentions, else ``overrides``. The message is Hydra's, on one
+    line, without its search-path listing, followed by the overrides."""
+    text = " ".join(str(e).split()).split(" Config search path")[0]
+    quoted = re.findall(r"'([^']+)'", text)
+    keys = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
+    key = next((q.replace("/", ".") for q in quoted if q.replace("/", ".") in keys), None)  # a key or group
+    key = key or next((k for q in quoted for k, o in keys.items() if q in o.split("=", 1)[-1]), None)  # a value
+    key = key or next((k for k in keys if k and k in text), "overrides")
+    return ConfigError(key, f"{text} (overrides: {' '.join(overrides) or '-'})")
+
+
 def compose_config(config_name: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
-    """Hydra ``compose`` for the command-line tools (``adtbench bench|train|eval``; ``run.py`` has Hydra's own CLI): a
-    bad override — an unknown key, a missing group option, a malformed value — is a ``ConfigError`` naming its key
-    instead of a Hydra traceback. ``config_dir`` defaults to the project's ``conf/``."""
+    """Hydra ``compose`` for the command-line tools (``adtbench bench|train|eval``; the app's command line is
+    checked by ``harness.precheck``, which composes as Hydra does): a bad override — an unknown key, a missing
+    group option, a malformed value — is a ``ConfigError`` naming its key (:func:`config_error`) instead of a
+    Hydra traceback. ``config_dir`` defaults to the project's ``conf/``."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -49,13 +64,7 @@ def compose_config(config_name: str, overrides: list[str], config_dir: str | Non
         try:
             return compose(config_name, overrides=list(overrides))
         except (HydraException, OmegaConfBaseException) as e:
-            text = " ".join(str(e).split()).split(" Config search path")[0]
-            quoted = re.findall(r"'([^']+)'", text)
-            keys = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
-            key = next((q.replace("/", ".") for q in quoted if q.replace("/", ".") in keys), None)  # a key or group
-            key = key or next((k for q in quoted for k, o in keys.items() if q in o.split("=", 1)[-1]), None)  # a value
-            key = key or next((k for k in keys if k and k in text), "overrides")
-            raise ConfigError(key, f"{text} (overrides: {' '.join(overrides) or '-'})") from None
+            raise config_error(e, list(overrides)) from None
 
 
 def paths_root(cfg: DictConfig) -> Path | None:
