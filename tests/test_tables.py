@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adtbench.harness.rundir import bootstrap_ci
+from adtbench.harness.stats import bootstrap_ci
 from adtbench.reporting.tables import aggregate, load_tree, main
 
 ROOT = Path(__file__).resolve().parents[1]

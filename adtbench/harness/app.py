@@ -15,7 +15,7 @@ from pair to pair (ABBA: baseline first on even pairs); the recorded latencies a
 and every repeat must give the same tokens (the seeded generator makes a decode deterministic). Timed scope:
 prefill + decode loop (text encoding and VQ decode excluded). The speedup is reported as the ratio of total
 times, the median of the paired per-prompt ratios and a two-level bootstrap CI
-(:func:`adtbench.harness.rundir.summarize`); the load average before and after the timed work is recorded next to
+(:func:`adtbench.harness.stats.summarize`); the load average before and after the timed work is recorded next to
 the thread and core counts, and a load above the available cores is flagged in the log and the printed line.
 """
 
@@ -63,7 +63,8 @@ from adtbench.harness.data.prompts import Prompt, load_prompts
 from adtbench.harness.drafters import build_drafter
 from adtbench.harness.lock import RunDirGuard, RunDirLock, discard_new_run_dir, held_lock, refuse  # noqa: F401 (¹)
 from adtbench.harness.loops import build_loop_models
-from adtbench.harness.rundir import RUN_CONFIG_FILE, ResultStore, summarize
+from adtbench.harness.rundir import RUN_CONFIG_FILE, ResultStore
+from adtbench.harness.stats import summarize
 from adtbench.io import atomic_write_json
 from adtbench.resources import conf_dir, cpus_available, load_average
 

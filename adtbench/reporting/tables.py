@@ -29,7 +29,7 @@ vary across the tree), over the pooled samples:
 
 Confidence intervals: percentile bootstrap over prompts (``n_boot`` resamples, seed ``seed``) — prompts are
 resampled with all their samples (cluster bootstrap; with one sample per prompt this is the plain bootstrap of
-:func:`adtbench.harness.rundir.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
+:func:`adtbench.harness.stats.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
 are recomputed on each resample (ratio of resampled sums). Set metrics have no interval.
 
 Rendering (:func:`render`): a CI over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` (5) prompts is marked † (LaTeX
@@ -57,18 +57,16 @@ from adtbench.harness.rundir import (
     PLUMBING_KEYS,
     POOLED_KEYS,
     SAMPLES_FILE,
-    SPEEDUP_CI_MIN_PROMPTS,
-    bootstrap_distribution,
     find_runs,
     is_plumbing,
     lantern_choice,
     merged_sources,
-    percentile_interval,
     read_jsonl,
     read_overrides,
     read_run_config,
     read_summary,
 )
+from adtbench.harness.stats import SPEEDUP_CI_MIN_PROMPTS, bootstrap_distribution, percentile_interval
 from adtbench.io import atomic_write_text
 
 CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling")
@@ -187,8 +185,8 @@ def cluster_bootstrap(
     """Percentile CIs of ratio-of-sums statistics, resampling rows (prompts) of ``sums`` with replacement.
 
     ``sums``: ``[P, k]`` per-prompt totals; ``ratios``: ``{name: (numerator column, denominator column)}``.
-    The one bootstrap of :func:`adtbench.harness.rundir.bootstrap_distribution` (one level: a prompt's samples are
-    already pooled into its row), so the resamples are exactly those of :func:`adtbench.harness.rundir.bootstrap_ci`.
+    The one bootstrap of :func:`adtbench.harness.stats.bootstrap_distribution` (one level: a prompt's samples are
+    already pooled into its row), so the resamples are exactly those of :func:`adtbench.harness.stats.bootstrap_ci`.
     """
     if sums.shape[0] == 0:
         return {name: (float("nan"), float("nan")) for name in ratios}
