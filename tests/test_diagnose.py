@@ -1,4 +1,4 @@
-"""``adtbench.tools.train.diagnose``: invariants of every measurement on small samples (shipped mini weights)."""
+"""``analysis/diagnose.py``: invariants of every measurement on small samples (shipped mini weights)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adtbench import scenes as S
-from adtbench.tools.train import diagnose as D
+from analysis import diagnose as D
 
 
 @pytest.fixture(scope="module")
