@@ -17,9 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from adtbench import resources
 from adtbench.algorithm.policies import POLICIES, Policy
 from adtbench.algorithm.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
-from adtbench.algorithm.sampling import check_number as _check_number
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.harness import schema
 from adtbench.harness.rundir import PLUMBING_KEYS
 
@@ -125,7 +124,7 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 
 def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
-    return _check_number(_get(cfg, key), key, kind, lo, hi)
+    return check_number(_get(cfg, key), key, kind, lo, hi)
 
 
 def build_policy(cfg: DictConfig) -> Policy:
@@ -281,10 +280,7 @@ def engine_compile(cfg: DictConfig) -> bool:
         return False
     if not isinstance(cfg.engine, DictConfig):
         raise ConfigError("engine", f"must be a mapping (engine.compile=...), got {cfg.engine!r}")
-    v = cfg.engine.get("compile", False)
-    if not isinstance(v, bool):
-        raise ConfigError("engine.compile", f"must be true or false, got {v!r}")
-    return v
+    return check_flag(cfg.engine.get("compile", False), "engine.compile")
 
 
 def prompt_seed(base: int, prompt_id: str) -> int:
