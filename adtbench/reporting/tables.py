@@ -2,7 +2,7 @@
 
     adtbench table <results dir> [--by model,policy] [--metrics clip_score,fid] [--format md|latex|csv]
                    [--n-boot 1000] [--ci 0.95] [--seed 0] [--digits 3] [--out FILE]
-                   [--write DIR] [--pivot lantern] [--into DOC.md --marker NAME]
+                   [--write DIR] [--pivot lantern] [--into README.md --marker NAME]
 
 The one table command: ``python -m analysis.tables`` (paper files) and ``analysis/sweep_table.py`` (one row per
 multirun job) call :func:`main` with their options. ``--write DIR`` writes ``main.md``, ``main.tex`` and
