@@ -174,6 +174,7 @@ def test_vq_diagnosis_of_another_tokenizer(tmp_path) -> None:
     assert all(f["distinct"] == 1 for f in res["flat_images"].values()), res["flat_images"]
 
 
+@pytest.mark.slow
 def test_cond_diagnosis_small() -> None:
     res = D.cond_diagnosis(n=6, probe_train=12)
     assert res["by_type"]["object_first"]["share"] == pytest.approx(1 / 256)

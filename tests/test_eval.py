@@ -242,6 +242,7 @@ def test_fid_is_prc_against_itself_and_reference_cache(tmp_path):
     assert len(calls) - n_calls == 3  # run 2: generated + reference (1 batch each); run 3: generated only
 
 
+@pytest.mark.slow
 def test_fid_is_prc_with_torch_fidelity_inception_from_a_local_file(tmp_path):
     """The real extractor path: torch-fidelity's Inception-v3 built from a weights file (random here)."""
     from unittest import mock

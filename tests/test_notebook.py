@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "analysis" / "main_table.ipynb"
 
 
+@pytest.mark.slow
 def test_main_table_notebook_executes_headless(tmp_path, monkeypatch):
     """Run as ``jupyter execute analysis/main_table.ipynb`` runs it (the kernel in ``analysis/``), with relative
     results dirs: they are taken against the checkout (``paths.root_dir``; here ``$ADTBENCH_ROOT``), not
@@ -44,6 +45,7 @@ def test_main_table_notebook_executes_headless(tmp_path, monkeypatch):
     assert len(images) == 4  # the figures displayed inline
 
 
+@pytest.mark.slow
 def test_main_table_notebook_stops_on_a_results_dir_without_runs(tmp_path, monkeypatch):
     from nbclient.exceptions import CellExecutionError
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from adtbench.harness.rundir import find_runs, read_summary
@@ -22,6 +23,7 @@ def summaries(root: Path) -> list[dict]:
     return [{**read_summary(d), "job_dir": str(d)} for d in find_runs(root)]
 
 
+@pytest.mark.slow
 def test_four_job_sweep_and_table(tmp_path):
     sweep = tmp_path / "sweep"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ADTBENCH_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}

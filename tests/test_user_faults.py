@@ -400,6 +400,7 @@ def test_a_multirun_checks_every_job_before_the_first_starts(tmp_path):
     assert not sweep.exists() and "Launching" not in proc.stdout  # no job ran, nothing written
 
 
+@pytest.mark.slow
 def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
     """Anole's weights are not here (hub id, offline): its job is refused once its dir exists, the dir is removed,
     and the next job still runs (Hydra's launcher semantics: every job of the sweep runs, then the first failure
@@ -415,6 +416,7 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
     assert len(jobs) == 1 and jobs[0].startswith("1_") and (sweep / jobs[0] / "summary.json").exists()
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_and_the_run_dir_resumes(tmp_path):
     run_dir = tmp_path / "r"
     args = [*TINY_OVERRIDES, "warmup=0", "progress=false", "maps.per_run=false", f"hydra.run.dir={run_dir}"]
