@@ -380,6 +380,20 @@ def test_precheck_names_the_key_of_every_bad_override(override, key, tmp_path):
     assert check_command_line(["--cfg", "job", override], CONF_DIR, "config", check_config) == 0  # Hydra shows it
 
 
+def test_precheck_resolves_hydra_interpolations_as_the_job_will():
+    """``${hydra:...}`` in a job's config resolves in the precheck (HydraConfig set as ``run_job`` sets it); an
+    interpolation that cannot resolve names its key once (``logger.name``)."""
+    from adtbench.harness.app import CONF_DIR, check_config
+    from adtbench.harness.precheck import check_command_line
+
+    assert check_command_line(["logger=wandb", "logger.name=${hydra:job.name}"], CONF_DIR, "config", check_config) == 1
+    sweep = ["-m", "policy=ar,eagle2", "logger=wandb", "logger.name=${hydra:job.num}"]
+    assert check_command_line(sweep, CONF_DIR, "config", check_config) == 2
+    with pytest.raises(ConfigError) as ei:
+        check_command_line(["logger=wandb", "logger.name=${nosuch:x}"], CONF_DIR, "config", check_config)
+    assert ei.value.key == "logger.name"
+
+
 @pytest.mark.parametrize(("override", "key"), [("policy.bogus=1", "policy.bogus"), ("policy=foo", "policy")])
 def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, tmp_path):
     run_dir = tmp_path / "runs" / "r"

@@ -9,8 +9,9 @@ the way Hydra will:
   product of the sweep overrides and ``hydra.sweeper.params``) through Hydra's ``load_sweep_config`` — the same
   composition the launcher gives each job.
 
-Each job's config (without its ``hydra`` node, as the task function sees it) then goes through ``check`` (the
-app's ``check_config``). Any failure — Hydra's composition errors (an unknown key ``policy.bogus=1``, a missing
+Each job's config (without its ``hydra`` node, as the task function sees it, with ``HydraConfig`` set as
+``run_job`` sets it, so ``${hydra:...}`` interpolations resolve) then goes through ``check`` (the app's
+``check_config``). Any failure — Hydra's composition errors (an unknown key ``policy.bogus=1``, a missing
 group option ``policy=foo``, a malformed value) as well as adtbench's own checks — is a ``ConfigError`` naming
 the key (in a multirun also the job: ``(job 1 of 3: policy.total_tokens=500)``); the caller prints it as
 ``adtbench: config error: <key>: ...`` and exits 2 before any run dir, sweep dir or log exists.
@@ -23,10 +24,13 @@ Calls that only show something (``--help``, ``--hydra-help``, ``--cfg``, ``--inf
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
 from adtbench.errors import ConfigError
 from adtbench.harness.config import config_error, register_resolvers
@@ -109,15 +113,43 @@ def check_command_line(
         return 0
     jobs = job_configs(args.overrides, config_dir, args.config_name or config_name, bool(args.multirun),
                        args.config_dir)  # fmt: skip
-    for n, (overrides, cfg) in enumerate(jobs):
-        task_cfg = copy.deepcopy(cfg)
-        with open_dict(task_cfg):
-            task_cfg.pop("hydra", None)
-        try:
-            check(task_cfg)
-        except ConfigError as e:
-            if not args.multirun:
-                raise
-            where = f"job {n} of {len(jobs)}: {' '.join(overrides) or 'no overrides'}"
-            raise ConfigError(e.key, f"{e.message} ({where})") from None
+    hydra_config = HydraConfig.instance()
+    before = hydra_config.cfg
+    try:
+        for n, (overrides, cfg) in enumerate(jobs):
+            _as_the_job_sees_it(cfg, n, bool(args.multirun))
+            task_cfg = copy.deepcopy(cfg)
+            with open_dict(task_cfg):
+                task_cfg.pop("hydra", None)
+            try:
+                check(task_cfg)
+            except ConfigError as e:
+                if not args.multirun:
+                    raise
+                where = f"job {n} of {len(jobs)}: {' '.join(overrides) or 'no overrides'}"
+                raise ConfigError(e.key, f"{e.message} ({where})") from None
+    finally:
+        hydra_config.cfg = before
     return len(jobs)
+
+
+def _as_the_job_sees_it(cfg: DictConfig, num: int, multirun: bool) -> None:
+    """What Hydra's launcher and ``run_job`` set before a task runs: the job number and output dir, and
+    ``HydraConfig`` (so ``${hydra:...}`` interpolations in the job's config resolve as they will in the job)."""
+    hc = cfg.hydra
+    with read_write(hc), open_dict(hc):
+        if multirun:
+            hc.job.num = num
+            hc.job.id = f"precheck_{num}"
+        try:
+            out = (
+                OmegaConf.select(cfg, "hydra.run.dir")
+                if not multirun
+                else os.path.join(
+                    str(OmegaConf.select(cfg, "hydra.sweep.dir")), str(OmegaConf.select(cfg, "hydra.sweep.subdir"))
+                )
+            )
+            hc.runtime.output_dir = os.path.abspath(str(out))
+        except OmegaConfBaseException:  # an output dir that cannot resolve yet: the job reports it itself
+            pass
+    HydraConfig.instance().set_config(cfg)
