@@ -10,6 +10,9 @@ Writing (every module that writes a file another process or a later run may read
 - :func:`append_line_fsync`: one whole line appended with a single ``os.write`` on an ``O_APPEND`` descriptor,
   then fsync; a short write is truncated away, so the file never keeps half a line.
 
+Images: :func:`save_png` is the one PNG writer (run images, maps, exports, training previews): :func:`encode_png`
+(a ``uint8`` array or a PIL image, optional text chunks) written with :func:`atomic_write_bytes`.
+
 Reading weights files: safetensors and torch checkpoints, never arbitrary pickles.
 
 Every loader in the package goes through this module, so a missing, truncated or corrupt file is reported the
@@ -33,7 +36,7 @@ import os
 import pickle
 import struct
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,11 +53,14 @@ __all__ = [
     "atomic_write_text",
     "atomic_write_with",
     "check_weights",
+    "encode_png",
     "fsync_dir",
+    "load_checkpoint",
     "load_weights",
     "read_safetensors",
     "read_torch",
     "safetensors_header",
+    "save_png",
     "temp_path",
 ]
 
@@ -175,6 +181,15 @@ def read_torch(path: str | os.PathLike[str]) -> Any:
         raise
     except (RuntimeError, EOFError, OSError, ValueError, pickle.UnpicklingError, zipfile.BadZipFile) as e:
         raise WeightsError(f"{p} is corrupt or truncated (torch.load: {type(e).__name__}: {e})") from e
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> Any:
+    """:func:`read_torch` of a checkpoint a model loader was pointed at: ``FileNotFoundError`` naming ``path`` when
+    it is missing, :class:`WeightsError` when it is corrupt, truncated or pickles more than tensors."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {p}")
+    return read_torch(p)
 
 
 def _looks_like_zip_start(p: Path) -> bool:
@@ -324,6 +339,44 @@ def atomic_torch_save(obj: Any, path: PathLike) -> Path:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return p
+
+
+def encode_png(image: Any, text: Mapping[str, str] | None = None) -> bytes:
+    """PNG bytes of a ``uint8`` array ``[H, W]``, ``[H, W, 1]``, ``[H, W, 3]`` or ``[H, W, 4]`` (or of a PIL image),
+    with ``text`` as tEXt chunks. Any other dtype or shape is a ``ValueError`` naming it."""
+    from io import BytesIO
+
+    import numpy as np
+    from PIL import Image
+    from PIL.PngImagePlugin import PngInfo
+
+    if isinstance(image, Image.Image):
+        pil = image
+    else:
+        arr = np.asarray(image)
+        if arr.dtype != np.uint8:
+            raise ValueError(f"image must be uint8, got dtype {arr.dtype}")
+        if arr.ndim == 3 and arr.shape[2] == 1:
+            arr = arr[:, :, 0]
+        if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))) or 0 in arr.shape:
+            raise ValueError(f"image must have shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4), got {arr.shape}")
+        pil = Image.fromarray(np.ascontiguousarray(arr))
+    info = None
+    if text:
+        info = PngInfo()
+        for k, v in text.items():
+            info.add_text(k, v)
+    buf = BytesIO()
+    pil.save(buf, format="PNG", pnginfo=info)
+    return buf.getvalue()
+
+
+def save_png(image: Any, path: PathLike, text: Mapping[str, str] | None = None) -> Path:
+    """Write ``image`` (:func:`encode_png`) to ``path`` atomically, parent folders created; returns ``path``.
+    The image is encoded before anything is written, so a bad image leaves ``path`` as it was."""
+    data = encode_png(image, text)
+    atomic_write_bytes(path, data)
+    return Path(path)
 
 
 def append_line_fsync(path: PathLike, data: bytes | str) -> None:

@@ -31,6 +31,13 @@ def project_root() -> Path:
     return _CHECKOUT_CONF.parent if (_CHECKOUT_CONF / "config.yaml").is_file() else Path.cwd()
 
 
+def root_dir() -> Path:
+    """The default of ``paths.root_dir`` (``conf/paths/default.yaml``): ``$ADTBENCH_ROOT`` when set, else
+    :func:`project_root` — where ``outputs/`` goes and what relative paths mean."""
+    env = os.environ.get("ADTBENCH_ROOT")
+    return Path(env).expanduser() if env else project_root()
+
+
 def cpus_available() -> int:
     """Cores this process may run on (its CPU affinity; ``os.cpu_count()`` where affinity is unsupported)."""
     try:

@@ -58,6 +58,7 @@ AXIS_LABELS = {
     "speedup": "speedup vs AR baseline (×, ratio of total times)",
     "latency_s": "latency per image (s)",
 }
+LANTERN_SHOWN = ("lantern.enabled", "lantern.k", "lantern.delta", "lantern.lam")  # in the ``lantern`` entry, as used
 WRAP = 90  # characters per title line
 DPI = 120
 
@@ -73,7 +74,9 @@ def _num(v: Any) -> str:
 
 def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The experiment choices of one run as short ``{name: value}`` strings, in display order: ``model``,
-    ``policy``, ``lantern`` (``on (δ=…, k=…)`` / ``off``), ``budget`` (tree budget, when the policy has one),
+    ``policy``, ``lantern`` (``on (δ=…, k=…)`` / ``off``: the values the run decoded with, ``summary.json``'s
+    ``lantern_params``, e.g. k clipped to the codebook; the configured ones for older runs), ``budget`` (tree
+    budget, when the policy has one),
     ``sampling`` (``T=…, CFG=…`` plus top-k / top-p when active), ``dataset``, then every command-line override
     of the run that defines the experiment (``row``'s ``ov.*`` columns, run plumbing and group choices
     excluded). Read from ``run_config.json`` and ``summary.json`` (missing files: fewer entries)."""
@@ -82,7 +85,7 @@ def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> 
     summ: dict[str, Any] = dict(read_summary(d)) if (d / SUMMARY_FILE).exists() else {}
     choices = summ.get("choices") or {}
     pol = cfg.get("policy") or summ.get("policy_params") or {}
-    lan = cfg.get("lantern") or {}
+    lan = {**(cfg.get("lantern") or {}), **(summ.get("lantern_params") or {})}  # the values used win (k clipped)
     smp = cfg.get("sampling") or summ.get("sampling_params") or {}
     out: dict[str, str] = {}
     if summ.get("model") or choices.get("model"):
@@ -112,7 +115,7 @@ def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> 
         key = str(col)[3:] if str(col).startswith("ov.") else None
         if key is None or value is None or (isinstance(value, float) and math.isnan(value)):
             continue
-        if key in out or is_plumbing(key, pooled=True):
+        if key in out or is_plumbing(key, pooled=True) or key in LANTERN_SHOWN:
             continue
         if "." not in key and key in CHOICE_COLUMNS:
             continue  # a group choice: already shown by its own entry
@@ -216,6 +219,8 @@ def _group_configs(table: Any, runs: Any, by: Sequence[str]) -> list[dict[str, s
         own = {(c[3:] if c.startswith("ov.") else c): str(row[c]) for c in by}
         if "budget" in common or own.get("policy.budget") == "—":  # shown as `budget` (or the policy has none)
             own.pop("policy.budget", None)
+        if "lantern" in common:  # shown with the values used (a configured lantern.k=1000 may have run as 511)
+            own = {k: v for k, v in own.items() if k not in LANTERN_SHOWN}
         out.append(common | {k: v for k, v in own.items() if k not in common})
     return out
 
@@ -237,6 +242,16 @@ def _subtitle(common: str, n: Sequence[int] | None = None) -> str:
         lo, hi = int(min(n)), int(max(n))
         text += f"{'; ' if text else ''}{lo if lo == hi else f'{lo}–{hi}'} prompts per point"
     return text
+
+
+def _require_rows(table: Any, *cols: str) -> None:
+    """A figure needs rows and its columns: an empty table (no runs under the results dir) or a missing column is
+    a ``ValueError`` saying so, not a ``KeyError`` deep in matplotlib."""
+    if len(table) == 0:
+        raise ValueError("nothing to plot: the table has no rows (no runs under the results dir?)")
+    missing = [c for c in cols if c not in table]
+    if missing:
+        raise ValueError(f"nothing to plot: the table has no column(s) {missing}; it has {list(table.columns)}")
 
 
 def _errors(table: Any, col: str) -> np.ndarray | None:
@@ -262,6 +277,7 @@ def scatter_figure(
     each row's varying keys, the Pareto front as a dashed line, the shared config as subtitle."""
     import matplotlib
 
+    _require_rows(table, xcol, ycol)
     by = list(by or _key_columns(table))
     labels, common = _describe_rows(table, by, runs)
     fig = _figure(9.5, 5.5)
@@ -314,6 +330,7 @@ def speedup_vs_quality(
 
 def speedup_figure(table: Any, by: Sequence[str] | None = None, runs: Any = None) -> Any:
     """Horizontal bars of the speedup per group (CI whiskers, the AR line at 1×), one labelled row each."""
+    _require_rows(table, "speedup")
     by = list(by or _key_columns(table))
     labels, common = _describe_rows(table, by, runs)
     v = table["speedup"].to_numpy(float)

@@ -34,23 +34,57 @@ def modules() -> dict[str, Path]:
     return out
 
 
+def _imports(m: str, p: Path, mods: dict[str, Path]) -> list[tuple[str, list[str]]]:
+    """``(module, names)`` per import statement of module ``m`` (file ``p``), relative imports resolved:
+    ``from x import a, b`` → ``("x", ["a", "b"])``, ``import x.y`` → ``("x.y", [])``."""
+    pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
+    out: list[tuple[str, list[str]]] = []
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(up + ([base] if base else []))
+            out.append((base, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+    return out
+
+
+def reexports(mods: dict[str, Path]) -> dict[str, dict[str, str]]:
+    """Package → {name its ``__init__`` imports from a module of the package tree: that module}."""
+    out: dict[str, dict[str, str]] = {}
+    for m, p in mods.items():
+        if p.name == "__init__.py":
+            names = {}
+            for base, imported in _imports(m, p, mods):
+                for n in imported:
+                    target = f"{base}.{n}" if f"{base}.{n}" in mods else base
+                    if target in mods and target != m:
+                        names[n] = target
+            out[m] = names
+    return out
+
+
 def import_graph() -> dict[str, set[str]]:
     """Module → the adtbench modules it imports (``from adtbench.x import y`` counts as ``adtbench.x.y`` when
-    that is a module, else ``adtbench.x``)."""
+    that is a module, else ``adtbench.x``).
+
+    Package ``__init__`` re-exports are followed: ``from P import name`` of a package ``P`` reads P's namespace,
+    so it is an arrow to ``P`` (its ``__init__`` runs first) and, for a name P's ``__init__`` imports from a
+    module ``M``, an arrow to ``M`` too — so a submodule importing from its own package's ``__init__`` while
+    that ``__init__`` imports the submodule is a cycle."""
     mods = modules()
+    packages = reexports(mods)
     edges: dict[str, set[str]] = {m: set() for m in mods}
     for m, p in mods.items():
-        pkg = m if p.name == "__init__.py" else m.rsplit(".", 1)[0]
-        for node in ast.walk(ast.parse(p.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    up = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                    base = ".".join(up + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
+        for base, names in _imports(m, p, mods):
+            targets = [base] if not names else []
+            for n in names:
+                sub = f"{base}.{n}"
+                targets.append(sub if sub in mods else base)
+                if base in packages:  # from P import name: P's __init__, and where it got name from
+                    targets += [base, packages[base].get(n, base)]
             edges[m] |= {t for t in targets if t in mods and t != m and t != "adtbench"}
     return edges
 
@@ -108,6 +142,26 @@ def test_every_module_has_a_layer_and_imports_point_down() -> None:
 
 def test_no_import_cycles() -> None:
     assert not cycles(import_graph())
+
+
+def test_package_reexports_are_followed(tmp_path: Path, monkeypatch) -> None:
+    """A package whose ``__init__`` re-exports from a submodule that imports ``from <package> import ...`` is a
+    cycle (the eval package's ``__init__`` ↔ ``metrics`` was one); importing the sibling module directly is not."""
+    import test_architecture as arch
+
+    pkg = tmp_path / "adtbench"
+    (pkg / "p").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "p" / "__init__.py").write_text("from adtbench.p.m import run\n")
+    (pkg / "p" / "a.py").write_text("X = 1\n")
+    (pkg / "p" / "m.py").write_text("from adtbench.p import a\n\ndef run():\n    return a.X\n")
+    (pkg / "user.py").write_text("from adtbench.p import run\n")
+    monkeypatch.setattr(arch, "PKG", pkg)
+    edges = arch.import_graph()
+    assert edges["adtbench.user"] == {"adtbench.p", "adtbench.p.m"}  # the package and where `run` comes from
+    assert arch.cycles(edges) == [["adtbench.p", "adtbench.p.m"]]
+    (pkg / "p" / "m.py").write_text("import adtbench.p.a as a\n\ndef run():\n    return a.X\n")
+    assert arch.cycles(arch.import_graph()) == []
 
 
 def test_the_checks_catch_what_they_should() -> None:

@@ -11,6 +11,7 @@ import pytest
 from adtbench.tools.bench_speed import END, START, main, parse
 
 
+@pytest.mark.slow
 def test_speed_table_rows_readme_and_reuse(tmp_path: Path, capsys) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\nbefore\n{START}\nold\n{END}\nafter\n")

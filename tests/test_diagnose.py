@@ -1,4 +1,4 @@
-"""``adtbench.tools.train.diagnose``: invariants of every measurement on small samples (shipped mini weights)."""
+"""``analysis/diagnose.py``: invariants of every measurement on small samples (shipped mini weights)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from adtbench import scenes as S
-from adtbench.tools.train import diagnose as D
+from analysis import diagnose as D
 
 
 @pytest.fixture(scope="module")
@@ -174,6 +174,7 @@ def test_vq_diagnosis_of_another_tokenizer(tmp_path) -> None:
     assert all(f["distinct"] == 1 for f in res["flat_images"].values()), res["flat_images"]
 
 
+@pytest.mark.slow
 def test_cond_diagnosis_small() -> None:
     res = D.cond_diagnosis(n=6, probe_train=12)
     assert res["by_type"]["object_first"]["share"] == pytest.approx(1 / 256)

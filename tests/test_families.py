@@ -636,6 +636,7 @@ def test_bench_cost_runs_on_cpu(capsys: pytest.CaptureFixture, tmp_path: Path) -
 # ---------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_run_py_every_family(tiny, tmp_path: Path) -> None:
     """``python run.py model=<family> model.path=<tiny dir> policy=eagle2`` for every family (one multirun)."""
     root, _ = tiny
@@ -656,6 +657,7 @@ def test_run_py_every_family(tiny, tmp_path: Path) -> None:
     assert all(any((p / "images").glob("*.png")) for p in sweep.iterdir() if p.is_dir())
 
 
+@pytest.mark.slow
 def test_run_py_literal_command(tiny, tmp_path: Path) -> None:
     """The exact documented form for one family (``model.dtype/device`` spelled out: see docs/models_guide.md)."""
     root, _ = tiny

@@ -90,6 +90,7 @@ class AlternatingGate(DraftGate):
         return self.calls % 2 == 1
 
 
+@pytest.mark.slow
 def test_gated_sampling_joint_distribution_matches_ar():
     """T = 1, sampled drafts, CFG: with AR steps between drafted cycles the first 3 tokens keep AR's law (χ²)."""
     arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SHRUNK = (
     "model.arch.hidden_size=32 model.arch.intermediate_size=64 model.arch.num_hidden_layers=1 "
@@ -17,6 +19,7 @@ SHRUNK = (
 )
 
 
+@pytest.mark.slow
 def test_gpu_script_smoke_run_on_cpu(tmp_path: Path) -> None:
     out, run_dir = tmp_path / "out", tmp_path / "run"
     env = {

@@ -420,6 +420,7 @@ def test_delta_zero_greedy_tokens_identical_to_exact(model, tmp_path):
     assert sum(c.a for c in loose.cycles) >= sum(c.a for c in exact.cycles)
 
 
+@pytest.mark.slow
 def test_delta_zero_sampling_law_matches_ar():
     """T = 1, top-k 3 (zero-mass neighbours exist): δ = 0 replays EXACT's samples seed for seed and its joint law
     of the first 3 tokens passes a χ² test against AR."""

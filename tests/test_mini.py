@@ -140,6 +140,7 @@ def test_mini_drafter_refuses_another_target(tmp_path):
         build_drafter(OmegaConf.load(ROOT / "conf" / "drafter" / "mini.yaml"), tiny)
 
 
+@pytest.mark.slow
 def test_default_run_from_the_command_line(tmp_path):
     """The default run, shortened to one prompt: images, samples.jsonl, summary.json, the summary line."""
     import json

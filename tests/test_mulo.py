@@ -127,6 +127,7 @@ def test_greedy_equals_ar(cfg_scale, params):
     m.neighbours = None
 
 
+@pytest.mark.slow
 def test_greedy_equals_ar_on_the_mini_pair():
     """The shipped 16×16 / 8×8 mini models (float64): τ > 1 and the exact arm are AR token for token."""
     t = build_target(model_cfg("mini", dtype="float64"))
@@ -165,6 +166,7 @@ def ar_joint(target, inputs, sp) -> dict[tuple[int, ...], float]:
     return probs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "params,cfg_scale", [(MuloParams(rule="exact"), 3.0), (MuloParams(tau=1.5, k=0), 1.0)], ids=["exact", "tau>1"]
 )
@@ -348,6 +350,7 @@ def test_config_errors_before_any_model_loads(tmp_path, caplog, case):
         assert str(tmp_path) in e.value.message  # names the path
 
 
+@pytest.mark.slow
 def test_app_end_to_end_on_the_mini_model(tmp_path):
     """``python run.py policy=mulo model=mini dataset=smoke dataset.limit=1``, in process: samples carry the stats,
     the summary the policy keys; the learned resamplers when their weights are shipped, else nearest."""

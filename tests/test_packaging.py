@@ -20,6 +20,7 @@ def test_explicit_package_list_matches_the_tree() -> None:
     assert listed == found | {"adtbench.conf"}, "pyproject [tool.setuptools] packages is out of date"
 
 
+@pytest.mark.slow
 def test_wheel_ships_conf_and_composes_outside_a_checkout(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps", "--no-build-isolation", "-q"]
     build = subprocess.run([*cmd, "-w", str(tmp_path)], capture_output=True, text=True, timeout=300)

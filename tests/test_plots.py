@@ -124,3 +124,47 @@ def test_plots_command_writes_every_png(tmp_path, capsys):
     no_maps = make_tree(tmp_path / "nomaps", maps=False)
     assert acceptance_montage(load_tree(no_maps)[0], tmp_path / "m.png") is None and not (tmp_path / "m.png").exists()
     assert run_maps_figure(no_maps / RUNS[0][0]) is None
+
+
+def test_legends_show_the_lantern_values_the_runs_used(tmp_path):
+    """``lantern.k=1000`` on the command line ran as k = 511 on a 512-code model (``build_lantern_rule`` clips it):
+    the summary records what was used (``lantern_params``) and every label shows that, never the 1000."""
+    from analysis.plots import config_labels, scatter_figure, speedup_figure
+
+    root = make_tree(tmp_path / "sw")
+    for job, _, lantern, *_ in RUNS:
+        d = root / job
+        overrides = d / ".hydra" / "overrides.yaml"
+        overrides.write_text(overrides.read_text() + "- lantern.k=1000\n")
+        if lantern:
+            s = json.loads((d / "summary.json").read_text())
+            s["lantern_params"] = {"k": 511, "delta": 0.1, "lam": None, "normalize": False, "reference_residual": False}
+            (d / "summary.json").write_text(json.dumps(s))
+    runs, samples = load_tree(root)
+    assert config_labels(root / RUNS[0][0], runs.iloc[0].to_dict())["lantern"] == "on (δ=0.1, k=511)"
+    table = aggregate(runs, samples, by=["policy", "lantern", "ov.lantern.k"], n_boot=20)
+    for fig in (speedup_figure(table, runs=runs), scatter_figure(table, "d_bar", "tau", runs=runs)):
+        t = texts(fig)
+        assert "LANTERN on (δ=0.1, k=511)" in t and "1000" not in t
+
+
+def test_an_empty_table_is_a_clear_error(tmp_path, monkeypatch):
+    import pytest
+
+    from analysis.plots import scatter_figure, speedup_figure
+    from analysis.results import load, results_dir
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="holds no run"):
+        load(tmp_path / "empty")
+    runs, samples = load_tree(tmp_path / "empty")
+    table = aggregate(runs, samples)
+    for draw in (lambda: speedup_figure(table), lambda: scatter_figure(table, "d_bar", "tau")):
+        with pytest.raises(ValueError, match="no rows"):
+            draw()
+    monkeypatch.delenv("ADTBENCH_ROOT", raising=False)
+    assert results_dir("/abs/sweep") == Path("/abs/sweep")
+    assert results_dir("outputs/multiruns/x").parts[-3:] == ("outputs", "multiruns", "x")
+    assert results_dir("outputs/multiruns/x").is_absolute() and (results_dir("x").parent / "conf").is_dir()
+    monkeypatch.setenv("ADTBENCH_ROOT", str(tmp_path))  # paths.root_dir's own override
+    assert results_dir("sweep") == tmp_path / "sweep" and results_dir() == tmp_path / "outputs" / "multiruns"

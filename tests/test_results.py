@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 import adtbench.harness.rundir as rundir
-from adtbench.harness.rundir import ResultStore, bootstrap_ci, summarize
+from adtbench.harness.rundir import ResultStore
+from adtbench.harness.stats import bootstrap_ci, summarize
 
 REPO = Path(__file__).parents[1]
 

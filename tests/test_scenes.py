@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from adtbench.scenes import (
     COLORS,
@@ -82,8 +81,7 @@ def test_objects_are_drawn_in_their_colour():
 
 def test_heldout_prompt_file_is_the_generator_output():
     path = ROOT / "adtbench" / "harness" / "data" / "mini_prompts.txt"
-    if not path.exists():
-        pytest.skip("mini prompt file not generated")
+    assert path.is_file(), f"{path} is shipped (package data); its absence is a packaging failure"
     lines = [ln for ln in path.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines == heldout_prompts(0, len(lines))
     assert len(set(lines)) == len(lines) >= 20

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
@@ -31,6 +32,7 @@ def test_launcher_presets_compose():
     assert "partition" in slurm and local.gpus_per_node == 0
 
 
+@pytest.mark.slow
 def test_submitit_local_multirun_of_two_shard_jobs_then_merge(tmp_path):
     out = tmp_path / "array"
     proc = subprocess.run(

@@ -1,7 +1,8 @@
 """`adtbench table` and analysis/ on a synthetic results tree with hand-computed numbers: ratio-of-sums τ /
 d̄ / speedup, per-prompt metric means, set metrics, bootstrap CIs identical to results.bootstrap_ci, merged
 runs superseding their shards, repeats pooled by prompt; markdown / LaTeX / CSV with the CI caveat mark, pandas'
-LaTeX escaping and right-aligned numbers; analysis/ tables (plots: test_plots.py, notebook: test_notebook.py)."""
+LaTeX escaping and right-aligned numbers; analysis/ tables and sweep_table.py through the one command, every
+table file ending with a newline (plots: test_plots.py, notebook: test_notebook.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from adtbench.harness.rundir import bootstrap_ci
+from adtbench.harness.stats import bootstrap_ci
 from adtbench.reporting.tables import aggregate, load_tree, main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,8 +124,9 @@ def test_table_command_formats(tree, capsys):
     assert SUBCOMMANDS["table"] == "adtbench.reporting.tables"
 
 
-def test_analysis_tables(tree, tmp_path):
+def test_analysis_tables(tree, tmp_path, capsys):
     from analysis.plots import pareto_front
+    from analysis.tables import main as analysis_main
     from analysis.tables import main_table, pivot, write_tables
 
     assert pareto_front([1.0, 2.0, 3.0, 2.5], [5.0, 4.0, 1.0, 0.5]) == [0, 1, 2]
@@ -133,6 +135,26 @@ def test_analysis_tables(tree, tmp_path):
     pv = pivot(table, "speedup", ["policy"], "lantern")
     assert list(pv.columns) == ["policy", "lantern=off", "lantern=on"] and pv.iloc[0]["lantern=on"] == "—"
     assert [p.suffix for p in write_tables(table, tmp_path / "t")] == [".md", ".tex", ".csv"]
+    out = tmp_path / "paper"  # python -m analysis.tables = adtbench table --write: the same numbers, one command
+    assert analysis_main([str(tree), "--out", str(out), "--pivot", "lantern", "--n-boot", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert main([str(tree), "--n-boot", "100"]) == 0 and capsys.readouterr().out in printed
+    names = ["main.csv", "main.md", "main.tex", "speedup_pivot.md", "speedup_pivot.tex"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    for p in out.iterdir():  # every table file ends with exactly one newline
+        assert p.read_text().endswith("\n") and not p.read_text().endswith("\n\n"), p.name
+    assert "[" in (out / "speedup_pivot.md").read_text()  # the pivot keeps its CIs
+
+
+def test_every_written_and_printed_table_ends_with_one_newline(tree, tmp_path, capsys):
+    for fmt in ("md", "latex", "csv"):
+        f = tmp_path / f"t.{fmt}"
+        assert main([str(tree), "--n-boot", "20", "--format", fmt, "--out", str(f)]) == 0
+        assert f.read_text().endswith("\n") and not f.read_text().endswith("\n\n"), fmt
+        assert main([str(tree), "--n-boot", "20", "--format", fmt]) == 0
+        out = capsys.readouterr().out
+        assert out.endswith("\n") and not out.endswith("\n\n"), fmt
+    assert main([str(tree), "--n-boot", "20", "--write", str(tmp_path / "w"), "--pivot", "nonexistent"]) == 2
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -191,7 +213,7 @@ def test_numeric_columns_are_right_aligned(tree):
     assert "\\begin{tabular}{ll" + "r" * n_num + "}" in tex
 
 
-def test_sweep_table_and_pivot_alignment_and_escaping(tree):
+def test_sweep_table_and_pivot_alignment_and_escaping(tree, capsys):
     import importlib.util
 
     from analysis.tables import main_table, pivot, pivot_latex
@@ -199,8 +221,13 @@ def test_sweep_table_and_pivot_alignment_and_escaping(tree):
     spec = importlib.util.spec_from_file_location("sweep_table", ROOT / "analysis" / "sweep_table.py")
     st = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(st)
-    md = st.markdown_table(st.load_summaries(tree / "sweep"))
-    assert md.splitlines()[1] == "|---|---|---|---:|---:|---:|---:|"  # job policy lantern | τ d̄ speedup latency
+    assert st.main([str(tree / "sweep")]) == 0  # adtbench table --by job,policy,lantern: one row per job, with CIs
+    md = capsys.readouterr().out
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    assert header[:5] == ["job", "policy", "lantern", "n", "runs"] and "τ" in header and "speedup (×)" in header
+    rows = [line for line in md.splitlines()[2:] if line.startswith("| ")]
+    assert [r.split("|")[1].strip() for r in rows] == ["0_policy=ar", "1_policy=eagle2"] and "2.400 [" in rows[1]
+    assert st.main([str(tree / "nothing")]) == 1 and st.main([]) == 2
     pv = pivot(main_table(tree, by=["model", "policy", "lantern"], n_boot=20), "speedup", ["model", "policy"])
     tex = pivot_latex(pv)
     assert "\\begin{tabular}{llrr}" in tex and "tiny\\_llamagen" in tex and "tiny_llamagen" not in tex

@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 import adtbench.harness.app as app
 from adtbench.errors import ConfigError
 from adtbench.harness.config import validate
-from adtbench.harness.rundir import bootstrap_ci, ratio_of_totals_ci, summarize
+from adtbench.harness.stats import bootstrap_ci, ratio_of_totals_ci, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false", "save_images=false"]
@@ -79,7 +79,7 @@ def test_ci_widens_when_repeats_disagree() -> None:
 
 
 def test_chunking_changes_nothing(monkeypatch) -> None:
-    import adtbench.harness.rundir as results
+    import adtbench.harness.stats as results
 
     rng = np.random.default_rng(3)
     clusters = [0.5 + rng.random((int(rng.integers(1, 5)), 2)) for _ in range(50)]

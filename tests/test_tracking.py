@@ -46,6 +46,7 @@ def test_logger_none_and_unknown_kind(tmp_path):
     assert e.value.key == "logger.kind"
 
 
+@pytest.mark.slow
 def test_wandb_offline_writes_its_run_dir_fresh_run_per_job(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -210,6 +211,7 @@ def test_stable_run_id_from_the_resolved_run_dir(tmp_path):
     assert len(rid) <= 64 and rid.replace("-", "").isalnum()
 
 
+@pytest.mark.slow
 def test_resumed_job_continues_its_own_wandb_run(tmp_path, monkeypatch):
     """A requeued job (same run dir) resumes the W&B run of its first attempt: same id, resume='allow', and its
     sample steps continue after the samples already in samples.jsonl."""

@@ -26,6 +26,7 @@ def test_mypy_files_are_the_algorithm_layer() -> None:
     assert config["follow_imports"] == "silent"
 
 
+@pytest.mark.slow
 def test_algorithm_layer_is_mypy_clean(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[dev]')")
     store = getattr(request.config, "cache", None)  # None under ``-p no:cacheprovider``: a cold temp cache

@@ -2,19 +2,24 @@
 
 Run-dir locking and a unique default run dir; corrupt weights files; c2i prompts; unwritable cache dirs;
 ``hydra.run.dir`` pointing at a file; over-long prompts and ``top_k``; weights-only loading everywhere;
-relative paths resolved against ``paths.root_dir``; eval scores on the printed line.
+relative paths resolved against ``paths.root_dir``; eval scores and LANTERN on the printed line; the app's
+command line (issue 29): every bad override one line before anything is written, every sweep job checked before
+the first starts, a job failing at run time not stopping the sweep, Ctrl-C one line and resumable.
 """
 
 from __future__ import annotations
 
 import ast
 import datetime as dt
+import json
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -37,7 +42,9 @@ def cfg_of(*overrides: str, hydra_cfg: bool = False):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(ROOT / "run.py"), *TINY_OVERRIDES, "warmup=0", "progress=false", *args]
+    flags = [a for a in args if a.startswith("-")]  # -m before any override, as Hydra's parser wants
+    cmd = [sys.executable, str(ROOT / "run.py"), *flags, *TINY_OVERRIDES, "warmup=0", "progress=false",
+           *(a for a in args if a not in flags)]  # fmt: skip
     return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
 
 
@@ -50,7 +57,7 @@ def truncate(path: Path) -> None:
 
 
 def test_run_dir_lock_refuses_a_second_writer_and_takes_over_a_stale_lock(tmp_path):
-    from adtbench.harness.app import LOCK_FILE, RunDirLock
+    from adtbench.harness.lock import LOCK_FILE, RunDirLock
 
     run_dir = tmp_path / "run"
     first = RunDirLock(run_dir)
@@ -68,7 +75,7 @@ def test_run_dir_lock_refuses_a_second_writer_and_takes_over_a_stale_lock(tmp_pa
 
 
 def test_cli_refuses_a_locked_run_dir_before_loading(tmp_path):
-    from adtbench.harness.app import RunDirLock
+    from adtbench.harness.lock import RunDirLock
 
     run_dir = tmp_path / "busy"
     held = RunDirLock(run_dir)
@@ -349,3 +356,129 @@ def test_eval_reports_a_bad_override_as_a_config_error(capsys, tmp_path) -> None
     assert main([str(tmp_path), "eval=mini", "eval.bogus=1"]) == 2
     err = capsys.readouterr().err
     assert "config error: eval.bogus:" in err
+
+
+# --- the app's command line: every error one line, nothing written; Ctrl-C; sweeps -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [("policy.bogus=1", "policy.bogus"), ("bogus=1", "bogus"), ("policy=foo", "policy"),
+     ("policy.depth=deep", "policy.depth"), ("+policy.width=3", "policy.width"),
+     ("sampling.top_p=0", "sampling.top_p")],
+)  # fmt: skip
+def test_precheck_names_the_key_of_every_bad_override(override, key, tmp_path):
+    """Hydra's own composition errors (the first four: an unknown key or group option, a key the default policy
+    lacks) and adtbench's checks alike are a ``ConfigError`` naming the key, before Hydra runs anything."""
+    from adtbench.harness.app import CONF_DIR, check_config
+    from adtbench.harness.precheck import check_command_line
+
+    with pytest.raises(ConfigError) as ei:
+        check_command_line([override, f"hydra.run.dir={tmp_path / 'r'}"], CONF_DIR, "config", check_config)
+    assert ei.value.key == key, str(ei.value)
+    assert "\n" not in str(ei.value) and not (tmp_path / "r").exists()
+    assert check_command_line(["--cfg", "job", override], CONF_DIR, "config", check_config) == 0  # Hydra shows it
+
+
+def test_precheck_resolves_hydra_interpolations_as_the_job_will():
+    """``${hydra:...}`` in a job's config resolves in the precheck (HydraConfig set as ``run_job`` sets it); an
+    interpolation that cannot resolve names its key once (``logger.name``)."""
+    from adtbench.harness.app import CONF_DIR, check_config
+    from adtbench.harness.precheck import check_command_line
+
+    assert check_command_line(["logger=wandb", "logger.name=${hydra:job.name}"], CONF_DIR, "config", check_config) == 1
+    sweep = ["-m", "policy=ar,eagle2", "logger=wandb", "logger.name=${hydra:job.num}"]
+    assert check_command_line(sweep, CONF_DIR, "config", check_config) == 2
+    with pytest.raises(ConfigError) as ei:
+        check_command_line(["logger=wandb", "logger.name=${nosuch:x}"], CONF_DIR, "config", check_config)
+    assert ei.value.key == "logger.name"
+
+
+@pytest.mark.parametrize(("override", "key"), [("policy.bogus=1", "policy.bogus"), ("policy=foo", "policy")])
+def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, tmp_path):
+    run_dir = tmp_path / "runs" / "r"
+    proc = run_cli(override, f"hydra.run.dir={run_dir}")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"adtbench: config error: {key}:")
+    assert not (tmp_path / "runs").exists()  # no .adtbench.lock, .hydra/ or app.log
+
+
+def test_a_multirun_checks_every_job_before_the_first_starts(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = run_cli("-m", "policy.total_tokens=10,500,20", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("adtbench: config error: policy.total_tokens:")
+    assert "job 1 of 3" in err and "policy.total_tokens=500" in err
+    assert not sweep.exists() and "Launching" not in proc.stdout  # no job ran, nothing written
+
+
+@pytest.mark.slow
+def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
+    """Anole's weights are not here (hub id, offline): its job is refused once its dir exists, the dir is removed,
+    and the next job still runs (Hydra's launcher semantics: every job of the sweep runs, then the first failure
+    is reported and the exit code is 1)."""
+    sweep = tmp_path / "sweep"
+    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "model=anole,tiny_llamagen", "drafter=eagle", "dataset=smoke",
+           "dataset.limit=1", "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert "adtbench: config error: model.path:" in proc.stderr and "Traceback" not in proc.stderr
+    jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
+    assert len(jobs) == 1 and jobs[0].startswith("1_") and (sweep / jobs[0] / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line_and_the_run_dir_resumes(tmp_path):
+    run_dir = tmp_path / "r"
+    args = [*TINY_OVERRIDES, "warmup=0", "progress=false", "maps.per_run=false", f"hydra.run.dir={run_dir}"]
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    samples = run_dir / "samples.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not samples.exists() or samples.read_text().count("\n") < 1):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines() == [f"adtbench: interrupted; every finished prompt is kept: rerun the same "
+                                        f"command with hydra.run.dir={run_dir} to resume"]  # fmt: skip
+    done = samples.read_text().count("\n")
+    assert 1 <= done < 8
+    again = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, capture_output=True,
+                           text=True, timeout=300)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    ids = [json.loads(x)["prompt_id"] for x in samples.read_text().splitlines()]
+    assert len(ids) == 8 == len(set(ids))
+    other = run_cli("seed=1", f"hydra.run.dir={run_dir}")  # refused resume: the dir a previous run left stays
+    assert other.returncode == 2 and "hydra.run.dir" in other.stderr
+    assert samples.read_text().count("\n") == 8 and (run_dir / "summary.json").exists()
+
+
+def test_discard_new_run_dir_removes_only_what_this_process_created(tmp_path):
+    from adtbench.harness.lock import RunDirLock, discard_new_run_dir
+
+    new = tmp_path / "a" / "b" / "run"
+    lock = RunDirLock(new)
+    (new / "run_config.json").write_text("{}")
+    assert discard_new_run_dir(new) and not (tmp_path / "a").exists() and lock.fd is None
+    old = tmp_path / "old"
+    old.mkdir()
+    RunDirLock(old).release()
+    assert not discard_new_run_dir(old) and old.exists()  # it existed before: never removed
+    kept = tmp_path / "kept"
+    lock = RunDirLock(kept)
+    (kept / "samples.jsonl").write_text('{"prompt_id": "p0"}\n')
+    assert not discard_new_run_dir(kept) and (kept / "samples.jsonl").exists()  # a committed prompt stays
+    lock.release()
+
+
+def test_summary_line_says_whether_lantern_was_on():
+    from adtbench.harness.app import summary_line
+
+    s = {"model": "mini", "policy": "adt", "n_samples": 4, "tau": 2.0, "d_bar": 2.9, "latency_s": 1.0}
+    assert " lantern=off " in summary_line(s)
+    s |= {"lantern": True, "lantern_params": {"k": 511, "delta": 0.1, "lam": None}}
+    assert " lantern=on(delta=0.1,k=511) " in summary_line(s)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from adtbench.models.vq_common import AttnBlock, VQDecoder, save_png, to_uint8_images
+from adtbench.io import save_png
+from adtbench.models.vq_common import AttnBlock, VQDecoder, to_uint8_images
 from adtbench.models.vq_llamagen import (
     LlamaGenVQConfig,
     LlamaGenVQModel,

@@ -276,6 +276,7 @@ def test_window_at_least_row_len_equals_ar_lumina(families: Path, sp: SamplingPa
         check_equals_ar(t, w, sp)
 
 
+@pytest.mark.slow
 def test_window_at_least_row_len_equals_ar_mini() -> None:
     t = build_target(model_cfg("mini"))  # float32: the forwards are AR's own, so equality is exact
     check_equals_ar(t, 16, GREEDY)

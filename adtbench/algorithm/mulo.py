@@ -74,10 +74,10 @@ import torch
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import expand_rejections, island_schedule, islands, pooled_accept
-from adtbench.algorithm.sampling import SamplingParams, check_number, next_token, process_logits
+from adtbench.algorithm.sampling import SamplingParams, next_token, process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_cycle
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_choice, check_number
 from adtbench.models.base import PromptInputs, Target
 from adtbench.models.resample import Resampler
 
@@ -125,17 +125,13 @@ def _int(node: dict[str, Any], key: str, default: Any, lo: int) -> int:
 
 
 def _choice(node: dict[str, Any], key: str, default: str, choices: Sequence[str]) -> str:
-    v = node.get(key, default)
-    if v not in choices:
-        raise ConfigError(f"policy.{key}", f"choose one of {', '.join(choices)}, got {v!r}")
-    return str(v)
+    return check_choice(node.get(key, default), f"policy.{key}", choices)
 
 
 def mulo_params(node: dict[str, Any]) -> MuloParams:
-    """``policy`` node (plain dict) → ``MuloParams``; ``ConfigError`` naming ``policy.<key>`` on a bad value."""
-    tau = node.get("tau", 0.3)
-    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not tau >= 0:
-        raise ConfigError("policy.tau", f"must be a number ≥ 0 (0 accepts every draft, > 1 none), got {tau!r}")
+    """``policy`` node (plain dict) → ``MuloParams``; ``ConfigError`` naming ``policy.<key>`` on a bad value
+    (``tau`` ≥ 0: 0 accepts every draft, above 1 none)."""
+    tau = check_number(node.get("tau", 0.3), "policy.tau", float, lo=0)
     block = node.get("block_rows", "all")
     block_rows = None if block == "all" else _int(node, "block_rows", block, 1)
     island = node.get("island_window")

@@ -15,7 +15,7 @@ from pair to pair (ABBA: baseline first on even pairs); the recorded latencies a
 and every repeat must give the same tokens (the seeded generator makes a decode deterministic). Timed scope:
 prefill + decode loop (text encoding and VQ decode excluded). The speedup is reported as the ratio of total
 times, the median of the paired per-prompt ratios and a two-level bootstrap CI
-(:func:`adtbench.harness.rundir.summarize`); the load average before and after the timed work is recorded next to
+(:func:`adtbench.harness.stats.summarize`); the load average before and after the timed work is recorded next to
 the thread and core counts, and a load above the available cores is flagged in the log and the printed line.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -39,10 +38,12 @@ from typing import Any
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench.algorithm.engine import GenerationResult, decode_ar, generate
+from adtbench.algorithm.policies import Policy
 from adtbench.algorithm.records import Clock
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
@@ -61,10 +62,14 @@ from adtbench.harness.config import (
 )
 from adtbench.harness.data.prompts import Prompt, load_prompts
 from adtbench.harness.drafters import build_drafter
+from adtbench.harness.lock import RunDirGuard, RunDirLock, discard_new_run_dir, held_lock, refuse  # noqa: F401 (¹)
 from adtbench.harness.loops import build_loop_models
-from adtbench.harness.rundir import LOCK_FILE, RUN_CONFIG_FILE, ResultStore, summarize
+from adtbench.harness.rundir import RUN_CONFIG_FILE, ResultStore
+from adtbench.harness.stats import summarize
 from adtbench.io import atomic_write_json
 from adtbench.resources import conf_dir, cpus_available, load_average
+
+# (¹) RunDirGuard stays importable from here: the .hydra/hydra.yaml of runs made before it moved names this module.
 
 log = logging.getLogger("adtbench")
 register_resolvers()
@@ -189,9 +194,11 @@ def make_summary(
     n_prompts: int,
     rule_name: str = "exact",
     run_info: dict | None = None,
+    lantern_used: dict | None = None,
 ) -> dict:
-    """:func:`summarize` of the records plus the config choices, the environment and ``run_info`` (this job's
-    machine state and set-up times: threads, cores, load averages, warm-up / bind times, compile)."""
+    """:func:`summarize` of the records plus the config choices, the environment, ``run_info`` (this job's
+    machine state and set-up times: threads, cores, load averages, warm-up / bind times, compile) and
+    ``lantern_params``: the LANTERN values the job decoded with (:func:`lantern_used`; None with LANTERN off)."""
     s = summarize(records) if records else {"n_samples": 0, "tau": None, "d_bar": None, "speedup": None}
     greedy = float(cfg.sampling.temperature) == 0.0
     matches = [r["tokens_match_baseline"] for r in records if r.get("tokens_match_baseline") is not None]
@@ -209,6 +216,7 @@ def make_summary(
         "n_prompts": n_prompts,
         "complete": len(records) == n_prompts,
         "acceptance_rule": rule_name,
+        "lantern_params": lantern_used,
         "timing_scope": TIMING_SCOPE,
         **(run_info or {}),
         "env": env,
@@ -216,14 +224,37 @@ def make_summary(
     return s
 
 
+def lantern_used(cfg: DictConfig, rule: Any) -> dict | None:
+    """The LANTERN values a job decodes with — ``k`` as used (clipped to the model's codebook size − 1, see
+    ``caches.build_lantern_rule``), not as configured; None when the rule is exact (LANTERN off)."""
+    if getattr(rule, "name", "exact") != "lantern":
+        return None
+    from adtbench.harness.caches import lantern_params
+
+    p = lantern_params(cfg.lantern)
+    return {"k": int(rule.k), "delta": p.delta, "lam": p.lam, "normalize": p.normalize,
+            "reference_residual": p.reference_residual}  # fmt: skip
+
+
+def lantern_part(s: dict) -> str:
+    """``lantern=off``, or ``lantern=on`` with the bounds and k used (``lantern=on(delta=0.1,k=511)``)."""
+    if not s.get("lantern"):
+        return "lantern=off"
+    p = s.get("lantern_params") or {}
+    used = [f"{name}={p[key]:g}" for key, name in (("delta", "delta"), ("lam", "lam"), ("k", "k"))
+            if isinstance(p.get(key), int | float)]  # fmt: skip
+    return "lantern=on" + (f"({','.join(used)})" if used else "")
+
+
 def summary_line(s: dict) -> str:
-    """The one-line result a run prints."""
+    """The one-line result a run prints: model, policy, LANTERN on/off (:func:`lantern_part`), n, τ, d̄, latency,
+    the speedup with its CI, eval scores and the timing warnings."""
 
     def f(key: str, fmt: str, unit: str = "") -> str:
         v = s.get(key)
         return "n/a" if v is None else f"{v:{fmt}}{unit}"
 
-    line = f"adtbench: model={s.get('model')} policy={s.get('policy')} n={s.get('n_samples')} "
+    line = f"adtbench: model={s.get('model')} policy={s.get('policy')} {lantern_part(s)} n={s.get('n_samples')} "
     line += f"tau={f('tau', '.3f')} d_bar={f('d_bar', '.2f')} latency={f('latency_s', '.4f', 's')}"
     if s.get("speedup") is not None:
         line += f" baseline={f('baseline_latency_s', '.4f', 's')} speedup={f('speedup', '.3f', 'x')}"
@@ -274,30 +305,57 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
         atomic_write_json(path, fp, indent=2, newline=False)
 
 
+def check_config(cfg: DictConfig) -> tuple[SamplingParams, Policy, list[Prompt]]:
+    """Everything about one job that can be checked without weights and without touching its run dir: the typed
+    schema, ranges and cross-key rules (``config.validate``), the eval metrics' weight paths, the prompt file and
+    prompts the model cannot take. Resolves ``cfg``'s relative paths in place (``config.resolve_paths``).
+    Returns the sampling params, the policy and the prompts; raises ``ConfigError`` naming the key.
+
+    The command line runs it for every job before Hydra starts (``adtbench.harness.precheck``), so a rejected
+    config writes nothing; :func:`run` runs it again (direct calls, and the jobs of other launchers)."""
+    resolve_paths(cfg)
+    sp, policy = validate(cfg)
+    if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
+        from adtbench.harness.eval.metrics import validate as validate_eval
+
+        validate_eval(cfg)  # missing metric weights fail before any model loads
+    prompts = load_dataset(cfg)
+    check_prompts(cfg, prompts)
+    return sp, policy, prompts
+
+
 def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
-    """Lock the run dir for this job, validate, load, decode every unfinished prompt, write records; returns the
-    summary. The lock (held from the Hydra callback on in run mode, taken here for sweep jobs and direct calls)
-    is released when the job ends."""
-    lock, owned = _LOCKS.get(os.path.abspath(run_dir)), False
+    """Check the config (:func:`check_config`, before anything is written), lock the run dir for this job, load,
+    decode every unfinished prompt, write records; returns the summary.
+
+    The lock (held from the Hydra callback on in run mode, taken here for sweep jobs and direct calls) is released
+    when the job ends. A ``ConfigError`` raised once the run dir exists (a check that needs the model, or a resume
+    into a dir of another config) leaves no dir behind that this job created without committing a prompt
+    (``lock.discard_new_run_dir``); a dir that held anything before the job is never touched."""
+    as_given = copy.deepcopy(cfg)  # resume compares the config as given, not the resolved absolute paths
+    checked = check_config(cfg)
+    lock = held_lock(run_dir)
+    owned = lock is None
     if lock is None:
-        lock, owned = RunDirLock(run_dir), True
+        lock = RunDirLock(run_dir)
     try:
-        return _run(cfg, run_dir, choices)
+        return _run(cfg, as_given, checked, run_dir, choices)
+    except ConfigError:
+        discard_new_run_dir(run_dir)
+        raise
     finally:
         if owned:
             lock.release()
 
 
-def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
-    fingerprint_cfg = copy.deepcopy(cfg)  # the config as given: resume compares it, not the resolved absolute paths
-    resolve_paths(cfg)
-    sp, policy = validate(cfg)
-    if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
-        from adtbench.harness.eval import validate as validate_eval
-
-        validate_eval(cfg)  # missing metric weights fail before any model loads
-    prompts = load_dataset(cfg)
-    check_prompts(cfg, prompts)
+def _run(
+    cfg: DictConfig,
+    fingerprint_cfg: DictConfig,
+    checked: tuple[SamplingParams, Policy, list[Prompt]],
+    run_dir: Path,
+    choices: dict[str, str],
+) -> dict:
+    sp, policy, prompts = checked
     check_resume(run_dir, fingerprint_cfg)
     store = ResultStore(run_dir)
     done = store.done_ids()
@@ -368,7 +426,8 @@ def _run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
 
     tracker = build_logger(cfg, run_dir, choices)
     try:
-        ctx = RunContext(cfg, run_dir, choices, target, decode, store, tracker, env, len(prompts), rule.name)
+        ctx = RunContext(cfg, run_dir, choices, target, decode, store, tracker, env, len(prompts), rule.name,
+                         lantern_used(cfg, rule))  # fmt: skip
         summary = _decode_all(ctx, todo, run_info)
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
@@ -480,10 +539,12 @@ class RunContext:
     env: dict[str, Any]
     n_prompts: int
     rule_name: str = "exact"
+    lantern: dict[str, Any] | None = None  # :func:`lantern_used`
 
     def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
         """:func:`make_summary` of ``records`` for this job."""
-        return make_summary(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info)
+        return make_summary(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info,
+                            self.lantern)  # fmt: skip
 
 
 def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -> dict:
@@ -540,91 +601,51 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     return summary
 
 
-class RunDirLock:
-    """An exclusive ``fcntl.flock`` on ``<run_dir>/.adtbench.lock`` held until :meth:`release` (or process death).
-
-    Invariant: at most one adtbench job writes into a run dir. A second writer gets ``ConfigError`` naming the
-    dir and the holder's pid (written into the lock file); a lock left by a dead process is free again (the
-    kernel drops flocks with the process) and is taken over. Creating the dir fails with a ``ConfigError`` too
-    (e.g. ``hydra.run.dir`` names a file).
-    """
-
-    def __init__(self, run_dir: str | os.PathLike[str], key: str = "hydra.run.dir") -> None:
-        self.run_dir = Path(os.path.abspath(run_dir))  # as Hydra names runtime.output_dir
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            what = "is a file" if self.run_dir.is_file() else f"cannot be created or written ({e.strerror})"
-            raise ConfigError(key, f"{self.run_dir} {what}; choose another run dir") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise ConfigError(
-                key,
-                f"{self.run_dir} is in use by another adtbench job (pid {holder}); wait for it or choose another "
-                "run dir",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd: int | None = fd
-        _LOCKS[str(self.run_dir)] = self
-
-    def release(self) -> None:
-        """Unlock and close (idempotent); the lock file stays."""
-        if self.fd is not None:
-            _LOCKS.pop(str(self.run_dir), None)
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-
-_LOCKS: dict[str, RunDirLock] = {}  # run dirs this process holds (absolute path → lock)
-
-
-def _refuse(e: ConfigError, to_log: bool = True) -> None:
-    """The app's one-line config error (stderr, exit 2); ``to_log`` also writes it to the job log."""
-    if to_log:
-        log.error("config error: %s", e)
-    print(f"adtbench: config error: {e}", file=sys.stderr)
-    sys.exit(2)
-
-
-class RunDirGuard(Callback):
-    """Hydra callback (``conf/hydra/default.yaml``): lock the run dir before Hydra writes ``.hydra/`` into it and
-    release it after the job; check that a sweep dir can be created. Failures are one line, exit 2."""
-
-    def __init__(self) -> None:
-        self.lock: RunDirLock | None = None
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            self.lock = RunDirLock(str(config.hydra.run.dir))
-        except ConfigError as e:
-            _refuse(e, to_log=False)  # logging is not configured yet: stderr only
-
-    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.lock is not None:
-            self.lock.release()
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        d = Path(str(config.hydra.sweep.dir))
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            what = "is a file" if d.is_file() else f"cannot be created ({e.strerror})"
-            _refuse(ConfigError("hydra.sweep.dir", f"{d.absolute()} {what}; choose another sweep dir"), to_log=False)
-
-
 CONF_DIR = str(conf_dir())  # the checkout's conf/, or the copy shipped in the wheel (adtbench.resources)
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
-def main(cfg: DictConfig) -> dict:
+class JobRefused(CompactHydraException):
+    """A multirun job's ``ConfigError`` found after it started (a check that needs the model): raised rather than
+    exit 2, so that Hydra marks the job failed and runs the next; Hydra prints it as one line after the sweep."""
+
+
+RESUME: list[str] = []  # the override that resumes the job in progress (named when Ctrl-C ends the process)
+
+
+def task(cfg: DictConfig) -> dict | None:
+    """The Hydra task function: one job (:func:`run`) in Hydra's run dir. A ``ConfigError`` is the one-line error,
+    exit 2, in run mode, and fails only its own job in a multirun (:class:`JobRefused`)."""
     hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    run_dir = Path(hc.runtime.output_dir)
+    RESUME[:] = [f"hydra.sweep.dir={Path(hc.sweep.dir).absolute()}" if multirun else f"hydra.run.dir={run_dir}"]
     try:
-        return run(cfg, Path(hc.runtime.output_dir), dict(hc.runtime.choices))
+        return run(cfg, run_dir, dict(hc.runtime.choices))
     except ConfigError as e:
-        _refuse(e)
+        if multirun:
+            log.error("config error: %s", e)
+            raise JobRefused(f"adtbench: config error: {e}") from None
+        refuse(e)
+    return None
+
+
+hydra_main = hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")(task)
+
+
+def main() -> None:
+    """``python run.py [overrides]`` / ``adtbench [run] [overrides]``: check every job's config before anything
+    is written (``adtbench.harness.precheck``: Hydra's own composition errors included; one line naming the key,
+    exit 2), then run Hydra's app. Ctrl-C ends with one line naming the override that resumes the run (the run
+    dir, or a multirun's sweep dir: its jobs resume in their own dirs), exit 130."""
+    from adtbench.harness.precheck import check_command_line
+
+    try:
+        try:
+            check_command_line(sys.argv[1:], CONF_DIR, "config", check_config)
+        except ConfigError as e:
+            refuse(e, to_log=False)
+        hydra_main()
+    except KeyboardInterrupt:
+        hint = f"; every finished prompt is kept: rerun the same command with {RESUME[0]} to resume" if RESUME else ""
+        print(f"adtbench: interrupted{hint}", file=sys.stderr)
+        sys.exit(130)

@@ -28,7 +28,7 @@ import torch
 
 from adtbench.algorithm.cost import MEASURE_METHOD, CostModel, measure_cost, target_parameters
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.io import atomic_write_bytes, atomic_write_with
 from adtbench.resources import cpus_available, load_average
 
@@ -172,32 +172,20 @@ def lantern_params(node: Any) -> LanternParams:
     def get(key: str, default: Any = None) -> Any:
         return node.get(key, default) if hasattr(node, "get") else default
 
-    k = get("k", 1000)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError("lantern.k", f"must be an integer ≥ 1, got {k!r}")
+    k = check_number(get("k", 1000), "lantern.k", int, lo=1)
     delta, lam = get("delta", 0.1), get("lam")
-    for key, v in (("delta", delta), ("lam", lam)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
-            raise ConfigError(f"lantern.{key}", f"must be a number or null, got {v!r}")
     if delta is None and lam is None:
         raise ConfigError("lantern.delta", "LANTERN needs a bound: set lantern.delta (δ) and/or lantern.lam (λ)")
-    if delta is not None and not 0.0 <= delta <= 1.0:
-        raise ConfigError("lantern.delta", f"must be in [0, 1] (a total-variation bound), got {delta}")
-    if lam is not None and lam < 1.0:
-        raise ConfigError("lantern.lam", f"must be ≥ 1 (p̃(x) ≤ λ·p(x)), got {lam}")
-    flags = {}
-    for key in ("normalize", "reference_residual"):
-        v = get(key, False)
-        if not isinstance(v, bool):
-            raise ConfigError(f"lantern.{key}", f"must be true or false, got {v!r}")
-        flags[key] = v
+    # δ in [0, 1] (a total-variation bound); λ ≥ 1 (p̃(x) ≤ λ·p(x)); either may be null
+    delta = None if delta is None else check_number(delta, "lantern.delta", float, lo=0.0, hi=1.0)
+    lam = None if lam is None else check_number(lam, "lantern.lam", float, lo=1.0)
     cache = get("cache_dir")
     return LanternParams(
         k=k,
-        delta=None if delta is None else float(delta),
-        lam=None if lam is None else float(lam),
-        normalize=flags["normalize"],
-        reference_residual=flags["reference_residual"],
+        delta=delta,
+        lam=lam,
+        normalize=check_flag(get("normalize", False), "lantern.normalize"),
+        reference_residual=check_flag(get("reference_residual", False), "lantern.reference_residual"),
         cache_dir=None if cache is None else str(cache),
     )
 

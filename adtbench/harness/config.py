@@ -17,9 +17,8 @@ from omegaconf import DictConfig, OmegaConf
 from adtbench import resources
 from adtbench.algorithm.policies import POLICIES, Policy
 from adtbench.algorithm.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
-from adtbench.algorithm.sampling import check_number as _check_number
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.harness import schema
 from adtbench.harness.rundir import PLUMBING_KEYS
 
@@ -36,10 +35,25 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT))
 
 
+def config_error(e: Exception, overrides: list[str]) -> ConfigError:
+    """A Hydra / OmegaConf composition error as a ``ConfigError`` naming the override's key: the key or group a
+    quoted name in the message matches (``'policy.bogus'``, ``'policy/foo'``), else the override whose value the
+    message quotes, else an override key the message mentions, else ``overrides``. The message is Hydra's, on one
+    line, without its search-path listing, followed by the overrides."""
+    text = " ".join(str(e).split()).split(" Config search path")[0]
+    quoted = re.findall(r"'([^']+)'", text)
+    keys = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
+    key = next((q.replace("/", ".") for q in quoted if q.replace("/", ".") in keys), None)  # a key or group
+    key = key or next((k for q in quoted for k, o in keys.items() if q in o.split("=", 1)[-1]), None)  # a value
+    key = key or next((k for k in keys if k and k in text), "overrides")
+    return ConfigError(key, f"{text} (overrides: {' '.join(overrides) or '-'})")
+
+
 def compose_config(config_name: str, overrides: list[str], config_dir: str | None = None) -> DictConfig:
-    """Hydra ``compose`` for the command-line tools (``adtbench bench|train|eval``; ``run.py`` has Hydra's own CLI): a
-    bad override — an unknown key, a missing group option, a malformed value — is a ``ConfigError`` naming its key
-    instead of a Hydra traceback. ``config_dir`` defaults to the project's ``conf/``."""
+    """Hydra ``compose`` for the command-line tools (``adtbench bench|train|eval``; the app's command line is
+    checked by ``harness.precheck``, which composes as Hydra does): a bad override — an unknown key, a missing
+    group option, a malformed value — is a ``ConfigError`` naming its key (:func:`config_error`) instead of a
+    Hydra traceback. ``config_dir`` defaults to the project's ``conf/``."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
@@ -49,13 +63,7 @@ def compose_config(config_name: str, overrides: list[str], config_dir: str | Non
         try:
             return compose(config_name, overrides=list(overrides))
         except (HydraException, OmegaConfBaseException) as e:
-            text = " ".join(str(e).split()).split(" Config search path")[0]
-            quoted = re.findall(r"'([^']+)'", text)
-            keys = {o.split("=", 1)[0].lstrip("+~"): o for o in overrides}
-            key = next((q.replace("/", ".") for q in quoted if q.replace("/", ".") in keys), None)  # a key or group
-            key = key or next((k for q in quoted for k, o in keys.items() if q in o.split("=", 1)[-1]), None)  # a value
-            key = key or next((k for k in keys if k and k in text), "overrides")
-            raise ConfigError(key, f"{text} (overrides: {' '.join(overrides) or '-'})") from None
+            raise config_error(e, list(overrides)) from None
 
 
 def paths_root(cfg: DictConfig) -> Path | None:
@@ -116,7 +124,7 @@ def _get(cfg: DictConfig, key: str) -> Any:
 
 
 def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
-    return _check_number(_get(cfg, key), key, kind, lo, hi)
+    return check_number(_get(cfg, key), key, kind, lo, hi)
 
 
 def build_policy(cfg: DictConfig) -> Policy:
@@ -273,10 +281,7 @@ def engine_compile(cfg: DictConfig) -> bool:
         return False
     if not isinstance(cfg.engine, DictConfig):
         raise ConfigError("engine", f"must be a mapping (engine.compile=...), got {cfg.engine!r}")
-    v = cfg.engine.get("compile", False)
-    if not isinstance(v, bool):
-        raise ConfigError("engine.compile", f"must be true or false, got {v!r}")
-    return v
+    return check_flag(cfg.engine.get("compile", False), "engine.compile")
 
 
 def engine_acceptance(cfg: DictConfig) -> str:

@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 from PIL import Image
-from PIL.PngImagePlugin import PngInfo
 
 from adtbench.harness.rundir import MAPS_DIR, safe_stem
-from adtbench.io import atomic_write_json, atomic_write_with
+from adtbench.io import atomic_write_json, save_png
 from adtbench.layout import TokenLayout
 
 __all__ = [
@@ -96,13 +95,12 @@ def save_map(path: Path, grid: np.ndarray) -> Path:
     h, w = grid.shape
     scale = max(1, math.ceil(MIN_SIDE / max(h, w)))
     img = Image.fromarray(rgb).resize((w * scale, h * scale), Image.NEAREST)
-    info = PngInfo()
-    info.add_text("vmin", f"{finite.min():.6g}" if finite.size else "nan")
-    info.add_text("vmax", f"{finite.max():.6g}" if finite.size else "nan")
-    info.add_text("grid", f"{h}x{w}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_with(path, lambda tmp: img.save(tmp, format="PNG", pnginfo=info))
-    return path
+    text = {
+        "vmin": f"{finite.min():.6g}" if finite.size else "nan",
+        "vmax": f"{finite.max():.6g}" if finite.size else "nan",
+        "grid": f"{h}x{w}",
+    }
+    return save_png(img, path, text)
 
 
 def _write(out: Path, stem: str, grids: dict[str, np.ndarray], extra: dict[str, Any]) -> list[Path]:

@@ -34,7 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench.algorithm.mulo import MuloModels, mulo_params
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_choice
 from adtbench.resources import conf_dir
 
 log = logging.getLogger("adtbench")
@@ -118,10 +118,8 @@ def _upsampler_path(cfg: DictConfig) -> Path | None:
 def check_mulo_config(cfg: DictConfig) -> None:
     """Every ``policy=mulo`` rule that needs no weights (module docstring); ConfigError naming the key and path."""
     mulo_params(_plain(cfg.policy))  # the values (ConfigError naming policy.<key>)
-    kinds = {k: str(cfg.policy.get(k, "learned")) for k in ("upsampler", "downsampler")}
-    for key, kind in kinds.items():
-        if kind not in RESAMPLER_KINDS:
-            raise ConfigError(f"policy.{key}", f"choose one of {', '.join(RESAMPLER_KINDS)}, got {kind!r}")
+    kinds = {k: check_choice(str(cfg.policy.get(k, "learned")), f"policy.{k}", RESAMPLER_KINDS)
+             for k in ("upsampler", "downsampler")}  # fmt: skip
     node = drafter_node(cfg)
     fam_t, fam_d = str(cfg.model.get("family")), str(node.get("family"))
     name = cfg.policy.drafter_model

@@ -290,8 +290,9 @@ def _plain(node: Any, key: str) -> Any:
     try:
         return OmegaConf.to_container(node, resolve=True)
     except OmegaConfBaseException as e:
-        sub = str(getattr(e, "full_key", "") or "")
-        raise ConfigError(f"{key}.{sub}" if sub else key, str(getattr(e, "msg", e)).splitlines()[0]) from None
+        sub = str(getattr(e, "full_key", "") or "")  # relative to ``node``, or to the root for a node of ``cfg``
+        full = sub if sub == key or sub.startswith(f"{key}.") else f"{key}.{sub}" if sub else key
+        raise ConfigError(full, str(getattr(e, "msg", e)).splitlines()[0]) from None
 
 
 def check_group(cfg: DictConfig, group: str) -> None:

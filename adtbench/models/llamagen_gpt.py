@@ -387,7 +387,8 @@ def load_gpt_state_dict(path: str | Path) -> tuple[dict[str, torch.Tensor], GPTC
     bare dict; ``torch.load(weights_only=True)``), a ``.safetensors`` file, or a LANTERN HF folder
     (``config.json`` + weights) — the latter also returns its ``GPTConfig``.
     """
-    from adtbench.models.vq_common import load_checkpoint, unwrap_state_dict
+    from adtbench.io import load_checkpoint
+    from adtbench.models.vq_common import unwrap_state_dict
 
     p = Path(path)
     if p.is_dir():

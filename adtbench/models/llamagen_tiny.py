@@ -102,8 +102,8 @@ def write_llamagen_tiny(out: Path, seed: int, kind: str, layout: str) -> dict[st
     """Write the tiny ``llamagen_{kind}`` folder in ``layout``; returns the in-memory reference modules."""
     from safetensors.torch import save_file
 
+    from adtbench.io import atomic_torch_save
     from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
-    from adtbench.models.vq_common import atomic_torch_save
     from adtbench.models.vq_llamagen import make_tiny_llamagen_vq, save_llamagen_vq
 
     arch = llamagen_arch(kind)

@@ -135,7 +135,7 @@ class ARDTok(InferenceWeights, nn.Module):
 
 def load_ardtok(path: str | os.PathLike[str]) -> ARDTok:
     """Load ``ar_dtok_*.pth`` (``{"model": {"name", "args", "sd"}}``, ``weights_only=True``) strictly."""
-    from adtbench.models.vq_common import load_checkpoint
+    from adtbench.io import load_checkpoint
 
     obj = load_checkpoint(path)
     try:
@@ -159,7 +159,7 @@ def save_ardtok(model: ARDTok, path: str | os.PathLike[str], name: str = "llama-
     """Write the official ``{"model": {"name", "args", "sd"}}`` layout (tiny checkpoints)."""
     from dataclasses import asdict
 
-    from adtbench.models.vq_common import atomic_torch_save
+    from adtbench.io import atomic_torch_save
 
     args = asdict(model.cfg)
     if name in PRESETS:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adtbench.models.vq_common import load_checkpoint
+from adtbench.io import load_checkpoint
 
 
 class SimVQCodebook(nn.Module):
@@ -135,7 +135,7 @@ def load_tatok(path: str | os.PathLike[str], decoder_config: Mapping[str, Any] |
 
 def save_tatok(model: TATokDecoder, path: str | os.PathLike[str], extra_args: Mapping[str, Any] | None = None) -> None:
     """Write ``{"model": {"args": ..., "sd": ...}}`` in the official layout (tiny checkpoints)."""
-    from adtbench.models.vq_common import atomic_torch_save
+    from adtbench.io import atomic_torch_save
 
     reg = model.bottleneck.regularizer
     args = {

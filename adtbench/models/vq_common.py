@@ -13,25 +13,21 @@ in the same order as the official code, so ``state_dict()`` keys and their order
 seeded construction draws the same initial values.
 
 Also here: the :class:`VQDecoder` protocol that the engine codes against, pixel conversion
-(:func:`to_uint8_images`), atomic PNG writing (:func:`save_png`) and a ``weights_only`` checkpoint reader
-that names the file and says how to convert it when the pickle holds something other than tensors.
+(:func:`to_uint8_images`), and picking / checking a state dict out of a loaded checkpoint
+(:func:`unwrap_state_dict`, :func:`load_filtered_state_dict`). Files are read and written by ``adtbench.io``
+(``load_checkpoint``, ``atomic_torch_save``, ``save_png``).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any, Protocol, Self, runtime_checkable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import Tensor, nn
-
-from adtbench.io import atomic_torch_save as atomic_torch_save_
-from adtbench.io import atomic_write_with
 
 __all__ = [
     "AttnBlock",
@@ -42,17 +38,14 @@ __all__ = [
     "Upsample",
     "VQDecoder",
     "VQModelBase",
-    "atomic_torch_save",
     "build_down_levels",
     "build_up_levels",
     "check_codes",
-    "load_checkpoint",
     "load_filtered_state_dict",
     "make_norm",
     "nearest_codes",
     "randomize_parameters",
     "run_levels",
-    "save_png",
     "swish",
     "to_uint8_images",
     "unwrap_state_dict",
@@ -503,43 +496,9 @@ def to_uint8_images(x: Tensor) -> np.ndarray:
     return y.permute(0, 2, 3, 1).contiguous().numpy()
 
 
-def save_png(array: np.ndarray, path: str | os.PathLike[str]) -> Path:
-    """Write one ``uint8`` image ``[H, W, 3]`` (or ``[H, W]``) to ``path`` as PNG, atomically.
-
-    Written through ``io.atomic_write_with`` (temp file, fsync, ``os.replace``), so a reader never sees a
-    half-written file; the temporary file is removed if writing fails. Parent folders are created. Returns the
-    final path.
-    """
-    arr = np.asarray(array)
-    if arr.dtype != np.uint8:
-        raise ValueError(f"save_png expects a uint8 array, got {arr.dtype}")
-    if not (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (1, 3, 4))):
-        raise ValueError(f"save_png expects [H, W], [H, W, 3] or [H, W, 4], got {arr.shape}")
-    if arr.ndim == 3 and arr.shape[2] == 1:
-        arr = arr[:, :, 0]
-    out = Path(path)
-    atomic_write_with(out, lambda tmp: Image.fromarray(np.ascontiguousarray(arr)).save(tmp, format="PNG"))
-    return out
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Checkpoints
 # ---------------------------------------------------------------------------------------------------------
-
-
-def load_checkpoint(path: str | os.PathLike[str]) -> Any:
-    """``torch.load(path, map_location="cpu", weights_only=True)`` with clear errors (:func:`adtbench.io.read_torch`).
-
-    Raises ``FileNotFoundError`` naming ``path`` when it is missing, and ``ValueError`` (``WeightsError``) naming
-    the path when the file is corrupt, truncated or pickles objects beyond the known-safe types (never falls back
-    to ``weights_only=False``).
-    """
-    from adtbench.io import read_torch
-
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"VQ checkpoint not found: {p}")
-    return read_torch(p)
 
 
 def unwrap_state_dict(obj: Any, path: str | os.PathLike[str], keys: Iterable[str]) -> dict[str, Tensor]:
@@ -596,8 +555,3 @@ def load_filtered_state_dict(
     if problems:
         raise ValueError(f"{path}: checkpoint does not match the model config; " + "; ".join(problems))
     model.load_state_dict({k: sd[k] for k in wanted if k in sd}, strict=False)
-
-
-def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save`` atomically with deterministic bytes (``io.atomic_torch_save``); creates parent folders."""
-    return atomic_torch_save_(obj, path)

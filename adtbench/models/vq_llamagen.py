@@ -31,15 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from adtbench.io import atomic_torch_save, load_checkpoint
 from adtbench.models.vq_common import (
     AttnBlock,
     Codebook,
     ResnetBlock,
     VQModelBase,
-    atomic_torch_save,
     build_down_levels,
     build_up_levels,
-    load_checkpoint,
     make_norm,
     run_levels,
     swish,

@@ -29,16 +29,14 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from adtbench.io import atomic_write_text
+from adtbench.io import atomic_torch_save, atomic_write_text, load_checkpoint
 from adtbench.models.vq_common import (
     AttnBlock,
     Codebook,
     ResnetBlock,
     VQModelBase,
-    atomic_torch_save,
     build_down_levels,
     build_up_levels,
-    load_checkpoint,
     make_norm,
     run_levels,
     swish,

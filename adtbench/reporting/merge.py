@@ -13,7 +13,7 @@ Checks, before anything is written:
 
 The merged dir gets ``samples.jsonl`` and ``trace.jsonl`` in dataset order, ``images/`` (hard links where
 possible), ``run_config.json`` (shard removed), ``merge.json`` (sources and checks) and ``summary.json``
-recomputed from all samples with :func:`adtbench.harness.rundir.summarize` — so τ and d̄ are ratios of totals and
+recomputed from all samples with :func:`adtbench.harness.stats.summarize` — so τ and d̄ are ratios of totals and
 the speedup is mean baseline latency / mean method latency over every sample, not an average of shard
 speedups. ``env_consistent`` says whether all shards ran on the same device and software (speedups are
 comparable only within one environment). Every file name comes from :mod:`adtbench.harness.rundir`, every write is
@@ -42,10 +42,10 @@ from adtbench.harness.rundir import (
     ResultStore,
     read_run_config,
     read_summary,
-    summarize,
     to_jsonable,
 )
 from adtbench.harness.rundir import RUN_CONFIG_FILE as RUN_CONFIG
+from adtbench.harness.stats import summarize
 from adtbench.io import atomic_write_json, atomic_write_with
 
 # summary fields that describe the config (identical across shards), copied from the first shard

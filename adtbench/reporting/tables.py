@@ -2,6 +2,13 @@
 
     adtbench table <results dir> [--by model,policy] [--metrics clip_score,fid] [--format md|latex|csv]
                    [--n-boot 1000] [--ci 0.95] [--seed 0] [--digits 3] [--out FILE]
+                   [--write DIR] [--pivot lantern] [--into README.md --marker NAME]
+
+The one table command: ``python -m analysis.tables`` (paper files) and ``analysis/sweep_table.py`` (one row per
+multirun job) call :func:`main` with their options. ``--write DIR`` writes ``main.md``, ``main.tex`` and
+``main.csv`` (:func:`write_tables`) and, with ``--pivot COLUMN``, the speedup pivot ``speedup_pivot.md`` /
+``.tex`` (:func:`pivot`: ``model`` × ``policy`` rows, one column per value of COLUMN, "v [lo, hi]" cells). Every
+file and every printed table ends with one newline.
 
 Loading (:func:`load_tree`, through :mod:`adtbench.harness.rundir`: :func:`~adtbench.harness.rundir.find_runs` and its
 readers): every job dir under the root that holds ``summary.json`` — single runs,
@@ -22,7 +29,7 @@ vary across the tree), over the pooled samples:
 
 Confidence intervals: percentile bootstrap over prompts (``n_boot`` resamples, seed ``seed``) — prompts are
 resampled with all their samples (cluster bootstrap; with one sample per prompt this is the plain bootstrap of
-:func:`adtbench.harness.rundir.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
+:func:`adtbench.harness.stats.bootstrap_ci`, and gives identical intervals for the same seed). Ratio statistics
 are recomputed on each resample (ratio of resampled sums). Set metrics have no interval.
 
 Rendering (:func:`render`): a CI over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` (5) prompts is marked † (LaTeX
@@ -50,18 +57,16 @@ from adtbench.harness.rundir import (
     PLUMBING_KEYS,
     POOLED_KEYS,
     SAMPLES_FILE,
-    SPEEDUP_CI_MIN_PROMPTS,
-    bootstrap_distribution,
     find_runs,
     is_plumbing,
     lantern_choice,
     merged_sources,
-    percentile_interval,
     read_jsonl,
     read_overrides,
     read_run_config,
     read_summary,
 )
+from adtbench.harness.stats import SPEEDUP_CI_MIN_PROMPTS, bootstrap_distribution, percentile_interval
 from adtbench.io import atomic_write_text
 
 CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling")
@@ -180,8 +185,8 @@ def cluster_bootstrap(
     """Percentile CIs of ratio-of-sums statistics, resampling rows (prompts) of ``sums`` with replacement.
 
     ``sums``: ``[P, k]`` per-prompt totals; ``ratios``: ``{name: (numerator column, denominator column)}``.
-    The one bootstrap of :func:`adtbench.harness.rundir.bootstrap_distribution` (one level: a prompt's samples are
-    already pooled into its row), so the resamples are exactly those of :func:`adtbench.harness.rundir.bootstrap_ci`.
+    The one bootstrap of :func:`adtbench.harness.stats.bootstrap_distribution` (one level: a prompt's samples are
+    already pooled into its row), so the resamples are exactly those of :func:`adtbench.harness.stats.bootstrap_ci`.
     """
     if sums.shape[0] == 0:
         return {name: (float("nan"), float("nan")) for name in ratios}
@@ -395,6 +400,56 @@ def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> st
     return out.to_markdown(index=False, colalign=align, disable_numparse=True) + note
 
 
+def pivot(table: Any, value: str = "speedup", index: Sequence[str] = ("model", "policy"), column: str = "lantern",
+          digits: int = 2) -> Any:  # fmt: skip
+    """``table[value]`` laid out as ``index`` × ``column`` with "v [lo, hi]" cells (missing cells: —)."""
+    import pandas as pd
+
+    cells = table.copy()
+    cells["cell"] = [
+        "—" if pd.isna(v) else (f"{v:.{digits}f}" + ("" if pd.isna(lo) else f" [{lo:.{digits}f}, {hi:.{digits}f}]"))
+        for v, lo, hi in zip(cells[value], cells[f"{value}_lo"], cells[f"{value}_hi"])
+    ]
+    out = cells.pivot_table(index=list(index), columns=column, values="cell", aggfunc="first").fillna("—")
+    out.columns = [f"{column}={c}" for c in out.columns]
+    return out.reset_index()
+
+
+def pivot_latex(pv: Any) -> str:
+    """A :func:`pivot` as LaTeX booktabs: text escaped by pandas (``escape="latex"``), value columns right-aligned."""
+    n_keys = sum(1 for c in pv.columns if "=" not in str(c))
+    styler = pv.style.hide(axis="index").format(escape="latex").format_index(escape="latex", axis=1)
+    return styler.to_latex(hrules=True, column_format="l" * n_keys + "r" * (len(pv.columns) - n_keys))
+
+
+def _one_newline(text: str) -> str:
+    """``text`` ending in exactly one newline (every table file and printed table)."""
+    return text.rstrip("\n") + "\n"
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write a table file atomically, ending in exactly one newline."""
+    atomic_write_text(Path(path), _one_newline(text))
+    return Path(path)
+
+
+def write_tables(table: Any, out_dir: str | Path, stem: str = "main", digits: int = 3, ci: float = 0.95) -> list[Path]:
+    """``<stem>.md``, ``<stem>.tex`` (booktabs) and ``<stem>.csv`` of an aggregated table into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [write_text(out / f"{stem}.{ext}", render(table, fmt, digits, ci))
+            for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv"))]  # fmt: skip
+
+
+def write_pivot(table: Any, out_dir: str | Path, column: str) -> list[Path]:
+    """``speedup_pivot.md`` / ``.tex``: the speedup (with its CI) of ``model`` × ``policy`` by ``column``."""
+    pv = pivot(table, "speedup", [c for c in ("model", "policy") if c in table and c != column], column)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return [write_text(out / "speedup_pivot.md", pv.to_markdown(index=False)),
+            write_text(out / "speedup_pivot.tex", pivot_latex(pv))]  # fmt: skip
+
+
 def write_between_markers(path: Path, marker: str, text: str) -> None:
     """Replace what lies between ``<!-- marker:start -->`` and ``<!-- marker:end -->`` in ``path`` (atomic)."""
     start, end = f"<!-- {marker}:start -->", f"<!-- {marker}:end -->"
@@ -403,11 +458,11 @@ def write_between_markers(path: Path, marker: str, text: str) -> None:
         raise ValueError(f"no {start} … {end} markers")
     head, _, rest = content.partition(start)
     _, _, tail = rest.partition(end)
-    atomic_write_text(path, f"{head}{start}\n{text}\n{end}{tail}")
+    atomic_write_text(path, f"{head}{start}\n{_one_newline(text)}{end}{tail}")
 
 
 def main(args: list[str]) -> int:
-    """``adtbench table <dir>``: print a paper table of a results tree."""
+    """``adtbench table <dir>``: print (or write) a paper table of a results tree."""
     ap = argparse.ArgumentParser(prog="adtbench table", description="Paper tables from a results tree.")
     ap.add_argument("root", type=Path, help="results dir: a run, a multirun, shards, or any tree of them")
     ap.add_argument("--by", default=None, help="comma-separated row keys (default: what varies across runs)")
@@ -418,6 +473,10 @@ def main(args: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--digits", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
+    ap.add_argument("--write", type=Path, default=None, metavar="DIR",
+                    help="also write main.md, main.tex and main.csv (and the --pivot files) into DIR")  # fmt: skip
+    ap.add_argument("--pivot", default=None, metavar="COLUMN",
+                    help="with --write: the speedup pivot by COLUMN, e.g. lantern (speedup_pivot.md/.tex)")  # fmt: skip
     ap.add_argument("--into", type=Path, action="append", default=[],
                     help="also replace the text between <!-- MARKER:start --> and <!-- MARKER:end --> in this file "
                          "(repeatable)")  # fmt: skip
@@ -437,6 +496,10 @@ def main(args: list[str]) -> int:
     except KeyError as e:
         print(f"adtbench table: {e.args[0]}", file=sys.stderr)
         return 2
+    if ns.pivot is not None and ns.pivot not in table:
+        print(f"adtbench table: --pivot {ns.pivot} is not a row key; keys: {[c for c in table if '_' not in c]}",
+              file=sys.stderr)  # fmt: skip
+        return 2
     text = render(table, ns.format, ns.digits, ns.ci)
     for doc in ns.into:
         try:
@@ -445,9 +508,13 @@ def main(args: list[str]) -> int:
             print(f"adtbench table: --into {doc}: {e}", file=sys.stderr)
             return 2
         print(f"adtbench table: {len(table)} row(s) -> {doc} ({ns.marker})")
+    if ns.write is not None:
+        paths = write_tables(table, ns.write, digits=ns.digits, ci=ns.ci)
+        paths += write_pivot(table, ns.write, ns.pivot) if ns.pivot else []
+        print(f"adtbench table: {len(table)} row(s) -> {', '.join(str(p) for p in paths)}")
     if ns.out is not None:
-        atomic_write_text(ns.out, text + "\n")
+        write_text(ns.out, text)
         print(f"adtbench table: {len(table)} row(s) -> {ns.out}")
     else:
-        print(text)
+        print(_one_newline(text), end="")
     return 0

@@ -110,7 +110,7 @@ def run(args: list[str]) -> dict[str, Any]:
     from adtbench.harness.caches import cost_source
     from adtbench.harness.config import build_rule, prompt_seed, validate
     from adtbench.harness.drafters import build_drafter
-    from adtbench.harness.rundir import bootstrap_ci
+    from adtbench.harness.stats import bootstrap_ci
     from adtbench.models.registry import build_target
     from adtbench.resources import load_average
 

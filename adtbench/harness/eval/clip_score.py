@@ -2,10 +2,13 @@
 
 Per image: ``scale · cos(E_img(image), E_txt(template.format(prompt=...)))`` with L2-normalised embeddings;
 ``clamp: true`` gives torchmetrics' ``max(100·cos, 0)`` convention. Reported: the mean over images, with the
-scale, template, preprocessing and weights hash recorded next to it (``ecosystem.md`` §2.10).
+scale, template, preprocessing and weights hash recorded next to it: papers' CLIP scores differ in backbone,
+scale (cosine or ×100), clamping and prompt template, so a number without them cannot be compared
+(docs/evaluation.md, "Quality metrics").
 
-OpenAI weights loaded from a file need ``quick_gelu: true`` (open_clip only turns QuickGELU on for the
-``openai`` tag; without it the scores drift silently, ``ecosystem.md`` §2.4).
+OpenAI weights loaded from a file need ``quick_gelu: true``: open_clip turns QuickGELU on only through the
+``openai`` pretrained tag's config (its ``pretrained.py``, https://github.com/mlfoundations/open_clip), so the same
+weights read from a path would otherwise run with plain GELU and score differently, silently.
 """
 
 from __future__ import annotations

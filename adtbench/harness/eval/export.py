@@ -26,7 +26,7 @@ from PIL import Image
 from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import EvalSample, load_run_samples, node_get, open_rgb, require_dir, require_file
 from adtbench.harness.eval.context import EvalContext, MetricOutput
-from adtbench.io import atomic_write_text, atomic_write_with
+from adtbench.io import atomic_write_text, save_png
 
 
 def _sample_sets(node: Any, ctx: EvalContext, key: str) -> list[dict[str, EvalSample]]:
@@ -132,7 +132,7 @@ def dpg(ecfg: Any, ctx: EvalContext) -> MetricOutput:
         for t, smp in enumerate(tiles):
             im = open_rgb(smp.image_path).resize((res, res), Image.Resampling.BICUBIC)
             grid.paste(im, ((t % 2) * res, (t // 2) * res))
-        atomic_write_with(images / f"{item}.png", lambda tmp, grid=grid: grid.save(tmp, format="PNG"))
+        save_png(grid, images / f"{item}.png")
         index.append({"item_id": item, "prompt_id": s.prompt_id, "tiles": len(tiles)})
     if unmatched:
         raise ConfigError("eval.dpg.prompts_dir", f"{len(unmatched)} prompt(s) not found (first: {unmatched[:3]})")

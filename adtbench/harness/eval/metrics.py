@@ -11,7 +11,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adtbench.harness.eval import aesthetic, clip_score, export, fid, hps, mini, prc
+# Sibling modules by their full names, never ``from adtbench.harness.eval import ...``: the package's __init__
+# imports this module, so reading its namespace from here would be an import cycle (tests/test_architecture.py).
+import adtbench.harness.eval.aesthetic as aesthetic
+import adtbench.harness.eval.clip_score as clip_score
+import adtbench.harness.eval.export as export
+import adtbench.harness.eval.fid as fid
+import adtbench.harness.eval.hps as hps
+import adtbench.harness.eval.mini as mini
+import adtbench.harness.eval.prc as prc
 from adtbench.harness.eval.common import node_get
 from adtbench.harness.eval.context import EvalContext, MetricOutput
 from adtbench.registry import Registry

@@ -96,7 +96,7 @@ def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
 
 def _set_metrics(ecfg: Any, ctx: EvalContext, out: MetricOutput) -> MetricOutput:
     """FID and improved P&R in the mini evaluator's feature space against ``eval.reference``."""
-    from adtbench.harness.eval import features as feat
+    import adtbench.harness.eval.features as feat
     from adtbench.harness.eval.fid import FID_IMPL, frechet_distance, rank_note
     from adtbench.harness.eval.prc import precision_recall
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from adtbench.harness.eval import features as feat
+import adtbench.harness.eval.features as feat
 from adtbench.harness.eval.common import node_get, package_version
 from adtbench.harness.eval.context import EvalContext, MetricOutput
 

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from adtbench.errors import ConfigError
-from adtbench.io import atomic_write_json
+from adtbench.io import atomic_write_json, save_png
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.mini import MiniTextEncoder, TextEncoderConfig, ar_config_dict, load_vq, right_align
 from adtbench.models.registry import resolve_device
@@ -269,7 +269,6 @@ def evaluate(cfg: DictConfig, model: ARModel, vq, dev: torch.device, out: Path) 
 @torch.no_grad()
 def sample_grid(cfg: DictConfig, model: ARModel, vq, captions: list[str], dev: torch.device, out: Path) -> dict:
     """AR samples through the real engine (``decode_ar``, CFG) → ``samples.png`` (+ evaluator agreement)."""
-    from PIL import Image
 
     from adtbench.algorithm.engine import decode_ar
     from adtbench.harness.config import build_sampling
@@ -285,7 +284,7 @@ def sample_grid(cfg: DictConfig, model: ARModel, vq, captions: list[str], dev: t
     size = int(cfg.data.size)
     _, truth = scene_pool(int(cfg.data.seed), "heldout", len(captions), size, None)
     grid = np.concatenate([np.concatenate(imgs, axis=1), np.concatenate(list(truth), axis=1)], axis=0)
-    Image.fromarray(grid).save(out / "samples.png")
+    save_png(grid, out / "samples.png")
     stats: dict = {"sample_captions": captions}
     try:
         from adtbench.models.mini_evaluator import load_mini_evaluator

@@ -1,7 +1,7 @@
 """``adtbench train <stage> [config=NAME] [hydra overrides]`` — stages ``vq``, ``ar``, ``drafter``, ``evaluator``,
 ``upsampler``.
 
-Each stage composes ``conf/train/<stage>.yaml`` (or ``conf/train/NAME.yaml``) with the overrides, trains
+Each stage composes ``conf/train/<stage>.yaml`` (or ``conf/train/<NAME>.yaml``) with the overrides, trains
 (seeded, resumable, tqdm progress), writes ``out_dir/final/`` (safetensors + json) and copies it to ``export`` when set.
 """
 

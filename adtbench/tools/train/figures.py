@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from adtbench.io import atomic_write_json
+from adtbench.io import atomic_write_json, save_png
 from adtbench.resources import conf_dir
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -163,7 +163,7 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0) -> dict:
 
     sep = np.full((2, row(rows["ar"]).shape[1], 3), 255, np.uint8)
     grid = np.concatenate([row(rows["ar"]), sep, row(rows["spec"]), sep, row(rows["truth"])], axis=0)
-    Image.fromarray(grid).resize((grid.shape[1] * 2, grid.shape[0] * 2), Image.NEAREST).save(out)
+    save_png(Image.fromarray(grid).resize((grid.shape[1] * 2, grid.shape[0] * 2), Image.NEAREST), out)
     ev = load_mini_evaluator()
     caps = [s.caption for s in scenes]
     return {

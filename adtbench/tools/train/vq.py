@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 
-from adtbench.io import atomic_write_json
+from adtbench.io import atomic_write_json, save_png
 from adtbench.models.registry import resolve_device
 from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
 from adtbench.scenes import to_tensor_range
@@ -150,7 +150,6 @@ def restart_dead_codes(model: LlamaGenVQModel, x: torch.Tensor, counts: torch.Te
 @torch.no_grad()
 def evaluate_and_export(model: LlamaGenVQModel, cfg: DictConfig, out: Path, res: dict) -> dict:
     """Held-out PSNR at 64 and 32 px, codebook usage; writes ``final/`` (weights + config + info)."""
-    from PIL import Image
 
     from adtbench.models.vq_common import to_uint8_images
 
@@ -179,7 +178,7 @@ def evaluate_and_export(model: LlamaGenVQModel, cfg: DictConfig, out: Path, res:
     atomic_write_json(final / "train_info.json", info)
     if grids:
         rows = [np.concatenate(list(g), axis=1) for g in grids]
-        Image.fromarray(np.concatenate(rows, axis=0)).save(out / "recon.png")
+        save_png(np.concatenate(rows, axis=0), out / "recon.png")
     return info
 
 

@@ -1,6 +1,6 @@
-"""Why is the mini model weak? Measurements of every component (issue 12, first step).
+"""Why is the mini model weak? Measurements of every component of the mini model (docs/mini_diagnosis.md).
 
-    python -m adtbench.tools.train.diagnose [what=all|vq|tokens|ar|cond|drafter|data] [n=256] [out=...] [threads=1]
+    python -m analysis.diagnose [what=all|vq|tokens|ar|cond|drafter|data] [n=256] [out=...] [threads=1]
         [train_n=4000] [ar_train_n=n] [drafter_n=32] [gen_n=8] [greedy_n=0] [cfg=3.0] [ar_path=DIR]
         [probe_train=768]
 
@@ -8,7 +8,8 @@ Inference and counting only (no training). Every number is computed on scenes of
 ``adtbench.scenes``: *held-out* = the first ``n`` held-out-split scenes (``iter_split(0, "heldout", n)``, the
 split the AR model never saw), *train* = the first scenes of the train split (a subset of the 10 000 the
 shipped ``ar16`` was trained on). Results are printed and merged into ``out`` (JSON, default
-``outputs/diagnose/diagnosis.json``; running one part replaces only that part). docs/mini_diagnosis.md holds
+``<paths.root_dir>/outputs/diagnose/diagnosis.json``; running one part replaces only that part). A research tool
+of the checkout (``analysis/``, run from its root), not part of the installed package. docs/mini_diagnosis.md holds
 the numbers of the shipped weights and the diagnosis.
 
 Parts (the JSON keys):
@@ -65,11 +66,10 @@ import torch
 
 from adtbench import scenes as S
 from adtbench.io import atomic_write_json
-from adtbench.resources import conf_dir
+from adtbench.resources import PACKAGE_DIR, conf_dir, root_dir
 
-ROOT = Path(__file__).resolve().parents[3]
-WEIGHTS = ROOT / "adtbench" / "weights" / "mini"
-DEFAULT_OUT = ROOT / "outputs" / "diagnose" / "diagnosis.json"
+WEIGHTS = PACKAGE_DIR / "weights" / "mini"
+DEFAULT_OUT = root_dir() / "outputs" / "diagnose" / "diagnosis.json"
 GRID = 16  # tokens per side of model=mini (64 px, VQ factor 4)
 V = 512  # codebook size
 
