@@ -339,6 +339,9 @@ def test_resume_of_a_run_dir_from_before_timing_and_engine(tmp_path: Path) -> No
     rc = json.loads((out / "run_config.json").read_text())
     (out / "run_config.json").write_text(json.dumps({k: v for k, v in rc.items() if k not in ("timing", "engine")}))
     assert decode_in_process(out, "dataset.limit=2")["n_samples"] == 2  # the defaults match the old protocol
+    rc = json.loads((out / "run_config.json").read_text())  # an engine node from before engine.acceptance
+    (out / "run_config.json").write_text(json.dumps({**rc, "engine": {"compile": False}}))
+    assert decode_in_process(out, "dataset.limit=2")["n_samples"] == 2
     with pytest.raises(ConfigError, match="timing"):
         decode_in_process(out, "dataset.limit=3", "timing.repeats=2")
 

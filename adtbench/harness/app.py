@@ -285,8 +285,8 @@ def eval_part(block: Any) -> str:
     return " ".join(parts)
 
 
-# Config nodes added after run dirs existed: a run_config.json without them ran with these values.
-RESUME_NEW_KEYS: dict[str, Any] = {"timing": {"repeats": 1}, "engine": {"compile": False}}
+# Config nodes and keys added after run dirs existed: a run_config.json without them ran with these values.
+RESUME_NEW_KEYS: dict[str, Any] = {"timing": {"repeats": 1}, "engine": {"compile": False, "acceptance": "auto"}}
 
 
 def check_resume(run_dir: Path, cfg: DictConfig) -> None:
@@ -294,7 +294,11 @@ def check_resume(run_dir: Path, cfg: DictConfig) -> None:
     path = run_dir / RUN_CONFIG_FILE
     fp = config_fingerprint(cfg)
     if path.exists():
-        old = {**RESUME_NEW_KEYS, **json.loads(path.read_text())}
+        saved = json.loads(path.read_text())
+        old = {**RESUME_NEW_KEYS, **saved}
+        for key, defaults in RESUME_NEW_KEYS.items():  # a node that gained keys: the saved values over the defaults
+            if isinstance(saved.get(key), dict):
+                old[key] = {**defaults, **saved[key]}
         if old != fp:
             diff = sorted(k for k in set(old) | set(fp) if old.get(k) != fp.get(k))
             raise ConfigError(
