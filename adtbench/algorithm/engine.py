@@ -170,8 +170,9 @@ def generate(
     acceptance: str = "auto",
 ) -> GenerationResult:
     """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models, e.g.
-    ``mulo.MuloModels``); a tree policy runs cycles with the ``drafter`` (a ``drafters.base.Drafter``) (``policy.uses_drafter`` False → AR decoding). ``acceptance``:
-    ``auto`` | ``device`` | ``host`` (``verify.verify_cycle``; ``engine.acceptance``)."""
+    ``mulo.MuloModels``); a tree policy runs cycles with the ``drafter`` (a ``drafters.base.Drafter``;
+    ``policy.uses_drafter`` False → AR decoding). ``acceptance``: ``auto`` | ``device`` | ``host``
+    (``verify.verify_cycle``; ``engine.acceptance``)."""
     if isinstance(policy, LoopPolicy):
         return policy.generate(target, drafter, inputs, sp, generator, rule)
     if not policy.uses_drafter or drafter is None:
