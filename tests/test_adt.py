@@ -45,7 +45,7 @@ def cycle(policy: ADTPolicy, layout: TokenLayout, g: int, a: int, max_depth: int
 
 # --- bisectional update -----------------------------------------------------------------------------------
 def test_positive_deeper_narrower_negative_shallower_wider():
-    pol = ADTPolicy(beta=0.5, l_d=1, l_k=2)
+    pol = ADTPolicy(budget="fixed", beta=0.5, l_d=1, l_k=2)
     s = TreeShape(5, 10, 1, 2)
     up, down = pol.update(s, 0.5), pol.update(s, 0.49)
     assert (up.D, up.K, up.direction) == (6, 8, 1)
@@ -53,7 +53,7 @@ def test_positive_deeper_narrower_negative_shallower_wider():
 
 
 def test_status_through_observe_and_trace_fields():
-    pol = ADTPolicy(beta=0.5, alpha="realised")
+    pol = ADTPolicy(budget="fixed", beta=0.5, alpha="realised")
     t = cycle(pol, PLAIN, 0, 2)  # uniform drafter: the rerank keeps depth d = 2 of D = 5; a = 2 → α = 1 ≥ β
     assert (t.max_depth, t.drafted_depth) == (2, 5)
     assert t.info["alpha"] == 1.0 and t.info["alpha_D"] == pytest.approx(2 / 5)
@@ -66,7 +66,7 @@ def test_status_through_observe_and_trace_fields():
 def test_alpha_definition_switch():
     # a = 1 at realised depth d = 2, drafted depth 5: a/d = 0.5 ≥ β = 0.4 > a/D = 0.2
     for alpha, want in (("realised", 6), ("drafted", 4)):
-        pol = ADTPolicy(beta=0.4, alpha=alpha)
+        pol = ADTPolicy(budget="fixed", beta=0.4, alpha=alpha)
         cycle(pol, PLAIN, 0, 1)
         assert want == pol.state[0].after.D and pol.state[0].alpha == (0.5 if alpha == "realised" else 0.2)
 
@@ -79,7 +79,9 @@ def test_alpha_definition_switch():
     halve=st.booleans(),
 )
 def test_bounds_hold_and_moves_follow_status(alphas, l_d, l_k, halve):
-    pol = ADTPolicy(beta=0.5, l_d=l_d, l_k=l_k, halve_on_flip=halve, D0=4, K0=6, D_min=2, D_max=7, K_min=3, K_max=9)
+    pol = ADTPolicy(
+        budget="fixed", beta=0.5, l_d=l_d, l_k=l_k, halve_on_flip=halve, D0=4, K0=6, D_min=2, D_max=7, K_min=3, K_max=9
+    )
     s = pol.default_shape()
     for a in alphas:
         n = pol.update(s, a)
@@ -96,7 +98,7 @@ def test_bounds_hold_and_moves_follow_status(alphas, l_d, l_k, halve):
 
 
 def test_halve_on_flip():
-    pol = ADTPolicy(l_d=4, l_k=4, halve_on_flip=True, D0=5, D_min=1, D_max=20, K_min=1, K_max=40)
+    pol = ADTPolicy(budget="fixed", l_d=4, l_k=4, halve_on_flip=True, D0=5, D_min=1, D_max=20, K_min=1, K_max=40)
     s = pol.default_shape()
     steps = []
     for a in (1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0):
@@ -137,7 +139,7 @@ def _expected(layout: TokenLayout, g: int, init: str) -> tuple[int | None, str]:
 @pytest.mark.parametrize("layout", [PLAIN, EOL], ids=["plain", "eol"])
 @pytest.mark.parametrize("init", ["horizontal", "vertical"])
 def test_init_reads_the_right_neighbour(layout, init):
-    pol = ADTPolicy(init=init, D_min=2, D_max=8, K_min=4, K_max=16)
+    pol = ADTPolicy(budget="fixed", init=init, D_min=2, D_max=8, K_min=4, K_max=16)
     shapes = _fill_unique_state(pol, layout)
     seen = set()
     for g in range(layout.num_gen_tokens - 1):
@@ -152,27 +154,27 @@ def test_init_reads_the_right_neighbour(layout, init):
 
 
 def test_vertical_row_stride_counts_the_eol_token():
-    pol = ADTPolicy(init="vertical")
+    pol = ADTPolicy(budget="fixed", init="vertical")
     shapes = _fill_unique_state(pol, EOL)
     shape, source = pol.initial_shape(EOL, 7)  # (1, 2) → (0, 2) = gen 2 (not 7 − grid_w = 3)
     assert source == "up" and shapes[2] == (shape.D, shape.K)
 
 
 def test_read_final_vs_updated():
-    upd, fin = ADTPolicy(read="updated"), ADTPolicy(read="final")
+    upd, fin = ADTPolicy(budget="fixed", read="updated"), ADTPolicy(budget="fixed", read="final")
     for pol in (upd, fin):
         pol.state[0] = PositionState(TreeShape(3, 12, 1, 2), TreeShape(4, 10, 1, 2, 1), 0.9)
     assert (upd.initial_shape(PLAIN, 1)[0].D, fin.initial_shape(PLAIN, 1)[0].D) == (4, 3)
 
 
 def test_init_none_is_always_default():
-    pol = ADTPolicy(init="none")
+    pol = ADTPolicy(budget="fixed", init="none")
     _fill_unique_state(pol, PLAIN)
     assert all(pol.initial_shape(PLAIN, g) == (pol.default_shape(), "default") for g in range(12))
 
 
 def test_state_is_per_committed_position_and_skips_eol():
-    pol = ADTPolicy(beta=0.5, alpha="realised")
+    pol = ADTPolicy(budget="fixed", beta=0.5, alpha="realised")
     cycle(pol, EOL, 0, 2)  # commits 0, 1, 2; α = 1 → (6, 8)
     cycle(pol, EOL, 3, 2)  # reads 2; commits 3, 4 (EOL), 5; α = 1 → (7, 6)
     assert sorted(pol.state) == [0, 1, 2, 3, 5]
@@ -188,7 +190,7 @@ def test_state_is_per_committed_position_and_skips_eol():
 def test_budget_rules():
     fixed, mn = ADTPolicy(budget="fixed", N_max=58), ADTPolicy(budget="min", N_max=58)
     assert fixed.nodes_budget(2, 4) == 58 and mn.nodes_budget(2, 4) == 4 + 16 and mn.nodes_budget(5, 10) == 58
-    assert ADTPolicy(N_max=200).max_nodes() == 201 and fixed.max_nodes() == 59
+    assert ADTPolicy(budget="fixed", N_max=200).max_nodes() == 201 and fixed.max_nodes() == 59
     assert fixed.max_draft_slots() == 16 * 7  # drafter scratch: K_max frontier nodes × (D_max − 1) rounds
 
 
@@ -197,7 +199,7 @@ def test_widest_deepest_tree_fits_the_caches():
     target, drafter = tiny("tiny_llamagen")
     sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
     inputs = target.encode_prompt("a red circle", cfg=True)
-    pol = ADTPolicy(D0=8, K0=16, adapt=False)
+    pol = ADTPolicy(budget="fixed", D0=8, K0=16, adapt=False)
     assert generate(target, drafter, pol, inputs, sp, None).tokens == decode_ar(target, inputs, sp, None).tokens
 
 
@@ -215,11 +217,11 @@ def test_yaml_defaults_with_adaptation_off_are_eagle2():
         pol = build_adt_policy(OmegaConf.merge(node, over))
         res = generate(target, drafter, pol, inputs, sp, torch.Generator().manual_seed(0))
         assert res.tokens == ref.tokens
-        assert [(c.nodes, c.D, c.d, c.K, c.a) for c in res.cycles] == [
-            (c.nodes, c.D, c.d, c.K, c.a) for c in ref.cycles
+        assert [(c.nodes, c.drafted_depth, c.tree_depth, c.width, c.accepted) for c in res.cycles] == [
+            (c.nodes, c.drafted_depth, c.tree_depth, c.width, c.accepted) for c in ref.cycles
         ]
     adaptive = generate(target, drafter, build_adt_policy(node), inputs, sp, torch.Generator().manual_seed(0))
-    assert len({c.D for c in adaptive.cycles[:-2]}) > 1  # the default policy does adapt
+    assert len({c.drafted_depth for c in adaptive.cycles[:-2]}) > 1  # the default policy does adapt
 
 
 @pytest.mark.parametrize("model", ["tiny_llamagen", "tiny_chameleon"])
@@ -230,10 +232,10 @@ def test_greedy_adt_equals_ar_with_cfg(model, init):
     for prompt in ["a red circle", "two blue squares on a striped floor"]:
         inputs = target.encode_prompt(prompt, cfg=True)
         ar = decode_ar(target, inputs, sp, None)
-        pol = ADTPolicy(init=init, beta=0.3, D0=3, K0=4, D_min=1, D_max=6, K_min=2, K_max=8, N_max=20)
+        pol = ADTPolicy(budget="fixed", init=init, beta=0.3, D0=3, K0=4, D_min=1, D_max=6, K_min=2, K_max=8, N_max=20)
         res = generate(target, drafter, pol, inputs, sp, None)
         assert res.tokens == ar.tokens
-        shapes = {(c.extra["D_policy"], c.K) for c in res.cycles if c.extra}
+        shapes = {(c.extra["D_policy"], c.width) for c in res.cycles if c.extra}
         assert len(shapes) > 1  # the trees did adapt
         assert all(1 <= D <= 6 and 2 <= K <= 8 for D, K in shapes)
 
@@ -244,7 +246,7 @@ def test_adt_with_lantern_sampling_and_cfg_runs():
     table = torch.stack([torch.roll(torch.arange(lay.num_codes), -s) for s in range(1, 6)], 1)
     rule = LanternRule(table, lay.image_token_offset, delta=0.2)
     sp = SamplingParams(temperature=1.0, top_k=20, cfg_scale=3.0)
-    res = generate(target, drafter, ADTPolicy(), target.encode_prompt("a cat", cfg=True), sp,
+    res = generate(target, drafter, ADTPolicy(budget="fixed"), target.encode_prompt("a cat", cfg=True), sp,
                    torch.Generator().manual_seed(1), rule)  # fmt: skip
     assert len(res.tokens) == lay.num_gen_tokens and res.committed == lay.num_gen_tokens - 1
     assert all({"alpha", "alpha_D", "N", "init"} <= set(c.extra) for c in res.cycles if c.nodes > 1)

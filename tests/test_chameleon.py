@@ -350,7 +350,7 @@ def test_long_accepted_paths_match_ar(target: ChameleonTarget, cfg_scale: float)
     policy = OraclePolicy(ar.tokens, t.layout.image_token_offset, t.layout.num_codes)
     spec = generate(t, _drafter(t), policy, inputs, sp, None)
     assert spec.tokens == ar.tokens
-    assert max(c.a for c in spec.cycles) == 3 and len(spec.cycles) <= 5
+    assert max(c.accepted for c in spec.cycles) == 3 and len(spec.cycles) <= 5
     assert spec.target_forwards < ar.target_forwards
 
 

@@ -201,7 +201,7 @@ def test_lean_sampling_law_equals_ar() -> None:
     for _ in range(n):
         res = generate(lean, drafter, Eagle2Policy(depth=2, top_k=3, total_tokens=9), inputs, sp, g)
         counts[tuple(res.tokens[:3])] += 1
-        accepted += sum(c.a for c in res.cycles)
+        accepted += sum(c.accepted for c in res.cycles)
     assert accepted > n // 2  # the rejection path was exercised
     assert pooled_chisquare(counts, expected, n)[0] > 1e-3
 

@@ -94,7 +94,7 @@ def test_deep_acceptance_commits_match_ar(model, cfg_scale):
     ar = decode_ar(target, inputs, sp, None)
     res = generate(target, drafter, OraclePolicy(ar.tokens, target.layout.image_token_offset), inputs, sp, None)
     assert res.tokens == ar.tokens
-    assert all(c.a == min(3, target.layout.num_gen_tokens - 2 - c.pos) for c in res.cycles)
+    assert all(c.accepted == min(3, target.layout.num_gen_tokens - 2 - c.root_gen) for c in res.cycles)
     assert res.tau > 3.0
 
 
@@ -148,7 +148,7 @@ def test_sampling_joint_distribution_matches_ar(policy, cfg_scale, where):
     for _ in range(n):
         res = generate(target, drafter, policy(), inputs, sp, g, acceptance=where)
         counts[tuple(res.tokens[:3])] += 1
-        accepted += sum(c.a for c in res.cycles)
+        accepted += sum(c.accepted for c in res.cycles)
     assert abs(sum(expected.values()) - 1) < 1e-9
     assert accepted > n // 2  # drafts were accepted often enough to test the rejection path
     assert pooled_chisquare(counts, expected, n)[0] > 1e-3

@@ -75,7 +75,7 @@ def check_records(res: GenerationResult, n_tokens: int) -> None:
     assert len(res.tokens) == n_tokens and min(res.tokens) >= 0
     assert res.committed == n_tokens - 1
     assert len(res.cycles) == res.target_forwards - 1 == res.stats["target_forwards"]
-    assert all(c.a >= -1 and c.extra["phase"] in ("verify", "resample") for c in res.cycles)
+    assert all(c.accepted >= -1 and c.extra["phase"] in ("verify", "resample") for c in res.cycles)
     assert sum(c.extra["phase"] == "verify" for c in res.cycles) <= res.stats["cycles"]
     assert res.stats["R_T"] <= res.stats["R_X"] and 0.0 <= res.stats["accept_rate"] <= 1.0
     assert res.stats["kv_refresh"] == "fused" and res.stats["r"] == 2
@@ -123,7 +123,7 @@ def test_greedy_equals_ar(cfg_scale, params):
         if params.rule == "pooled":  # every draft rejected: R_X = every block from its start
             assert res.stats["R_T"] == res.stats["R_X"] == 16 and res.stats["accept_rate"] == 0.0
             # AR's forwards + the first verify (later verifies compute their block's first p: an AR step each)
-            assert res.target_forwards == ar.target_forwards + 1 and res.cycles[0].a == -1
+            assert res.target_forwards == ar.target_forwards + 1 and res.cycles[0].accepted == -1
     m.neighbours = None
 
 
@@ -208,9 +208,9 @@ def test_local_resampling_gives_valid_images_and_consistent_records(resample, bl
         assert t.decode_image(t.layout.tokens_to_codes(res.tokens)).shape == (8, 8, 3)
         resampled = [c for c in res.cycles if c.extra["phase"] == "resample"]
         if resample == "sequential":  # one forward per resampled position but the first of each block (the verify's)
-            assert len(resampled) <= res.stats["R_X"] and all(c.a == 0 for c in resampled)
+            assert len(resampled) <= res.stats["R_X"] and all(c.accepted == 0 for c in resampled)
         elif window is None:  # one forward per parallel step; a step finalises at most one token per island
-            assert all(c.a + 1 <= res.stats["islands"] for c in resampled)
+            assert all(c.accepted + 1 <= res.stats["islands"] for c in resampled)
             assert len(resampled) <= res.stats["largest_island"] * res.stats["cycles"]
         seen_islands += res.stats["islands"]
     assert seen_islands > 0

@@ -44,6 +44,37 @@ def test_policy_schema_defaults_are_the_yaml_defaults(name):
     assert dataclasses.asdict(schema.POLICY_SCHEMAS[name]()) == node
 
 
+def _constructor_defaults(name: str) -> dict:
+    """The keyword defaults of the class a ``policy.name`` builds (MuLo-SD: its ``MuloParams``)."""
+    import inspect
+
+    from adtbench.algorithm.mulo import MuloParams
+    from adtbench.algorithm.policies.adt import ADTPolicy
+    from adtbench.algorithm.policies.ar import ArPolicy
+    from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+    from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
+    from adtbench.algorithm.policies.zipar import ZipARPolicy
+
+    cls = {"ar": ArPolicy, "chain": ChainPolicy, "static": StaticTreePolicy, "eagle2": Eagle2Policy,
+           "adt": ADTPolicy, "zipar": ZipARPolicy, "mulo": MuloParams}[name]  # fmt: skip
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+
+@pytest.mark.parametrize("name", ["ar", "chain", "static", "eagle2", "adt", "zipar", "mulo"])
+def test_one_default_per_knob_yaml_schema_and_constructor(name):
+    """Every key a policy's constructor takes has one default: the constructor's equals the schema's and the yaml's
+    (the schema's block_rows "all" is MuLo-SD's None)."""
+    schema_defaults = dataclasses.asdict(schema.POLICY_SCHEMAS[name]())
+    yaml = OmegaConf.to_container(OmegaConf.load(CONF / "policy" / f"{name}.yaml"))
+    ctor = _constructor_defaults(name)
+    shared = set(ctor) & set(schema_defaults)
+    assert shared or name == "ar"
+    for key in shared:
+        want = None if (name, key) == ("mulo", "block_rows") and schema_defaults[key] == "all" else schema_defaults[key]
+        assert ctor[key] == want and schema_defaults[key] == yaml[key], (name, key)
+
+
 def test_sampling_schema_default_is_the_default_group():
     node = OmegaConf.to_container(OmegaConf.load(CONF / "sampling" / "default.yaml"))
     assert schema.GROUPS["sampling"] is SamplingParams  # one dataclass: the algorithm's own parameters

@@ -255,10 +255,10 @@ def check_equals_ar(t, window: int, sp: SamplingParams, seed: int = 3) -> None:
     assert z.tokens == ar.tokens
     assert float(torch.rand(1, generator=g)) == ar_draw
     assert z.target_forwards == ar.target_forwards and len(z.cycles) == len(ar.cycles)
-    assert all(c.a == 0 and c.nodes == 1 for c in z.cycles) and z.tau == 1.0
+    assert all(c.accepted == 0 and c.nodes == 1 for c in z.cycles) and z.tau == 1.0
     assert z.stats == {"window": window, "target_forwards": len(ar.cycles), "max_parallel": 1, "stand_ins": 0,
                        "requeries": 0}  # fmt: skip
-    assert [c.pos for c in z.cycles] == list(range(1, t.layout.num_gen_tokens))
+    assert [c.root_gen for c in z.cycles] == list(range(1, t.layout.num_gen_tokens))
 
 
 @pytest.mark.parametrize("sp", [GREEDY, SAMPLED], ids=["T0", "T1"])
@@ -291,7 +291,7 @@ def test_mini_small_window_is_parallel_and_lossy() -> None:
     steps = window_schedule(None, 16, 16, 2)
     assert len(z.cycles) == len(steps) - 1 == 16 + 15 * 2 - 1
     assert z.tau == pytest.approx(255 / len(z.cycles)) and z.committed == 255
-    assert [c.pos for c in z.cycles] == [s[0] for s in steps[1:]] and [c.a + 1 for c in z.cycles] == [
+    assert [c.root_gen for c in z.cycles] == [s[0] for s in steps[1:]] and [c.accepted + 1 for c in z.cycles] == [
         len(s) for s in steps[1:]
     ]
     assert z.stats["stand_ins"] == 15 and z.stats["max_parallel"] == 8  # one stand-in per row start

@@ -45,12 +45,15 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from adtbench.resources import load_average
+
+if TYPE_CHECKING:
+    from adtbench.algorithm.drafters.base import Drafter
 
 log = logging.getLogger("adtbench")
 
@@ -248,13 +251,10 @@ class PolicyBudget:
     """A policy's ``budget`` option and, under ``budget: cost``, its ``TreeBudget`` (bound by ``bind``)."""
 
     def __init__(self, budget: str, options: tuple[str, ...], calibrate: bool) -> None:
-        from adtbench.errors import ConfigError
+        from adtbench.errors import check_choice, check_flag
 
-        if budget not in options:
-            raise ConfigError("policy.budget", f"must be one of {list(options)}, got {budget!r}")
-        if not isinstance(calibrate, bool):
-            raise ConfigError("policy.calibrate", f"must be true or false, got {calibrate!r}")
-        self.budget, self.calibrate = budget, calibrate
+        self.budget = check_choice(budget, "policy.budget", options)
+        self.calibrate = check_flag(calibrate, "policy.calibrate")
         self.tree: TreeBudget | None = None
 
     @property
@@ -387,7 +387,7 @@ def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Gener
 @torch.no_grad()
 def measure_cost(
     target: Any,
-    drafter: Any,
+    drafter: Drafter,
     sp: Any,
     max_nodes: int,
     max_level: int,

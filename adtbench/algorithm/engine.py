@@ -78,7 +78,9 @@ def decode_ar(
     tokens = ar_tokens(target, inputs, sp, generator, on_prefill=lambda: marks.append(clock.mark()))
     latency = clock.now() - t0
     t_prefill = clock.seconds(start, marks[0])
-    cycles = [CycleRecord(pos=g, nodes=1, D=0, d=0, K=0, a=0) for g in range(len(tokens) - 1)]
+    cycles = [
+        CycleRecord(g, nodes=1, drafted_depth=0, tree_depth=0, width=0, accepted=0) for g in range(len(tokens) - 1)
+    ]
     return GenerationResult(tokens, cycles, latency, t_prefill, 0.0, latency - t_prefill, target.forwards, 0)
 
 
@@ -159,7 +161,7 @@ def ar_cycle(
 @torch.no_grad()
 def generate(
     target: Target,
-    drafter: Any,
+    drafter: Drafter | Any,
     policy: Policy,
     inputs: PromptInputs,
     sp: SamplingParams,
@@ -167,9 +169,10 @@ def generate(
     rule: AcceptanceRule = EXACT,
     acceptance: str = "auto",
 ) -> GenerationResult:
-    """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models);
-    a tree policy runs cycles with the ``drafter`` (``policy.uses_drafter`` False → AR decoding). ``acceptance``:
-    ``auto`` | ``device`` | ``host`` (``verify.verify_cycle``; ``engine.acceptance``)."""
+    """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models, e.g.
+    ``mulo.MuloModels``); a tree policy runs cycles with the ``drafter`` (a ``drafters.base.Drafter``;
+    ``policy.uses_drafter`` False → AR decoding). ``acceptance``: ``auto`` | ``device`` | ``host``
+    (``verify.verify_cycle``; ``engine.acceptance``)."""
     if isinstance(policy, LoopPolicy):
         return policy.generate(target, drafter, inputs, sp, generator, rule)
     if not policy.uses_drafter or drafter is None:

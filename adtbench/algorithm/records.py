@@ -18,17 +18,23 @@ import torch
 
 @dataclass
 class CycleRecord:
-    """One sequential target forward after the prefill: it finalised a + 1 tokens, generation indices
-    ``pos .. pos + a`` for the tree loop; loops that finalise scattered positions (ZipAR, MuLo-SD) list them in
-    ``extra["positions"]`` (the acceptance maps read it)."""
+    """One sequential target forward after the prefill: it finalised ``accepted + 1`` tokens, generation indices
+    ``root_gen … root_gen + accepted`` for the tree loop; loops that finalise scattered positions (ZipAR, MuLo-SD) list
+    them in ``extra["positions"]`` (the acceptance maps read it). In ``trace.jsonl`` the fields keep their short names
+    (``TRACE_FIELDS``: pos, nodes, D, d, K, a)."""
 
-    pos: int  # generation index of the root
-    nodes: int  # tree size, root included
-    D: int  # drafted depth (sequential drafter levels)
-    d: int  # realised tree depth
-    K: int  # width / top-k
-    a: int  # accepted drafts (bonus excluded)
+    root_gen: int  # generation index of the root
+    nodes: int  # verified tree nodes, root included
+    drafted_depth: int  # D: sequential drafter levels run (d̄ averages it)
+    tree_depth: int  # d: realised depth of the verified tree
+    width: int  # K: the policy's top-k / branching
+    accepted: int  # a: accepted drafts (bonus excluded)
     extra: dict = field(default_factory=dict)
+
+
+TRACE_FIELDS = {"pos": "root_gen", "nodes": "nodes", "D": "drafted_depth", "d": "tree_depth", "K": "width",
+                "a": "accepted"}  # fmt: skip
+"""``trace.jsonl`` key → ``CycleRecord`` attribute (the file format's names, stable since the first runs)."""
 
 
 @dataclass
@@ -46,7 +52,7 @@ class GenerationResult:
 
     @property
     def committed(self) -> int:
-        return sum(c.a + 1 for c in self.cycles)
+        return sum(c.accepted + 1 for c in self.cycles)
 
     @property
     def tau(self) -> float:
@@ -54,11 +60,13 @@ class GenerationResult:
 
     @property
     def d_bar(self) -> float:
-        return sum(c.D for c in self.cycles) / max(1, len(self.cycles))
+        """d̄: mean drafted depth per cycle (the ADT-Tree paper's)."""
+        return sum(c.drafted_depth for c in self.cycles) / max(1, len(self.cycles))
 
     @property
     def d_bar_tree(self) -> float:
-        return sum(c.d for c in self.cycles) / max(1, len(self.cycles))
+        """Mean realised depth of the verified trees."""
+        return sum(c.tree_depth for c in self.cycles) / max(1, len(self.cycles))
 
 
 class Clock:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_number
 from adtbench.layout import TokenLayout
 
 NEG_INF = float("-inf")
@@ -210,18 +210,6 @@ SAMPLING_FIELDS: dict[str, tuple[type, float | None, float | None]] = {
     "temperature": (float, 0.0, None), "top_k": (int, 0, None), "top_p": (float, None, 1.0),
     "cfg_scale": (float, 0.0, None),
 }  # fmt: skip
-
-
-def check_number(value: Any, key: str, kind: type, lo: float | None = None, hi: float | None = None) -> Any:
-    """``value`` as ``kind`` (int: no bools, no floats) within [lo, hi]; else ConfigError naming ``key``."""
-    v = value
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-        raise ConfigError(key, f"must be {'an integer' if kind is int else 'a number'}, got {v!r}")
-    if lo is not None and v < lo:
-        raise ConfigError(key, f"must be ≥ {lo}, got {v}")
-    if hi is not None and v > hi:
-        raise ConfigError(key, f"must be ≤ {hi}, got {v}")
-    return kind(v)
 
 
 def build_sampling(node: Any, key: str = "sampling") -> SamplingParams:

@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from adtbench.algorithm.engine import GenerationResult, decode_ar, generate
 from adtbench.algorithm.policies import Policy
-from adtbench.algorithm.records import Clock
+from adtbench.algorithm.records import TRACE_FIELDS, Clock
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
@@ -147,8 +147,8 @@ def sample_record(
         "tau": res.tau,
         "d_bar": res.d_bar,
         "d_bar_tree": res.d_bar_tree,
-        "drafted_depth_sum": sum(c.D for c in res.cycles),
-        "tree_depth_sum": sum(c.d for c in res.cycles),
+        "drafted_depth_sum": sum(c.drafted_depth for c in res.cycles),
+        "tree_depth_sum": sum(c.tree_depth for c in res.cycles),
         "target_forwards": res.target_forwards,
         "drafter_forwards": res.drafter_forwards,
         "latency_s": lat,
@@ -171,8 +171,8 @@ def sample_record(
 
 def trace_record(prompt_id: str, res: GenerationResult) -> dict:
     t: dict[str, Any] = {"prompt_id": prompt_id}
-    for key in ("pos", "nodes", "D", "d", "K", "a"):
-        t[key] = [getattr(c, key) for c in res.cycles]
+    for key, attr in TRACE_FIELDS.items():
+        t[key] = [getattr(c, attr) for c in res.cycles]
     for key in sorted({k for c in res.cycles for k in c.extra}):
         t[key] = [c.extra.get(key) for c in res.cycles]
     return t

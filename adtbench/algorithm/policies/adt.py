@@ -59,7 +59,7 @@ from adtbench.algorithm.policies.eagle2 import build_eagle2_tree, eagle2_candida
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_choice, check_flag, check_number
 from adtbench.layout import TokenLayout
 
 INITS = ("horizontal", "vertical", "none")
@@ -111,21 +111,15 @@ class ADTPolicy(TreePolicy):
         K_min: int = 4,
         K_max: int = 16,
         N_max: int = 58,
-        budget: str = "fixed",
+        budget: str = "cost",
         calibrate: bool = True,
         draft_sampling: str = "topk",
     ) -> None:
         def choice(key: str, value: str, options: tuple[str, ...]) -> str:
-            if value not in options:
-                raise ConfigError(f"policy.{key}", f"must be one of {list(options)}, got {value!r}")
-            return value
+            return check_choice(value, f"policy.{key}", options)
 
         def integer(key: str, value: Any, lo: int) -> int:
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ConfigError(f"policy.{key}", f"must be an integer, got {value!r}")
-            if value < lo:
-                raise ConfigError(f"policy.{key}", f"must be ≥ {lo}, got {value}")
-            return value
+            return int(check_number(value, f"policy.{key}", int, lo=lo))
 
         self.init = choice("init", init, INITS)
         self.read = choice("read", read, READS)
@@ -133,13 +127,9 @@ class ADTPolicy(TreePolicy):
         self.budget = choice("budget", budget, BUDGETS)
         self.cost = PolicyBudget(budget, BUDGETS, calibrate)
         self.sampled = SampledDrafts(draft_sampling)
-        for key, flag in (("adapt", adapt), ("halve_on_flip", halve_on_flip)):
-            if not isinstance(flag, bool):
-                raise ConfigError(f"policy.{key}", f"must be true or false, got {flag!r}")
-        self.adapt, self.halve_on_flip = adapt, halve_on_flip
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0.0 <= beta <= 1.0:
-            raise ConfigError("policy.beta", f"must be a number in [0, 1] (α ∈ [0, 1]), got {beta!r}")
-        self.beta = float(beta)
+        self.adapt = check_flag(adapt, "policy.adapt")
+        self.halve_on_flip = check_flag(halve_on_flip, "policy.halve_on_flip")
+        self.beta = float(check_number(beta, "policy.beta", float, lo=0.0, hi=1.0))  # α ∈ [0, 1]
         self.l_d, self.l_k = integer("l_d", l_d, 0), integer("l_k", l_k, 0)
         self.D_min, self.K_min = integer("D_min", D_min, 1), integer("K_min", K_min, 1)
         self.D_max, self.K_max = integer("D_max", D_max, self.D_min), integer("K_max", K_max, self.K_min)

@@ -28,7 +28,7 @@ from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.policies.static import true_flag
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device
 from adtbench.algorithm.verify import Acceptance
-from adtbench.errors import ConfigError
+from adtbench.errors import ConfigError, check_number
 
 
 def eagle2_candidates(depth: int, top_k: int) -> int:
@@ -118,12 +118,9 @@ class Eagle2Policy(TreePolicy):
         calibrate: bool = True,
         draft_sampling: str = "topk",
     ) -> None:
-        if depth < 1:
-            raise ConfigError("policy.depth", f"must be ≥ 1, got {depth}")
-        if top_k < 1:
-            raise ConfigError("policy.top_k", f"must be ≥ 1, got {top_k}")
-        if total_tokens < 2:
-            raise ConfigError("policy.total_tokens", f"must be ≥ 2 (root + one draft), got {total_tokens}")
+        depth = check_number(depth, "policy.depth", int, lo=1)
+        top_k = check_number(top_k, "policy.top_k", int, lo=1)
+        total_tokens = check_number(total_tokens, "policy.total_tokens", int, lo=2)  # the root + one draft
         if total_tokens - 1 > eagle2_candidates(depth, top_k):
             raise ConfigError(
                 "policy.total_tokens",

@@ -42,7 +42,7 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.sampling import ENTROPY_EDGES, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
-from adtbench.errors import ConfigError
+from adtbench.errors import check_choice
 
 DRAFT_SAMPLING = ("topk", "sample")
 ALPHA_RANGE = (0.02, 0.98)
@@ -197,9 +197,7 @@ class SampledDrafts:
     decoding keeps the top-k tree) and keeps their per-image acceptance model."""
 
     def __init__(self, draft_sampling: str) -> None:
-        if draft_sampling not in DRAFT_SAMPLING:
-            raise ConfigError("policy.draft_sampling", f"must be one of {list(DRAFT_SAMPLING)}, got {draft_sampling!r}")
-        self.on = draft_sampling == "sample"
+        self.on = check_choice(draft_sampling, "policy.draft_sampling", DRAFT_SAMPLING) == "sample"
         self.model = AcceptanceModel()
         self._entropy: dict[int, float] | None = None
 

@@ -24,6 +24,7 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.sampling import gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
+from adtbench.errors import check_choice, check_number
 
 # mc_sim_7b_63: EAGLE-1's default tree (SafeAILab/EAGLE eagle/model/choices.py), 25 nodes, depth 5.
 MC_SIM_7B_63 = [[0], [1], [2], [3], [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [2, 1], [3, 0],
@@ -109,11 +110,7 @@ class StaticTreePolicy(TreePolicy):
 
     def __init__(self, paths: Sequence[Sequence[int]], draft_sampling: str = "topk", name: str = "static") -> None:
         self.paths = validate_paths(paths)
-        if draft_sampling not in ("topk", "sample"):
-            from adtbench.errors import ConfigError
-
-            raise ConfigError("policy.draft_sampling", f"must be 'topk' or 'sample', got {draft_sampling!r}")
-        self.draft_sampling = draft_sampling
+        self.draft_sampling = check_choice(draft_sampling, "policy.draft_sampling", ("topk", "sample"))
         self.name = name
         self.width = max(p[-1] for p in self.paths) + 1
         self._plans: dict[tuple[int, torch.device], _Plan] = {}
@@ -203,11 +200,7 @@ class ChainPolicy(StaticTreePolicy):
     """A single path of ``depth`` drafts (top-1, or sampled from q at temperature > 0 with ``sample``)."""
 
     def __init__(self, depth: int = 5, draft_sampling: str = "topk") -> None:
-        if depth < 1:
-            from adtbench.errors import ConfigError
-
-            raise ConfigError("policy.depth", f"must be ≥ 1, got {depth}")
-        super().__init__(chain_paths(depth), draft_sampling, name="chain")
+        super().__init__(chain_paths(check_number(depth, "policy.depth", int, lo=1)), draft_sampling, name="chain")
 
 
 @POLICIES.register("chain")

@@ -8,8 +8,8 @@ import torch
 
 from adtbench.algorithm.policies.base import POLICIES, LoopPolicy
 from adtbench.algorithm.records import GenerationResult
-from adtbench.algorithm.sampling import check_number
 from adtbench.algorithm.zipar import decode_zipar
+from adtbench.errors import check_number
 
 
 class ZipARPolicy(LoopPolicy):
