@@ -1,48 +1,76 @@
 #!/usr/bin/env bash
-# Issue 10 §5 in one command on a GPU: the GPU tests, the cost model of the 7B shape (random-init Anole, bfloat16)
-# and of model=mini on CUDA — t_verify(n) for n = 1…128 as multiples of one AR step, one drafter level per step,
-# the fixed per-cycle work, the engine overhead per cycle — and the default run's speedup on the GPU.
-# Every result lands in $OUT (default outputs/gpu), two folders deep at most:
-#   device.txt                  date, nvidia-smi, torch and the device name
-#   tests.log                   pytest -m gpu (skipped with TESTS=0)
-#   cost_<model>.json / .md     `adtbench bench cost` (the README table is the .md; the .json has every figure)
-#   run_default.log, run_default_summary.json   `python run.py` on the device, AR baseline timed in the same job
-#                               (its run dir, images included, is $RUN_DIR, default outputs/gpu_run: the device tool
-#                               brings back at most 8 files from $OUT, and these are the 8)
+# The GPU table in one command: the GPU tests; for the 7B shape (random-init Anole, bfloat16) and for model=mini the
+# cost model eager and with engine.compile=true (CUDA graphs) — t_verify(n) for n = 1…128 as AR steps, the AR step
+# against the weight-read floor (weight bytes / the measured device bandwidth), one drafter level, the fixed
+# per-cycle work, the engine overhead per cycle; and the speed rows on mini (AR baseline in each job), eager and
+# graphed. A failing step is recorded and the next one runs (the script's exit status says whether any failed).
+# Everything lands in $OUT (default outputs/gpu; the device tool brings back at most 8 files, and these are 8):
+#   device.txt                     date, nvidia-smi, torch and the device name
+#   tests.log                      pytest -m gpu tests/test_gpu.py (skipped with TESTS=0)
+#   gpu.md                         every table (cost, overhead, speed) and the default run's printed line, device named
+#   cost_<model>_<eager|graphs>.json   `adtbench bench cost` (every figure)
+#   run_default_summary.json       `python run.py` on the device (run dir $RUN_DIR, default outputs/gpu_run)
 # Usage:
 #   benchmarks/gpu.sh                               a CUDA machine with the README setup (.venv)
-#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (README "On a GPU")
-#   DEVICE=cpu MODELS=mini SIZES='[1,2]' PROMPTS=1 TESTS=0 benchmarks/gpu.sh     the CPU smoke run (tests)
+#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (docs/speed.md "On a GPU")
+#   DEVICE=cpu MODELS=mini MODES=eager SIZES='[1,2]' PROMPTS=1 ROWS='[ar]' TESTS=0 benchmarks/gpu.sh   (CPU smoke)
 # ANOLE_ARCH appends model.arch overrides (the smoke test shrinks the width; leave it empty for the 7B shape).
-set -euo pipefail -f  # -f: no globbing ("model.grid=[2,2]" in ANOLE_ARCH stays a word)
+set -uo pipefail -f  # -f: no globbing ("model.grid=[2,2]" in ANOLE_ARCH stays a word); no -e: every step runs
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${OUT:-outputs/gpu}
 DEVICE=${DEVICE:-cuda}
 MODELS=${MODELS:-anole mini}
+MODES=${MODES:-eager graphs}
 SIZES=${SIZES:-[1,2,3,4,6,8,12,16,24,32,48,64,96,128]}
 PROMPTS=${PROMPTS:-20}
 REPEATS=${REPEATS:-20}
+ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo]}
 ANOLE_ARCH=${ANOLE_ARCH:-}
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
 mkdir -p "$OUT"
+failed=()
+step() {  # step NAME COMMAND...: run it, record a failure and go on
+    local name=$1
+    shift
+    "$@" || { failed+=("$name"); echo "gpu.sh: step '$name' failed" >&2; }
+}
 {
     date -u
     nvidia-smi || echo "(no nvidia-smi)"
     "$PY" -c "import torch; c = torch.cuda.is_available(); print('torch', torch.__version__, '|', torch.cuda.get_device_name(0) if c else 'no CUDA')"
 } > "$OUT/device.txt" 2>&1
+: > "$OUT/gpu.md"
 if [[ "${TESTS:-1}" == 1 ]]; then
-    "$PY" -m pytest -q -m gpu tests/test_gpu.py 2>&1 | tee "$OUT/tests.log"
+    step tests "$PY" -m pytest -q -m gpu tests/test_gpu.py > "$OUT/tests.log" 2>&1
 fi
+compile_of() { [[ $1 == graphs ]] && echo engine.compile=true || echo engine.compile=false; }
 for m in $MODELS; do
     case $m in
         anole) over=(model=anole model.random_init=true "model.device=$DEVICE" $ANOLE_ARCH) ;;
         mini) over=(model=mini "model.device=$DEVICE") ;;
         *) echo "gpu.sh: MODELS holds '$m'; known: anole mini" >&2; exit 2 ;;
     esac
-    "$PY" -m adtbench.cli bench cost "${over[@]}" "bench.tree_sizes=$SIZES" "bench.repeats=$REPEATS" \
-        bench.overhead_prompts=2 dataset=mini "bench.out=$OUT/cost_$m.json" | tee "$OUT/cost_$m.md"
+    for mode in $MODES; do
+        echo "### $m, $mode" >> "$OUT/gpu.md"
+        step "cost $m $mode" "$PY" -m adtbench.cli bench cost "${over[@]}" "$(compile_of "$mode")" "bench.tree_sizes=$SIZES" \
+            "bench.repeats=$REPEATS" bench.overhead_prompts=2 dataset=mini "bench.out=$OUT/cost_${m}_$mode.json" \
+            >> "$OUT/gpu.md"
+        echo >> "$OUT/gpu.md"
+    done
 done
-"$PY" run.py "model.device=$DEVICE" dataset=mini "dataset.limit=$PROMPTS" "hydra.run.dir=$RUN_DIR" \
-    2>&1 | tee "$OUT/run_default.log"
-cp "$RUN_DIR/summary.json" "$OUT/run_default_summary.json"
+for mode in $MODES; do
+    echo "### speed rows, mini, $mode" >> "$OUT/gpu.md"
+    step "speed $mode" "$PY" -m adtbench.cli bench speed "model.device=$DEVICE" "$(compile_of "$mode")" \
+        "bench.rows=$ROWS" "bench.prompts=$PROMPTS" "bench.out=$RUN_DIR/speed_$mode" >> "$OUT/gpu.md"
+    echo >> "$OUT/gpu.md"
+done
+echo "### the default run" >> "$OUT/gpu.md"
+step "default run" "$PY" run.py "model.device=$DEVICE" dataset=mini "dataset.limit=$PROMPTS" "hydra.run.dir=$RUN_DIR/run" \
+    > "$RUN_DIR.log" 2>&1
+tail -n 1 "$RUN_DIR.log" >> "$OUT/gpu.md"
+cp "$RUN_DIR/run/summary.json" "$OUT/run_default_summary.json" 2>/dev/null || failed+=("default run summary")
+if ((${#failed[@]})); then
+    printf 'gpu.sh: failed steps: %s\n' "${failed[*]}" | tee -a "$OUT/gpu.md" >&2
+    exit 1
+fi

@@ -56,8 +56,9 @@ POLICIES = {
     "adt_cost_sampled": lambda: _cost(
         ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost", draft_sampling="sample")
     ),
-    "zipar": lambda: ZipARPolicy(window=2),
+    "zipar": lambda: ZipARPolicy(window=64),  # a window past the row length: ZipAR's lossless setting
 }
+LOSSY = {"zipar_w2": lambda: ZipARPolicy(window=2)}
 
 
 def _rule(target, relax: str, delta: float = 0.2):
@@ -99,12 +100,13 @@ def test_greedy_every_policy_equals_ar_on_the_device(name: str, relax: str) -> N
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("name", list(POLICIES))
+@pytest.mark.parametrize("name", [*POLICIES, *LOSSY])
 def test_lantern_runs_on_the_device(name: str, temperature: float) -> None:
-    """A relaxed rule (δ = 0.2) decodes complete images of image tokens with every policy, greedy and T = 1."""
+    """A relaxed rule (δ = 0.2) decodes complete images of image tokens with every policy (ZipAR at a lossy window
+    too), greedy and T = 1."""
     target, drafter = tiny(dtype="float32", device=DEVICE)
     sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
-    res = generate(target, drafter, POLICIES[name](), target.encode_prompt("a red circle", cfg=True), sp,
+    res = generate(target, drafter, (POLICIES | LOSSY)[name](), target.encode_prompt("a red circle", cfg=True), sp,
                    _generator(0), _rule(target, "lantern"))  # fmt: skip
     assert len(res.tokens) == target.layout.num_gen_tokens and set(res.tokens) <= set(target.layout.image_ids)
 
@@ -119,7 +121,7 @@ def test_sampling_law_matches_ar_on_the_device(name: str) -> None:
     from test_engine import _exact_joint
 
     arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}
-    target, drafter = tiny("tiny_llamagen", dtype="float32", device=DEVICE, **arch)
+    target, drafter = tiny("tiny_llamagen", dtype="float64", device=DEVICE, **arch)  # exact law: float64
     sp = SamplingParams(temperature=1.0, top_k=3, cfg_scale=3.0)
     inputs = target.encode_prompt("a red circle", cfg=True)
     expected = _exact_joint(target, inputs, sp, 3)
@@ -170,7 +172,10 @@ def test_clock_synchronises_only_on_cuda() -> None:
     assert Clock(torch.device(DEVICE)).sync == (DEVICE == "cuda")
 
 
-@pytest.mark.parametrize("extra", [[], ["experiment=mini_lantern"], ["policy=adt"], ["policy=zipar", "drafter=none"]])
+@pytest.mark.parametrize(
+    "extra",
+    [[], ["experiment=mini_lantern"], ["policy=adt"], ["policy=zipar", "drafter=none"], ["engine.compile=true"]],
+)
 def test_the_default_run_through_the_cli_on_the_device(tmp_path: Path, extra: list[str]) -> None:
     """``python run.py model.device=<device>`` end to end (2 prompts, AR baseline in the same job)."""
     run_dir = tmp_path / "run"
@@ -179,3 +184,22 @@ def test_the_default_run_through_the_cli_on_the_device(tmp_path: Path, extra: li
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["n_samples"] == 2 and summary["complete"] and summary["tau"] >= 1.0 and summary["speedup"] > 0
+
+
+@pytest.mark.parametrize("model", ["tiny_llamagen", "tiny_chameleon"])
+def test_cuda_graphs_replay_the_eager_verifies(model: str) -> None:
+    """``engine.compile`` on the device: every verify (AR steps and trees, buckets 1 … 128) through captured CUDA
+    graphs over the pinned cache gives the eager path's greedy tokens, image after image; the capture is timed."""
+    eager, drafter = tiny(model, dtype="float32", device=DEVICE)
+    graphed, _ = tiny(model, dtype="float32", device=DEVICE)
+    graphed.request_static(graphs=DEVICE == "cuda")
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    for prompt in ("a red circle", "two blue squares on a striped floor"):
+        ins_e, ins_g = eager.encode_prompt(prompt, cfg=True), graphed.encode_prompt(prompt, cfg=True)
+        assert decode_ar(graphed, ins_g, sp, None).tokens == decode_ar(eager, ins_e, sp, None).tokens
+        policy = Eagle2Policy(depth=3, top_k=4, total_tokens=20)
+        spec = generate(graphed, drafter, policy, ins_g, sp, None)
+        assert spec.tokens == decode_ar(eager, ins_e, sp, None).tokens
+        assert graphed.cache is graphed.pinned
+    if DEVICE == "cuda":
+        assert graphed.static.capture_s > 0 and all(s.graph is not None for s in graphed.static.steps.values())

@@ -423,6 +423,7 @@ def _run(
         "cpu_count": os.cpu_count(),
         "cpus_available": cpus_available(),
         "engine_compile": compile_on,
+        "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
         "bind_s": bind_s,
         "warmup_s": warmup_s,
     }
@@ -488,10 +489,18 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
 
 
 def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
-    """``engine.compile``: compile the target's (and the drafter's) forward; the warm-up then compiles it."""
+    """``engine.compile``: on a GPU, a target with static-shape verifies (the in-project lean GPTs: LlamaGen, mini,
+    the lean Chameleon) pins its KV cache and captures its verify forwards as CUDA graphs at the warm-up's first
+    prefill (``models.graphs``; the capture time is reported); otherwise compile the target's (and the drafter's)
+    forward with ``torch.compile`` and the warm-up compiles it. Either way outside the timed scope, and for both
+    sides (baseline and method share the target)."""
     family = str(cfg.model.family)
+    graphs = target.device.type == "cuda" and callable(getattr(target, "request_static", None))
+    if graphs:
+        target.request_static(graphs=True)
+        log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
     for name, obj in (("target", target), ("drafter", drafter)):
-        if obj is None:
+        if obj is None or (graphs and name == "target"):
             continue
         fn = getattr(obj, "compile_forward", None)
         if not callable(fn):

@@ -214,6 +214,66 @@ class StaticGPTTarget(Target):
     net: Any
     cache: Any = None
     key_bias: torch.Tensor | None = None
+    static: Any = None  # ``graphs.StaticVerifier`` over the pinned cache, None: variable shapes
+    pinned: Any = None  # the one KV cache every image reuses under ``request_static``
+    _pin: tuple[int, bool] | None = None  # (extra prompt columns, capture CUDA graphs): pin at the first prefill
+    _warned_unpinned = False
+
+    def request_static(self, graphs: bool, extra_prompt: int = 256) -> None:
+        """From the next prefill on, keep one KV cache for every image (capacity: that prefill's plus
+        ``extra_prompt`` columns for longer prompts) and verify through static-shape buckets (``models.graphs``);
+        with ``graphs`` (CUDA) capture each bucket as a CUDA graph at that prefill — outside any timed scope when
+        the first prefill is the warm-up's. ``static.capture_s`` reports the capture time."""
+        self._pin = (extra_prompt, graphs)
+
+    def kv_cache(self, rows: int, capacity: int) -> Any:
+        """The KV cache an adapter's ``_prefill`` writes: a fresh one, or the pinned one when it fits."""
+        from adtbench.models.graphs import StaticVerifier
+
+        if self._pin is not None and self.static is None:
+            extra, graphs = self._pin
+            self.cache = self.pinned = self.net.new_cache(rows, capacity + extra)
+            self.static = StaticVerifier(self, rows, capacity + extra)
+            if graphs:
+                self.static.capture()
+        if self.static is not None:
+            if rows == self.static.rows and capacity <= self.static.capacity:
+                return self.pinned
+            if not self._warned_unpinned:
+                import logging
+
+                logging.getLogger("adtbench").warning(
+                    "this prompt needs %d KV columns, more than the %d pinned for static verifies: it runs at "
+                    "variable shapes (no CUDA graphs)",
+                    capacity,
+                    self.static.capacity,
+                )
+                self._warned_unpinned = True
+        return self.net.new_cache(rows, capacity)
+
+    @torch.no_grad()
+    def verify_forward(
+        self, tokens: torch.Tensor, tree_mask: torch.Tensor, depth: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``Target.verify_forward``; through the static buckets when the cache is the pinned one and the tree
+        fits a bucket."""
+        st = self.static
+        if st is None or self.cache is not self.pinned or not st.fits(tokens.numel(), self.length, self.rows):
+            return super().verify_forward(tokens, tree_mask, depth)
+        dev = self.valid.device
+        block = torch.where(tree_mask.to(dev), 0.0, float("-inf")).to(self.dtype)
+        pos = self.next_pos[:, None] + depth.to(dev)[None]
+        self.forwards += 1
+        return st.forward(tokens.to(dev), block, pos, self.length)
+
+    def static_forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The static-shape forward (``models.graphs``): K/V written at columns ``write [b]``, attention over the
+        whole pinned cache with ``mask [R, 1, b, capacity]``."""
+        x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
+        feats = self.net.forward_embeds(x, pos, mask, self.cache, write)
+        return self.net.output(feats), feats
 
     def start(self, inputs: PromptInputs, max_tree_nodes: int) -> PrefillResult:
         res = super().start(inputs, max_tree_nodes)

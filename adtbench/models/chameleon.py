@@ -248,7 +248,7 @@ class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
     def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
         dev = self.device
         ids, valid, pos = (inputs.data[k].to(dev) for k in ("ids", "valid", "positions"))
-        self.cache = self.net.new_cache(ids.shape[0], capacity)
+        self.cache = self.kv_cache(ids.shape[0], capacity)
         x = self.net.tok_embeddings(ids)
         feats = self.net.forward_embeds(x, pos, prompt_mask(valid), self.cache, 0)
         return PrefillResult(

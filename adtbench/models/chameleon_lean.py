@@ -220,7 +220,7 @@ class ChameleonLM(InferenceWeights, nn.Module):
         return C, S
 
     def forward_embeds(
-        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int
+        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor
     ) -> torch.Tensor:
         """Input embeddings ``[R, n, D]`` at positions ``[R, n]`` → post-final-norm features ``[R, n, D]``; the n
         new K/V entries are written at ``start``. ``mask [R, 1, n, start + n]``: boolean (True = attend) or

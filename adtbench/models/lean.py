@@ -116,13 +116,16 @@ def decoder_layer(
     style: str,
     mask: torch.Tensor,
     kv_buf: torch.Tensor,
-    start: int,
+    start: int | torch.Tensor,
 ) -> torch.Tensor:
     """Residual stream ``x [R·n, D]`` → ``[R·n, D]``: ``h = x + Attn(norm(x))``, ``h + SwiGLU(norm(h))``.
 
-    ``tables``: ``rope.qkv_tables`` for the fused q|k|v head axis (None: no rotary embedding); ``mask``: additive
-    ``[R, 1, n, start + n]``; the layer's K/V are written at ``start`` into ``kv_buf`` (``StaticKVCache.kv[i]``,
-    ``[R, 2·KV, capacity, hd]``, capacity checked by the caller).
+    ``tables``: ``rope.qkv_tables`` for the fused q|k|v head axis (None: no rotary embedding); the layer's K/V go
+    into ``kv_buf`` (``StaticKVCache.kv[i]``, ``[R, 2·KV, capacity, hd]``, capacity checked by the caller):
+    ``start`` an int — written at ``start … start + n − 1``, attention over the first ``start + n`` columns, ``mask``
+    additive ``[R, 1, n, start + n]``; ``start`` a long tensor ``[n]`` — written at those columns
+    (``index_copy_``), attention over the whole capacity, ``mask [R, 1, n, capacity]``: the static-shape form a CUDA
+    graph replays (``models.graphs``).
     """
     H, KV, hd = w.heads, w.kv_heads, w.head_dim
     n = x.shape[0] // rows
@@ -135,8 +138,12 @@ def decoder_layer(
     if tables is not None:
         qkv = rotate(qkv, tables[0], tables[1], style)
     q, kv = qkv.split([H, 2 * KV], 2)
-    kv_buf[:, :, start : start + n] = kv.transpose(1, 2)
-    k, v = kv_buf[:, :, : start + n].split(KV, 1)
+    if isinstance(start, int):
+        kv_buf[:, :, start : start + n] = kv.transpose(1, 2)
+        k, v = kv_buf[:, :, : start + n].split(KV, 1)
+    else:
+        kv_buf.index_copy_(2, start, kv.transpose(1, 2))
+        k, v = kv_buf.split(KV, 1)
     q = q.transpose(1, 2)
     if KV != H:
         k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
@@ -155,13 +162,14 @@ def lean_stack(
     style: str,
     mask: torch.Tensor,
     cache: StaticKVCache,
-    start: int,
+    start: int | torch.Tensor,
     norm_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """``x [R, n, D]`` through ``decoder_layer``s (layer i uses cache layer i), then RMSNorm with weight ``norm``
-    (None: no final norm; ``norm_dtype`` as in ``rms``) → ``[R, n, D]``. The unit ``compile_stack`` compiles."""
+    """``x [R, n, D]`` through ``decoder_layer``s (layer i uses cache layer i; ``start`` as there), then RMSNorm with
+    weight ``norm`` (None: no final norm; ``norm_dtype`` as in ``rms``) → ``[R, n, D]``. The unit ``compile_stack``
+    compiles."""
     R, n, D = x.shape
-    if start + n > cache.capacity:
+    if isinstance(start, int) and start + n > cache.capacity:
         raise RuntimeError(f"KV cache overflow: need {start + n} > capacity {cache.capacity}")
     h = x.reshape(R * n, D)
     for w, kv_buf in zip(layers, cache.kv, strict=True):

@@ -106,7 +106,7 @@ class LlamaGenTarget(StaticGPTTarget):
     def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
         x, valid = self._condition(inputs)
         R, P, _ = x.shape
-        self.cache = self.gpt.new_cache(R, capacity)
+        self.cache = self.kv_cache(R, capacity)
         causal = torch.ones(P, P, dtype=torch.bool, device=self.device).tril()
         eye = torch.eye(P, dtype=torch.bool, device=self.device)
         mask = ((causal[None] & valid[:, None, :]) | eye[None])[:, None]

@@ -211,7 +211,7 @@ def run_blocks(
     pos: torch.Tensor,
     mask: torch.Tensor,
     cache: StaticKVCache,
-    start: int,
+    start: int | torch.Tensor,
 ) -> torch.Tensor:
     """``net.layers`` (``Block``s) then ``net.norm`` over ``x [R, n, D]`` → post-norm features ``[R, n, D]``.
 
@@ -258,7 +258,7 @@ class LlamaGenGPT(InferenceWeights, nn.Module):
         return blocks_inference_weights(self)
 
     def forward_embeds(
-        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int
+        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor
     ) -> torch.Tensor:
         """Input embeddings ``[R, n, dim]`` at positions ``[R, n]`` → features ``[R, n, dim]`` (post-norm).
 

@@ -221,7 +221,7 @@ class ARDTokTarget(StaticGPTTarget):
             feats_in = torch.cat([feats_in, torch.zeros_like(feats_in)])  # uncond = all-zero features
         x = self.net.clip_proj(feats_in)
         R, P, _ = x.shape
-        self.cache = self.net.new_cache(R, capacity)
+        self.cache = self.kv_cache(R, capacity)
         mask = torch.ones(P, P, dtype=torch.bool, device=self.device).tril()[None, None].expand(R, 1, P, P)
         pos = torch.arange(P, device=self.device)[None].expand(R, P)
         f = self.net.forward_embeds(x, pos, mask, self.cache, 0)

@@ -39,7 +39,13 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.cost import fill_cache, fill_cache_to, median_ms, random_tree  # noqa: F401 (re-exported)
+from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, random_tree re-exported)
+    fill_cache,
+    fill_cache_to,
+    median_ms,
+    random_tree,
+    target_parameters,
+)
 from adtbench.algorithm.engine import generate
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
@@ -48,6 +54,7 @@ from adtbench.harness.config import (
     build_sampling,
     compose_config,
     engine_acceptance,
+    engine_compile,
     prompt_seed,
     register_resolvers,
     resolve_paths,
@@ -307,8 +314,14 @@ def cost(cfg: Any) -> dict:
     sp = build_sampling(cfg.sampling)  # the composed sampling group (default: T = 1, CFG 3)
     if not target.supports_cfg:
         sp = dataclasses.replace(sp, cfg_scale=1.0)
+    if engine_compile(cfg):  # graphs on a GPU (the verifies below then replay them), torch.compile elsewhere
+        from adtbench.harness.app import compile_models
+
+        compile_models(target, drafter, cfg)
     model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
     sync = target.device.type == "cuda"
+    weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
+    bandwidth = device_bandwidth(target.device) if sync else None
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
         "device": torch.cuda.get_device_name(target.device) if sync else f"cpu ({torch.get_num_threads()} threads)",
@@ -325,6 +338,12 @@ def cost(cfg: Any) -> dict:
             {"nodes": m, "ms": ms, "x_step": ms / model.step_ms} for m, ms in zip(model.level_nodes, model.level_ms)
         ],
         "fixed_ms": model.fixed_ms,
+        "engine_compile": engine_compile(cfg),
+        "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
+        "weight_bytes": weight_bytes,
+        "device_bandwidth_gbs": bandwidth,
+        # one step reads every weight once: its floor at the measured bandwidth
+        "weight_read_ms": None if bandwidth is None else 1e3 * weight_bytes / (bandwidth * 1e9),
     }
     n_over = int(b.get("overhead_prompts", 2))
     if n_over > 0:
@@ -334,12 +353,34 @@ def cost(cfg: Any) -> dict:
     return result
 
 
+def device_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 10) -> float:
+    """Measured device-memory bandwidth (GB/s) of ``device``: a ``gib``-GiB device-to-device copy reads and writes
+    every byte once, so bytes moved = 2 × size; median of ``repeats`` CUDA-synchronised copies after one warm-up."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ms = median_ms(lambda: dst.copy_(src), repeats, sync=True)
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
 def cost_table(r: dict) -> str:
     """Markdown tables of a ``cost`` result (for docs/README)."""
     from adtbench.algorithm.cost import CostModel
 
     head = f"{r['model']} on {r['device']}, {r['dtype']}, {r['cfg_rows']} CFG row(s), KV ≈ {r['kv_len']}"
+    if r.get("engine_compile"):
+        head += ", engine.compile=true" + (
+            f" (capture {r['graph_capture_s']:.1f} s)" if r.get("graph_capture_s") else ""
+        )
     lines = [head, "", CostModel.from_json(r["cost_model"]).table()]
+    if r.get("weight_read_ms") is not None:
+        step = CostModel.from_json(r["cost_model"]).step_ms
+        lines.append(
+            f"AR step {step:.2f} ms vs the weight-read floor {r['weight_read_ms']:.2f} ms "
+            f"({r['weight_bytes'] / 1e9:.2f} GB of weights at the measured {r['device_bandwidth_gbs']:.0f} GB/s): "
+            f"{step / r['weight_read_ms']:.2f}× the floor"
+        )
     if "overhead" in r:
         o = r["overhead"]
         lines.append(

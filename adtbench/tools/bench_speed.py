@@ -50,6 +50,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "chain, one sampled draft, T = 1, exact",
         ["policy=chain", "policy.depth=1", "policy.draft_sampling=sample"],
     ),
+    "eagle2_fixed": ("eagle2, fixed 59-node tree, T = 1, exact", ["policy=eagle2"]),
     "adt_fixed": ("adt, fixed 58-node tree, T = 1, exact", ["policy=adt", "policy.budget=fixed"]),
     "adt_cost": ("adt + budget: cost, T = 1, exact", ["policy=adt", "policy.budget=cost"]),
     "eagle2_cost": ("eagle2 + budget: cost, T = 1, exact", ["policy=eagle2", "policy.budget=cost"]),
@@ -82,6 +83,8 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "adt + budget: cost + sampled drafts, K ≤ 2, T = 1, lantern=on, δ = 0.3 (experiment=mini_adt_lantern)",
         ["experiment=mini_adt_lantern"],
     ),
+    "zipar": ("ZipAR, window 4, T = 1 (lossy, no drafter)", ["policy=zipar"]),
+    "mulo": ("MuLo-SD at its defaults, T = 1 (lossy; low-res drafter + learned up-sampler)", ["policy=mulo"]),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
     "adt_cost_greedy": ("adt + budget: cost, greedy", ["policy=adt", "policy.budget=cost", "sampling=greedy"]),
     "static_sampled_gated_greedy": (

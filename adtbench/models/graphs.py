@@ -1,0 +1,137 @@
+"""Static-shape verify forwards and their CUDA graphs (``engine.compile`` on a GPU), gpt-fast / SGLang style.
+
+A CUDA graph replays a fixed sequence of kernels on fixed addresses, so everything a forward reads or writes must
+live in buffers that never move and never change shape:
+
+- the KV cache is allocated once per run at a fixed capacity C (``StaticGPTTarget.pin_cache``) and every image
+  reuses it;
+- a forward over n tree nodes runs at the smallest *bucket* b ≥ n of ``BUCKETS`` (1, 2, 4, …, 128): nodes
+  n … b − 1 are padding, and every input is copied into the bucket's static buffers — tokens ``[b]``, positions
+  ``[R, b]``, the KV columns written ``[b]`` and the additive mask ``[R, 1, b, C]`` over the whole capacity;
+- the layers write K/V with ``index_copy_`` at the written columns and attend over all C columns
+  (``lean.decoder_layer`` with a tensor ``start``); the mask admits the committed columns, then the tree block.
+
+Padding is inert: a padded node attends to itself only (its row of the block is the identity) and writes its K/V
+at columns L + n … L + b − 1, past the committed length L, where no later mask admits them until a commit
+overwrites them; its outputs are never read. So a bucketed forward computes, for the n real nodes, exactly what the
+variable-shape forward computes (tested on the CPU in float64: ``tests/test_graphs.py``).
+
+On the CPU ``StaticVerify`` runs the same static shapes eagerly (what the tests check); on CUDA each bucket's forward
+is captured once (``capture``) — outside the timed scope, its time reported — and replayed by every verify of that
+bucket, the AR step (bucket 1) included, so the AR baseline and speculation get the same treatment.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def bucket_of(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
+    """The smallest bucket holding ``n`` nodes; None past the largest (that verify runs at its own shape)."""
+    return next((b for b in buckets if b >= n), None)
+
+
+class StaticVerify:
+    """The static buffers and forward of one bucket of ``b`` nodes for a target with ``rows`` rows and a pinned
+    cache of ``capacity`` columns; ``graph`` after ``capture``."""
+
+    def __init__(self, target: Any, b: int, rows: int, capacity: int) -> None:
+        dev = target.device
+        self.target, self.b, self.capacity = target, b, capacity
+        self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
+        self.write = torch.arange(b, device=dev)
+        self.mask = torch.full((rows, 1, b, capacity), float("-inf"), dtype=target.dtype, device=dev)
+        self.graph: Any = None
+        self.out: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pad_block = _padded_block(b, target.dtype, dev)
+
+    def load(self, tokens: torch.Tensor, block: torch.Tensor, pos: torch.Tensor, length: int) -> None:
+        """Copy n real nodes in: ``tokens [n]``, their additive tree block ``[n, n]``, positions ``[R, n]``; the
+        committed length ``length`` (L) places the block at columns L … L + b − 1 (``key_bias`` admits the rest)."""
+        n, b, L = tokens.numel(), self.b, length
+        self.tokens[:n].copy_(tokens)
+        self.pos[:, :n].copy_(pos)
+        self.write.copy_(_arange(b, self.write.device) + L)
+        self.mask.fill_(float("-inf"))
+        self.mask[:, :, :, :L] = self.target.key_bias[:, None, None, :L]
+        window = self._pad_block.clone() if n < b else block
+        if n < b:
+            window[:n, :n] = block
+        self.mask[:, :, :, L : L + b] = window
+
+    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The forward over the static buffers (eager), or the captured graph's replay; returns the static output
+        tensors (raw logits ``[R, b, V]``, features ``[R, b, H]``): read them before the next ``run``."""
+        if self.graph is not None:
+            self.graph.replay()
+            assert self.out is not None
+            return self.out
+        return self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
+
+    def capture(self) -> None:
+        """Capture ``run``'s forward as a CUDA graph (after two warm-up runs on a side stream, as CUDA requires)."""
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.out = self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
+        self.graph = graph
+
+
+class StaticVerifier:
+    """All buckets of one target (``StaticGPTTarget.pin_cache``): ``forward`` pads a verify to its bucket, runs it
+    and returns the n real nodes' logits and features (copies: the buffers are reused by the next call)."""
+
+    def __init__(self, target: Any, rows: int, capacity: int, buckets: tuple[int, ...] = BUCKETS) -> None:
+        self.rows, self.capacity, self.buckets = rows, capacity, buckets
+        self.steps = {b: StaticVerify(target, b, rows, capacity) for b in buckets}
+        self.capture_s = 0.0
+
+    def fits(self, n: int, length: int, rows: int) -> bool:
+        b = bucket_of(n, self.buckets)
+        return b is not None and rows == self.rows and length + b <= self.capacity
+
+    def forward(
+        self, tokens: torch.Tensor, block: torch.Tensor, pos: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        n = tokens.numel()
+        b = bucket_of(n, self.buckets)
+        assert b is not None
+        step = self.steps[b]
+        step.load(tokens, block, pos, length)
+        logits, feats = step.run()
+        return logits[:, :n].clone(), feats[:, :n].clone()
+
+    def capture(self) -> float:
+        """Capture every bucket (CUDA); returns and records the seconds it took."""
+        t = time.perf_counter()
+        for step in self.steps.values():
+            step.capture()
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t
+        return self.capture_s
+
+
+def _padded_block(b: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive ``[b, b]``: the identity (a padded node sees itself only; real rows overwrite their block)."""
+    return torch.full((b, b), float("-inf"), dtype=dtype, device=device).fill_diagonal_(0.0)
+
+
+_ARANGES: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    key = (n, device)
+    if key not in _ARANGES:
+        _ARANGES[key] = torch.arange(n, device=device)
+    return _ARANGES[key]
