@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Issue 10 §5 in one command on a GPU: the GPU tests, the cost model of the 7B shape (random-init Anole, bfloat16)
+# The GPU figures of docs/speed.md in one command: the GPU tests, the cost model of the 7B shape (random-init Anole, bfloat16)
 # and of model=mini on CUDA — t_verify(n) for n = 1…128 as multiples of one AR step, one drafter level per step,
 # the fixed per-cycle work, the engine overhead per cycle — and the default run's speedup on the GPU.
 # Every result lands in $OUT (default outputs/gpu), two folders deep at most:
 #   device.txt                  date, nvidia-smi, torch and the device name
 #   tests.log                   pytest -m gpu (skipped with TESTS=0)
-#   cost_<model>.json / .md     `adtbench bench cost` (the README table is the .md; the .json has every figure)
+#   cost_<model>.json / .md     `adtbench bench cost` (the table is the .md; the .json has every figure)
 #   run_default.log, run_default_summary.json   `python run.py` on the device, AR baseline timed in the same job
 #                               (its run dir, images included, is $RUN_DIR, default outputs/gpu_run: the device tool
 #                               brings back at most 8 files from $OUT, and these are the 8)
 # Usage:
-#   benchmarks/gpu.sh                               a CUDA machine with the README setup (.venv)
-#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (README "On a GPU")
+#   benchmarks/gpu.sh                               a CUDA machine with the README's setup (.venv)
+#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (docs/speed.md, "GPU")
 #   DEVICE=cpu MODELS=mini SIZES='[1,2]' PROMPTS=1 TESTS=0 benchmarks/gpu.sh     the CPU smoke run (tests)
 # ANOLE_ARCH appends model.arch overrides (the smoke test shrinks the width; leave it empty for the 7B shape).
 set -euo pipefail -f  # -f: no globbing ("model.grid=[2,2]" in ANOLE_ARCH stays a word)
