@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Host reads and engine ops per draft–verify cycle (`adtbench bench overhead bench.count=true`) for the rows of the
-# README's "What a cycle asks of the device" table: the default policy, EAGLE-2, ADT-Tree (budget cost and fixed) and
+# "What a cycle asks of the device" section of docs/speed.md: the default policy, EAGLE-2, ADT-Tree (budget cost and fixed) and
 # experiment=mini_lantern on model=mini, the first three on model=tiny_chameleon. Counts do not depend on the
 # machine's load (no timing). One JSON per row in $OUT, then the markdown table on stdout.
 # Usage:  benchmarks/count.sh                       (PY=.venv/bin/python OUT=outputs/count PROMPTS=4)

@@ -12,7 +12,7 @@
 #   run_default_summary.json       `python run.py` on the device (run dir $RUN_DIR, default outputs/gpu_run)
 # Usage:
 #   benchmarks/gpu.sh                               a CUDA machine with the README setup (.venv)
-#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (docs/speed.md "On a GPU")
+#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (docs/speed.md, "GPU")
 #   DEVICE=cpu MODELS=mini MODES=eager SIZES='[1,2]' PROMPTS=1 ROWS='[ar]' TESTS=0 benchmarks/gpu.sh   (CPU smoke)
 # ANOLE_ARCH appends model.arch overrides (the smoke test shrinks the width; leave it empty for the 7B shape).
 set -uo pipefail -f  # -f: no globbing ("model.grid=[2,2]" in ANOLE_ARCH stays a word); no -e: every step runs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every figure of the mini model card and docs/mini_model.md from the shipped weights (after a retraining,
 # jobs/train_mini.sh): cost ratios, the sample grid + caption agreement, the two policy sweeps, the diagnosis,
-# then the card. 1 thread; run on an idle machine (the sweeps' summaries record the load). The README speed table
+# then the card. 1 thread; run on an idle machine (the sweeps' summaries record the load). The speed table
 # (benchmarks/speed.sh) and the MuLo-SD table (benchmarks/mulo.sh) are separate scripts.
 #   benchmarks/mini_figures.sh [OUT=outputs/mini_figures]
 set -euo pipefail
@@ -19,6 +19,6 @@ $PY run.py -m "${t1[@]}" "${quiet[@]}" hydra.sweep.dir="$OUT/sweep_t1"
 $PY -m adtbench.tools.train.report sweep "$OUT/sweep_t1" name=t1 command="python run.py -m ${t1[*]}" > /dev/null
 $PY run.py -m "${greedy[@]}" "${quiet[@]}" hydra.sweep.dir="$OUT/sweep_greedy"
 $PY -m adtbench.tools.train.report sweep "$OUT/sweep_greedy" name=greedy command="python run.py -m ${greedy[*]}" > /dev/null
-$PY -m adtbench.tools.train.diagnose out="$OUT/diagnosis.json" > "$OUT/diagnosis.txt"
+$PY -m analysis.diagnose out="$OUT/diagnosis.json" > "$OUT/diagnosis.txt"
 $PY -m adtbench.tools.train.report card
 uptime

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Engine overhead per cycle on the mini model (the README table): the default (static_sampled), the same tree gated
+# Engine overhead per cycle on the mini model (the table in docs/speed.md): the default (static_sampled), the same tree gated
 # (gate_tokens 2.2), adt with sampled drafts, adt (budget: cost), adt with the fixed 58-node tree, eagle2, and the
 # sampled 3-chain with LANTERN at δ 0.3 (experiment=mini_lantern); 8 held-out prompts, 1 thread. Extra arguments are
 # passed to every job.

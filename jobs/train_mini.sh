@@ -34,7 +34,7 @@ wait $drafter
 
 # 4. Third generation: step 2's GPT had memorised its 10 000 scenes (8 epochs; CE 1.26 on them vs 1.50 held-out,
 #    1 024 scenes each), so it is fine-tuned on 40 000 (1.2 epochs; encoding them takes ≈ 13 min), and the drafter
-#    of step 3 is warm-started on the new GPT's features (docs/mini_diagnosis.md, "Fourth step").
+#    of step 3 is warm-started on the new GPT's features (CHANGELOG.md, "Draft gating and the third-generation mini model").
 $T ar init_from=$OUT/ar16/final vq_path=$VQ out_dir=$OUT/ar16_40k threads=2 data.count=40000 steps=3000 \
     batch_size=16 lr=7.5e-4 warmup=100 min_lr_ratio=0.05 progress=false
 $T drafter model.path=$OUT/ar16_40k/final model.vq_path=$VQ init_from=$OUT/drafter/final out_dir=$OUT/drafter_40k \

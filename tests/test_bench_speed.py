@@ -4,6 +4,7 @@ account, the README block between the markers, and ``bench.reuse`` re-rendering 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,18 @@ def test_speed_table_rows_readme_and_reuse(tmp_path: Path, capsys) -> None:
     capsys.readouterr()
     assert main([*args, "bench.reuse=true"]) == 0  # no decoding: the jobs in bench.out are read again
     assert (out / "speed.md").read_text() == table
+
+
+def test_the_documented_table_file_holds_the_markers() -> None:
+    """``benchmarks/speed.sh`` writes the table into the file it names (``bench.readme=…``), which holds the markers
+    once each, and the docs name that same command."""
+    root = Path(__file__).resolve().parents[1]
+    m = re.search(r"bench\.readme=(\S+)", (root / "benchmarks" / "speed.sh").read_text())
+    assert m, "benchmarks/speed.sh names no bench.readme file"
+    text = (root / m.group(1)).read_text()
+    assert text.count(START) == 1 and text.count(END) == 1 and text.index(START) < text.index(END)
+    for doc in ("README.md", m.group(1)):
+        assert f"bench.readme={m.group(1)}" in (root / doc).read_text(), doc
 
 
 def test_bad_options_are_key_named_errors(tmp_path: Path, capsys) -> None:

@@ -1,7 +1,7 @@
 """The run directory: its file names, its records, the crash-safe store that writes them, the walker that finds
 runs. Every module that reads or writes a run dir goes through here.
 
-Layout of a job directory (one Hydra job; README "Output files" documents every field)::
+Layout of a job directory (one Hydra job; docs/outputs.md documents every field)::
 
     samples.jsonl        one :class:`SampleRecord` per line per finished prompt (the commit marker)
     trace.jsonl          one :class:`TraceRecord` per line per prompt: the compact per-cycle trace
@@ -9,7 +9,7 @@ Layout of a job directory (one Hydra job; README "Output files" documents every 
     summary.json         :class:`Summary`: :func:`summarize` of all samples plus the run's context
     run_config.json      the resolved config (resume check; ``adtbench merge`` compares shards by it)
     merge.json           (merged runs) the shard runs it was built from, and the checks
-    eval.json / eval_samples.jsonl / tracking.json / maps/ / .adtbench.lock / .hydra/   (see README)
+    eval.json / eval_samples.jsonl / tracking.json / maps/ / .adtbench.lock / .hydra/   (see docs/outputs.md)
 
 Crash safety. :meth:`ResultStore.commit` writes (1) the image atomically (:func:`adtbench.io.atomic_write_bytes`),
 (2) the trace line, (3) the samples line, each line with :func:`adtbench.io.append_line_fsync` (a single
@@ -120,7 +120,7 @@ def is_plumbing(key: str, *, pooled: bool = False) -> bool:
 
 
 # ----------------------------------------------------------------------------------------------------
-# records (the JSON of today's files, typed; README "Output files")
+# records (the JSON of today's files, typed; docs/outputs.md)
 # ----------------------------------------------------------------------------------------------------
 
 

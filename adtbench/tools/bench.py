@@ -3,7 +3,7 @@
     adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true | bench.count=true] [bench.out=FILE]
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
-    adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=README.md] [overrides]
+    adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=docs/speed.md] [overrides]
     adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
 
 ``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify

@@ -1,7 +1,7 @@
 """``adtbench bench speed``: the speed table — one app job per setting, each with its own AR baseline.
 
     adtbench bench speed [bench.rows=[adt_cost,adt_fixed,...]] [bench.prompts=20] [bench.out=DIR]
-                         [bench.readme=README.md] [bench.reuse=true] [any app override, applied to every row]
+                         [bench.readme=docs/speed.md] [bench.reuse=true] [any app override, applied to every row]
 
 Every row runs ``adtbench run`` (the app, a fresh process) on the same ``bench.prompts`` held-out prompts of
 ``dataset=mini`` (or the dataset given), timing the AR baseline in the same job as the method, so each speedup is a

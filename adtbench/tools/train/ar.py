@@ -14,8 +14,8 @@ colour and shape) reads the GPT's final features at every image position, and ``
     L_total = L + λ · (1/|A|) Σ_a CE(head_a(f_{P−1+k}), attr_a(caption))   (mean over k, rows, present attributes)
 
 Why: under teacher forcing an object's colour and shape are visible from its first tokens on, so the caption
-informs the next-token loss only where an object *starts* (≈ 0.4 % of tokens; docs/mini_diagnosis.md, fifth
-step); the GPT learnt backgrounds from the caption and drew objects blind. The heads make the residual stream
+informs the next-token loss only where an object *starts* (≈ 0.4 % of tokens; docs/mini_diagnosis.md,
+"Conditioning"); the GPT learnt backgrounds from the caption and drew objects blind. The heads make the residual stream
 carry the caption's object attributes at every position. They feed nothing into the logits and are dropped at
 export, so the next-token model's optimum is unchanged (the loss shapes features, not the target distribution).
 
