@@ -188,3 +188,14 @@ def test_calibration_restarts_with_every_image():
     assert policy.cost.tree.c > 1.0
     policy.reset()
     assert policy.cost.tree.c == 1.0
+
+
+def test_on_the_host_each_round_is_decided_before_it_runs():
+    """A session that decides on the host (the CPU) applies the level rule before every round of this cycle: with
+    expensive levels not even the image's first cycle expands, with free ones every round runs."""
+    for level_ms, rounds in ((100.0, 0), (0.0, 3)):
+        b = TreeBudget(linear_model(0.01, level=level_ms), calibrate=False)
+        s = session()
+        s.on_host = True
+        tree = build_eagle2_tree(s, depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
+        assert len(s.expansions) == rounds and tree.drafted_depth == rounds + 1 and b.next_rounds is not None

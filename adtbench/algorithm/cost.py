@@ -16,14 +16,14 @@ observed accepted drafts to predicted ones over the image's cycles so far (with 
 tokens at c = 1), clamped to [1/4, 4]; it restarts with every image, so a prompt's trees (and, for a given seed,
 its tokens) do not depend on the prompts decoded before it.
 
-Levels. For the top-k trees (EAGLE-2, ADT-Tree) the rounds are planned, not decided one by one: after a tree is
-drafted, ``choose`` also finds in hindsight the number of rounds r* whose candidates alone would have given the best
-rate had only r* rounds been paid for, and the image's next cycle drafts r* + 1 rounds (at most the policy's depth;
-an image's first cycle drafts them all). A decision before every round would need a read of the device before every
-round; the plan needs none (adjacent cycles are alike: ADT-Tree's premise). Sampled trees keep a per-level
-look-ahead (``best_frontier``): before an expansion round over frontier F the best a round can add is c · Σ_{f ∈ F}
-π_f (children's π sum to at most their parent's), for one drafter level t_level(|F|) plus at least |F| more nodes to
-verify; the round runs only if that optimistic rate beats the best rate without it.
+Levels. Before an expansion round over frontier F the most a round can add is c · Σ_{f ∈ F} π_f (children's π sum
+to at most their parent's), for one drafter level t_level(|F|) plus at least |F| more nodes to verify; the round
+pays only if that optimistic rate beats the best rate without it (deeper rounds add at most as much for the same
+cost, so a one-level look-ahead decides them too). Where decisions are made on the host (the CPU: a read costs
+nothing) the rule runs before each round on this cycle's candidates (``worth_expanding``; sampled trees likewise,
+``best_frontier``). On a device the top-k trees plan their rounds instead: ``choose`` applies the rule in hindsight
+to the rounds a cycle drafted, and the image's next cycle drafts as many rounds as it would have run (``plan_rounds``;
+an image's first cycle drafts the policy's depth), so drafting reads nothing.
 
 Both choices only decide *which drafted nodes are verified*: acceptance is untouched, so the method stays
 lossless under an exact rule.
@@ -181,6 +181,15 @@ class TreeBudget:
             if r > best:
                 k, best = i, r
         return k if k and best > gain0 / (spent_ms + tv[0]) else 0
+
+    def worth_expanding(self, pi_sorted: np.ndarray, frontier_pi: float, frontier: int, spent_ms: float) -> bool:
+        """Does one more drafter level over ``frontier`` nodes (total path prob ``frontier_pi``) possibly pay, given
+        the candidates so far (``pi_sorted``, descending)? The level rule of the module docstring, decided on the
+        host before a round."""
+        n, rate = self.best(pi_sorted, spent_ms)
+        gain = 1.0 + self.c * float(pi_sorted[:n].sum())
+        t_more = spent_ms + self.t_level(frontier) + float(self._t_verify_upto(n + 1 + frontier)[-1])
+        return (gain + self.c * frontier_pi) / t_more > rate
 
     def plan_rounds(self, rounds: int) -> int:
         """Expansion rounds to draft this cycle, at most ``rounds`` (the policy's depth): what the level rule decided

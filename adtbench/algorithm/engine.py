@@ -182,6 +182,7 @@ def generate(
     if gate is not None:
         gate.reset()
     clock, n_gen = Clock(target.device), target.layout.num_gen_tokens
+    on_host = acceptance == "host" or (acceptance == "auto" and target.device.type == "cpu")
     t0 = clock.now()
     begin = clock.mark()
     root, _, out = prefill(target, drafter, inputs, sp, policy.max_nodes(), policy.max_draft_slots(), generator)
@@ -208,7 +209,7 @@ def generate(
                 embeds = target.embed_tokens(nxt)[None].expand(R, -1, -1).to(feats.dtype)
                 out = drafter.extend(feats, embeds, positions)
                 pending, drafter_forwards = [], drafter_forwards + 1
-            session = DraftSession(drafter, target, sp, root_t, g, target.next_pos, out, generator)
+            session = DraftSession(drafter, target, sp, root_t, g, target.next_pos, out, generator, on_host)
             c = speculative_cycle(
                 target, session, policy, sp, rule, generator, room, clock, gate is not None, acceptance
             )

@@ -49,8 +49,10 @@ class DraftSession:
         root_pos: torch.Tensor,
         root_out: torch.Tensor,
         generator: torch.Generator | None,
+        on_host: bool = False,
     ) -> None:
         self.drafter, self.target, self.sp = drafter, target, sp
+        self.on_host = on_host  # decisions may read the device (the CPU; ``engine.acceptance``): policies may use it
         self.layout = target.layout
         self.root_token = root_token.view(1)  # [1] long, on the device
         self.root_gen, self.root_pos = root_gen, root_pos

@@ -45,9 +45,11 @@ def build_eagle2_tree(
     budget: TreeBudget | None = None,
 ) -> DraftTree:
     """EAGLE-2's tree (module docstring), built on the drafter's device. With a ``budget``
-    (``adtbench.algorithm.cost``) the rounds drafted follow the budget's plan (``TreeBudget.plan_rounds``) and the
-    rerank keeps the N best candidates that maximise the expected committed tokens per unit of time instead of
-    ``total_tokens − 1``; N is the one value the host reads before the verify.
+    (``adtbench.algorithm.cost``) the rerank keeps the N best candidates that maximise the expected committed tokens
+    per unit of time instead of ``total_tokens − 1`` (N is the one value the host reads before the verify), and the
+    rounds drafted follow the budget's level rule: decided before each round from this cycle's candidates when the
+    session decides on the host (``session.on_host``: the CPU, where a read costs nothing), else planned from the
+    image's previous cycle (``TreeBudget.plan_rounds``: no read while drafting).
 
     Candidates are kept in creation order (level 0: the root's K best children; round r: K·K children of the K
     frontier nodes) with their cumulative drafter log-prob as score; a candidate the drafter gives probability 0
@@ -56,7 +58,8 @@ def build_eagle2_tree(
     """
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
-    if budget is not None:
+    live = budget is not None and getattr(session, "on_host", False)  # decide each round now (reads are free)
+    if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
     dev = session.device
     v0, t0 = stable_topk(session.root_logprobs(), K)
@@ -65,6 +68,12 @@ def build_eagle2_tree(
     f_score, f_tok, f_cand, f_sess = v0, t0, torch.arange(k0, device=dev), _const(0, k0, dev)
     count = k0
     for r in range(rounds):
+        if live:
+            assert budget is not None
+            drafted = torch.cat(scores).to(torch.float64).exp().sort(descending=True).values.cpu().numpy()
+            f_pi = float(f_score.to(torch.float64).exp().sum())
+            if not budget.worth_expanding(drafted, f_pi, f_score.numel(), budget.spent_ms(session.levels)):
+                break
         ids, lp = session.expand(f_sess, f_tok, r + 1)
         vals, kids = stable_topk(lp, K)  # [f, K] per frontier row, ties toward the lower token id
         cum = (vals + f_score[:, None]).view(-1)
