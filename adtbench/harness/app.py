@@ -495,7 +495,10 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
     forward with ``torch.compile`` and the warm-up compiles it. Either way outside the timed scope, and for both
     sides (baseline and method share the target)."""
     family = str(cfg.model.family)
-    graphs = target.device.type == "cuda" and callable(getattr(target, "request_static", None))
+    device = getattr(target, "device", None)
+    graphs = (
+        isinstance(device, torch.device) and device.type == "cuda" and callable(getattr(target, "request_static", None))
+    )
     if graphs:
         target.request_static(graphs=True)
         log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
