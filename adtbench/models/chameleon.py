@@ -154,8 +154,10 @@ class ChameleonVocab:
     """Vocabulary, token layout and prompt rows of a Chameleon-family target: the one copy the HF
     (``ChameleonTarget``) and the lean (``LeanChameleonTarget``) implementations share, as a mixin before their
     network base class. ``_init_vocab`` sets ``vq``, ``tokenizer``, ``special`` and ``layout`` from the
-    checkpoint's ``ChameleonConfig``; Lumina-mGPT overrides ``_make_layout`` and ``encode_prompt``."""
+    checkpoint's ``ChameleonConfig``; Lumina-mGPT overrides ``_make_layout``, ``encode_prompt`` and the default CFG
+    mode (a constructor's ``cfg_mode=None``)."""
 
+    default_cfg_mode = "batched"
     layout: TokenLayout
     special: dict[str, int]
     tokenizer: Any
@@ -207,9 +209,9 @@ class ChameleonTarget(ChameleonVocab, HFCausalTarget):
         grid: tuple[int, int],
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "batched",
+        cfg_mode: str | None = None,
     ) -> None:
-        super().__init__(lm, device, dtype, cfg_mode)
+        super().__init__(lm, device, dtype, cfg_mode or self.default_cfg_mode)
         self._init_vocab(lm.config, vq, tokenizer, grid, device)
 
 
@@ -231,9 +233,10 @@ class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
         grid: tuple[int, int],
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "batched",
+        cfg_mode: str | None = None,
     ) -> None:
         super().__init__()
+        cfg_mode = cfg_mode or self.default_cfg_mode
         if cfg_mode not in CFG_MODES:
             raise ConfigError("model.cfg_mode", f"unknown CFG mode {cfg_mode!r}; choose one of {CFG_MODES}")
         self.cfg_mode = cfg_mode

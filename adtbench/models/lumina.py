@@ -33,9 +33,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-from torch import nn
-
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs
@@ -67,6 +64,8 @@ def lumina_extra_names(grid: tuple[int, int]) -> tuple[str, ...]:
 class LuminaVocab(ChameleonVocab):
     """Lumina-mGPT's layout (EOL/EOI forced, size tokens) and prompt rows (module docstring); mixin of the HF and
     the lean Lumina targets. ``grid`` entries must be even (one size unit = 2 codes)."""
+
+    default_cfg_mode = "sequential"  # the official unbatched CFG
 
     def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
         if grid[0] % 2 or grid[1] % 2:
@@ -107,37 +106,13 @@ class LuminaVocab(ChameleonVocab):
 
 class LuminaTarget(LuminaVocab, ChameleonTarget):
     """Lumina-mGPT on transformers (``model.impl: hf``); same constructor as ``ChameleonTarget`` (default
-    ``cfg_mode: sequential``, the official unbatched CFG)."""
-
-    def __init__(
-        self,
-        lm: nn.Module,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "sequential",
-    ) -> None:
-        super().__init__(lm, vq, tokenizer, grid, device, dtype, cfg_mode)
+    ``cfg_mode: sequential``, the official unbatched CFG: ``LuminaVocab.default_cfg_mode``)."""
 
 
 class LeanLuminaTarget(LuminaVocab, LeanChameleonTarget):
     """Lumina-mGPT on the lean stack (``model.impl: lean``, the default): ``LeanChameleonTarget`` with Lumina's
     layout and prompt rows; its CFG rows run batched whatever ``cfg_mode`` says (the same logits as the official
     sequential CFG up to float rounding)."""
-
-    def __init__(
-        self,
-        lm: Any,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str = "sequential",
-    ) -> None:
-        super().__init__(lm, vq, tokenizer, grid, device, dtype, cfg_mode)
 
 
 def build_target(cfg: Any) -> LuminaTarget | LeanLuminaTarget:
