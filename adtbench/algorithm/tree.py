@@ -23,7 +23,7 @@ of nodes without children are unused). Trees without it are point-mass (determin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
@@ -193,6 +193,12 @@ def ancestry_on_device(parents: torch.Tensor, max_depth: int) -> tuple[torch.Ten
         anc.scatter_(1, cur[:, None], True)
         cur = up[cur]
     return anc.sum(1) - 1, anc
+
+
+@lru_cache(maxsize=64)
+def true_flag(device: torch.device) -> torch.Tensor:
+    """``[True]`` on ``device`` (the root's liveness and acceptance; cached, never written)."""
+    return torch.ones(1, dtype=torch.bool, device=device)
 
 
 def root_only(token: torch.Tensor) -> DraftTree:

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.sampling import sample, sample_np, sample_rows, uniforms
-from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.tree import DraftTree, true_flag
 
 
 @dataclass(frozen=True)
@@ -388,7 +388,7 @@ def accept(
     """Verify ``tree`` against processed target logits ``[n, V]`` on their device (module docstring)."""
     if tree.size == 1:
         bonus = processed[0].argmax() if greedy else sample_rows(processed[0].softmax(-1), generator)
-        return Verdict(_root_flag(processed.device), processed.new_zeros((), dtype=torch.long), bonus, processed[0])
+        return Verdict(true_flag(processed.device), processed.new_zeros((), dtype=torch.long), bonus, processed[0])
     if greedy:
         ok = rule.greedy_accept(processed.index_select(0, tree.parents[1:]), tree.tokens[1:])
         return _finish(tree, processed, ok, None, generator)
@@ -412,7 +412,7 @@ def _finish(
     """From ``chosen [n − 1]`` (child j + 1 acceptable / accepted at its parent): the deepest node whose whole path
     is chosen (first in node order on ties), and the bonus there — argmax (``residual`` None: greedy) or a draw from
     that node's ``residual`` row."""
-    refused = torch.cat([_root_flag(chosen.device).logical_not(), ~_live(tree, chosen)])
+    refused = torch.cat([true_flag(chosen.device).logical_not(), ~_live(tree, chosen)])
     blocked = (tree.ancestor_mask & refused).any(1)  # an ancestor (or the node) not chosen
     last = torch.where(blocked, -1, tree.depth).argmax().view(1)  # [1]: a 0-d index would be read to the host
     row = processed[last][0]
@@ -467,7 +467,7 @@ def _by_rank(
     live = tree.alive if tree.alive is not None else torch.ones_like(tree.tokens, dtype=torch.bool)
     q = tree.proposal
     if q is None:  # point mass: an earlier sibling with the same token makes a child not worth a try
-        live = live & ~torch.cat([_root_flag(p.device).logical_not(), _siblings(tree)[1]])
+        live = live & ~torch.cat([true_flag(p.device).logical_not(), _siblings(tree)[1]])
     else:
         q = q.to(p.dtype)
     has = rank >= 0
@@ -502,12 +502,6 @@ def _normalise_rows(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Ten
     probability 1) keep ``fallback``."""
     total = residual.sum(-1, keepdim=True)
     return torch.where(total > 0, residual / total, fallback)
-
-
-@lru_cache(maxsize=64)
-def _root_flag(device: torch.device) -> torch.Tensor:
-    """``[True]`` on ``device`` (the root is always accepted; cached, never written)."""
-    return torch.ones(1, dtype=torch.bool, device=device)
 
 
 @lru_cache(maxsize=256)

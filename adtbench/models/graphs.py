@@ -45,7 +45,8 @@ class StaticVerify:
         self.target, self.b, self.capacity = target, b, capacity
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
-        self.write = torch.arange(b, device=dev)
+        self.cols = torch.arange(b, device=dev)  # a bucket's columns after the committed length
+        self.write = self.cols.clone()
         self.mask = torch.full((rows, 1, b, capacity), float("-inf"), dtype=target.dtype, device=dev)
         self.graph: Any = None
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -57,7 +58,7 @@ class StaticVerify:
         n, b, L = tokens.numel(), self.b, length
         self.tokens[:n].copy_(tokens)
         self.pos[:, :n].copy_(pos)
-        self.write.copy_(_arange(b, self.write.device) + L)
+        torch.add(self.cols, L, out=self.write)
         self.mask.fill_(float("-inf"))
         self.mask[:, :, :, :L] = self.target.key_bias[:, None, None, :L]
         window = self._pad_block.clone() if n < b else block
@@ -125,13 +126,3 @@ class StaticVerifier:
 def _padded_block(b: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive ``[b, b]``: the identity (a padded node sees itself only; real rows overwrite their block)."""
     return torch.full((b, b), float("-inf"), dtype=dtype, device=device).fill_diagonal_(0.0)
-
-
-_ARANGES: dict[tuple[int, torch.device], torch.Tensor] = {}
-
-
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    key = (n, device)
-    if key not in _ARANGES:
-        _ARANGES[key] = torch.arange(n, device=device)
-    return _ARANGES[key]

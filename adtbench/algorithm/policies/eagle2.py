@@ -25,8 +25,7 @@ from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
-from adtbench.algorithm.policies.static import true_flag
-from adtbench.algorithm.tree import DraftTree, ancestry_on_device
+from adtbench.algorithm.tree import DraftTree, ancestry_on_device, true_flag
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError, check_number
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -23,7 +22,7 @@ import torch
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.sampling import gumbel_top_k
-from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.tree import DraftTree, true_flag
 from adtbench.errors import check_choice, check_number
 
 # mc_sim_7b_63: EAGLE-1's default tree (SafeAILab/EAGLE eagle/model/choices.py), 25 nodes, depth 5.
@@ -188,12 +187,6 @@ class StaticTreePolicy(TreePolicy):
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
     return torch.tensor(values, dtype=torch.long, device=device)
-
-
-@lru_cache(maxsize=64)
-def true_flag(device: torch.device) -> torch.Tensor:
-    """``[True]`` on ``device`` (cached, never written)."""
-    return torch.ones(1, dtype=torch.bool, device=device)
 
 
 class ChainPolicy(StaticTreePolicy):
