@@ -29,6 +29,7 @@ Features are the last-layer hidden states *after* the final norm (EAGLE's ``f_t`
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ import torch
 from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits
 from adtbench.layout import TokenLayout
 from adtbench.models.rope import Rope
+
+log = logging.getLogger("adtbench")
 
 
 @dataclass
@@ -240,9 +243,7 @@ class StaticGPTTarget(Target):
             if rows == self.static.rows and capacity <= self.static.capacity:
                 return self.pinned
             if not self._warned_unpinned:
-                import logging
-
-                logging.getLogger("adtbench").warning(
+                log.warning(
                     "this prompt needs %d KV columns, more than the %d pinned for static verifies: it runs at "
                     "variable shapes (no CUDA graphs)",
                     capacity,
@@ -261,7 +262,7 @@ class StaticGPTTarget(Target):
         if st is None or self.cache is not self.pinned or not st.fits(tokens.numel(), self.length, self.rows):
             return super().verify_forward(tokens, tree_mask, depth)
         dev = self.valid.device
-        block = torch.where(tree_mask.to(dev), 0.0, float("-inf")).to(self.dtype)
+        block = self._tree_block(tree_mask.to(dev))
         pos = self.next_pos[:, None] + depth.to(dev)[None]
         self.forwards += 1
         return st.forward(tokens.to(dev), block, pos, self.length)
@@ -289,8 +290,12 @@ class StaticGPTTarget(Target):
         """Additive ``[R, 1, n, L + n]``: the committed columns' bias, then the tree's ancestor block."""
         assert self.key_bias is not None, "prefill first"
         n, L, R = tree_mask.shape[0], self.length, self.rows
-        block = torch.where(tree_mask, 0.0, float("-inf")).to(self.dtype)
+        block = self._tree_block(tree_mask)
         return torch.cat([self.key_bias[:, None, None, :L].expand(R, 1, n, L), block.expand(R, 1, n, n)], -1)
+
+    def _tree_block(self, tree_mask: torch.Tensor) -> torch.Tensor:
+        """A tree's ancestor mask ``[n, n]`` in additive form (0 / −inf, model dtype)."""
+        return torch.where(tree_mask, 0.0, float("-inf")).to(self.dtype)
 
     def _attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         """Additive ``[R, 1, n, L + n]``: 0 where attended, −inf elsewhere (model dtype), built once per forward."""
