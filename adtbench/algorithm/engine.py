@@ -43,7 +43,8 @@ from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.policies.base import LoopPolicy, Policy, TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits
-from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_cycle
+from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_step, ar_tokens, prefill_token
 
 
@@ -60,11 +61,31 @@ def prefill(
     too) and the drafter; returns (first image token ``[]`` on the device, ``PrefillResult``, the drafter's output at
     the root ``[R, H]``). ``drafter_slots``: the most scratch slots one cycle's drafting needs."""
     root, res = prefill_token(target, inputs, sp, max_tree_nodes, generator)
-    R, n_gen = target.rows, target.layout.num_gen_tokens
-    drafter.reset(R, res.features.shape[1] + n_gen + max(max_tree_nodes, drafter_slots) + 1)
+    return root, res, prefill_drafter(target, drafter, res, root, max(max_tree_nodes, drafter_slots))
+
+
+def prefill_drafter(
+    target: Target, drafter: Drafter, res: PrefillResult, root: torch.Tensor, slots: int
+) -> torch.Tensor:
+    """Start the drafter on a prompt (its features, and the input embeddings shifted by one with the root's last):
+    room for the prompt, the image and ``slots`` scratch slots; returns its output at the root ``[R, H]``."""
+    R, n_gen = res.features.shape[0], target.layout.num_gen_tokens
+    drafter.reset(R, res.features.shape[1] + n_gen + slots + 1)
     root_embed = target.embed_tokens(root.view(1))[None].expand(R, 1, -1)
-    out = drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
-    return root, res, out
+    return drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
+
+
+def catch_up(target: Target, drafter: Drafter, pending: list[CycleOutcome]) -> torch.Tensor:
+    """The drafter consumes (f_t, x_{t+1}) of every position committed since its last forward, in one ``extend``;
+    returns its output at the new root ``[R, H]``."""
+    if len(pending) == 1:
+        feats, positions, nxt = pending[0].features, pending[0].positions, pending[0].next_tokens
+    else:
+        feats = torch.cat([c.features for c in pending], 1)
+        positions = torch.cat([c.positions for c in pending], 1)
+        nxt = torch.cat([c.next_tokens for c in pending])
+    embeds = target.embed_tokens(nxt)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
+    return drafter.extend(feats, embeds, positions)
 
 
 @torch.no_grad()
@@ -119,19 +140,48 @@ def speculative_cycle(
     drafted = clock.mark()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
     processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
+    read = judge(tree, processed, sp, rule, generator, entropy, acceptance)
+    next_pos = target.next_pos
+    target.commit(read.keep, in_place=read.acceptance.path[-1] == read.acceptance.accepted)
+    verified = clock.mark()
+    return outcome(read, tree, feats, next_pos, policy, session, (drafted, verified, clock.mark()))
+
+
+def judge(
+    tree: DraftTree,
+    processed: torch.Tensor,
+    sp: SamplingParams,
+    rule: AcceptanceRule,
+    generator: torch.Generator | None,
+    entropy: bool,
+    acceptance: str,
+) -> CycleRead:
+    """Accept along ``tree`` given its processed target logits ``[n, V]`` and read the verdict once
+    (``verify.verify_cycle``); ``entropy``: read the bonus distribution's entropy with it (a draft gate)."""
     extra = (lambda row: [DraftGate.entropy(row)]) if entropy else None
-    read = verify_cycle(tree, processed, sp.greedy, generator, rule, extra, acceptance)
+    return verify_cycle(tree, processed, sp.greedy, generator, rule, extra, acceptance)
+
+
+def outcome(
+    read: CycleRead,
+    tree: DraftTree,
+    feats: torch.Tensor,
+    next_pos: torch.Tensor,
+    policy: TreePolicy,
+    session: DraftSession,
+    marks: tuple[Any, Any, Any],
+) -> CycleOutcome:
+    """A verified cycle's ``CycleOutcome`` (``feats [R, n, H]``: the tree's target features; ``next_pos [R]``: the
+    root's positions, read before the commit); tells the policy how the tree fared."""
     acc, keep = read.acceptance, read.keep
     a = acc.accepted
-    positions = target.next_pos[:, None] + _arange(a + 1, keep.device)[None]
-    target.commit(keep, in_place=acc.path[-1] == a)
-    verified = clock.mark()
+    positions = next_pos[:, None] + _arange(a + 1, keep.device)[None]
     if tree.size > 1:
         policy.observe(tree, acc, session.root_gen)
     rec = CycleRecord(session.root_gen, acc.nodes, tree.drafted_depth, acc.tree_depth, tree.width, a, dict(tree.info))
     return CycleOutcome(
         read.root, read.tokens, rec, feats.index_select(1, keep), positions, read.next_tokens,
-        read.extra[0] if entropy else None, (drafted, verified, clock.mark()), session.forwards,
+        read.extra[0] if read.extra else None, marks, session.forwards,
     )  # fmt: skip
 
 
@@ -147,14 +197,29 @@ def ar_cycle(
     """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``models.base.ar_step``);
     its token and the root's (and the entropy for a gate) are read at once."""
     start = clock.mark()
+    next_pos = target.next_pos
     bonus, last, feats = ar_step(target, root, g + 1, sp, generator)
-    positions = target.next_pos[:, None] - 1
-    head = [root.view(()), bonus] + ([DraftGate.entropy(last)] if entropy else [])
-    values = torch.stack([x.to(torch.float64) for x in head]).tolist()
     done = clock.mark()
+    return ar_outcome(root, bonus, last, feats, next_pos, g, entropy, (start, done, done))
+
+
+def ar_outcome(
+    root: torch.Tensor,
+    bonus: torch.Tensor,
+    processed: torch.Tensor,
+    feats: torch.Tensor,
+    next_pos: torch.Tensor,
+    g: int,
+    entropy: bool,
+    marks: tuple[Any, Any, Any],
+) -> CycleOutcome:
+    """A cycle without drafts: the root (generation index ``g``, at positions ``next_pos [R]``) and the ``bonus``
+    chosen from ``processed [V]``, read at once (with the entropy for a gate)."""
+    head = [root.view(()), bonus] + ([DraftGate.entropy(processed)] if entropy else [])
+    values = torch.stack([x.to(torch.float64) for x in head]).tolist()
     return CycleOutcome(
-        int(values[0]), [int(values[1])], CycleRecord(g, 1, 0, 0, 0, 0), feats, positions, bonus.view(1),
-        values[2] if entropy else None, (start, done, done), 0,
+        int(values[0]), [int(values[1])], CycleRecord(g, 1, 0, 0, 0, 0), feats, next_pos[:, None], bonus.view(1),
+        values[2] if entropy else None, marks, 0,
     )  # fmt: skip
 
 
@@ -187,7 +252,6 @@ def generate(
     begin = clock.mark()
     root, _, out = prefill(target, drafter, inputs, sp, policy.max_nodes(), policy.max_draft_slots(), generator)
     prefilled = clock.mark()
-    R = target.rows
     tokens: list[int] = [-1]  # the root's value is read with the first cycle (its tokens follow it)
     root_t = root.view(1)
     cycles: list[CycleRecord] = []
@@ -201,13 +265,7 @@ def generate(
         start = clock.mark()
         if room >= 1 and (gate is None or gate.draft(b)):
             if pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
-                feats, positions, nxt = (
-                    (pending[0].features, pending[0].positions, pending[0].next_tokens) if len(pending) == 1
-                    else (torch.cat([c.features for c in pending], 1), torch.cat([c.positions for c in pending], 1),
-                          torch.cat([c.next_tokens for c in pending]))
-                )  # fmt: skip
-                embeds = target.embed_tokens(nxt)[None].expand(R, -1, -1).to(feats.dtype)
-                out = drafter.extend(feats, embeds, positions)
+                out = catch_up(target, drafter, pending)
                 pending, drafter_forwards = [], drafter_forwards + 1
             session = DraftSession(drafter, target, sp, root_t, g, target.next_pos, out, generator, on_host)
             c = speculative_cycle(

@@ -335,8 +335,16 @@ def prefill_token(
 ) -> tuple[torch.Tensor, PrefillResult]:
     """Run the prompt and choose the first image token; returns (that token ``[]`` on the device, ``PrefillResult``)."""
     res = target.start(inputs, max_tree_nodes)
-    processed = process_logits(res.logits[:, None], 0, target.layout, sp)[0]
-    return next_token_tensor(processed, sp, generator), res
+    return first_token(res, target.layout, sp, generator), res
+
+
+def first_token(
+    res: PrefillResult, layout: TokenLayout, sp: SamplingParams, generator: torch.Generator | None
+) -> torch.Tensor:
+    """The first image token (``[]`` on the device) from a prompt's prefill: its logits processed at generation
+    index 0, then argmax or one draw."""
+    processed = process_logits(res.logits[:, None], 0, layout, sp)[0]
+    return next_token_tensor(processed, sp, generator)
 
 
 @lru_cache(maxsize=16)

@@ -124,8 +124,10 @@ def decoder_layer(
     into ``kv_buf`` (``StaticKVCache.kv[i]``, ``[R, 2·KV, capacity, hd]``, capacity checked by the caller):
     ``start`` an int — written at ``start … start + n − 1``, attention over the first ``start + n`` columns, ``mask``
     additive ``[R, 1, n, start + n]``; ``start`` a long tensor ``[n]`` — written at those columns
-    (``index_copy_``), attention over the whole capacity, ``mask [R, 1, n, capacity]``: the static-shape form a CUDA
-    graph replays (``models.graphs``).
+    (``index_copy_``), attention over the first W columns of ``mask [R, 1, n, W]`` (the static-shape form a CUDA
+    graph replays, W = capacity: ``models.graphs``); ``start`` a long tensor ``[R, n]`` — row r's K/V written at its
+    own columns (``scatter_``), attention over the first W columns (batched rows of different lengths:
+    ``models.batch``).
     """
     H, KV, hd = w.heads, w.kv_heads, w.head_dim
     n = x.shape[0] // rows
@@ -142,8 +144,11 @@ def decoder_layer(
         kv_buf[:, :, start : start + n] = kv.transpose(1, 2)
         k, v = kv_buf[:, :, : start + n].split(KV, 1)
     else:
-        kv_buf.index_copy_(2, start, kv.transpose(1, 2))
-        k, v = kv_buf.split(KV, 1)
+        if start.dim() == 1:
+            kv_buf.index_copy_(2, start, kv.transpose(1, 2))
+        else:  # per-row columns [R, n] (batched rows of different lengths)
+            kv_buf.scatter_(2, start[:, None, :, None].expand(-1, 2 * KV, -1, hd), kv.transpose(1, 2))
+        k, v = kv_buf[:, :, : mask.shape[-1]].split(KV, 1)
     q = q.transpose(1, 2)
     if KV != H:
         k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)

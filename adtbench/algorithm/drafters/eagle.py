@@ -20,6 +20,7 @@ weights folded; ``adtbench.models.lean``). ``extend``/``expand`` build their mas
 
 from __future__ import annotations
 
+import copy
 from dataclasses import asdict, dataclass
 from typing import cast
 
@@ -212,6 +213,15 @@ class EagleDrafter(InferenceWeights, nn.Module):
         compile_stack(self)
 
     # --- runtime state ------------------------------------------------------------------------------
+    def fork(self) -> EagleDrafter:
+        """A drafter with this one's weights (parameters and inference weights shared, not copied) and runtime state
+        of its own: batched decoding drafts every slot with its own KV cache (``algorithm.batch``)."""
+        self.inference_weights()  # built once here, shared by every fork while the parameters stay unchanged
+        twin = copy.copy(self)
+        twin.cache, twin.length, twin.scratch = None, 0, 0
+        twin.valid = torch.zeros(1, 0, dtype=torch.bool)
+        return twin
+
     def reset(self, rows: int, capacity: int) -> None:
         p = self.fc.weight
         c = self.config

@@ -1,0 +1,158 @@
+"""B prompts in one target forward: a KV cache with a batch dimension and per-row lengths (batched decoding).
+
+``BatchTarget`` drives a ``StaticGPTTarget``'s network (LlamaGen, mini, the lean Chameleon / Lumina, AR-DTok) for
+``slots`` prompts at once. Each slot holds one prompt and its ``c`` CFG rows (1, or 2 under CFG); rows are
+CFG-major — row ``k·B + s`` is CFG row k of slot s — so the logits of all slots mix with ``cfg_mix`` in one call
+(``view(c, B·n, V)``).
+
+Invariants, per slot s (host ints, and the device copies the forward reads):
+
+- ``length[s]``: committed cache columns of the slot's rows (its prompt, then its committed image tokens). Columns
+  past it hold nothing a mask admits: ``key_bias [R, C]`` is 0 exactly on the row's valid committed columns
+  (padding of a left-padded uncond row stays −inf) and −inf elsewhere.
+- ``next_pos[r]``: the position id of row r's next token.
+
+A forward takes one tree per slot (``SlotTree``: tokens, ancestor mask, depths; a slot with nothing to decode sends
+its root again, see ``idle``), pads them to the largest n with inert nodes (self-only attention, depth 0), writes
+row r's K/V at its own columns ``length[s] … length[s] + n − 1`` (``lean.decoder_layer`` with per-row columns) and
+attends over the first ``max(length) + n`` columns through one additive mask: the row's ``key_bias``, then the
+slot's tree block at its own columns. Padding is inert: padded nodes attend only to themselves and write past the
+row's length, where nothing is admitted until a commit overwrites it. So a slot's logits are those of the same tree
+decoded alone (equal up to float rounding of the batched matmuls; tested in float64).
+
+``commit`` keeps a ragged path per slot (root first) in one gather + one scatter over all layers, then marks the
+columns valid; ``admit`` prefills one new prompt into a free slot (the adapter's own ``_prefill`` over a cache of
+its own, copied into the slot's rows) while the other slots keep their state — the continuous batching of a
+serving engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
+
+
+@dataclass
+class SlotTree:
+    """One slot's nodes for a batched forward: ``tokens [n]`` (node 0 = root), ancestor mask ``[n, n]`` (bool, self
+    included), ``depth [n]``; all on the target's device."""
+
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    depth: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+
+class BatchTarget:
+    """Per-slot state over ``target``'s network (module docstring). ``cfg``: every prompt has a CFG uncond row;
+    ``capacity``: cache columns per row (the longest prompt + the image + one tree)."""
+
+    def __init__(self, target: StaticGPTTarget, slots: int, cfg: bool, capacity: int) -> None:
+        if not isinstance(target, StaticGPTTarget):
+            raise TypeError(f"{type(target).__name__}: batched decoding needs a static-cache target")
+        self.target, self.B, self.c, self.capacity = target, slots, (2 if cfg else 1), capacity
+        self.rows = self.B * self.c
+        self.device, self.dtype, self.layout = target.device, target.dtype, target.layout
+        self.cache = target.net.new_cache(self.rows, capacity)
+        self.key_bias = torch.full((self.rows, capacity), float("-inf"), dtype=self.dtype, device=self.device)
+        self.next_pos = torch.zeros(self.rows, dtype=torch.long, device=self.device)
+        self.length = [0] * self.B
+        self._len = torch.zeros(self.rows, dtype=torch.long, device=self.device)  # length per row (device copy)
+        self._cols = torch.arange(capacity, device=self.device)
+        self.forwards = 0
+
+    def slot_rows(self, s: int) -> torch.Tensor:
+        """The cache rows of slot ``s`` (its CFG rows, cond first)."""
+        return torch.arange(self.c, device=self.device) * self.B + s
+
+    # --- prompts ---------------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def admit(self, s: int, inputs: PromptInputs) -> PrefillResult:
+        """Prefill ``inputs`` into slot ``s`` (whatever it held is dropped); returns the prompt's ``PrefillResult``
+        (rows: the slot's CFG rows). One forward of this prompt alone; the other slots are untouched."""
+        t = self.target
+        P = t.prompt_length(inputs)
+        if P + t.layout.num_gen_tokens + 1 > self.capacity:
+            raise ValueError(f"prompt of {P} positions does not fit the batch cache ({self.capacity} columns)")
+        saved = t.cache
+        res = t._prefill(inputs, P)  # the adapter's own prefill, over a cache of exactly P columns
+        own, t.cache = t.cache, saved
+        rows = self.slot_rows(s)
+        if res.valid.shape[0] != self.c:
+            raise ValueError(f"prompt has {res.valid.shape[0]} rows, the batch {self.c} (sampling.cfg_scale)")
+        self.cache.buf[:, rows, :, :P] = own.buf[:, :, :, :P]
+        self.key_bias[rows] = float("-inf")
+        self.key_bias[rows, :P] = torch.where(res.valid, 0.0, float("-inf")).to(self.dtype)
+        self.next_pos[rows] = res.positions[:, -1] + 1
+        self.length[s] = P
+        self._len[rows] = P
+        return res
+
+    # --- the batched forward ---------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def forward(self, trees: list[SlotTree]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One target forward over every slot's tree (one per slot, in slot order). Returns raw logits ``[R, N, V]``
+        and features ``[R, N, H]`` (N = the largest tree; rows CFG-major; a slot's nodes past its own n are
+        padding, never to be read)."""
+        B, c, dev = self.B, self.c, self.device
+        if len(trees) != B:
+            raise ValueError(f"one tree per slot: {len(trees)} for {B} slots")
+        N = max(t.size for t in trees)
+        tokens = torch.zeros(B, N, dtype=torch.long, device=dev)
+        depth = torch.zeros(B, N, dtype=torch.long, device=dev)
+        block = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
+        for s, t in enumerate(trees):
+            n = t.size
+            tokens[s, :n], depth[s, :n], block[s, :n, :n] = t.tokens, t.depth, t.mask
+        ar = torch.arange(N, device=dev)
+        write = self._len[:, None] + ar[None]  # [R, N] each row's own columns
+        width = max(self.length) + N  # the columns any row attends
+        if width > self.capacity:
+            raise RuntimeError(f"KV cache overflow: need {width} > capacity {self.capacity}")
+        mask = self.key_bias[:, None, None, :width].expand(self.rows, 1, N, width).clone()
+        add = torch.where(block, 0.0, float("-inf")).to(self.dtype).repeat(c, 1, 1)[:, None]  # [R, 1, N, N]
+        mask.scatter_(3, write[:, None, None, :].expand(-1, 1, N, -1), add)
+        pos = self.next_pos[:, None] + depth.repeat(c, 1)
+        x = self.target.net.tok_embeddings(tokens).repeat(c, 1, 1)
+        feats = self.target.net.forward_embeds(x, pos, mask, self.cache, write)
+        self.forwards += 1
+        return self.target.net.output(feats), feats
+
+    def commit(self, keeps: list[torch.Tensor | None], in_place: list[bool]) -> None:
+        """Keep slot s's tree nodes ``keeps[s]`` (its accepted path, root first, on the device; None: nothing) as its
+        next committed columns. ``in_place[s]``: ``keeps[s]`` is ``0 … k−1`` (nothing moves). Reads nothing."""
+        k = [0 if kp is None else int(kp.numel()) for kp in keeps]
+        moving = [s for s, kp in enumerate(keeps) if kp is not None and not in_place[s]]
+        if moving:
+            K = max(k[s] for s in moving)
+            keep = torch.zeros(self.B, K, dtype=torch.long, device=self.device)
+            for s in range(self.B):
+                kp = keeps[s]
+                if kp is not None and s in moving:
+                    keep[s, : k[s]] = kp
+                else:  # in place or idle: move columns onto themselves
+                    keep[s] = torch.arange(K, device=self.device)
+            base = self._len[:, None]
+            src, dst = base + keep.repeat(self.c, 1), base + torch.arange(K, device=self.device)[None]
+            buf = self.cache.buf  # [layers, R, 2·kv, C, hd]
+            shape = (buf.shape[0], self.rows, buf.shape[2], K, buf.shape[4])
+            moved = buf.gather(3, src[None, :, None, :, None].expand(shape))
+            buf.scatter_(3, dst[None, :, None, :, None].expand(shape), moved)
+        add = torch.tensor(k, dtype=torch.long).repeat(self.c).to(self.device)
+        lo = self._len[:, None]
+        self.key_bias.masked_fill_((self._cols[None] >= lo) & (self._cols[None] < lo + add[:, None]), 0.0)
+        self._len += add
+        self.next_pos += add
+        self.length = [L + n for L, n in zip(self.length, k, strict=True)]
+
+    @staticmethod
+    def idle(root: torch.Tensor) -> SlotTree:
+        """A one-node tree for a slot with nothing to decode (it is never committed)."""
+        one = torch.ones(1, 1, dtype=torch.bool, device=root.device)
+        return SlotTree(root.view(1), one, torch.zeros(1, dtype=torch.long, device=root.device))
