@@ -232,16 +232,16 @@ def generate_batch(
             f, pos = feats.index_select(0, rows), next_pos[rows]
             st.forwards += 1
             st.verifies.append((start, verified))
-            gate, read = st.policy.gate, reads[s]
+            gate, done = st.policy.gate, reads[s]
             marks = (verified, verified, verified)
-            if isinstance(read, CycleRead):
+            if isinstance(done, CycleRead):
                 assert st.session is not None and st.tree is not None
-                c = outcome(read, st.tree, f[:, : st.tree.size], pos, st.policy, st.session, marks)
+                c = outcome(done, st.tree, f[:, : st.tree.size], pos, st.policy, st.session, marks)
                 if gate is not None:
                     gate.observe(st.bin, len(c.tokens))
             else:
-                assert isinstance(read, torch.Tensor)
-                c = ar_outcome(st.root, read, processed[s, 0], f[:, :1], pos, len(st.tokens) - 1, gate is not None,
+                assert isinstance(done, torch.Tensor)
+                c = ar_outcome(st.root, done, processed[s, 0], f[:, :1], pos, len(st.tokens) - 1, gate is not None,
                                marks)  # fmt: skip
             if st.tokens[0] < 0:
                 st.tokens[0] = c.root

@@ -31,7 +31,7 @@ import re
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from adtbench.harness.config import (
     build_rule,
     check_prompts,
     config_fingerprint,
+    decode_batch,
     engine_acceptance,
     engine_compile,
     prompt_seed,
@@ -264,6 +265,11 @@ def summary_line(s: dict) -> str:
             if s.get("speedup_ci_caveat"):
                 line += f" (CI over {s.get('speedup_n')} < 5 prompts)"
         line += f" median={f('speedup_median', '.3f', 'x')}"
+    if (s.get("batch_size") or 1) > 1:
+        line += f" batch={s['batch_size']} throughput={f('throughput_images_per_s', '.3f', ' img/s')}"
+        if s.get("throughput_speedup") is not None:
+            line += f" baseline={f('baseline_throughput_images_per_s', '.3f', ' img/s')}"
+            line += f" throughput_speedup={f('throughput_speedup', '.3f', 'x')}"
     line += eval_part(s.get("eval"))
     if s.get("load_warning"):
         line += f" LOAD {f('load_peak', '.2f')} > {s.get('cpus_available')} CORES: timings unreliable"
@@ -286,7 +292,11 @@ def eval_part(block: Any) -> str:
 
 
 # Config nodes and keys added after run dirs existed: a run_config.json without them ran with these values.
-RESUME_NEW_KEYS: dict[str, Any] = {"timing": {"repeats": 1}, "engine": {"compile": False, "acceptance": "auto"}}
+RESUME_NEW_KEYS: dict[str, Any] = {
+    "timing": {"repeats": 1},
+    "engine": {"compile": False, "acceptance": "auto"},
+    "decode": {"batch_size": 1, "window": 4},
+}
 
 
 def check_resume(run_dir: Path, cfg: DictConfig) -> None:
@@ -409,9 +419,20 @@ def _run(
         res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)
         return res
 
+    batch, window = decode_batch(cfg)
+    batched = None
+    if batch > 1:
+        from adtbench.harness.batched import BatchedDecoder
+
+        batched = BatchedDecoder(target, drafter, policy, sp, rule, acceptance, batch, use_cfg, gen_device,
+                                 lambda p: prompt_seed(int(cfg.seed), p.prompt_id), bool(cfg.baseline))  # fmt: skip
+
     t_warm = time.perf_counter()
     if todo:
         for _ in range(int(cfg.warmup)):
+            if batched is not None:  # the batched shapes: one window of up to B prompts, both sides
+                batched.window(todo[:batch], 0)
+                continue
             decode(todo[0], 0, True)
             if cfg.baseline:
                 decode(todo[0], 0, False)
@@ -424,6 +445,8 @@ def _run(
         "cpus_available": cpus_available(),
         "engine_compile": compile_on,
         "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
+        "batch_size": batch,
+        "batch_window": window if batch > 1 else None,
         "bind_s": bind_s,
         "warmup_s": warmup_s,
     }
@@ -432,7 +455,7 @@ def _run(
     tracker = build_logger(cfg, run_dir, choices)
     try:
         ctx = RunContext(cfg, run_dir, choices, target, decode, store, tracker, env, len(prompts), rule.name,
-                         lantern_used(cfg, rule))  # fmt: skip
+                         lantern_used(cfg, rule), batched)  # fmt: skip
         summary = _decode_all(ctx, todo, run_info)
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
@@ -556,6 +579,7 @@ class RunContext:
     n_prompts: int
     rule_name: str = "exact"
     lantern: dict[str, Any] | None = None  # :func:`lantern_used`
+    batched: Any = None  # ``harness.batched.BatchedDecoder`` (decode.batch_size > 1), None: one prompt at a time
 
     def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
         """:func:`make_summary` of ``records`` for this job."""
@@ -581,13 +605,13 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     if run_info["load_warning"]:
         log.warning("%s", run_info["load_warning"])
     last_summary = time.perf_counter()
-    for i, p in enumerate(tqdm(todo, desc=policy_name, disable=not cfg.progress, file=sys.stderr)):
-        seed = prompt_seed(int(cfg.seed), p.prompt_id)
-        runs, bases = timed_prompt(ctx.decode, p, seed, repeats, bool(cfg.baseline), i * repeats)
+    bar = tqdm(total=len(todo), desc=policy_name, disable=not cfg.progress, file=sys.stderr)
+    for p, seed, runs, bases, batch in _decoded(ctx, todo, repeats):
+        bar.update()
         res = runs[0]
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
         trace = trace_record(p.prompt_id, res)
-        record = sample_record(p, seed, runs, bases or None)
+        record = sample_record(p, seed, runs, bases or None) | {"batch": batch}
         store.commit(record, trace, image)
         if cfg.get("maps") is not None and cfg.maps.get("per_image"):
             from adtbench.harness.maps import write_sample_maps
@@ -598,6 +622,7 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
             store.write_summary(ctx.summary(records, run_info))
             last_summary = time.perf_counter()
         tracker.log_sample(record, trace, image)
+    bar.close()
     avg = load_average()
     after = None if avg is None else avg[0]
     run_info |= {"load_after": after, "load_peak": load_peak(before, after)}
@@ -615,6 +640,24 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
         write_run_maps(run_dir, store.traces(), target.layout)
     tracker.log_summary(summary)
     return summary
+
+
+def _decoded(
+    ctx: RunContext, todo: list[Prompt], repeats: int
+) -> Iterator[tuple[Prompt, int, list[GenerationResult], list[GenerationResult], dict[str, Any] | None]]:
+    """Per unfinished prompt, in order: (prompt, seed, method runs, baseline runs, the record's ``batch`` field).
+    One prompt at a time (:func:`timed_prompt`), or a window of ``decode.batch_size × decode.window`` prompts at a
+    time (``harness.batched``): a window's prompts come out once both of its sides are done."""
+    if ctx.batched is None:
+        for i, p in enumerate(todo):
+            seed = prompt_seed(int(ctx.cfg.seed), p.prompt_id)
+            runs, bases = timed_prompt(ctx.decode, p, seed, repeats, bool(ctx.cfg.baseline), i * repeats)
+            yield p, seed, runs, bases, None
+        return
+    size = ctx.batched.B * int(ctx.cfg.decode.window)
+    for w, i in enumerate(range(0, len(todo), size)):
+        for p, seed, run, base, batch in ctx.batched.window(todo[i : i + size], w):
+            yield p, seed, [run], [] if base is None else [base], batch
 
 
 CONF_DIR = str(conf_dir())  # the checkout's conf/, or the copy shipped in the wheel (adtbench.resources)

@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench import resources
-from adtbench.algorithm.policies import POLICIES, Policy
+from adtbench.algorithm.policies import POLICIES, LoopPolicy, Policy
 from adtbench.algorithm.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.errors import ConfigError, check_flag, check_number
@@ -263,7 +263,41 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, Policy]:
     from adtbench.harness.loops import check_loop_config
 
     check_loop_config(cfg, policy)
+    decode_batch(cfg, policy)
     return sp, policy
+
+
+BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina")  # static-cache targets (``models.batch``)
+
+
+def decode_batch(cfg: DictConfig, policy: Policy | None = None) -> tuple[int, int]:
+    """``decode.batch_size`` (prompts per target forward, ≥ 1; 1 without a ``decode`` node) and ``decode.window``
+    (with B > 1: prompts are decoded B × window at a time, each side timed over the window). B > 1 needs a tree policy
+    on a static-cache target, one timing repeat and no ``engine.compile`` (CUDA graphs and compiled stacks are
+    single-prompt)."""
+    node = cfg.get("decode")
+    if node is None:
+        return 1, 4
+    if not isinstance(node, DictConfig):
+        raise ConfigError("decode", f"must be a mapping (decode.batch_size=...), got {node!r}")
+    B = int(check_number(node.get("batch_size", 1), "decode.batch_size", int, lo=1))
+    window = int(check_number(node.get("window", 4), "decode.window", int, lo=1))
+    if B == 1:
+        return B, window
+    if policy is not None and isinstance(policy, LoopPolicy):
+        raise ConfigError("decode.batch_size", f"policy={policy.name} runs its own loop, one prompt at a time; "
+                          "use decode.batch_size=1 with it")  # fmt: skip
+    family = str(_get(cfg, "model.family"))
+    impl = str(cfg.model.get("impl", "lean"))
+    if family not in BATCHED_FAMILIES or impl == "hf":
+        raise ConfigError("decode.batch_size", f"model family {family} (model.impl={impl}) has no batched target; "
+                          f"batched: {', '.join(BATCHED_FAMILIES)} with model.impl=lean")  # fmt: skip
+    if timing_repeats(cfg) > 1:
+        raise ConfigError("timing.repeats", "with decode.batch_size > 1 each window is timed once; use 1")
+    if engine_compile(cfg):
+        raise ConfigError("engine.compile", "CUDA graphs and compiled stacks are single-prompt; "
+                          "use engine.compile=false with decode.batch_size > 1")  # fmt: skip
+    return B, window
 
 
 def timing_repeats(cfg: DictConfig) -> int:

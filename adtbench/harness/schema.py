@@ -232,9 +232,15 @@ class EngineConf:
 
 
 @dataclass
+class DecodeConf:
+    batch_size: int = 1
+    window: int = 4
+
+
+@dataclass
 class AppConf:
-    """The top level of ``conf/config.yaml``; group nodes (and ``timing``, ``engine``) are checked by their own
-    schema (:data:`GROUPS`)."""
+    """The top level of ``conf/config.yaml``; group nodes (and ``timing``, ``engine``, ``decode``) are checked by their
+    own schema (:data:`GROUPS`)."""
 
     seed: int = 0
     warmup: int = 1
@@ -245,6 +251,7 @@ class AppConf:
     threads: int | None = 1
     timing: Any = None  # TimingConf (null: repeats 1)
     engine: Any = None  # EngineConf (null: no compile)
+    decode: Any = None  # DecodeConf (null: one prompt at a time)
     model: Any = None  # open: family-specific keys
     drafter: Any = None
     policy: Any = None
@@ -264,6 +271,7 @@ OPEN = ("model", "policy", "eval", "hydra", "bench")  # top-level nodes not chec
 GROUPS: dict[str, type] = {
     "sampling": SamplingParams, "lantern": LanternConf, "dataset": DatasetConf, "drafter": DrafterConf,
     "logger": LoggerConf, "maps": MapsConf, "paths": PathsConf, "timing": TimingConf, "engine": EngineConf,
+    "decode": DecodeConf,
 }  # fmt: skip
 
 

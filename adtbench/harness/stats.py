@@ -24,6 +24,7 @@ __all__ = [
     "percentile_interval",
     "ratio_of_totals_ci",
     "summarize",
+    "throughput",
 ]
 
 
@@ -235,7 +236,43 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         if base_pairs and len(enc_pairs) == len(base_pairs)
         else None
     )
+    out |= throughput(records)
     return out
+
+
+def throughput(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Images and tokens per second of decoding, for the method and (when every record has one) the baseline.
+
+    Seconds are the timed scope's: a batched record (``batch`` set, ``decode.batch_size > 1``) counts its window's
+    wall time once per window (``batch.window`` ids; ``window_s`` / ``baseline_window_s``), a record decoded alone
+    its latency. Tokens per image = ``committed + 1`` (the prefill's token). ``throughput_speedup`` = method /
+    baseline images per second over the same prompts (at B = 1 it equals the ratio-of-means ``speedup``)."""
+    images = len(records)
+    tokens = sum(int(r["committed"]) + 1 for r in records)
+    secs, base_secs, seen = 0.0, 0.0, set()
+    has_base = images > 0
+    for r in records:
+        b = r.get("batch")
+        if b:
+            if b["window"] in seen:
+                continue
+            seen.add(b["window"])
+            secs += float(b["window_s"])
+            base = b.get("baseline_window_s")
+        else:
+            secs += float(r["latency_s"])
+            base = r.get("baseline_latency_s")
+        has_base = has_base and base is not None
+        base_secs += float(base) if base is not None else 0.0
+    ips = images / secs if secs > 0 else None
+    bips = images / base_secs if has_base and base_secs > 0 else None
+    return {
+        "throughput_images_per_s": ips,
+        "throughput_tokens_per_s": tokens / secs if secs > 0 else None,
+        "baseline_throughput_images_per_s": bips,
+        "baseline_throughput_tokens_per_s": tokens / base_secs if bips is not None else None,
+        "throughput_speedup": ips / bips if ips is not None and bips is not None else None,
+    }
 
 
 # ----------------------------------------------------------------------------------------------------
