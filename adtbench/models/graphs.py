@@ -24,11 +24,13 @@ bucket, the AR step (bucket 1) included, so the AR baseline and speculation get 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+_Out = TypeVar("_Out")
 
 
 def bucket_of(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
@@ -47,10 +49,10 @@ class StaticVerify:
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
         self.cols = torch.arange(b, device=dev)  # a bucket's columns after the committed length
         self.write = self.cols.clone()
-        self.mask = torch.full((rows, 1, b, capacity), float("-inf"), dtype=target.dtype, device=dev)
         self.graph: Any = None
         self.out: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pad_block = _padded_block(b, target.dtype, dev)
+        self.mask = _initial_mask(self._pad_block, rows, capacity)
 
     def load(self, tokens: torch.Tensor, block: torch.Tensor, pos: torch.Tensor, length: int) -> None:
         """Copy n real nodes in: ``tokens [n]``, their additive tree block ``[n, n]``, positions ``[R, n]``; the
@@ -73,30 +75,42 @@ class StaticVerify:
             self.graph.replay()
             assert self.out is not None
             return self.out
-        return self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
+        return self._forward()
 
     def capture(self) -> None:
-        """Capture ``run``'s forward as a CUDA graph (after two warm-up runs on a side stream, as CUDA requires)."""
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.out = self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
-        self.graph = graph
+        """Capture ``run``'s forward as a CUDA graph (``_capture``)."""
+        self.graph, self.out = _capture(self._forward)
+
+    def _forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
 
 
-class StaticVerifier:
-    """All buckets of one target (``StaticGPTTarget.pin_cache``): ``forward`` pads a verify to its bucket, runs it
+class _Buckets:
+    """The buckets of one model's static forwards (``steps``: bucket size → step with ``capture``), each ≤ the pinned
+    capacity (a bucket past it could never run); ``capture_s`` after ``capture``."""
+
+    steps: dict[int, Any]
+    buckets: tuple[int, ...]
+    capture_s = 0.0
+
+    def capture(self) -> float:
+        """Capture every bucket (CUDA); returns and records the seconds it took."""
+        t = time.perf_counter()
+        for step in self.steps.values():
+            step.capture()
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t
+        return self.capture_s
+
+
+class StaticVerifier(_Buckets):
+    """All buckets of one target (``StaticGPTTarget.kv_cache``): ``forward`` pads a verify to its bucket, runs it
     and returns the n real nodes' logits and features (copies: the buffers are reused by the next call)."""
 
     def __init__(self, target: Any, rows: int, capacity: int, buckets: tuple[int, ...] = BUCKETS) -> None:
-        self.rows, self.capacity, self.buckets = rows, capacity, buckets
-        self.steps = {b: StaticVerify(target, b, rows, capacity) for b in buckets}
-        self.capture_s = 0.0
+        self.rows, self.capacity = rows, capacity
+        self.buckets = tuple(b for b in buckets if b <= capacity)
+        self.steps = {b: StaticVerify(target, b, rows, capacity) for b in self.buckets}
 
     def fits(self, n: int, length: int, rows: int) -> bool:
         b = bucket_of(n, self.buckets)
@@ -113,14 +127,31 @@ class StaticVerifier:
         logits, feats = step.run()
         return logits[:, :n].clone(), feats[:, :n].clone()
 
-    def capture(self) -> float:
-        """Capture every bucket (CUDA); returns and records the seconds it took."""
-        t = time.perf_counter()
-        for step in self.steps.values():
-            step.capture()
-        torch.cuda.synchronize()
-        self.capture_s = time.perf_counter() - t
-        return self.capture_s
+
+def _capture(forward: Callable[[], _Out]) -> tuple[Any, _Out]:
+    """Capture ``forward`` (under ``no_grad``) as a CUDA graph after two warm-up runs on a side stream, as CUDA
+    requires; returns the graph and the captured call's outputs (static tensors every replay rewrites)."""
+    with torch.no_grad():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                forward()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = forward()
+    return graph, out
+
+
+def _initial_mask(pad_block: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
+    """A bucket's mask ``[R, 1, b, capacity]`` before its first ``load``: slot i sees column i only (its initial
+    write column), so the warm-up and capture runs have no fully masked row (an SDPA kernel may give NaN there, and
+    NaN K/V in the pinned cache would poison later forwards: masked columns still meet V as 0 · NaN)."""
+    b = pad_block.shape[0]
+    mask = torch.full((rows, 1, b, capacity), float("-inf"), dtype=pad_block.dtype, device=pad_block.device)
+    mask[:, :, :, :b] = pad_block
+    return mask
 
 
 def _padded_block(b: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
