@@ -128,6 +128,113 @@ class StaticVerifier(_Buckets):
         return logits[:, :n].clone(), feats[:, :n].clone()
 
 
+class StaticDraft:
+    """The static buffers and forward of one bucket of ``b`` drafter slots (``rows`` rows, hidden size ``hidden``, a
+    pinned cache of ``capacity`` columns); ``graph`` after ``capture``. One bucket serves both of the drafter's
+    static forwards: ``expand`` (new scratch slots after the earlier ones) and the decode loop's ``extend`` (new
+    committed slots, causal among themselves) differ only in the columns written and the mask, both loaded here."""
+
+    def __init__(
+        self, drafter: Any, b: int, rows: int, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        self.drafter, self.b, self.capacity = drafter, b, capacity
+        self.feats = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
+        self.embeds = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
+        self.pos = torch.zeros(rows, b, dtype=torch.long, device=device)
+        self.cols = torch.arange(b, device=device)
+        self.write = self.cols.clone()
+        self.graph: Any = None
+        self.out: torch.Tensor | None = None
+        self._pad_block = _padded_block(b, dtype, device)
+        self.mask = _initial_mask(self._pad_block, rows, capacity)
+
+    def load(
+        self,
+        feats: torch.Tensor,
+        embeds: torch.Tensor,
+        pos: torch.Tensor,
+        bias: torch.Tensor,
+        block: torch.Tensor,
+        length: int,
+        start: int,
+    ) -> None:
+        """Copy m real slots in: ``feats``, ``embeds [R, m, H]``, positions ``[R, m]``, written at columns
+        ``start … start + m − 1``. Real slot i attends the committed columns ``< length`` through ``bias [R, ≥ length]``
+        (additive) and columns ``length … start + m − 1`` through row i of ``block [m, start + m − length]``
+        (additive: the earlier scratch slots, then the new ones). Padded slot i ≥ m writes at ``start + i`` and sees
+        that column only."""
+        m, b = feats.shape[1], self.b
+        self.feats[:, :m].copy_(feats)
+        self.embeds[:, :m].copy_(embeds)
+        self.pos[:, :m].copy_(pos)
+        torch.add(self.cols, start, out=self.write)
+        self.mask.fill_(float("-inf"))
+        self.mask[:, :, :m, :length] = bias[:, None, None, :length]
+        self.mask[:, :, :m, length : start + m] = block
+        if m < b:
+            self.mask[:, :, m:, start + m : start + b] = self._pad_block[m:, m:]
+
+    def run(self) -> torch.Tensor:
+        """The forward over the static buffers (eager), or the captured graph's replay; returns the static outputs
+        ``[R, b, H]``: read them before the next ``run``."""
+        if self.graph is not None:
+            self.graph.replay()
+            assert self.out is not None
+            return self.out
+        return self._forward()
+
+    def capture(self) -> None:
+        """Capture ``run``'s forward as a CUDA graph (``_capture``)."""
+        self.graph, self.out = _capture(self._forward)
+
+    def _forward(self) -> torch.Tensor:
+        out: torch.Tensor = self.drafter.static_forward(self.feats, self.embeds, self.pos, self.write, self.mask)
+        return out
+
+
+class StaticDrafter(_Buckets):
+    """All buckets of one drafter (``EagleDrafter.request_static``) over its pinned cache of ``capacity`` columns:
+    ``forward`` pads m slots to their bucket, runs it and returns the m real outputs (a copy: the buffers are reused
+    by the next call)."""
+
+    def __init__(
+        self,
+        drafter: Any,
+        rows: int,
+        capacity: int,
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        buckets: tuple[int, ...] = BUCKETS,
+    ) -> None:
+        self.rows, self.capacity = rows, capacity
+        self.buckets = tuple(b for b in buckets if b <= capacity)
+        self.steps = {b: StaticDraft(drafter, b, rows, capacity, hidden, dtype, device) for b in self.buckets}
+
+    def fits(self, m: int, start: int) -> bool:
+        """m slots written from column ``start`` run at a bucket: one holds m and its padding stays in the cache."""
+        b = bucket_of(m, self.buckets)
+        return b is not None and start + b <= self.capacity
+
+    def forward(
+        self,
+        feats: torch.Tensor,
+        embeds: torch.Tensor,
+        pos: torch.Tensor,
+        bias: torch.Tensor,
+        block: torch.Tensor,
+        length: int,
+        start: int,
+    ) -> torch.Tensor:
+        """``StaticDraft.load`` at m's bucket, then ``run``: the outputs ``[R, m, H]`` of the m real slots."""
+        m = feats.shape[1]
+        b = bucket_of(m, self.buckets)
+        assert b is not None
+        step = self.steps[b]
+        step.load(feats, embeds, pos, bias, block, length, start)
+        return step.run()[:, :m].clone()
+
+
 def _capture(forward: Callable[[], _Out]) -> tuple[Any, _Out]:
     """Capture ``forward`` (under ``no_grad``) as a CUDA graph after two warm-up runs on a side stream, as CUDA
     requires; returns the graph and the captured call's outputs (static tensors every replay rewrites)."""
