@@ -9,11 +9,13 @@ greedy speculation through the buckets is AR greedy. The capture itself needs CU
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from conftest import tiny
+from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleDrafter
@@ -21,6 +23,7 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
+from adtbench.harness import app
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
@@ -231,3 +234,25 @@ def test_a_prompt_longer_than_the_drafters_pinned_room_runs_it_at_variable_shape
         assert drafter.cache is drafter.pinned[0] and len(used) > n
         generate(target, drafter, policy, long, sp, None)
     assert caplog.text.count("the drafter needs") == 1
+
+
+def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
+    """``compile_models`` on a CUDA target: target and drafter are asked for CUDA graphs and neither is
+    ``torch.compile``d; a drafter without static shapes is compiled as before."""
+    cfg = OmegaConf.create({"model": {"family": "llamagen"}, "drafter": {"kind": "eagle"}})
+    calls: list[tuple[str, object]] = []
+
+    def fake(name: str, static: bool) -> SimpleNamespace:
+        obj = SimpleNamespace(device=torch.device("cuda"), compile_forward=lambda: calls.append((name, "compile")))
+        if static:
+            obj.request_static = lambda graphs: calls.append((name, graphs))
+        return obj
+
+    app.compile_models(fake("target", True), fake("drafter", True), cfg)
+    assert calls == [("target", True), ("drafter", True)]
+    calls.clear()
+    app.compile_models(fake("target", True), fake("drafter", False), cfg)
+    assert calls == [("target", True), ("drafter", "compile")]
+    calls.clear()
+    app.compile_models(fake("target", True), None, cfg)
+    assert calls == [("target", True)]
