@@ -1,10 +1,11 @@
-"""Static-shape verify forwards and their CUDA graphs (``engine.compile`` on a GPU), gpt-fast / SGLang style.
+"""Static-shape forwards of the target's verifies and the drafter's levels, and their CUDA graphs (``engine.compile``
+on a GPU), gpt-fast / SGLang style.
 
 A CUDA graph replays a fixed sequence of kernels on fixed addresses, so everything a forward reads or writes must
 live in buffers that never move and never change shape:
 
-- the KV cache is allocated once per run at a fixed capacity C (``StaticGPTTarget.pin_cache``) and every image
-  reuses it;
+- the KV cache is allocated once per run at a fixed capacity C (``StaticGPTTarget.kv_cache`` at the first prefill
+  after ``request_static``) and every image reuses it;
 - a forward over n tree nodes runs at the smallest *bucket* b ≥ n of ``BUCKETS`` (1, 2, 4, …, 128): nodes
   n … b − 1 are padding, and every input is copied into the bucket's static buffers — tokens ``[b]``, positions
   ``[R, b]``, the KV columns written ``[b]`` and the additive mask ``[R, 1, b, C]`` over the whole capacity;
@@ -16,9 +17,22 @@ at columns L + n … L + b − 1, past the committed length L, where no later ma
 overwrites them; its outputs are never read. So a bucketed forward computes, for the n real nodes, exactly what the
 variable-shape forward computes (tested on the CPU in float64: ``tests/test_graphs.py``).
 
-On the CPU ``StaticVerify`` runs the same static shapes eagerly (what the tests check); on CUDA each bucket's forward
-is captured once (``capture``) — outside the timed scope, its time reported — and replayed by every verify of that
-bucket, the AR step (bucket 1) included, so the AR baseline and speculation get the same treatment.
+The EAGLE drafter does the same (``EagleDrafter.request_static``, ``StaticDrafter``): one pinned drafter cache (with
+its ``valid`` / additive ``bias``) for every image, pinned at the first ``reset``, and m new slots at bucket b ≥ m —
+feats and embeds ``[R, b, H]``, positions ``[R, b]``, the written columns ``[b]``, the mask ``[R, 1, b, C]``. One
+bucket serves ``expand`` (a tree level's scratch slots written after the S earlier ones, at L + S …, seeing the
+committed columns and the scratch slots the session's slot mask names) and the decode loop's ``extend`` (m committed
+slots at L …, causal among themselves); only the written columns and the mask differ, and both are loaded outside
+the graph. Padding is inert as for the target: a padded slot sees itself only and writes past the live slots, where
+the next level or ``extend`` overwrites it before any mask admits it. The prompt's ``extend`` (with a ``valid``
+mask), calls past the largest bucket or the capacity, and an image whose reset needs more room than was pinned
+(logged once) run at variable shapes.
+
+On the CPU ``StaticVerify`` / ``StaticDraft`` run the same static shapes eagerly (what the tests check); on CUDA
+each bucket's forward is captured once (``capture``: the target's at the first prefill, the drafter's at its first
+reset) — outside the timed scope, its time reported — and replayed by every call of that bucket, the AR step
+(bucket 1) included, so the AR baseline and speculation get the same treatment. A captured graph reads the weights
+and caches of its capture: no parameter may change after it.
 """
 
 from __future__ import annotations
