@@ -236,6 +236,21 @@ def test_a_prompt_longer_than_the_drafters_pinned_room_runs_it_at_variable_shape
     assert caplog.text.count("the drafter needs") == 1
 
 
+def test_a_fork_of_the_static_drafter_has_its_own_cache_at_variable_shapes() -> None:
+    """Batched decoding's per-slot ``fork`` of a pinned drafter neither reuses the pinned cache nor its buckets."""
+    target, drafter = tiny("tiny_llamagen")
+    drafter.request_static(graphs=False)
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    generate(target, drafter, Eagle2Policy(depth=2, top_k=3, total_tokens=8), inputs, sp, None)
+    assert drafter.pinned is not None and drafter.cache is drafter.pinned[0]
+    fork = drafter.fork()
+    assert fork.static is None and fork.pinned is None
+    spec = generate(target, fork, Eagle2Policy(depth=2, top_k=3, total_tokens=8), inputs, sp, None)
+    assert spec.tokens == decode_ar(target, inputs, sp, None).tokens
+    assert fork.cache is not drafter.pinned[0] and fork.static is None and drafter.static is not None
+
+
 def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
     """``compile_models`` on a CUDA target: target and drafter are asked for CUDA graphs and neither is
     ``torch.compile``d; a drafter without static shapes is compiled as before."""

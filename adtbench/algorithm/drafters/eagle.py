@@ -255,11 +255,13 @@ class EagleDrafter(InferenceWeights, nn.Module):
     # --- runtime state ------------------------------------------------------------------------------
     def fork(self) -> EagleDrafter:
         """A drafter with this one's weights (parameters and inference weights shared, not copied) and runtime state
-        of its own: batched decoding drafts every slot with its own KV cache (``algorithm.batch``)."""
+        of its own: batched decoding drafts every slot with its own KV cache (``algorithm.batch``). A fork runs at
+        variable shapes: the pinned cache and static buckets (``request_static``) stay this drafter's."""
         self.inference_weights()  # built once here, shared by every fork while the parameters stay unchanged
         twin = copy.copy(self)
         twin.cache, twin.length, twin.scratch = None, 0, 0
         twin.valid = torch.zeros(1, 0, dtype=torch.bool)
+        twin.static, twin.pinned, twin._pin = None, None, None
         return twin
 
     def reset(self, rows: int, capacity: int) -> None:
