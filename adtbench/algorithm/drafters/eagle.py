@@ -301,6 +301,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
         self.pinned = (self.cache, valid, bias)
         self.static = StaticDrafter(self, rows, capacity, c.hidden_size, p.dtype, p.device)
         if graphs:  # the captured forwards write K/V into the pinned cache: the next prefill overwrites them
+            self.inference_weights()  # built on the current stream, before the graphs read them
             self.static.capture()
 
     def _pinned_fits(self, rows: int, capacity: int) -> bool:
