@@ -203,3 +203,31 @@ def test_cuda_graphs_replay_the_eager_verifies(model: str) -> None:
         assert graphed.cache is graphed.pinned
     if DEVICE == "cuda":
         assert graphed.static.capture_s > 0 and all(s.graph is not None for s in graphed.static.steps.values())
+
+
+@pytest.mark.parametrize("model", ["tiny_llamagen", "tiny_chameleon"])
+def test_cuda_graphs_of_the_drafter_replay_its_eager_forwards(model: str) -> None:
+    """``engine.compile`` on the device for the drafter too: with the target's verifies and the drafter's ``extend`` /
+    ``expand`` captured as CUDA graphs over their pinned caches (off CUDA: their eager static shapes), every drafter
+    output equals the eager variable-shape drafter's (float32 tolerance) through sampled and greedy decodes, and
+    greedy speculation is AR greedy, image after image; the drafter's capture is timed."""
+    from test_graphs import WIDE, DrafterTwin
+
+    target, graphed = tiny(model, dtype="float32", device=DEVICE)
+    _, eager = tiny(model, dtype="float32", device=DEVICE)  # the same seed: the same drafter weights
+    target.request_static(graphs=DEVICE == "cuda")
+    graphed.request_static(graphs=DEVICE == "cuda")
+    twin = DrafterTwin(graphed, eager)
+    sampled, greedy = SamplingParams(temperature=1.0, cfg_scale=3.0), SamplingParams(temperature=0.0, cfg_scale=3.0)
+    for prompt in ("a red circle", "two blue squares on a striped floor"):
+        inputs = target.encode_prompt(prompt, cfg=True)
+        res = generate(target, twin, StaticTreePolicy(WIDE, "sample"), inputs, sampled, _generator(0))
+        assert len(res.tokens) == target.layout.num_gen_tokens
+        ar = decode_ar(target, inputs, greedy, None).tokens
+        for policy in (StaticTreePolicy(WIDE), Eagle2Policy(depth=3, top_k=4, total_tokens=20)):
+            assert generate(target, twin, policy, inputs, greedy, None).tokens == ar, (policy.name, prompt)
+        assert graphed.pinned is not None and graphed.cache is graphed.pinned[0]
+    assert twin.diff <= 1e-4 and {m for name, m, _ in twin.calls if name == "expand"} >= {17, 9, 5, 3, 2, 1}
+    if DEVICE == "cuda":
+        st = graphed.static
+        assert st is not None and st.capture_s > 0 and all(s.graph is not None for s in st.steps.values())

@@ -1,22 +1,30 @@
-"""Static-shape verify forwards (``models.graphs``), on the CPU: the bucketing and padding a CUDA graph replays.
+"""Static-shape forwards (``models.graphs``), on the CPU: the bucketing and padding a CUDA graph replays.
 
 A target asked for static verifies (``request_static``) keeps one pinned KV cache for every image and runs every
-tree at its bucket's size over the whole capacity. These tests check, in float64, that the n real nodes get exactly
-the variable-shape forward's logits and features through a run of trees and non-prefix commits (padding is inert),
-that the pinned cache is reused across images, that a prompt too long for it falls back to variable shapes, and
-that greedy speculation through the buckets is AR greedy. The capture itself needs CUDA (``tests/test_gpu.py``)."""
+tree at its bucket's size over the whole capacity; an EAGLE drafter asked for static shapes does the same for its
+``expand`` levels and the decode loop's ``extend``. These tests check, in float64, that the real nodes / slots get
+exactly the variable-shape forward's outputs through a run of trees and non-prefix commits (padding is inert), that
+the pinned caches are reused across images, that a prompt too long for them falls back to variable shapes, and that
+greedy speculation through the buckets is AR greedy. The capture itself needs CUDA (``tests/test_gpu.py``)."""
 
 from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from conftest import tiny
+from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import random_tree
+from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
-from adtbench.models.graphs import BUCKETS, StaticVerify, bucket_of
+from adtbench.harness import app
+from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
 
@@ -84,3 +92,182 @@ def test_a_prompt_longer_than_the_pinned_room_runs_at_variable_shapes(caplog: py
     assert target.cache is not target.pinned and "variable shapes" in caplog.text
     spec = generate(target, drafter, Eagle2Policy(depth=2, top_k=3, total_tokens=8), long, sp, None)
     assert spec.tokens == ar.tokens
+
+
+class DrafterTwin:
+    """A ``Drafter`` that runs every call on ``static`` (a drafter asked for static shapes) and on ``plain`` (the same
+    weights, variable shapes) and returns ``static``'s outputs: ``diff`` is the largest difference of the outputs so
+    far, ``calls`` the (method, slots, variable-shape prompt ``extend``) of each forward."""
+
+    def __init__(self, static: EagleDrafter, plain: EagleDrafter) -> None:
+        assert static.static is None and static._pin is not None and plain._pin is None
+        self.static, self.plain = static, plain
+        self.diff = 0.0
+        self.calls: list[tuple[str, int, bool]] = []
+
+    @property
+    def length(self) -> int:
+        assert self.static.length == self.plain.length
+        return self.static.length
+
+    @property
+    def scratch(self) -> int:
+        assert self.static.scratch == self.plain.scratch
+        return self.static.scratch
+
+    def reset(self, rows: int, capacity: int) -> None:
+        self.static.reset(rows, capacity)
+        self.plain.reset(rows, capacity)
+
+    def rollback(self) -> None:
+        self.static.rollback()
+        self.plain.rollback()
+
+    def _both(self, name: str, *args: Any) -> torch.Tensor:
+        out = getattr(self.static, name)(*args)
+        ref = getattr(self.plain, name)(*args)
+        assert out.shape == ref.shape
+        self.diff = max(self.diff, float((out - ref).abs().max()))
+        self.calls.append((name, args[0].shape[1], name == "extend" and len(args) > 3 and args[3] is not None))
+        return out
+
+    def extend(self, *args: Any) -> torch.Tensor:
+        return self._both("extend", *args)
+
+    def expand(self, *args: Any) -> torch.Tensor:
+        return self._both("expand", *args)
+
+
+# level widths 17, 9, 5, 3, 2, 1 (the nodes with children: buckets 32, 16, 8, 4, 2, 1), then a leaf
+WIDE = (
+    [[r] for r in range(17)] + [[r, 0] for r in range(17)] + [[r, 0, 0] for r in range(9)]
+    + [[r, 0, 0, 0] for r in range(5)] + [[r, 0, 0, 0, 0] for r in range(3)] + [[r, 0, 0, 0, 0, 0] for r in range(2)]
+    + [[0] * 7]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bucketed_drafter_equals_variable_shapes_through_real_decodes(model: str) -> None:
+    """Two images through one pinned drafter cache: at T = 1 a wide sampled tree (expansion levels of 17 … 1 slots,
+    accepted paths that are not first children, extends of several committed slots), then greedy EAGLE-2 (extends of
+    one slot). Every static ``expand`` and ``extend`` equals the variable-shape drafter's within 1e-10, at the buckets
+    expected; the greedy image is AR's."""
+    target, static = tiny(model)
+    _, plain = tiny(model)  # the same seed: the same drafter weights
+    target.request_static(graphs=False)
+    static.request_static(graphs=False)
+    twin = DrafterTwin(static, plain)
+    used: list[int] = []
+    run = StaticDraft.run
+
+    def spy(self: StaticDraft) -> torch.Tensor:
+        used.append(self.b)
+        return run(self)
+
+    moved: list[bool] = []
+    commit = type(target).commit
+
+    def commit_spy(self: Any, keep: torch.Tensor, in_place: bool = False) -> None:
+        moved.append(not in_place)
+        commit(self, keep, in_place)
+
+    pinned = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StaticDraft, "run", spy)
+        mp.setattr(type(target), "commit", commit_spy)
+        sampled = SamplingParams(temperature=1.0, cfg_scale=3.0)
+        inputs = target.encode_prompt("a red circle", cfg=True)
+        gen = torch.Generator().manual_seed(0)
+        res = generate(target, twin, StaticTreePolicy(WIDE, "sample"), inputs, sampled, gen)
+        pinned.append(static.cache)
+        assert max(c.accepted for c in res.cycles) >= 1 and any(moved)  # accepted drafts, non-prefix commits
+        greedy = SamplingParams(temperature=0.0, cfg_scale=3.0)
+        inputs = target.encode_prompt("two blue squares on a striped floor", cfg=True)
+        res = generate(target, twin, Eagle2Policy(depth=3, top_k=4, total_tokens=20), inputs, greedy, None)
+        pinned.append(static.cache)
+        assert res.tokens == decode_ar(target, inputs, greedy, None).tokens
+    assert twin.diff <= 1e-10
+    assert static.pinned is not None and pinned == [static.pinned[0]] * 2 and plain.cache is not static.cache
+    expands = [m for name, m, _ in twin.calls if name == "expand"]
+    extends = [m for name, m, prompt in twin.calls if name == "extend" and not prompt]
+    assert {17, 9, 5, 3, 2, 1} <= set(expands) and 1 in extends and max(extends) >= 2
+    # every expand and every decode-loop extend ran at its bucket; the prompts' extends did not
+    assert sorted(used) == sorted(bucket_of(m) for m in expands + extends)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_greedy_speculation_with_the_static_drafter_and_verifies_is_ar(model: str) -> None:
+    target, drafter = tiny(model)
+    target.request_static(graphs=False)
+    drafter.request_static(graphs=False)
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    for prompt in ("a red circle", "two blue squares on a striped floor"):
+        inputs = target.encode_prompt(prompt, cfg=True)
+        spec = generate(target, drafter, StaticTreePolicy(WIDE), inputs, sp, None)
+        assert spec.tokens == decode_ar(target, inputs, sp, None).tokens
+        assert drafter.pinned is not None and drafter.cache is drafter.pinned[0]
+
+
+def test_a_prompt_longer_than_the_drafters_pinned_room_runs_it_at_variable_shapes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With no extra room, a longer prompt's image runs the drafter at variable shapes (one warning), tokens still
+    AR's; a shorter prompt after it is back on the pinned cache and its buckets."""
+    target, drafter = tiny("tiny_chameleon")
+    drafter.request_static(graphs=False, extra_prompt=0)
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    policy = Eagle2Policy(depth=2, top_k=3, total_tokens=8)
+    used: list[int] = []
+    run = StaticDraft.run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StaticDraft, "run", lambda self: used.append(self.b) or run(self))
+        short = target.encode_prompt("a cat", cfg=True)
+        generate(target, drafter, policy, short, sp, None)
+        assert drafter.pinned is not None and drafter.cache is drafter.pinned[0] and used
+        n = len(used)
+        long = target.encode_prompt("a very long prompt about a red circle left of a blue square on a floor", cfg=True)
+        spec = generate(target, drafter, policy, long, sp, None)
+        assert drafter.cache is not drafter.pinned[0] and len(used) == n
+        assert spec.tokens == decode_ar(target, long, sp, None).tokens
+        assert caplog.text.count("the drafter needs") == 1
+        generate(target, drafter, policy, short, sp, None)
+        assert drafter.cache is drafter.pinned[0] and len(used) > n
+        generate(target, drafter, policy, long, sp, None)
+    assert caplog.text.count("the drafter needs") == 1
+
+
+def test_a_fork_of_the_static_drafter_has_its_own_cache_at_variable_shapes() -> None:
+    """Batched decoding's per-slot ``fork`` of a pinned drafter neither reuses the pinned cache nor its buckets."""
+    target, drafter = tiny("tiny_llamagen")
+    drafter.request_static(graphs=False)
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    generate(target, drafter, Eagle2Policy(depth=2, top_k=3, total_tokens=8), inputs, sp, None)
+    assert drafter.pinned is not None and drafter.cache is drafter.pinned[0]
+    fork = drafter.fork()
+    assert fork.static is None and fork.pinned is None
+    spec = generate(target, fork, Eagle2Policy(depth=2, top_k=3, total_tokens=8), inputs, sp, None)
+    assert spec.tokens == decode_ar(target, inputs, sp, None).tokens
+    assert fork.cache is not drafter.pinned[0] and fork.static is None and drafter.static is not None
+
+
+def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
+    """``compile_models`` on a CUDA target: target and drafter are asked for CUDA graphs and neither is
+    ``torch.compile``d; a drafter without static shapes is compiled as before."""
+    cfg = OmegaConf.create({"model": {"family": "llamagen"}, "drafter": {"kind": "eagle"}})
+    calls: list[tuple[str, object]] = []
+
+    def fake(name: str, static: bool) -> SimpleNamespace:
+        obj = SimpleNamespace(device=torch.device("cuda"), compile_forward=lambda: calls.append((name, "compile")))
+        if static:
+            obj.request_static = lambda graphs: calls.append((name, graphs))
+        return obj
+
+    app.compile_models(fake("target", True), fake("drafter", True), cfg)
+    assert calls == [("target", True), ("drafter", True)]
+    calls.clear()
+    app.compile_models(fake("target", True), fake("drafter", False), cfg)
+    assert calls == [("target", True), ("drafter", "compile")]
+    calls.clear()
+    app.compile_models(fake("target", True), None, cfg)
+    assert calls == [("target", True)]

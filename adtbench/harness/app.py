@@ -445,6 +445,7 @@ def _run(
         "cpus_available": cpus_available(),
         "engine_compile": compile_on,
         "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
+        "drafter_graph_capture_s": getattr(getattr(drafter, "static", None), "capture_s", None),
         "batch_size": batch,
         "batch_window": window if batch > 1 else None,
         "bind_s": bind_s,
@@ -514,7 +515,8 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
 def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
     """``engine.compile``: on a GPU, a target with static-shape verifies (the in-project lean GPTs: LlamaGen, mini,
     the lean Chameleon) pins its KV cache and captures its verify forwards as CUDA graphs at the warm-up's first
-    prefill (``models.graphs``; the capture time is reported); otherwise compile the target's (and the drafter's)
+    prefill, and a drafter with static shapes (EAGLE) its ``extend`` / ``expand`` at its first reset
+    (``models.graphs``; both capture times are reported); otherwise compile the target's (and the drafter's)
     forward with ``torch.compile`` and the warm-up compiles it. Either way outside the timed scope, and for both
     sides (baseline and method share the target)."""
     family = str(cfg.model.family)
@@ -522,11 +524,15 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
     graphs = (
         isinstance(device, torch.device) and device.type == "cuda" and callable(getattr(target, "request_static", None))
     )
+    drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
     if graphs:
         target.request_static(graphs=True)
         log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
+    if drafter_graphs:
+        drafter.request_static(graphs=True)
+        log.info("engine.compile: the drafter's extend / expand will run as CUDA graphs (captured at its first reset)")
     for name, obj in (("target", target), ("drafter", drafter)):
-        if obj is None or (graphs and name == "target"):
+        if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
             continue
         fn = getattr(obj, "compile_forward", None)
         if not callable(fn):

@@ -16,11 +16,17 @@ entries never survive. CFG rows run exactly like the target's rows.
 The modules are the reference and the autograd (training) path; under ``no_grad`` ``forward`` runs the same
 function through ``lean.decoder_layer`` with inference-only fused weights (q|k|v rows, gate|up rows, RMSNorm
 weights folded; ``adtbench.models.lean``). ``extend``/``expand`` build their masks once, in additive form.
+
+Static shapes (``request_static``; ``engine.compile`` on a GPU): one pinned KV cache serves every image, and
+``expand`` and the decode loop's ``extend`` run at the buckets of ``models.graphs`` (``StaticDrafter``; their CUDA
+graphs on a GPU), computing for the real slots what the variable-shape path computes. The prompt's ``extend``
+(with ``valid``) stays variable-shape.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 from dataclasses import asdict, dataclass
 from typing import cast
 
@@ -28,10 +34,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adtbench.models.graphs import StaticDrafter
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, compile_stack, fold_t, stack_fn
 from adtbench.models.llamagen_gpt import RMSNorm
 from adtbench.models.rope import Rope, apply_rope, qkv_tables
+
+log = logging.getLogger("adtbench")
 
 
 @dataclass
@@ -167,6 +176,11 @@ class EagleLayer(nn.Module):
 
 
 class EagleDrafter(InferenceWeights, nn.Module):
+    static: StaticDrafter | None = None  # static-shape buckets over the pinned cache (``request_static``); None: off
+    pinned: tuple[StaticKVCache, torch.Tensor, torch.Tensor] | None = None  # (cache, valid, bias) every image reuses
+    _pin: tuple[int, bool] | None = None  # (extra columns, capture CUDA graphs): pin at the next reset
+    _warned_unpinned = False
+
     def __init__(self, config: EagleConfig, rope: Rope) -> None:
         super().__init__()
         self.config, self.rope = config, rope
@@ -179,11 +193,18 @@ class EagleDrafter(InferenceWeights, nn.Module):
 
     # --- the network --------------------------------------------------------------------------------
     def forward(
-        self, embeds: torch.Tensor, feats: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, start: int
+        self,
+        embeds: torch.Tensor,
+        feats: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        start: int | torch.Tensor,
     ) -> torch.Tensor:
         """Slots ``(feats, embeds) [R, m, H]`` at positions ``[R, m]`` written at ``start`` → outputs ``[R, m, H]``.
 
-        ``mask [R, 1, m, start + m]``: boolean (True = attend) or additive (0 / −inf in the drafter's dtype).
+        ``mask [R, 1, m, start + m]``: boolean (True = attend) or additive (0 / −inf in the drafter's dtype). Under
+        ``no_grad`` ``start`` may also be a long tensor ``[m]`` of the columns written, the mask then additive over
+        the whole capacity (``static_forward``).
         """
         assert self.cache is not None
         mask = additive_mask(mask, embeds.dtype)
@@ -212,26 +233,85 @@ class EagleDrafter(InferenceWeights, nn.Module):
         """Run the inference layer stack through ``torch.compile`` (inductor, dynamic shapes) from now on."""
         compile_stack(self)
 
+    def static_forward(
+        self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        """The static-shape forward (``models.graphs.StaticDraft``): slots ``[R, b, H]`` written at columns
+        ``write [b]`` of the pinned cache, attention over its whole capacity with the additive ``mask [R, 1, b,
+        capacity]``; outputs ``[R, b, H]``."""
+        with torch.no_grad():
+            return self.forward(embeds, feats, pos, mask, write)
+
+    def request_static(self, graphs: bool, extra_prompt: int = 256) -> None:
+        """From the next ``reset`` on, keep one KV cache (with its ``valid`` / ``bias``) for every image — capacity:
+        that reset's plus ``extra_prompt`` slots for longer prompts — and run ``expand`` and the decode loop's
+        ``extend`` (``valid`` None) at static-shape buckets over it (``models.graphs.StaticDrafter``); with
+        ``graphs`` (CUDA) capture each bucket as a CUDA graph at that reset (``static.capture_s``). A later reset
+        that needs more room or other rows runs at variable shapes (one warning). The prompt's ``extend`` and calls
+        past the largest bucket or the capacity stay variable-shape. Captured graphs read the inference weights and
+        cache of that reset: no parameter may change after it."""
+        self._pin = (extra_prompt, graphs)
+
     # --- runtime state ------------------------------------------------------------------------------
     def fork(self) -> EagleDrafter:
         """A drafter with this one's weights (parameters and inference weights shared, not copied) and runtime state
-        of its own: batched decoding drafts every slot with its own KV cache (``algorithm.batch``)."""
+        of its own: batched decoding drafts every slot with its own KV cache (``algorithm.batch``). A fork runs at
+        variable shapes: the pinned cache and static buckets (``request_static``) stay this drafter's."""
         self.inference_weights()  # built once here, shared by every fork while the parameters stay unchanged
         twin = copy.copy(self)
         twin.cache, twin.length, twin.scratch = None, 0, 0
         twin.valid = torch.zeros(1, 0, dtype=torch.bool)
+        twin.static, twin.pinned, twin._pin = None, None, None
         return twin
 
     def reset(self, rows: int, capacity: int) -> None:
         p = self.fc.weight
         c = self.config
-        self.cache = StaticKVCache(c.num_layers, rows, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
-        self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=p.device)
-        # the additive key bias of the committed slots (0 valid / −inf not), kept beside ``valid``: a forward's mask
-        # is then one ``cat`` of views, not a boolean mask converted per forward
-        self.bias = torch.full((rows, capacity), float("-inf"), dtype=p.dtype, device=p.device)
+        if self._pin is not None and self.static is None:
+            self._pin_cache(rows, capacity + self._pin[0], self._pin[1])
+        if self.pinned is not None and self._pinned_fits(rows, capacity):
+            self.cache, self.valid, self.bias = self.pinned
+            self.valid.fill_(False)
+            self.bias.fill_(float("-inf"))
+        else:
+            if self.static is not None and not self._warned_unpinned:
+                log.warning(
+                    "the drafter needs %d KV slots x %d rows, not the %d x %d pinned for its static forwards: this "
+                    "image runs it at variable shapes (no CUDA graphs)",
+                    capacity,
+                    rows,
+                    self.static.capacity,
+                    self.static.rows,
+                )
+                self._warned_unpinned = True
+            self.cache = StaticKVCache(c.num_layers, rows, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
+            self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=p.device)
+            # the additive key bias of the committed slots (0 valid / −inf not), kept beside ``valid``: a forward's
+            # mask is then one ``cat`` of views, not a boolean mask converted per forward
+            self.bias = torch.full((rows, capacity), float("-inf"), dtype=p.dtype, device=p.device)
         self._causal: dict[int, torch.Tensor] = {}
         self.length, self.scratch = 0, 0
+
+    def _pin_cache(self, rows: int, capacity: int, graphs: bool) -> None:
+        """Allocate the pinned (cache, valid, bias) and the static buckets over them; capture them with ``graphs``."""
+        p, c = self.fc.weight, self.config
+        self.cache = StaticKVCache(c.num_layers, rows, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
+        valid = torch.zeros(rows, capacity, dtype=torch.bool, device=p.device)
+        bias = torch.full((rows, capacity), float("-inf"), dtype=p.dtype, device=p.device)
+        self.pinned = (self.cache, valid, bias)
+        self.static = StaticDrafter(self, rows, capacity, c.hidden_size, p.dtype, p.device)
+        if graphs:  # the captured forwards write K/V into the pinned cache: the next prefill overwrites them
+            self.inference_weights()  # built on the current stream, before the graphs read them
+            self.static.capture()
+
+    def _pinned_fits(self, rows: int, capacity: int) -> bool:
+        return self.static is not None and rows == self.static.rows and capacity <= self.static.capacity
+
+    def _static_for(self, m: int, start: int) -> StaticDrafter | None:
+        """The static buckets when m slots written from column ``start`` run there (the pinned cache is this image's
+        and a bucket holds them within its capacity), else None."""
+        st, pinned = self.static, self.pinned
+        return st if st is not None and pinned is not None and self.cache is pinned[0] and st.fits(m, start) else None
 
     def _causal_block(self, m: int) -> torch.Tensor:
         """Additive ``[m, m]``: new slot i sees new slots j ≤ i (cached per m)."""
@@ -250,6 +330,13 @@ class EagleDrafter(InferenceWeights, nn.Module):
         self.rollback()
         R, m = feats.shape[0], feats.shape[1]
         L, dev = self.length, self.valid.device
+        st = self._static_for(m, L) if valid is None else None
+        if st is not None:  # the decode loop's case at a static-shape bucket
+            out = st.forward(feats, embeds, pos, self.bias, self._causal_block(m), L, L)
+            self.valid[:, L : L + m] = True
+            self.bias[:, L : L + m] = 0.0
+            self.length += m
+            return out[:, -1]
         if valid is None:  # the decode loop's case: every committed token is a real position
             mask = torch.cat(
                 [self.bias[:, None, None, :L].expand(R, 1, m, L), self._causal_block(m)[None, None].expand(R, 1, m, m)],
@@ -281,10 +368,14 @@ class EagleDrafter(InferenceWeights, nn.Module):
         R, m, _ = feats.shape
         L, S = self.length, self.scratch
         slots = additive_mask(slot_mask.to(self.bias.device), self.bias.dtype)
-        mask = torch.cat(
-            [self.bias[:, None, None, :L].expand(R, 1, m, L), slots[None, None].expand(R, 1, m, S + m)], -1
-        ).to(embeds.dtype)
-        out = self.forward(embeds, feats, pos, mask, L + S)
+        st = self._static_for(m, L + S)
+        if st is not None:
+            out = st.forward(feats, embeds, pos, self.bias, slots, L, L + S)
+        else:
+            mask = torch.cat(
+                [self.bias[:, None, None, :L].expand(R, 1, m, L), slots[None, None].expand(R, 1, m, S + m)], -1
+            ).to(embeds.dtype)
+            out = self.forward(embeds, feats, pos, mask, L + S)
         self.scratch += m
         return out
 
