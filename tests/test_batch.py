@@ -148,7 +148,8 @@ def test_mini_batched_speculation_equals_one_prompt_at_a_time(mini64, overrides,
     generate_batch(bt, drafter, policy, [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp,
                    lambda k, r: got.__setitem__(k, r.tokens), rule)  # fmt: skip
     assert [got[i] for i in range(len(inputs))] == [r.tokens for r in alone]
-    assert max(r.tau for r in alone) > 1.5  # the drafts were accepted: the ragged commits were exercised
+    accepted = [c.accepted for r in alone for c in r.cycles]
+    assert max(accepted) >= 2 and len(set(accepted)) >= 3  # long, ragged commits were exercised
 
 
 def _joint(results) -> Counter:

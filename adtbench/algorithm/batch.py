@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.drafters.base import Drafter
-from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.engine import CycleOutcome, ar_outcome, catch_up, judge, outcome, prefill_drafter
+from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
+from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
+from adtbench.algorithm.engine import CycleOutcome, ar_outcome, judge, outcome, pending_slots, prefill_drafter
 from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits, sample_rows
@@ -92,13 +93,47 @@ def decode_ar_batch(bt: BatchTarget, items: list[Item], sp: SamplingParams) -> l
     return out
 
 
+def _drafts(st: _Slot, n_gen: int) -> bool:
+    """Whether a slot drafts this cycle: room for a draft before the image's last token, and its gate lets it
+    (``engine.generate``'s rule; a gate's ``draft`` is called once per cycle, as there)."""
+    gate = st.policy.gate
+    return n_gen - len(st.tokens) - 1 >= 1 and (gate is None or gate.draft(st.bin))
+
+
+def _draft_in_lockstep(bd: BatchDrafter, live: dict[int, _Slot], steps: dict[int, Steps]) -> None:
+    """Run every slot's ``propose_steps`` to its tree, one ``BatchDrafter.expand`` per round for all the levels the
+    slots ask for in that round (a slot whose tree is done drops out); sets each slot's ``tree``."""
+    requests: dict[int, Expand] = {}
+
+    def advance(s: int, reply: Any) -> None:
+        try:
+            requests[s] = steps[s].send(reply)
+        except StopIteration as done:
+            live[s].tree = done.value
+            requests.pop(s, None)
+
+    for s in steps:
+        advance(s, None)
+    while requests:
+        levels = {}
+        for s, r in requests.items():
+            session = live[s].session
+            assert session is not None
+            levels[s] = session.prepare(r)
+        outs = bd.expand({s: li.inputs for s, li in levels.items()})
+        for s, li in levels.items():
+            session = live[s].session
+            assert session is not None
+            advance(s, session.receive(li, outs[s]))
+
+
 @dataclass
 class _Slot:
     """One prompt in flight (``generate_batch``)."""
 
     key: Any
     generator: torch.Generator | None
-    drafter: Drafter
+    drafter: SlotDrafter
     policy: TreePolicy
     t0: float
     root: torch.Tensor  # [1] the next cycle's root, on the device
@@ -134,8 +169,8 @@ def generate_batch(
     n_gen = layout.num_gen_tokens
     on_host = acceptance == "host" or (acceptance == "auto" and dev.type == "cpu")
     policies = [copy.deepcopy(policy) for _ in range(bt.B)]
-    drafters = [drafter.fork() for _ in range(bt.B)]
     room_slots = max(policy.max_nodes(), policy.max_draft_slots())
+    bd = BatchDrafter(drafter, bt.B, bt.c, bt.capacity + 2 * room_slots)
     stream = iter(items)
     slots: list[_Slot | None] = [None] * bt.B
     idle = torch.zeros(1, dtype=torch.long, device=dev)
@@ -155,8 +190,8 @@ def generate_batch(
         pol.reset()
         if pol.gate is not None:
             pol.gate.reset()
-        out = prefill_drafter(bt.target, drafters[s], res, root, room_slots)
-        slots[s] = _Slot(key, gen, drafters[s], pol, t0, root.view(1), out, (start, clock.mark()))
+        out = bd.admit(s, lambda one: prefill_drafter(bt.target, one, res, root, room_slots))
+        slots[s] = _Slot(key, gen, SlotDrafter(bd, s), pol, t0, root.view(1), out, (start, clock.mark()))
         if n_gen <= 1:
             finish(s)
 
@@ -177,29 +212,37 @@ def generate_batch(
     for s in range(bt.B):
         admit(s)
     while any(st is not None for st in slots):
+        start = clock.mark()
+        live = {s: st for s, st in enumerate(slots) if st is not None}
+        drafting = {s: st for s, st in live.items() if _drafts(st, n_gen)}
+        catching = {s: st for s, st in drafting.items() if st.pending}
+        if catching:  # the drafter consumes every drafting slot's committed positions, one forward for all
+            outs = bd.extend({s: pending_slots(bt.target, st.pending) for s, st in catching.items()})
+            for s, st in catching.items():
+                st.out, st.pending, st.drafter_forwards = outs[s], [], st.drafter_forwards + 1
+        steps: dict[int, Steps] = {}
+        for s, st in live.items():
+            st.session = st.tree = None
+            if s in drafting:
+                g = len(st.tokens) - 1
+                st.session = DraftSession(st.drafter, bt.target, sp, st.root, g, bt.next_pos[bt.slot_rows(s)], st.out,
+                                          st.generator, on_host)  # fmt: skip
+                steps[s] = st.policy.propose_steps(st.session, n_gen - len(st.tokens) - 1)
+        _draft_in_lockstep(bd, live, steps)
         trees: list[SlotTree] = []
         gidx = torch.ones(bt.B, dtype=torch.long)  # generation index of each slot's root + 1
-        for s, st in enumerate(slots):
+        drafted = clock.mark()
+        for s in range(bt.B):
+            st = slots[s]
             if st is None:
                 trees.append(BatchTarget.idle(idle))
                 continue
-            g, room, gate = len(st.tokens) - 1, n_gen - len(st.tokens) - 1, st.policy.gate
-            gidx[s] = g + 1
-            start = clock.mark()
-            st.session = st.tree = None
-            if room >= 1 and (gate is None or gate.draft(st.bin)):
-                if st.pending:
-                    st.out = catch_up(bt.target, st.drafter, st.pending)
-                    st.pending, st.drafter_forwards = [], st.drafter_forwards + 1
-                root_pos = bt.next_pos[bt.slot_rows(s)]
-                st.session = DraftSession(st.drafter, bt.target, sp, st.root, g, root_pos, st.out, st.generator,
-                                          on_host)  # fmt: skip
-                st.tree = st.policy.propose(st.session, room)
-                st.drafter.rollback()
-                trees.append(SlotTree(st.tree.tokens, st.tree.ancestor_mask, st.tree.depth))
-            else:
-                trees.append(BatchTarget.idle(st.root))
-            st.drafts.append((start, clock.mark()))
+            gidx[s] = len(st.tokens)
+            bd.rollback(s)
+            tree = st.tree
+            trees.append(BatchTarget.idle(st.root) if tree is None else SlotTree(tree.tokens, tree.ancestor_mask,
+                                                                                 tree.depth))  # fmt: skip
+            st.drafts.append((start, drafted))
         start = clock.mark()
         next_pos = bt.next_pos.clone()
         raw, feats = bt.forward(trees)

@@ -78,6 +78,12 @@ def prefill_drafter(
 def catch_up(target: Target, drafter: Drafter, pending: list[CycleOutcome]) -> torch.Tensor:
     """The drafter consumes (f_t, x_{t+1}) of every position committed since its last forward, in one ``extend``;
     returns its output at the new root ``[R, H]``."""
+    return drafter.extend(*pending_slots(target, pending))
+
+
+def pending_slots(target: Target, pending: list[CycleOutcome]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafter's committed slots of ``pending`` cycles: (features, embeddings of the next tokens ``[R, m, H]``,
+    positions ``[R, m]``)."""
     if len(pending) == 1:
         feats, positions, nxt = pending[0].features, pending[0].positions, pending[0].next_tokens
     else:
@@ -85,7 +91,7 @@ def catch_up(target: Target, drafter: Drafter, pending: list[CycleOutcome]) -> t
         positions = torch.cat([c.positions for c in pending], 1)
         nxt = torch.cat([c.next_tokens for c in pending])
     embeds = target.embed_tokens(nxt)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
-    return drafter.extend(feats, embeds, positions)
+    return feats, embeds, positions
 
 
 @torch.no_grad()

@@ -19,8 +19,10 @@ feature it is paired with) and its children are tokens at generation index ``roo
 
 from __future__ import annotations
 
+from collections.abc import Generator
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -29,6 +31,7 @@ from adtbench.models.base import Target
 
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.base import Drafter
+    from adtbench.algorithm.tree import DraftTree
 
 
 class DraftSession:
@@ -83,8 +86,15 @@ class DraftSession:
     def expand(self, parents: torch.Tensor, tokens: torch.Tensor, level: int) -> tuple[range, torch.Tensor]:
         """Add node ``n0 + i`` = child ``tokens[i]`` of node ``parents[i]`` (device tensors ``[m]``; every parent at
         depth ``level − 1``); return the new node ids ``range(n0, n0 + m)`` and their children's log-probs
-        ``[m, V]``."""
-        m, n0, base = parents.numel(), self.num_nodes, self.slot_bias.shape[1]
+        ``[m, V]``. (``prepare``, the drafter's forward, ``receive``.)"""
+        level_in = self.prepare(Expand(parents, tokens, level))
+        return self.receive(level_in, self.drafter.expand(*level_in.inputs))
+
+    def prepare(self, request: Expand) -> LevelInputs:
+        """The drafter's inputs for ``request`` (``Drafter.expand``'s arguments), the session's ancestry updated: the
+        first half of ``expand``, so that a batch runs one drafter forward for the levels of many sessions."""
+        parents, tokens, level = request.parents, request.tokens, request.level
+        m, base = parents.numel(), self.slot_bias.shape[1]
         if tokens.numel() != m or m == 0:
             raise ValueError("expand needs one token per parent and at least one node")
         if base != self.drafter.scratch:
@@ -96,12 +106,54 @@ class DraftSession:
         feats = self.outputs.index_select(1, parents)  # [R, m, H]
         embeds = self.target.embed_tokens(tokens)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
         pos = self.root_pos[:, None].expand(-1, m) + (level - 1)
-        out = self.drafter.expand(feats, embeds, pos, rows)
+        return LevelInputs((feats, embeds, pos, rows), level)
+
+    def receive(self, level_in: LevelInputs, out: torch.Tensor) -> tuple[range, torch.Tensor]:
+        """The second half of ``expand``: the drafter's outputs ``[R, m, H]`` for the prepared level → the new node
+        ids and their children's log-probs ``[m, V]``."""
+        m, n0 = out.shape[1], self.num_nodes
         self.forwards += 1
         self.levels.append(m)
         self.num_nodes = n0 + m
         self.outputs = torch.cat([self.outputs, out], 1)
-        return range(n0, n0 + m), self.logprobs(out, level)
+        return range(n0, n0 + m), self.logprobs(out, level_in.level)
+
+
+@dataclass
+class Expand:
+    """A policy's request for one level of nodes: ``DraftSession.expand``'s arguments."""
+
+    parents: torch.Tensor
+    tokens: torch.Tensor
+    level: int
+
+
+@dataclass
+class LevelInputs:
+    """A prepared level: ``Drafter.expand``'s arguments (feats, embeds, positions, slot mask) and the level."""
+
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+    level: int
+
+
+Steps = Generator[Expand, tuple[range, torch.Tensor], "DraftTree"]
+"""A policy's tree building as a coroutine: it yields each level it wants drafted (``Expand``), receives what
+``DraftSession.expand`` returns for it, and returns the tree. ``drive`` runs one alone; ``algorithm.batch`` runs
+those of many slots in lockstep, one drafter forward per round for all of them."""
+
+
+T = TypeVar("T")
+
+
+def drive(steps: Generator[Expand, tuple[range, torch.Tensor], T], session: DraftSession) -> T:
+    """Run a policy's ``Steps`` against one session (each request through ``session.expand``); returns the tree."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(session.expand(request.parents, request.tokens, request.level))
+    except StopIteration as done:
+        result: T = done.value
+        return result
 
 
 @lru_cache(maxsize=256)

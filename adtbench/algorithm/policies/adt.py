@@ -53,9 +53,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget
-from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.drafters.session import DraftSession, Steps
 from adtbench.algorithm.policies.base import GATE_KEYS, POLICIES, TreePolicy, with_gate
-from adtbench.algorithm.policies.eagle2 import build_eagle2_tree, eagle2_candidates
+from adtbench.algorithm.policies.eagle2 import eagle2_candidates, eagle2_steps
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
@@ -182,14 +182,14 @@ class ADTPolicy(TreePolicy):
                 return (rec.after if self.read == "updated" else rec.before), source
         return self.default_shape(), "default"
 
-    def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
+    def propose_steps(self, session: DraftSession, max_depth: int) -> Steps:
         shape, source = self.initial_shape(session.layout, session.root_gen)
         N = self.nodes_budget(shape.D, shape.K)
         budget = self.cost.tree_budget(self.name)
         if self.sampled.applies(session):
-            tree = self.sampled.build(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
+            tree = yield from self.sampled.steps(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
         else:
-            tree = build_eagle2_tree(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
+            tree = yield from eagle2_steps(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
         tree.info.update(N=tree.size - 1 if budget is not None else N, D_policy=shape.D, init=source)
         self._pending = (shape, session.layout)
         return tree

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource
-from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.drafters.session import DraftSession, Steps, drive
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
@@ -24,14 +24,24 @@ if TYPE_CHECKING:
     from adtbench.algorithm.gate import DraftGate
 
 
-class TreePolicy(ABC):
+class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
     name: str = "policy"
     uses_drafter: bool = True
     gate: DraftGate | None = None  # draft gating (``algorithm.gate``, ``policy.gate_tokens``); None: draft every cycle
 
-    @abstractmethod
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
-        """Build this cycle's tree; its depth must not exceed ``max_depth`` (≥ 1)."""
+        """Build this cycle's tree; its depth must not exceed ``max_depth`` (≥ 1). Runs ``propose_steps`` against the
+        session; a policy overrides one of the two."""
+        return drive(self.propose_steps(session, max_depth), session)
+
+    def propose_steps(self, session: DraftSession, max_depth: int) -> Steps:
+        """``propose`` as a coroutine (``drafters.session.Steps``): yields each level to draft, so that batched
+        decoding drafts the levels of all slots in one drafter forward. The default runs ``propose`` at once (its
+        levels then run one slot at a time)."""
+        if type(self).propose is TreePolicy.propose:
+            raise NotImplementedError(f"{type(self).__name__} implements neither propose nor propose_steps")
+        return self.propose(session, max_depth)
+        yield  # a generator
 
     def max_nodes(self) -> int:
         """Upper bound on tree size (root included), used to size KV caches."""

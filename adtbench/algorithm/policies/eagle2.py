@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
-from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps, drive
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device, true_flag
@@ -43,6 +43,18 @@ def build_eagle2_tree(
     max_depth: int,
     budget: TreeBudget | None = None,
 ) -> DraftTree:
+    """``eagle2_steps`` run against ``session`` alone."""
+    return drive(eagle2_steps(session, depth, top_k, total_tokens, max_depth, budget), session)
+
+
+def eagle2_steps(
+    session: DraftSession,
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+    max_depth: int,
+    budget: TreeBudget | None = None,
+) -> Steps:
     """EAGLE-2's tree (module docstring), built on the drafter's device. With a ``budget``
     (``adtbench.algorithm.cost``) the rerank keeps the N best candidates that maximise the expected committed tokens
     per unit of time instead of ``total_tokens − 1`` (N is the one value the host reads before the verify), and the
@@ -73,7 +85,7 @@ def build_eagle2_tree(
             f_pi = float(f_score.to(torch.float64).exp().sum())
             if not budget.worth_expanding(drafted, f_pi, f_score.numel(), budget.spent_ms(session.levels)):
                 break
-        ids, lp = session.expand(f_sess, f_tok, r + 1)
+        ids, lp = yield Expand(f_sess, f_tok, r + 1)
         vals, kids = stable_topk(lp, K)  # [f, K] per frontier row, ties toward the lower token id
         cum = (vals + f_score[:, None]).view(-1)
         scores.append(cum)
@@ -148,11 +160,12 @@ class Eagle2Policy(TreePolicy):
     def bind(self, cost: CostModelSource | None) -> None:
         self.cost.bind(cost, self.total_tokens, self.top_k)
 
-    def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
+    def propose_steps(self, session: DraftSession, max_depth: int) -> Steps:
         budget = self.cost.tree_budget(self.name)
+        d, k, n = self.depth, self.top_k, self.total_tokens
         if self.sampled.applies(session):
-            return self.sampled.build(session, self.depth, self.top_k, self.total_tokens, max_depth, budget)
-        return build_eagle2_tree(session, self.depth, self.top_k, self.total_tokens, max_depth, budget)
+            return (yield from self.sampled.steps(session, d, k, n, max_depth, budget))
+        return (yield from eagle2_steps(session, d, k, n, max_depth, budget))
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
         self.cost.observe(tree, acceptance)

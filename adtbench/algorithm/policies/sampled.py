@@ -32,13 +32,14 @@ Tested with the χ² joint-law test of the engine (``tests/test_engine.py``).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from adtbench.algorithm.cost import TreeBudget
-from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps, drive
 from adtbench.algorithm.sampling import ENTROPY_EDGES, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
@@ -118,6 +119,19 @@ def build_sampled_tree(
     budget: TreeBudget | None,
     model: AcceptanceModel,
 ) -> SampledTree:
+    """``sampled_steps`` run against ``session`` alone."""
+    return drive(sampled_steps(session, depth, top_k, max_nodes, max_depth, budget, model), session)
+
+
+def sampled_steps(
+    session: DraftSession,
+    depth: int,
+    top_k: int,
+    max_nodes: int,
+    max_depth: int,
+    budget: TreeBudget | None,
+    model: AcceptanceModel,
+) -> Generator[Expand, tuple[range, torch.Tensor], SampledTree]:
     """The sampled tree of one cycle (module docstring): ``depth`` rounds after level 0, at most ``top_k``
     children per node and frontier nodes per round, at most ``max_nodes`` nodes (root included).
 
@@ -172,7 +186,7 @@ def build_sampled_tree(
             cand = cand[: budget.best_frontier(1.0 + reach[1:n].sum(), n, reach[cand], spent)]
         if cand.size == 0:
             break
-        ids, lp = session.expand(
+        ids, lp = yield Expand(
             torch.from_numpy(sess[par[cand]]).to(dev), torch.cat(toks)[torch.from_numpy(cand).to(dev)], level + 1
         )
         sess[cand] = np.arange(ids.start, ids.stop)
@@ -204,10 +218,10 @@ class SampledDrafts:
     def applies(self, session: DraftSession) -> bool:
         return self.on and not session.greedy
 
-    def build(
+    def steps(
         self, session: DraftSession, depth: int, top_k: int, total: int, max_depth: int, budget: TreeBudget | None
-    ) -> DraftTree:
-        out = build_sampled_tree(session, depth, top_k, total, max_depth, budget, self.model)
+    ) -> Steps:
+        out = yield from sampled_steps(session, depth, top_k, total, max_depth, budget, self.model)
         self._entropy = out.entropy
         return out.tree
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.sampling import gumbel_top_k
 from adtbench.algorithm.tree import DraftTree, true_flag
@@ -153,7 +153,7 @@ class StaticTreePolicy(TreePolicy):
         )  # fmt: skip
         return plan
 
-    def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
+    def propose_steps(self, session: DraftSession, max_depth: int) -> Steps:
         """Draft level by level: each level's tokens are one gather from the ranked (top-k) or drawn (sample) tokens
         of its parents' rows; the shape, the session ids and the masks come from the plan."""
         sample = self.draft_sampling == "sample" and not session.greedy
@@ -173,7 +173,7 @@ class StaticTreePolicy(TreePolicy):
             alive.append(live)
             alive_all = torch.cat(alive)
             if lv.grow.numel():
-                _, lp = session.expand(lv.grow_parents, tok[lv.grow], i + 1)
+                _, lp = yield Expand(lv.grow_parents, tok[lv.grow], i + 1)
         proposal = None
         if sample:
             q = torch.cat(qs).exp()
