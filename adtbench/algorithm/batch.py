@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
+from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.engine import CycleOutcome, ar_outcome, judge, outcome, pending_slots, prefill_drafter
 from adtbench.algorithm.policies.base import TreePolicy
@@ -154,7 +154,7 @@ class _Slot:
 @torch.no_grad()
 def generate_batch(
     bt: BatchTarget,
-    drafter: Drafter,
+    drafter: EagleDrafter,
     policy: TreePolicy,
     items: Iterable[Item],
     sp: SamplingParams,
@@ -213,21 +213,21 @@ def generate_batch(
         admit(s)
     while any(st is not None for st in slots):
         start = clock.mark()
-        live = {s: st for s, st in enumerate(slots) if st is not None}
-        drafting = {s: st for s, st in live.items() if _drafts(st, n_gen)}
-        catching = {s: st for s, st in drafting.items() if st.pending}
+        live = {s: sl for s, sl in enumerate(slots) if sl is not None}
+        drafting = {s: sl for s, sl in live.items() if _drafts(sl, n_gen)}
+        catching = {s: sl for s, sl in drafting.items() if sl.pending}
         if catching:  # the drafter consumes every drafting slot's committed positions, one forward for all
-            outs = bd.extend({s: pending_slots(bt.target, st.pending) for s, st in catching.items()})
-            for s, st in catching.items():
-                st.out, st.pending, st.drafter_forwards = outs[s], [], st.drafter_forwards + 1
+            outs = bd.extend({s: pending_slots(bt.target, sl.pending) for s, sl in catching.items()})
+            for s, sl in catching.items():
+                sl.out, sl.pending, sl.drafter_forwards = outs[s], [], sl.drafter_forwards + 1
         steps: dict[int, Steps] = {}
-        for s, st in live.items():
-            st.session = st.tree = None
+        for s, sl in live.items():
+            sl.session = sl.tree = None
             if s in drafting:
-                g = len(st.tokens) - 1
-                st.session = DraftSession(st.drafter, bt.target, sp, st.root, g, bt.next_pos[bt.slot_rows(s)], st.out,
-                                          st.generator, on_host)  # fmt: skip
-                steps[s] = st.policy.propose_steps(st.session, n_gen - len(st.tokens) - 1)
+                g = len(sl.tokens) - 1
+                sl.session = DraftSession(sl.drafter, bt.target, sp, sl.root, g, bt.next_pos[bt.slot_rows(s)], sl.out,
+                                          sl.generator, on_host)  # fmt: skip
+                steps[s] = sl.policy.propose_steps(sl.session, n_gen - len(sl.tokens) - 1)
         _draft_in_lockstep(bd, live, steps)
         trees: list[SlotTree] = []
         gidx = torch.ones(bt.B, dtype=torch.long)  # generation index of each slot's root + 1

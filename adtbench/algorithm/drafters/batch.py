@@ -19,12 +19,16 @@ to float rounding (tested in float64). ``SlotDrafter`` is one slot seen through 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.models.kv import StaticKVCache
+
+if TYPE_CHECKING:
+    from adtbench.algorithm.drafters.base import Drafter
 
 
 class BatchDrafter:
@@ -36,7 +40,8 @@ class BatchDrafter:
         self.net = drafter.fork()  # the weights over the batch cache
         c, p = drafter.config, drafter.fc.weight
         self.dtype, self.device = p.dtype, p.device
-        self.net.cache = StaticKVCache(c.num_layers, self.R, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
+        self.cache = StaticKVCache(c.num_layers, self.R, c.num_kv_heads, capacity, c.head_dim, p.dtype, p.device)
+        self.net.cache = self.cache
         self.key_bias = torch.full((self.R, capacity), float("-inf"), dtype=p.dtype, device=p.device)
         self.length = [0] * slots
         self.scratch = [0] * slots
@@ -57,14 +62,14 @@ class BatchDrafter:
         n, rows = one.length, self.rows(s)
         if n > self.capacity:
             raise RuntimeError(f"drafter prompt of {n} slots > batch capacity {self.capacity}")
-        self.net.cache.buf[:, rows, :, :n] = one.cache.buf[:, :, :, :n]
+        self.cache.buf[:, rows, :, :n] = one.cache.buf[:, :, :, :n]
         self.key_bias[rows] = float("-inf")
         self.key_bias[rows, :n] = one.bias[:, :n]
         self.length[s], self.scratch[s] = n, 0
         return out
 
     def _forward(
-        self, reqs: dict[int, tuple[torch.Tensor, ...]], blocks: dict[int, torch.Tensor], width: int
+        self, reqs: Mapping[int, tuple[torch.Tensor, ...]], blocks: dict[int, torch.Tensor], width: int
     ) -> torch.Tensor:
         """One forward of every row: the listed slots' (feats, embeds, pos) padded to M = the largest m, written at
         columns ``length + scratch + i``; ``blocks[s] [M, width]`` (additive) is slot s's mask over columns
@@ -157,9 +162,17 @@ class SlotDrafter:
     def length(self) -> int:
         return self.batch.length[self.s]
 
+    @length.setter
+    def length(self, value: int) -> None:
+        self.batch.length[self.s] = value
+
     @property
     def scratch(self) -> int:
         return self.batch.scratch[self.s]
+
+    @scratch.setter
+    def scratch(self, value: int) -> None:
+        self.batch.scratch[self.s] = value
 
     def reset(self, rows: int, capacity: int) -> None:
         raise RuntimeError("a batched slot's drafter starts through BatchDrafter.admit")
@@ -179,5 +192,5 @@ class SlotDrafter:
     def rollback(self) -> None:
         self.batch.rollback(self.s)
 
-    def fork(self) -> SlotDrafter:
+    def fork(self) -> Drafter:
         raise RuntimeError("a batched slot's drafter is not forked")
