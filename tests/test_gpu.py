@@ -231,3 +231,32 @@ def test_cuda_graphs_of_the_drafter_replay_its_eager_forwards(model: str) -> Non
     if DEVICE == "cuda":
         st = graphed.static
         assert st is not None and st.capture_s > 0 and all(s.graph is not None for s in st.steps.values())
+
+
+@pytest.mark.parametrize("policy", ["static_sampled", "eagle2", "adt_cost"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_decoding_on_the_device_equals_one_prompt_at_a_time(policy: str, temperature: float) -> None:
+    """``decode.batch_size`` on the device: five prompts through three slots (batched target and drafter, continuous
+    batching) give every prompt the tokens of its own B = 1 decode with the same seed (float64 on the device), and
+    batched AR greedy equals AR greedy."""
+    from adtbench.algorithm.batch import decode_ar_batch, generate_batch
+    from adtbench.models.batch import BatchTarget
+
+    target, drafter = tiny("tiny_chameleon", dtype="float64", device=DEVICE)
+    sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
+    prompts = ["a red circle", "two blue squares", "a cat", "the sea at night", "a dog on a mat"]
+    inputs = [target.encode_prompt(p, cfg=True) for p in prompts]
+    make = POLICIES[policy]
+    alone = [generate(target, drafter, make(), x, sp, _generator(i)).tokens for i, x in enumerate(inputs)]
+    nodes = max(make().max_nodes(), make().max_draft_slots())
+    bt = BatchTarget(
+        target, 3, True, max(target.prompt_length(x) for x in inputs) + target.layout.num_gen_tokens + nodes + 1
+    )
+    got: dict[int, list[int]] = {}
+    generate_batch(bt, drafter, make(), [(i, x, _generator(i)) for i, x in enumerate(inputs)], sp,
+                   lambda k, r: got.__setitem__(k, r.tokens))  # fmt: skip
+    assert [got[i] for i in range(len(prompts))] == alone
+    if temperature == 0.0:
+        ar = [decode_ar(target, x, sp, None).tokens for x in inputs]
+        batched = decode_ar_batch(bt, [(i, x, None) for i, x in enumerate(inputs[:3])], sp)
+        assert [r.tokens for r in batched] == ar[:3] and alone == ar
