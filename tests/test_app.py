@@ -148,18 +148,25 @@ def test_resume_skips_done_prompts_and_refuses_other_config(tmp_path):
     assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr and "policy" in proc.stderr
 
 
-@pytest.mark.slow
-def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
-    out = tmp_path / "k"
-    args = [sys.executable, str(ROOT / "run.py"), *with_tiny(["policy=eagle2", f"hydra.run.dir={out}", *FAST])]
+def kill_after(overrides: list[str], out: Path, lines_written: int = 2) -> int:
+    """Start ``run.py`` into ``out``, SIGKILL it once ``samples.jsonl`` holds ``lines_written`` lines; returns the
+    lines it held then."""
+    args = [sys.executable, str(ROOT / "run.py"), *with_tiny([*overrides, f"hydra.run.dir={out}", *FAST])]
     proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = out / "samples.jsonl"
     deadline = time.time() + 120
-    while time.time() < deadline and (not samples.exists() or samples.read_text().count("\n") < 2):
+    while time.time() < deadline and (not samples.exists() or samples.read_text().count("\n") < lines_written):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    n_killed = samples.read_text().count("\n")
+    return samples.read_text().count("\n")
+
+
+@pytest.mark.slow
+def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
+    out = tmp_path / "k"
+    samples = out / "samples.jsonl"
+    n_killed = kill_after(["policy=eagle2"], out)
     assert 2 <= n_killed < 8
     run_cli("policy=eagle2", f"hydra.run.dir={out}", *FAST)
     ids = [r["prompt_id"] for r in lines(samples)]

@@ -13,17 +13,13 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 
 import numpy as np
 import pytest
 import torch
 from conftest import ROOT, model_cfg, tiny
-from test_app import ENV, FAST, compose_app, lines, run_cli, with_tiny
+from test_app import FAST, compose_app, kill_after, lines, run_cli
 
 from adtbench.algorithm.batch import decode_ar_batch, generate_batch
 from adtbench.algorithm.cost import random_tree
@@ -231,16 +227,8 @@ def test_batched_greedy_run_equals_the_unbatched_run(tmp_path) -> None:
 @pytest.mark.slow
 def test_kill_a_batched_run_then_resume_loses_and_duplicates_nothing(tmp_path) -> None:
     out = tmp_path / "k"
-    args = [sys.executable, str(ROOT / "run.py"),
-            *with_tiny(["decode.batch_size=2", "decode.window=1", f"hydra.run.dir={out}", *FAST])]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples = out / "samples.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not samples.exists() or samples.read_text().count("\n") < 2):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    n_killed = samples.read_text().count("\n")
+    n_killed = kill_after(["decode.batch_size=2", "decode.window=1"], out)
     assert 2 <= n_killed < 8 and n_killed % 2 == 0  # whole windows only
     run_cli("decode.batch_size=2", "decode.window=1", f"hydra.run.dir={out}", *FAST)
     ids = [r["prompt_id"] for r in lines(samples)]

@@ -10,12 +10,18 @@ from conftest import FakeSession, synthetic_cost_model, tiny
 from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import PRIOR, CostModel, TreeBudget
+from adtbench.algorithm.drafters.session import drive
 from adtbench.algorithm.policies.adt import ADTPolicy
-from adtbench.algorithm.policies.eagle2 import Eagle2Policy, build_eagle2_tree
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy, eagle2_steps
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness import caches as cost_mod
 from adtbench.harness.caches import cost_source, load_or_measure
+
+
+def build_eagle2_tree(session, *args, **kwargs):
+    """EAGLE-2's tree for one session (``eagle2_steps`` driven by ``drive``)."""
+    return drive(eagle2_steps(session, *args, **kwargs), session)
 
 
 def linear_model(per_node: float, level: float = 0.0, fixed: float = 0.0) -> CostModel:

@@ -8,14 +8,19 @@ import torch
 from conftest import synthetic_cost_model, tiny
 
 from adtbench.algorithm.cost import TreeBudget
-from adtbench.algorithm.drafters.session import DraftSession
+from adtbench.algorithm.drafters.session import DraftSession, drive
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.policies.sampled import AcceptanceModel, build_sampled_tree
+from adtbench.algorithm.policies.sampled import AcceptanceModel, sampled_steps
 from adtbench.algorithm.sampling import SamplingParams, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
+
+
+def build_sampled_tree(session, *args, **kwargs):
+    """The sampled tree for one session (``sampled_steps`` driven by ``drive``)."""
+    return drive(sampled_steps(session, *args, **kwargs), session)
 
 
 def _session(gen_seed: int = 0):

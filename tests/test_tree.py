@@ -9,10 +9,16 @@ from conftest import FakeSession
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from adtbench.algorithm.policies.eagle2 import Eagle2Policy, build_eagle2_tree
+from adtbench.algorithm.drafters.session import drive
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy, eagle2_steps
 from adtbench.algorithm.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy, validate_paths
 from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
+
+
+def build_eagle2_tree(session, *args, **kwargs):
+    """EAGLE-2's tree for one session (``eagle2_steps`` driven by ``drive``)."""
+    return drive(eagle2_steps(session, *args, **kwargs), session)
 
 
 def dist(vocab: int, known: dict[int, float]) -> torch.Tensor:

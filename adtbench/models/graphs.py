@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -52,7 +52,29 @@ def bucket_of(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
 
-class StaticVerify:
+class _Step(Generic[_Out]):
+    """One bucket's static-shape forward: ``run`` it eagerly, or ``capture`` it once as a CUDA graph and replay it;
+    either way the outputs are static tensors the next ``run`` rewrites (read them first)."""
+
+    graph: Any = None
+    out: _Out | None = None
+
+    def _forward(self) -> _Out:
+        raise NotImplementedError
+
+    def run(self) -> _Out:
+        if self.graph is not None:
+            self.graph.replay()
+            assert self.out is not None
+            return self.out
+        return self._forward()
+
+    def capture(self) -> None:
+        """Capture ``run``'s forward as a CUDA graph (``_capture``)."""
+        self.graph, self.out = _capture(self._forward)
+
+
+class StaticVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
     """The static buffers and forward of one bucket of ``b`` nodes for a target with ``rows`` rows and a pinned
     cache of ``capacity`` columns; ``graph`` after ``capture``."""
 
@@ -63,8 +85,6 @@ class StaticVerify:
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
         self.cols = torch.arange(b, device=dev)  # a bucket's columns after the committed length
         self.write = self.cols.clone()
-        self.graph: Any = None
-        self.out: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pad_block = _padded_block(b, target.dtype, dev)
         self.mask = _initial_mask(self._pad_block, rows, capacity)
 
@@ -81,19 +101,6 @@ class StaticVerify:
         if n < b:
             window[:n, :n] = block
         self.mask[:, :, :, L : L + b] = window
-
-    def run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The forward over the static buffers (eager), or the captured graph's replay; returns the static output
-        tensors (raw logits ``[R, b, V]``, features ``[R, b, H]``): read them before the next ``run``."""
-        if self.graph is not None:
-            self.graph.replay()
-            assert self.out is not None
-            return self.out
-        return self._forward()
-
-    def capture(self) -> None:
-        """Capture ``run``'s forward as a CUDA graph (``_capture``)."""
-        self.graph, self.out = _capture(self._forward)
 
     def _forward(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
@@ -142,7 +149,7 @@ class StaticVerifier(_Buckets):
         return logits[:, :n].clone(), feats[:, :n].clone()
 
 
-class StaticDraft:
+class StaticDraft(_Step[torch.Tensor]):
     """The static buffers and forward of one bucket of ``b`` drafter slots (``rows`` rows, hidden size ``hidden``, a
     pinned cache of ``capacity`` columns); ``graph`` after ``capture``. One bucket serves both of the drafter's
     static forwards: ``expand`` (new scratch slots after the earlier ones) and the decode loop's ``extend`` (new
@@ -157,8 +164,6 @@ class StaticDraft:
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=device)
         self.cols = torch.arange(b, device=device)
         self.write = self.cols.clone()
-        self.graph: Any = None
-        self.out: torch.Tensor | None = None
         self._pad_block = _padded_block(b, dtype, device)
         self.mask = _initial_mask(self._pad_block, rows, capacity)
 
@@ -187,19 +192,6 @@ class StaticDraft:
         self.mask[:, :, :m, length : start + m] = block
         if m < b:
             self.mask[:, :, m:, start + m : start + b] = self._pad_block[m:, m:]
-
-    def run(self) -> torch.Tensor:
-        """The forward over the static buffers (eager), or the captured graph's replay; returns the static outputs
-        ``[R, b, H]``: read them before the next ``run``."""
-        if self.graph is not None:
-            self.graph.replay()
-            assert self.out is not None
-            return self.out
-        return self._forward()
-
-    def capture(self) -> None:
-        """Capture ``run``'s forward as a CUDA graph (``_capture``)."""
-        self.graph, self.out = _capture(self._forward)
 
     def _forward(self) -> torch.Tensor:
         out: torch.Tensor = self.drafter.static_forward(self.feats, self.embeds, self.pos, self.write, self.mask)

@@ -19,7 +19,7 @@ end-of-line slot):
    - ``vertical``: the token one grid row above (r−1, c) → "up" (generation index s − row_len, EOL counted);
      in the first row the horizontal rule;
    - ``none``: always (D0, K0) → "default" (the fixed EAGLE-2 tree).
-2. Draft with EAGLE-2 (``build_eagle2_tree``): depth parameter D − 1 (max draft depth D), top_k K,
+2. Draft with EAGLE-2 (``eagle2_steps``): depth parameter D − 1 (max draft depth D), top_k K,
    N drafted nodes: ``budget: fixed`` → N = N_max; ``budget: min`` → N = min(N_max, K + (D−1)·K²). EAGLE-2's
    rerank never keeps more than the candidates, so both rules draft the same tree; they differ in the logged N.
    ``budget: cost`` (``algorithm.cost``): D and K as above, but the drafter levels run only while another can pay

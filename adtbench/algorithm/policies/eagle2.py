@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
-from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps, drive
+from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device, true_flag
@@ -35,18 +35,6 @@ def eagle2_candidates(depth: int, top_k: int) -> int:
     return top_k + depth * top_k * top_k
 
 
-def build_eagle2_tree(
-    session: DraftSession,
-    depth: int,
-    top_k: int,
-    total_tokens: int,
-    max_depth: int,
-    budget: TreeBudget | None = None,
-) -> DraftTree:
-    """``eagle2_steps`` run against ``session`` alone."""
-    return drive(eagle2_steps(session, depth, top_k, total_tokens, max_depth, budget), session)
-
-
 def eagle2_steps(
     session: DraftSession,
     depth: int,
@@ -55,7 +43,8 @@ def eagle2_steps(
     max_depth: int,
     budget: TreeBudget | None = None,
 ) -> Steps:
-    """EAGLE-2's tree (module docstring), built on the drafter's device. With a ``budget``
+    """EAGLE-2's tree (module docstring), built on the drafter's device (a coroutine: ``drafters.session.Steps``;
+    ``drive(eagle2_steps(session, …), session)`` builds it for one session). With a ``budget``
     (``adtbench.algorithm.cost``) the rerank keeps the N best candidates that maximise the expected committed tokens
     per unit of time instead of ``total_tokens − 1`` (N is the one value the host reads before the verify), and the
     rounds drafted follow the budget's level rule: decided before each round from this cycle's candidates when the

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.cost import TreeBudget
-from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps, drive
+from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.sampling import ENTROPY_EDGES, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
@@ -110,19 +110,6 @@ def _entropy_support(lp: torch.Tensor, top_k: int) -> torch.Tensor:
     return torch.stack([H, pos.sum(-1).clamp_max(top_k).to(torch.float64)])
 
 
-def build_sampled_tree(
-    session: DraftSession,
-    depth: int,
-    top_k: int,
-    max_nodes: int,
-    max_depth: int,
-    budget: TreeBudget | None,
-    model: AcceptanceModel,
-) -> SampledTree:
-    """``sampled_steps`` run against ``session`` alone."""
-    return drive(sampled_steps(session, depth, top_k, max_nodes, max_depth, budget, model), session)
-
-
 def sampled_steps(
     session: DraftSession,
     depth: int,
@@ -132,7 +119,8 @@ def sampled_steps(
     budget: TreeBudget | None,
     model: AcceptanceModel,
 ) -> Generator[Expand, tuple[range, torch.Tensor], SampledTree]:
-    """The sampled tree of one cycle (module docstring): ``depth`` rounds after level 0, at most ``top_k``
+    """The sampled tree of one cycle (module docstring; a coroutine: ``drive(sampled_steps(session, …), session)``
+    builds it for one session): ``depth`` rounds after level 0, at most ``top_k``
     children per node and frontier nodes per round, at most ``max_nodes`` nodes (root included).
 
     The sizing is host work on parent-level values (reach R, α(H)), so each level reads its frontier's entropies and
