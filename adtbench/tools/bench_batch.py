@@ -264,7 +264,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
         r["method_vs_b1"] = _ratio(r["method_images_per_s"], b1["method_images_per_s"])
     env = {
         "model": str(cfg.model.name),
-        "policy": policy.name,
+        "policy": policy.name + (" (sampled drafts)" if cfg.policy.get("draft_sampling") == "sample" else ""),
         "lantern": bool(cfg.get("lantern", {}).get("enabled", False)),
         "dataset": Path(str(cfg.dataset.get("path") or cfg.dataset.kind)).name,
         "prompts": len(prompts),
@@ -459,7 +459,7 @@ def plot(r: dict[str, Any], path: Path) -> Path:
               font=_font(16), anchor="mt")  # fmt: skip
     _panel(img, (100, 70, 520, 390), sizes,
            [("AR", [x["ar_images_per_s"] for x in rows], AR_RGB),
-            (f"method ({e['policy']})", [x["method_images_per_s"] for x in rows], METHOD_RGB)],
+            (f"method: {e['policy']}", [x["method_images_per_s"] for x in rows], METHOD_RGB)],
            "throughput", "images/s")  # fmt: skip
     _panel(img, (660, 70, 1080, 390), sizes, [("speedup", [x["speedup"] for x in rows], METHOD_RGB)],
            "speedup at equal B (method / AR)", "speedup (x)", ref=1.0)  # fmt: skip
