@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from adtbench.errors import ConfigError
+from adtbench.tools.bench import main as bench_main
 from adtbench.tools.bench_batch import END, SECTION, START, main, nice_ticks, parse, run
 
 TINY = ["model=tiny_llamagen", "model.dtype=float64", "drafter=eagle", "dataset=smoke", "policy=eagle2"]
@@ -67,7 +68,7 @@ def test_readme_without_markers_gets_the_section_appended(tmp_path: Path) -> Non
 def test_bad_sizes_are_config_errors_naming_bench_sizes(arg: str, capsys) -> None:
     with pytest.raises(ConfigError, match=r"^bench\.sizes: "):
         parse([arg])
-    assert main([*TINY, arg]) == 2
+    assert bench_main(["batch", *TINY, arg]) == 2  # through `adtbench bench`'s dispatch
     assert "config error: bench.sizes" in capsys.readouterr().err
 
 

@@ -151,7 +151,8 @@ def _same(results: Sequence[Any], reference: Sequence[list[int]] | None) -> floa
     """Share of prompts whose tokens equal the reference's (None without a reference)."""
     if reference is None:
         return None
-    return sum(r.tokens == t for r, t in zip(results, reference, strict=True)) / max(1, len(results))
+    same = sum(bool(r.tokens == t) for r, t in zip(results, reference, strict=True))
+    return same / max(1, len(results))
 
 
 def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
