@@ -31,6 +31,8 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
         "REPEATS": "2",
         "PROMPTS": "1",
         "ROWS": "[ar,static_sampled]",
+        "BATCH_SIZES": "[1,2]",
+        "BATCH_PROMPTS": "2",
         "TESTS": "0",
         "ANOLE_ARCH": SHRUNK,
         "ADTBENCH_ROOT": str(tmp_path),  # cost-model caches and outputs stay in tmp
@@ -46,15 +48,21 @@ def test_gpu_script_smoke_run_on_cpu(tmp_path: Path) -> None:
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["cost_anole_eager.json", "cost_mini_eager.json", "device.txt", "gpu.md",
+    assert names == ["batch.json", "batch_anole.png", "batch_mini.png", "cost.json", "device.txt", "gpu.md",
                      "run_default_summary.json"]  # fmt: skip
     assert len(names) <= 8  # what the device tool brings back from $OUT
     table = (out / "gpu.md").read_text()
+    costs, batches = json.loads((out / "cost.json").read_text()), json.loads((out / "batch.json").read_text())
+    assert sorted(costs) == ["anole_eager", "mini_eager"] and sorted(batches) == ["anole", "mini"]
     for m in ("anole", "mini"):
-        r = json.loads((out / f"cost_{m}_eager.json").read_text())
+        r = costs[f"{m}_eager"]
         assert [x["tree_nodes"] for x in r["verify"]] == [1, 2] and r["overhead"]["cycle_ms"] > 0, m
         assert r["weight_bytes"] > 0 and r["engine_compile"] is False
+        b = batches[m]
+        assert b["environment"]["model"] == m and b["environment"]["prompts"] == 2, m
+        assert [x["B"] for x in b["rows"]] == [1, 2] and all(x["speedup"] > 0 for x in b["rows"]), m
     assert table.count("| tree nodes | verify (ms) | × AR step |") == 2 and "policy=ar" in table
+    assert table.count("| B | AR img/s | method img/s |") == 2
     assert "speedup=" in table and "torch" in (out / "device.txt").read_text()
     summary = json.loads((out / "run_default_summary.json").read_text())
     assert summary["n_samples"] == 1 and summary["speedup"] > 0

@@ -5,6 +5,8 @@
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=docs/speed.md] [overrides]
     adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
+    adtbench bench batch [overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.out=DIR]
+                         [bench.readme=docs/speed.md]
 
 ``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify
 forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
@@ -28,6 +30,10 @@ AR baseline in the same job; τ, d̄, speedup with its CI and median, and the co
 
 ``versus``: a head-to-head (``adtbench.tools.bench_versus``): several policy settings and the AR baseline timed in one
 job, interleaved per prompt, with each setting's time ratio to the first and its CI.
+
+``batch``: throughput against the batch size (``adtbench.tools.bench_batch``): for each B the AR baseline and the
+method over the same prompts in one process (B = 1 unbatched, B > 1 with continuous batching), images/s and tokens/s
+of both sides, τ, the speedup at equal B and each side relative to B = 1; a table, a JSON and a plot.
 """
 
 from __future__ import annotations
@@ -391,11 +397,11 @@ def cost_table(r: dict) -> str:
     return "\n".join(lines)
 
 
-USAGE = "usage: adtbench bench overhead|cost|speed|versus [hydra overrides]"
+USAGE = "usage: adtbench bench overhead|cost|speed|versus|batch [hydra overrides]"
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("overhead", "cost", "speed", "versus"):
+    if not args or args[0] not in ("overhead", "cost", "speed", "versus", "batch"):
         print(USAGE)
         return 2
     if args[0] == "speed":
@@ -406,6 +412,10 @@ def main(args: list[str]) -> int:
         from adtbench.tools.bench_versus import main as versus_main
 
         return versus_main(args[1:])
+    if args[0] == "batch":
+        from adtbench.tools.bench_batch import main as batch_main
+
+        return batch_main(args[1:])
     extra = ["+bench.prompts=8", "+bench.out=null"]
     if args[0] == "overhead":
         extra += ["+bench.phases=false", "+bench.count=false"]
