@@ -51,6 +51,22 @@ def test_bench_batch_rows_table_plot_and_readme(tmp_path: Path, capsys) -> None:
     assert [d["B"] for d in data] == [1, 2] and data[1]["speedup"] == pytest.approx(rows[1]["speedup"])
 
 
+def test_repeats_time_each_side_that_often_and_keep_the_median(tmp_path: Path) -> None:
+    out = tmp_path / "batch"
+    assert main([*TINY, "bench.sizes=[1,2]", "bench.prompts=2", "bench.repeats=3", f"bench.out={out}"]) == 0
+    r = json.loads((out / "batch.json").read_text())
+    assert r["environment"]["repeats"] == 3
+    for x in r["rows"]:
+        for side in ("ar", "method"):
+            walls = x[f"{side}_wall_repeats_s"]
+            assert len(walls) == 3 and x[f"{side}_wall_s"] == sorted(walls)[1]
+            assert x[f"{side}_images_per_s"] == pytest.approx(2 / sorted(walls)[1])
+    assert "timed 3 times per B" in (out / "batch.md").read_text()
+    with pytest.raises(ConfigError) as e:
+        parse(["bench.repeats=0"])
+    assert e.value.key == "bench.repeats"
+
+
 def test_readme_without_markers_gets_the_section_appended(tmp_path: Path) -> None:
     from adtbench.tools.bench_batch import write_readme
 

@@ -1,6 +1,6 @@
 """``adtbench bench batch``: AR and speculative throughput against the batch size B, both sides in one process.
 
-    adtbench bench batch [hydra overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32]
+    adtbench bench batch [hydra overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.repeats=1]
                          [bench.out=outputs/bench_batch] [bench.readme=docs/speed.md]
 
 The models are built once from the composed config (default: the default run's — ``model=mini``, its trained
@@ -18,7 +18,8 @@ Timed scope, per side and B: wall time from before the first prefill to after th
 CUDA-synchronised at both ends). Outside it: prompt text encoding, the generators' seeding, the ``BatchTarget``'s
 allocation, and one untimed warm-up of both sides on the first min(B, prompts) prompts before each B's timed work.
 Inside it, for the method at B > 1: ``generate_batch``'s per-slot drafter forks and policy copies. The two sides
-alternate in order from size to size (ABBA: AR first at the 1st, 3rd, … size). Each side is timed once per B.
+alternate in order from size to size (ABBA: AR first at the 1st, 3rd, … size) and from repeat to repeat: each side
+is timed ``bench.repeats`` times per B (default 1) and the median wall time is used (all of them in ``batch.json``).
 
 Per B: images/s and tokens/s of both sides (``stats.throughput``: images / wall; tokens = committed + 1 per image),
 τ and d̄ of the method (Σ over all prompts / Σ cycles), the throughput speedup (method / AR images/s at this B), each
@@ -44,6 +45,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -90,7 +92,7 @@ def parse_sizes(value: str) -> list[int]:
 def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     """(``bench.*`` options, the hydra overrides). Raises ``ConfigError`` naming a bad option."""
     opts: dict[str, Any] = {"sizes": list(DEFAULT_SIZES), "prompts": DEFAULT_PROMPTS, "out": DEFAULT_OUT,
-                            "readme": None}  # fmt: skip
+                            "readme": None, "repeats": 1}  # fmt: skip
     rest: list[str] = []
     for a in args:
         key, sep, value = a.partition("=")
@@ -102,10 +104,10 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
             raise ConfigError(key, f"unknown option; known: {sorted(f'bench.{k}' for k in opts)}")
         if name == "sizes":
             opts["sizes"] = parse_sizes(value)
-        elif name == "prompts":
+        elif name in ("prompts", "repeats"):
             if not value.isdigit() or int(value) < 1:
                 raise ConfigError(key, f"must be a positive integer, got {value!r}")
-            opts["prompts"] = int(value)
+            opts[name] = int(value)
         else:
             if not value:
                 raise ConfigError(key, "needs a path")
@@ -215,24 +217,33 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
         if cuda:
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(target.device)
+        walls: dict[bool, list[float]] = {False: [], True: []}  # per side (method?), one per repeat
         if B == 1:
-            order = [False, True] if ar_first else [True, False]
-            for method in order:  # warm-up, untimed
+            for method in (False, True):  # warm-up, untimed
                 one_at_a_time(1, method)
             load_before = load_average()
-            timed = {method: one_at_a_time(len(prompts), method) for method in order}
+            for rep in range(opts["repeats"]):
+                order = [False, True] if (ar_first == (rep % 2 == 0)) else [True, False]
+                timed = {method: one_at_a_time(len(prompts), method) for method in order}
+                walls[False].append(timed[False][1])
+                walls[True].append(timed[True][1])
+                if rep == 0:
+                    base, runs = timed[False][0], timed[True][0]
             load_after = load_average()
-            (base, base_s), (runs, run_s) = timed[False], timed[True]
         else:
             decoder = BatchedDecoder(target, drafter, policy, sp, rule, acceptance, B, use_cfg, gen_device,
                                      lambda p: prompt_seed(int(cfg.seed), p.prompt_id), True)  # fmt: skip
             decoder.window(prompts[:B], i)  # warm-up, untimed
             load_before = load_average()
-            decoded = decoder.window(prompts, i)
+            for rep in range(opts["repeats"]):
+                decoded = decoder.window(prompts, i + rep)  # the window's parity sets the sides' order
+                walls[True].append(decoded[0][4]["window_s"])
+                walls[False].append(decoded[0][4]["baseline_window_s"])
+                if rep == 0:
+                    runs, base = [d[2] for d in decoded], [d[3] for d in decoded]
             load_after = load_average()
-            runs, base = [d[2] for d in decoded], [d[3] for d in decoded]
-            run_s, base_s = decoded[0][4]["window_s"], decoded[0][4]["baseline_window_s"]
             del decoder, decoded  # the batch's KV cache goes before the next size allocates its own
+        run_s, base_s = statistics.median(walls[True]), statistics.median(walls[False])
         window = {"window": f"B{B}", "window_s": run_s, "baseline_window_s": base_s}
         tp = throughput([{"committed": r.committed, "batch": window} for r in runs])
         cycles = sum(len(r.cycles) for r in runs)
@@ -243,6 +254,8 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
             "first": "ar" if ar_first else "method",
             "ar_wall_s": base_s,
             "method_wall_s": run_s,
+            "ar_wall_repeats_s": walls[False],
+            "method_wall_repeats_s": walls[True],
             "ar_images_per_s": tp["baseline_throughput_images_per_s"],
             "method_images_per_s": tp["throughput_images_per_s"],
             "ar_tokens_per_s": tp["baseline_throughput_tokens_per_s"],
@@ -281,6 +294,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
         "torch": torch.__version__,
         "acceptance": acceptance,
         "measured": t_start,
+        "repeats": opts["repeats"],
     }
     return {"environment": env, "rows": rows}
 
@@ -298,11 +312,14 @@ def header(r: dict[str, Any], overrides: Sequence[str] = ()) -> str:
     """One line naming the machine, the setting, the protocol and the date."""
     e = r["environment"]
     over = f", overrides: `{' '.join(overrides)}`" if overrides else ""
+    n = int(e.get("repeats", 1))
+    times = "once" if n == 1 else f"{n} times"
     return (
         f"**{e['device']}**, torch {e['torch']}, {e['dtype']}; model={e['model']}, policy={e['policy']}"
         f"{', LANTERN' if e['lantern'] else ''}, T = {e['temperature']:g}, CFG {e['cfg_scale']:g}{over}; "
-        f"the same {e['prompts']} prompts ({e['tokens_per_image']} tokens each) at every B, each side timed once per "
-        f"B after one warm-up, the sides' order alternating between sizes; measured {e['measured']}."
+        f"the same {e['prompts']} prompts ({e['tokens_per_image']} tokens each) at every B, each side timed "
+        f"{times} per B after one warm-up (median wall time), the sides' order alternating between sizes and repeats; "
+        f"measured {e['measured']}."
     )
 
 
