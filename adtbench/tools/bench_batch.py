@@ -17,7 +17,7 @@ dataset). Every B decodes the same first ``bench.prompts`` prompts, each with it
 Timed scope, per side and B: wall time from before the first prefill to after the last token (``records.Clock``:
 CUDA-synchronised at both ends). Outside it: prompt text encoding, the generators' seeding, the ``BatchTarget``'s
 allocation, and one untimed warm-up of both sides on the first min(B, prompts) prompts before each B's timed work.
-Inside it, for the method at B > 1: ``generate_batch``'s per-slot drafter forks and policy copies. The two sides
+Inside it, for the method at B > 1: ``generate_batch``'s batched drafter cache and per-slot policy copies. The two sides
 alternate in order from size to size (ABBA: AR first at the 1st, 3rd, … size) and from repeat to repeat: each side
 is timed ``bench.repeats`` times per B (default 1) and the median wall time is used (all of them in ``batch.json``).
 
