@@ -109,7 +109,7 @@ def mini64():
 
     target = build_target(model_cfg("mini", dtype="float64"))
     drafter = build_drafter(OmegaConf.load(ROOT / "conf" / "drafter" / "mini.yaml"), target)
-    prompts = [ln for ln in (ROOT / "adtbench/harness/data/mini_prompts.txt").read_text().splitlines() if ln][:4]
+    prompts = [ln for ln in (ROOT / "adtbench/harness/data/mini_prompts.txt").read_text().splitlines() if ln][:3]
     return target, drafter, [target.encode_prompt(p, cfg=True) for p in prompts]
 
 
@@ -118,14 +118,14 @@ def mini64():
     "overrides,temperature",
     [
         (["policy=static_sampled"], 1.0),
-        (["policy=eagle2"], 0.0),
+        (["policy=eagle2", "policy.top_k=4", "policy.total_tokens=16"], 0.0),
         (["policy=adt", "policy.gate_tokens=2.5"], 1.0),
         (["experiment=mini_lantern"], 1.0),
     ],
 )
 def test_mini_batched_speculation_equals_one_prompt_at_a_time(mini64, overrides, temperature) -> None:
-    """The trained drafter accepts often (τ ≈ 2–5), so commits are long, ragged and often non-prefix: four prompts
-    through three slots give each prompt its B = 1 tokens (float64), for sampled static trees, EAGLE-2, gated ADT
+    """The trained drafter accepts often (τ ≈ 2–5), so commits are long, ragged and often non-prefix: three prompts
+    through two slots give each prompt its B = 1 tokens (float64), for sampled static trees, EAGLE-2, gated ADT
     with the cost budget, and LANTERN."""
     from hydra import compose, initialize_config_dir
 
@@ -139,7 +139,7 @@ def test_mini_batched_speculation_equals_one_prompt_at_a_time(mini64, overrides,
     policy.bind(cost_source(target, drafter, SamplingParams(), None))
     sp = SamplingParams(temperature=temperature, cfg_scale=float(cfg.sampling.cfg_scale))
     alone = [generate(target, drafter, policy, x, sp, _gen(i), rule) for i, x in enumerate(inputs)]
-    bt = BatchTarget(target, 3, True, _capacity(target, inputs, max(policy.max_nodes(), policy.max_draft_slots())))
+    bt = BatchTarget(target, 2, True, _capacity(target, inputs, max(policy.max_nodes(), policy.max_draft_slots())))
     got: dict[int, list[int]] = {}
     generate_batch(bt, drafter, policy, [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp,
                    lambda k, r: got.__setitem__(k, r.tokens), rule)  # fmt: skip
