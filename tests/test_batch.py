@@ -100,6 +100,42 @@ def test_tiny_batched_tokens_equal_one_prompt_at_a_time(model: str, temperature:
         assert spec == ar
 
 
+@pytest.mark.parametrize("gated", [False, True])
+def test_device_acceptance_reads_every_slot_at_once_and_keeps_the_tokens(gated: bool) -> None:
+    """``engine.acceptance=device``: every slot's tree is accepted on the device and all verdicts are read in one read
+    per cycle (``verify.read_verdicts``); each prompt's tokens still equal its B = 1 tokens with the same acceptance
+    path, at T = 1, with and without a draft gate (whose entropy is read with the verdicts)."""
+    from adtbench.algorithm import verify
+    from adtbench.algorithm.gate import DraftGate
+
+    target, drafter = tiny("tiny_chameleon")
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS]
+
+    def policy() -> Eagle2Policy:
+        p = Eagle2Policy(depth=2, top_k=3, total_tokens=8, draft_sampling="sample")
+        p.gate = DraftGate(1.05, 2) if gated else None
+        return p
+
+    alone = [generate(target, drafter, policy(), x, sp, _gen(i), acceptance="device").tokens
+             for i, x in enumerate(inputs)]  # fmt: skip
+    bt = BatchTarget(target, 3, True, _capacity(target, inputs, 16))
+    calls: list[int] = []
+    real = verify.read_verdicts
+
+    def spy(verified):
+        calls.append(len(verified))
+        return real(verified)
+
+    got: dict[int, list[int]] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("adtbench.algorithm.batch.read_verdicts", spy)
+        generate_batch(bt, drafter, policy(), [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp,
+                       lambda k, r: got.__setitem__(k, r.tokens), acceptance="device")  # fmt: skip
+    assert [got[i] for i in range(len(PROMPTS))] == alone
+    assert max(calls) == 3  # three slots' verdicts in one read
+
+
 @pytest.fixture(scope="module")
 def mini64():
     from omegaconf import OmegaConf

@@ -36,11 +36,12 @@ from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.engine import CycleOutcome, ar_outcome, judge, outcome, pending_slots, prefill_drafter
+from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits, sample_rows
 from adtbench.algorithm.tree import DraftTree
-from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, Verdict, accept, read_verdicts
 from adtbench.models.base import PromptInputs, first_token
 from adtbench.models.batch import BatchTarget, SlotTree
 
@@ -125,6 +126,37 @@ def _draft_in_lockstep(bd: BatchDrafter, live: dict[int, _Slot], steps: dict[int
             session = live[s].session
             assert session is not None
             advance(s, session.receive(li, outs[s]))
+
+
+def _accept_all(
+    slots: list[_Slot | None],
+    processed: torch.Tensor,
+    sp: SamplingParams,
+    rule: AcceptanceRule,
+    acceptance: str,
+    on_host: bool,
+) -> list[CycleRead | torch.Tensor | None]:
+    """Every slot's acceptance from its rows of ``processed [B, N, V]``: a ``CycleRead`` for a drafted tree, the
+    chosen token (device ``[]``, ``engine.ar_cycle``'s draw) for a root verified alone, None for an empty slot. On the
+    host (``on_host``) each tree runs ``engine.judge``'s float64 walk; on the device every tree is accepted there and
+    all the verdicts are read at once (``verify.read_verdicts``: one read per cycle for the whole batch)."""
+    out: list[CycleRead | torch.Tensor | None] = [None] * len(slots)
+    pending: list[tuple[int, tuple[DraftTree, Verdict, list[torch.Tensor]]]] = []
+    for s, st in enumerate(slots):
+        if st is None:
+            continue
+        tree, gate = st.tree, st.policy.gate
+        if tree is None:
+            out[s] = next_token_tensor(processed[s, 0], sp, st.generator)
+        elif on_host:
+            out[s] = judge(tree, processed[s, : tree.size], sp, rule, st.generator, gate is not None, acceptance)
+        else:
+            verdict = accept(tree, processed[s, : tree.size], sp.greedy, st.generator, rule)
+            pending.append((s, (tree, verdict, [DraftGate.entropy(verdict.bonus_logits)] if gate is not None else [])))
+    if pending:
+        for (s, _), read in zip(pending, read_verdicts([p for _, p in pending]), strict=True):
+            out[s] = read
+    return out
 
 
 @dataclass
@@ -248,24 +280,20 @@ def generate_batch(
         raw, feats = bt.forward(trees)
         depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in trees], batch_first=True)
         processed = _processed(bt, raw, gidx.to(dev)[:, None] + depth, sp)
+        reads = _accept_all(slots, processed, sp, rule, acceptance, on_host)
         keeps: list[torch.Tensor | None] = []
         in_place: list[bool] = []
-        reads: list[CycleRead | torch.Tensor | None] = []
         for s, st in enumerate(slots):
+            read = reads[s]
             if st is None:
                 keeps.append(None)
                 in_place.append(True)
-                reads.append(None)
-            elif st.tree is not None:
-                tree, gate = st.tree, st.policy.gate
-                read = judge(tree, processed[s, : tree.size], sp, rule, st.generator, gate is not None, acceptance)
+            elif isinstance(read, CycleRead):
                 keeps.append(read.keep)
-                reads.append(read)
                 in_place.append(read.acceptance.path[-1] == read.acceptance.accepted)
-            else:  # the root alone: one AR step (``engine.ar_cycle``'s draw)
+            else:  # the root alone
                 keeps.append(first)
                 in_place.append(True)
-                reads.append(next_token_tensor(processed[s, 0], sp, st.generator))
         bt.commit(keeps, in_place)
         verified = clock.mark()
         for s, st in enumerate(slots):

@@ -329,21 +329,34 @@ def read_verdict(tree: DraftTree, verdict: Verdict, extra: Sequence[torch.Tensor
     path — its node ids and tokens: the accepted nodes in node order (parents precede children), so at most
     ``drafted_depth + 1`` — the bonus, the realised depth and live nodes, and the caller's ``extra`` scalars (e.g. the
     draft gate's entropy)."""
-    order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices  # the path first, in node order
-    ids = order[: min(tree.size, tree.drafted_depth + 1)]
-    depth = tree.depth if tree.alive is None else tree.depth * tree.alive
-    nodes = tree.alive.sum() if tree.alive is not None else torch.full_like(verdict.last, tree.size)
-    head = [verdict.on_path.sum(), verdict.bonus, depth.max(), nodes, *extra]
-    packed = torch.cat([torch.stack([x.to(torch.float64) for x in head]), ids.to(torch.float64),
-                        tree.tokens[ids].to(torch.float64)])  # fmt: skip
-    values = packed.tolist()
-    k, h, w = int(values[0]), len(head), ids.numel()
-    bonus = int(values[1])
-    acc = Acceptance([int(x) for x in values[h : h + k]], bonus, int(values[2]), int(values[3]))
-    tokens = [int(x) for x in values[h + w + 1 : h + w + k]] + [bonus]
-    keep = ids[:k]
-    following = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
-    return CycleRead(acc, int(values[h + w]), tokens, keep, following, values[4:h])
+    return read_verdicts([(tree, verdict, extra)])[0]
+
+
+def read_verdicts(verified: Sequence[tuple[DraftTree, Verdict, Sequence[torch.Tensor]]]) -> list[CycleRead]:
+    """``read_verdict`` of many trees (a batch's slots, ``algorithm.batch``) in one read: their packed tensors are
+    concatenated, read once, and split."""
+    parts, shapes = [], []
+    for tree, verdict, extra in verified:
+        order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices  # the path first, in node order
+        ids = order[: min(tree.size, tree.drafted_depth + 1)]
+        depth = tree.depth if tree.alive is None else tree.depth * tree.alive
+        nodes = tree.alive.sum() if tree.alive is not None else torch.full_like(verdict.last, tree.size)
+        head = [verdict.on_path.sum(), verdict.bonus, depth.max(), nodes, *extra]
+        parts += [torch.stack([x.to(torch.float64) for x in head]), ids.to(torch.float64),
+                  tree.tokens[ids].to(torch.float64)]  # fmt: skip
+        shapes.append((ids, len(head)))
+    values = torch.cat(parts).tolist()
+    out, at = [], 0
+    for (tree, verdict, _), (ids, h) in zip(verified, shapes, strict=True):
+        v, w = values[at : at + h + 2 * ids.numel()], ids.numel()
+        at += h + 2 * w
+        k, bonus = int(v[0]), int(v[1])
+        acc = Acceptance([int(x) for x in v[h : h + k]], bonus, int(v[2]), int(v[3]))
+        tokens = [int(x) for x in v[h + w + 1 : h + w + k]] + [bonus]
+        keep = ids[:k]
+        following = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
+        out.append(CycleRead(acc, int(v[h + w]), tokens, keep, following, v[4:h]))
+    return out
 
 
 ACCEPTANCE = ("auto", "device", "host")
