@@ -2,8 +2,9 @@
 
     decode_ar_batch   the AR baseline: up to B prompts, one token of every slot per forward (an image has a fixed
                       length, so the group finishes together)
-    generate_batch    speculative decoding with continuous batching: each slot drafts its own tree (its own drafter
-                      state, policy state and generator), one target forward verifies every slot's tree
+    generate_batch    speculative decoding with continuous batching: each slot builds its own tree (its own policy
+                      state and generator) while one drafter forward per tree level serves every slot
+                      (``drafters.batch.BatchDrafter``), one target forward verifies every slot's tree
                       (``models.batch.BatchTarget``: per-row KV columns, ragged commits), each slot accepts and
                       commits its own path; a finished slot takes the next prompt at once
 
@@ -13,9 +14,10 @@ equal to the single-prompt ones up to float rounding. So a prompt's tokens do no
 batch (generators are seeded per prompt): greedy and seeded T = 1 output equal B = 1's in float64 (tested), and
 every policy and relaxation keeps the law it has at B = 1.
 
-What is batched: the target forward, the logit processing (CFG mix, constraint, temperature, filters) and, for AR,
-the greedy argmax. What runs per slot: the drafter (``Drafter.fork``: the weights shared, a KV cache per slot), the
-policy's tree building, acceptance and the cycle's one read.
+What is batched: the target forward, the drafter's forwards (policies are coroutines, ``TreePolicy.propose_steps``,
+so every slot's levels are drafted in lockstep), the logit processing (CFG mix, constraint, temperature, filters),
+for AR the greedy argmax, and on a device the cycle's read (``verify.read_verdicts``). What runs per slot: the
+policy's tree building and acceptance.
 
 Timing: a slot's ``latency_s`` runs from its admission (its prefill) to its last token; in a batch it includes the
 other slots' work, as a served request's latency does. ``prefill_s`` is its own prefill, ``draft_s`` its own
@@ -69,13 +71,12 @@ def decode_ar_batch(bt: BatchTarget, items: list[Item], sp: SamplingParams) -> l
         t = clock.mark()
         roots.append(first_token(bt.admit(s, inputs), bt.layout, sp, gen).view(1))
         prefill_s.append((t, clock.mark()))
-    idle = torch.zeros(1, dtype=torch.long, device=dev)
-    first = torch.zeros(1, dtype=torch.long, device=dev)
-    keeps: list[torch.Tensor | None] = [first] * len(items) + [None] * (bt.B - len(items))
+    zero = torch.zeros(1, dtype=torch.long, device=dev)  # an idle slot's root; a one-node tree's kept node
+    keeps: list[torch.Tensor | None] = [zero] * len(items) + [None] * (bt.B - len(items))
     tokens = [torch.cat(roots)]
     for g in range(1, n):
         last = tokens[-1]
-        trees = [BatchTarget.idle(last[s] if s < len(items) else idle) for s in range(bt.B)]
+        trees = [BatchTarget.idle(last[s] if s < len(items) else zero) for s in range(bt.B)]
         raw, _ = bt.forward(trees)
         processed = _processed(bt, raw, torch.full((bt.B, 1), g, device=dev), sp)[: len(items), 0]
         if sp.greedy:
@@ -195,8 +196,8 @@ def generate_batch(
     acceptance: str = "auto",
 ) -> None:
     """Speculative decoding of ``items`` through ``bt.B`` slots (module docstring); ``on_done(key, result)`` is
-    called for each prompt as soon as its image is complete, in completion order. ``policy`` and ``drafter`` are
-    copied per slot (``copy.deepcopy``, ``Drafter.fork``); ``acceptance`` as in ``engine.generate``."""
+    called for each prompt as soon as its image is complete, in completion order. ``policy`` is copied per slot
+    (``copy.deepcopy``), ``drafter``'s weights serve a ``BatchDrafter``; ``acceptance`` as in ``engine.generate``."""
     clock, layout, dev = Clock(bt.device), bt.layout, bt.device
     n_gen = layout.num_gen_tokens
     on_host = acceptance == "host" or (acceptance == "auto" and dev.type == "cpu")
@@ -205,8 +206,7 @@ def generate_batch(
     bd = BatchDrafter(drafter, bt.B, bt.c, bt.capacity + 2 * room_slots)
     stream = iter(items)
     slots: list[_Slot | None] = [None] * bt.B
-    idle = torch.zeros(1, dtype=torch.long, device=dev)
-    first = torch.zeros(1, dtype=torch.long, device=dev)
+    zero = torch.zeros(1, dtype=torch.long, device=dev)  # an idle slot's root; a one-node tree's kept node
 
     def admit(s: int) -> None:
         item = next(stream, None)
@@ -267,7 +267,7 @@ def generate_batch(
         for s in range(bt.B):
             st = slots[s]
             if st is None:
-                trees.append(BatchTarget.idle(idle))
+                trees.append(BatchTarget.idle(zero))
                 continue
             gidx[s] = len(st.tokens)
             bd.rollback(s)
@@ -292,7 +292,7 @@ def generate_batch(
                 keeps.append(read.keep)
                 in_place.append(read.acceptance.path[-1] == read.acceptance.accepted)
             else:  # the root alone
-                keeps.append(first)
+                keeps.append(zero)
                 in_place.append(True)
         bt.commit(keeps, in_place)
         verified = clock.mark()

@@ -49,6 +49,25 @@ class SlotTree:
         return int(self.tokens.numel())
 
 
+def slot_rows(s: int, slots: int, rows_per_slot: int, device: torch.device) -> torch.Tensor:
+    """The rows of slot ``s`` in CFG-major order (row ``k·slots + s``: its CFG row k, cond first)."""
+    return torch.arange(rows_per_slot, device=device) * slots + s
+
+
+def per_row(values: list[int], rows_per_slot: int, device: torch.device) -> torch.Tensor:
+    """One value per slot → one per row (CFG-major), as a long tensor on ``device``."""
+    return torch.tensor(values, dtype=torch.long).repeat(rows_per_slot).to(device)
+
+
+def row_mask(key_bias: torch.Tensor, cols: torch.Tensor, block: torch.Tensor, width: int) -> torch.Tensor:
+    """Additive mask ``[R, 1, M, width]``: row r's committed-column bias ``key_bias [R, ≥ width]`` for every one of its
+    M new positions, with ``block [R, M, w]`` (additive) placed at that row's own columns ``cols [R, w]``."""
+    R, M = block.shape[0], block.shape[1]
+    mask = key_bias[:, None, None, :width].expand(R, 1, M, width).clone()
+    mask.scatter_(3, cols[:, None, None, :].expand(-1, 1, M, -1), block[:, None])
+    return mask
+
+
 class BatchTarget:
     """Per-slot state over ``target``'s network (module docstring). ``cfg``: every prompt has a CFG uncond row;
     ``capacity``: cache columns per row (the longest prompt + the image + one tree)."""
@@ -69,7 +88,7 @@ class BatchTarget:
 
     def slot_rows(self, s: int) -> torch.Tensor:
         """The cache rows of slot ``s`` (its CFG rows, cond first)."""
-        return torch.arange(self.c, device=self.device) * self.B + s
+        return slot_rows(s, self.B, self.c, self.device)
 
     # --- prompts ---------------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -115,9 +134,8 @@ class BatchTarget:
         width = max(self.length) + N  # the columns any row attends
         if width > self.capacity:
             raise RuntimeError(f"KV cache overflow: need {width} > capacity {self.capacity}")
-        mask = self.key_bias[:, None, None, :width].expand(self.rows, 1, N, width).clone()
-        add = torch.where(block, 0.0, float("-inf")).to(self.dtype).repeat(c, 1, 1)[:, None]  # [R, 1, N, N]
-        mask.scatter_(3, write[:, None, None, :].expand(-1, 1, N, -1), add)
+        add = torch.where(block, 0.0, float("-inf")).to(self.dtype).repeat(c, 1, 1)  # [R, N, N]
+        mask = row_mask(self.key_bias, write, add, width)
         pos = self.next_pos[:, None] + depth.repeat(c, 1)
         x = self.target.net.tok_embeddings(tokens).repeat(c, 1, 1)
         feats = self.target.net.forward_embeds(x, pos, mask, self.cache, write)
@@ -144,7 +162,7 @@ class BatchTarget:
             shape = (buf.shape[0], self.rows, buf.shape[2], K, buf.shape[4])
             moved = buf.gather(3, src[None, :, None, :, None].expand(shape))
             buf.scatter_(3, dst[None, :, None, :, None].expand(shape), moved)
-        add = torch.tensor(k, dtype=torch.long).repeat(self.c).to(self.device)
+        add = per_row(k, self.c, self.device)
         lo = self._len[:, None]
         self.key_bias.masked_fill_((self._cols[None] >= lo) & (self._cols[None] < lo + add[:, None]), 0.0)
         self._len += add

@@ -38,7 +38,3 @@ class Drafter(Protocol):
 
     def rollback(self) -> None:
         """Drop this cycle's scratch slots."""
-
-    def fork(self) -> Drafter:
-        """A drafter sharing these weights with runtime state of its own (one per slot of a batch)."""
-        ...

@@ -20,15 +20,13 @@ to float rounding (tested in float64). ``SlotDrafter`` is one slot seen through 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from adtbench.algorithm.drafters.eagle import EagleDrafter
+from adtbench.models.batch import per_row, row_mask, slot_rows
 from adtbench.models.kv import StaticKVCache
-
-if TYPE_CHECKING:
-    from adtbench.algorithm.drafters.base import Drafter
 
 
 class BatchDrafter:
@@ -47,10 +45,7 @@ class BatchDrafter:
         self.scratch = [0] * slots
 
     def rows(self, s: int) -> torch.Tensor:
-        return torch.arange(self.c, device=self.device) * self.B + s
-
-    def _row_values(self, per_slot: list[int]) -> torch.Tensor:
-        return torch.tensor(per_slot, dtype=torch.long).repeat(self.c).to(self.device)
+        return slot_rows(s, self.B, self.c, self.device)
 
     def admit(self, s: int, start: Any) -> torch.Tensor:
         """Slot ``s`` takes a new prompt: ``start(drafter)`` runs the prompt through a single drafter (e.g.
@@ -92,16 +87,13 @@ class BatchDrafter:
             if s in blocks:
                 b = blocks[s]
                 block[rows, : b.shape[0], : b.shape[1]] = b
-        base = self._row_values([L + S for L, S in zip(self.length, self.scratch, strict=True)])
+        base = per_row([L + S for L, S in zip(self.length, self.scratch, strict=True)], self.c, dev)
         write = base[:, None] + ar[None]
-        lengths = self._row_values(self.length)
         total = max(self.length) + width
         if total > self.capacity:
             raise RuntimeError(f"drafter KV overflow: need {total} > capacity {self.capacity}")
-        mask = self.key_bias[:, None, None, :total].expand(self.R, 1, M, total).clone()
-        cols = lengths[:, None] + torch.arange(width, device=dev)[None]
-        mask.scatter_(3, cols[:, None, None, :].expand(-1, 1, M, -1), block[:, None])
-        return self.net.forward(embeds, feats, pos, mask, write)
+        cols = per_row(self.length, self.c, dev)[:, None] + torch.arange(width, device=dev)[None]
+        return self.net.forward(embeds, feats, pos, row_mask(self.key_bias, cols, block, total), write)
 
     @torch.no_grad()
     def extend(self, reqs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> dict[int, torch.Tensor]:
@@ -114,11 +106,8 @@ class BatchDrafter:
         for s, (f, _, _) in reqs.items():
             m = f.shape[1]
             b = torch.full((M, M), float("-inf"), dtype=self.dtype, device=self.device)
-            b[:m, :m] = torch.zeros(m, m, dtype=self.dtype, device=self.device).masked_fill_(
-                torch.ones(m, m, dtype=torch.bool, device=self.device).triu_(1), float("-inf")
-            )
-            b.fill_diagonal_(0.0)
-            blocks[s] = b
+            b[:m, :m] = b[:m, :m].triu(1)  # new slot i sees new slots j ≤ i
+            blocks[s] = b.fill_diagonal_(0.0)  # and a padded one itself only
         out = self._forward(reqs, blocks, M)
         res = {}
         for s, (f, _, _) in reqs.items():
@@ -191,6 +180,3 @@ class SlotDrafter:
 
     def rollback(self) -> None:
         self.batch.rollback(self.s)
-
-    def fork(self) -> Drafter:
-        raise RuntimeError("a batched slot's drafter is not forked")
