@@ -26,6 +26,9 @@ SUBCOMMANDS = {
 
 
 def main() -> None:
+    from adtbench import accel
+
+    accel.activate_from_env()  # ADTBENCH_SIMULATE_DEVICE=cuda: every command on the simulated CUDA device
     args = sys.argv[1:]
     if args and args[0] in SUBCOMMANDS:
         try:

@@ -13,7 +13,7 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "adtbench"
 
 LAYERS: dict[str, int] = {  # module or folder under adtbench (longest prefix wins) → layer (0 = foundation)
-    **dict.fromkeys(["errors", "registry", "layout", "io", "scenes", "resources"], 0),
+    **dict.fromkeys(["errors", "registry", "layout", "io", "scenes", "resources", "accel"], 0),
     **dict.fromkeys(["algorithm.tree", "algorithm.sampling", "algorithm.verify", "algorithm.regions"], 1),
     "models": 2,
     "algorithm": 3,  # engine, decode loops, policies, drafters, lantern, cost

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
@@ -200,7 +201,7 @@ def generate_batch(
     (``copy.deepcopy``), ``drafter``'s weights serve a ``BatchDrafter``; ``acceptance`` as in ``engine.generate``."""
     clock, layout, dev = Clock(bt.device), bt.layout, bt.device
     n_gen = layout.num_gen_tokens
-    on_host = acceptance == "host" or (acceptance == "auto" and dev.type == "cpu")
+    on_host = acceptance == "host" or (acceptance == "auto" and not accel.is_cuda(dev))
     policies = [copy.deepcopy(policy) for _ in range(bt.B)]
     room_slots = max(policy.max_nodes(), policy.max_draft_slots())
     bd = BatchDrafter(drafter, bt.B, bt.c, bt.capacity + 2 * room_slots)

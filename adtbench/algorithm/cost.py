@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from adtbench import accel
 from adtbench.resources import load_average
 
 if TYPE_CHECKING:
@@ -349,11 +350,11 @@ def random_tree(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tenso
 def timed_ms(fn: Any, sync: bool) -> float:
     """Wall time (ms, ``time.perf_counter``) of one call of ``fn``, CUDA-synchronised before and after when ``sync``."""
     if sync:
-        torch.cuda.synchronize()
+        accel.synchronize()
     t = time.perf_counter()
     fn()
     if sync:
-        torch.cuda.synchronize()
+        accel.synchronize()
     return 1e3 * (time.perf_counter() - t)
 
 
@@ -371,10 +372,7 @@ def fill_cache(target: Any, kv_len: int, max_nodes: int, gen: torch.Generator) -
     goal = min(kv_len, budget)
     while target.length < goal:
         n = min(128, goal - target.length)
-        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen, device=gen.device)
-        chain = torch.ones(n, n, dtype=torch.bool).tril()
-        target.verify_forward(toks, chain, torch.arange(n))
-        target.commit(torch.arange(n))
+        _commit_random_chain(target, n, gen)
     return int(target.length)
 
 
@@ -387,10 +385,18 @@ def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Gener
     goal = target.length + max(0, min(int(fraction * lay.num_gen_tokens), lay.num_gen_tokens - 1))
     while target.length < goal:
         n = min(128, goal - target.length)
-        toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen, device=gen.device)
-        target.verify_forward(toks, torch.ones(n, n, dtype=torch.bool).tril(), torch.arange(n))
-        target.commit(torch.arange(n))
+        _commit_random_chain(target, n, gen)
     return int(target.length)
+
+
+def _commit_random_chain(target: Any, n: int, gen: torch.Generator) -> None:
+    """Verify a chain of n random image tokens and commit it (the chain, its depths and the kept nodes are built on
+    the target's device, as the engine's are; the tokens are drawn from ``gen`` where it lives)."""
+    lay, dev = target.layout, target.device
+    toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen, device=gen.device)
+    steps = torch.arange(n, device=dev)
+    target.verify_forward(toks.to(dev), torch.ones(n, n, dtype=torch.bool, device=dev).tril(), steps)
+    target.commit(steps, in_place=True)
 
 
 @torch.no_grad()
@@ -408,7 +414,7 @@ def measure_cost(
     ``target.start`` / ``drafter.reset`` starts afresh)."""
     from adtbench.algorithm.drafters.session import DraftSession
 
-    sync = target.device.type == "cuda"
+    sync = accel.is_cuda(target.device)
     gen = torch.Generator().manual_seed(0)
     lay = target.layout
     v_sizes = sorted({n for n in (sizes or VERIFY_SIZES) if n <= max_nodes} | {1, max_nodes})
@@ -430,7 +436,7 @@ def measure_cost(
     feats = torch.randn(rows, length, H, generator=gen, device=gen.device).to(dev, target.dtype)
     pos = torch.arange(length, device=dev)[None].expand(rows, length)
     embeds = target.embed_tokens(toks(length).to(dev))[None].expand(rows, -1, -1)
-    valid = torch.ones(rows, length, dtype=torch.bool)
+    valid = torch.ones(rows, length, dtype=torch.bool, device=dev)
     drafter.extend(feats[:, :-2], embeds[:, :-2], pos[:, :-2], valid[:, :-2])
     base_len = drafter.length
     root = toks(1).to(dev)

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.gate import DraftGate
@@ -253,7 +254,7 @@ def generate(
     if gate is not None:
         gate.reset()
     clock, n_gen = Clock(target.device), target.layout.num_gen_tokens
-    on_host = acceptance == "host" or (acceptance == "auto" and target.device.type == "cpu")
+    on_host = acceptance == "host" or (acceptance == "auto" and not accel.is_cuda(target.device))
     t0 = clock.now()
     begin = clock.mark()
     root, _, out = prefill(target, drafter, inputs, sp, policy.max_nodes(), policy.max_draft_slots(), generator)

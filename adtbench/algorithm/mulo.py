@@ -201,7 +201,7 @@ class _Side:
 
     def keep(self, slots: list[int], real: list[bool]) -> None:
         """Commit the K/V of the ``real`` tokens of the last forward (``slots``); the others are discarded."""
-        self.model.commit(self.cache.commit(slots, real))
+        self.model.commit(self.cache.commit(slots, real).to(self.model.device))
 
     def process(self, raw: torch.Tensor, rows: list[int], predicts: list[int]) -> torch.Tensor:
         """Processed ``[m, V]`` logits of output ``rows`` predicting slots ``predicts``."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
+
 
 @dataclass
 class CycleRecord:
@@ -75,19 +77,16 @@ class Clock:
     CPU), and ``seconds(a, b)`` turns two marks into seconds once the device has passed both (after a ``now()``)."""
 
     def __init__(self, device: torch.device) -> None:
-        self.sync = device.type == "cuda"
+        self.device = device
+        self.sync = accel.is_cuda(device)
 
     def now(self) -> float:
         if self.sync:
-            torch.cuda.synchronize()
+            accel.synchronize(self.device)
         return time.perf_counter()
 
     def mark(self) -> Any:
-        if not self.sync:
-            return time.perf_counter()
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
+        return accel.mark(self.device)
 
     def seconds(self, a: Any, b: Any) -> float:
-        return float(b - a) if not self.sync else 1e-3 * float(a.elapsed_time(b))
+        return accel.elapsed_s(a, b)

@@ -44,6 +44,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.sampling import sample, sample_np, sample_rows, uniforms
 from adtbench.algorithm.tree import DraftTree, true_flag
 
@@ -378,7 +379,7 @@ def verify_cycle(
     the float64 walk of ``verify_tree`` on host copies; ``auto`` — host when the logits are on the CPU (there the host
     is the device: numpy's per-call cost is a fraction of a torch op's, and a read costs nothing), device elsewhere.
     The same law either way (tested); the draws differ, so a seed gives other tokens on the two paths."""
-    if where == "device" or (where == "auto" and processed.device.type != "cpu"):
+    if where == "device" or (where == "auto" and accel.is_cuda(processed.device)):
         verdict = accept(tree, processed, greedy, generator, rule)
         return read_verdict(tree, verdict, extra(verdict.bonus_logits) if extra is not None else [])
     acc = verify_tree(tree, processed, greedy, generator, rule)

@@ -56,7 +56,7 @@ forward itself. KV capacity: the prefill reserves room for the largest forward (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -207,13 +207,23 @@ def plan_forwards(steps: list[list[int]], shape: GridShape) -> ZipARPlan:
 
 
 @lru_cache(maxsize=16)
-def _cached_plan(shape: GridShape, window: int) -> ZipARPlan:
-    return plan_forwards(zipar_steps(shape, window), shape)
+def _cached_plan(shape: GridShape, window: int, device: torch.device) -> ZipARPlan:
+    plan = plan_forwards(zipar_steps(shape, window), shape)
+    if device == torch.device("cpu"):
+        return plan
+    return ZipARPlan(plan.steps, tuple(_on(fw, device) for fw in plan.forwards))
 
 
-def zipar_plan(layout: TokenLayout, window: int) -> ZipARPlan:
-    """ZipAR's plan for ``layout`` and ``window``, cached per (grid shape, window); treat it as read-only."""
-    return _cached_plan(GridShape.of(layout), window)
+def _on(fw: ForwardPlan, device: torch.device) -> ForwardPlan:
+    """``fw`` with its index tensors on ``device`` (moved once per plan, not once per forward)."""
+    return replace(fw, slots=fw.slots.to(device), queries=fw.queries.to(device), predicts=fw.predicts.to(device),
+                   allowed=fw.allowed.to(device), keep=fw.keep.to(device))  # fmt: skip
+
+
+def zipar_plan(layout: TokenLayout, window: int, device: torch.device | None = None) -> ZipARPlan:
+    """ZipAR's plan for ``layout`` and ``window`` with its index tensors on ``device`` (default the host), cached per
+    (grid shape, window, device); treat it as read-only."""
+    return _cached_plan(GridShape.of(layout), window, torch.device("cpu") if device is None else device)
 
 
 def draw(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> list[int]:
@@ -233,7 +243,7 @@ def zipar_forward(
     ids = torch.tensor([eol if s == EOL_INPUT else tokens[s] for s in fw.src], dtype=torch.long)
     raw, _ = target.forward_at(ids, fw.slots, fw.allowed)
     target.commit(fw.keep)
-    processed = process_logits(raw if fw.reads_all else raw[:, fw.queries.to(raw.device)], fw.predicts, layout, sp)
+    processed = process_logits(raw if fw.reads_all else raw[:, fw.queries], fw.predicts, layout, sp)
     for g, x in zip(fw.predict_list, draw(processed, sp, generator), strict=True):
         tokens[g] = x
 
@@ -275,7 +285,7 @@ def decode_zipar(
     """ZipAR decoding of one image with window ``window`` (an int ≥ 1), timed like ``engine.decode_ar``."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"ZipAR window must be an integer >= 1, got {window!r}")
-    plan = zipar_plan(target.layout, window)  # prompt-independent and cached: outside the timed scope
+    plan = zipar_plan(target.layout, window, target.device)  # prompt-independent, cached: outside the timed scope
     res = decode_plan(target, inputs, sp, generator, plan)
     res.stats = {"window": window, **res.stats}
     return res

@@ -42,6 +42,7 @@ from hydra.errors import CompactHydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from adtbench import accel
 from adtbench.algorithm.engine import GenerationResult, decode_ar, generate
 from adtbench.algorithm.policies import Policy
 from adtbench.algorithm.records import TRACE_FIELDS, Clock
@@ -92,8 +93,8 @@ def environment(target: Any) -> dict[str, Any]:
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
     }
-    if dev.type == "cuda":
-        info |= {"gpu": torch.cuda.get_device_name(dev), "cuda": torch.version.cuda}
+    if accel.is_cuda(dev):
+        info |= {"gpu": accel.device_name(dev), "cuda": torch.version.cuda}
     return info
 
 
@@ -392,18 +393,18 @@ def _run(
     warn_long_prompts(target, todo, str(choices.get("model", cfg.model.get("name"))))
     drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else build_loop_models(cfg, policy, target)
     rule = build_rule(cfg, target)
+    compile_on = engine_compile(cfg)
+    acceptance = engine_acceptance(cfg)
+    if compile_on:  # one compiled target serves both sides (baseline and method); before bind: the cost model
+        compile_models(target, drafter, cfg)  # is measured on what the run replays (graphs at the pinned capacity)
     t_bind = time.perf_counter()
     cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None
     policy.bind(cost_source(target, drafter, sp, cache_dir) if policy.uses_drafter and drafter is not None else None)
     bind_s = time.perf_counter() - t_bind
     log.info("policy bind: %.1f s", bind_s)
-    compile_on = engine_compile(cfg)
-    acceptance = engine_acceptance(cfg)
-    if compile_on:  # one compiled target serves both sides (baseline and method)
-        compile_models(target, drafter, cfg)
     env = environment(target)
     use_cfg = sp.use_cfg and target.supports_cfg
-    gen_device = target.device if target.device.type == "cuda" else torch.device("cpu")
+    gen_device = target.device if accel.is_cuda(target.device) else torch.device("cpu")
 
     clock = Clock(target.device)
 
@@ -411,7 +412,7 @@ def _run(
         t0 = clock.now()  # prompt encoding (text encoder; Tar's LM) is timed apart from latency_s
         inputs = target.encode_prompt(p.text, cfg=use_cfg)
         encode_s = clock.now() - t0
-        g = torch.Generator(device=gen_device).manual_seed(seed)
+        g = accel.generator(gen_device, seed)
         if not method:
             res = decode_ar(target, inputs, sp, g)
         else:
@@ -451,6 +452,9 @@ def _run(
         "bind_s": bind_s,
         "warmup_s": warmup_s,
     }
+    sim = accel.simulation()
+    if sim is not None:  # what the simulated device counted up to here (model build, bind, warm-up)
+        run_info["simulated_device"] = sim.report()
     from adtbench.harness.tracking import build_logger
 
     tracker = build_logger(cfg, run_dir, choices)
@@ -522,9 +526,12 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
     family = str(cfg.model.family)
     device = getattr(target, "device", None)
     graphs = (
-        isinstance(device, torch.device) and device.type == "cuda" and callable(getattr(target, "request_static", None))
+        isinstance(device, torch.device)
+        and accel.graphs_supported(device)
+        and callable(getattr(target, "request_static", None))
     )
     drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
+    target.engine_mode = "graphs" if graphs else "compiled"
     if graphs:
         target.request_static(graphs=True)
         log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)

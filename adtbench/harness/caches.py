@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.cost import MEASURE_METHOD, CostModel, measure_cost, target_parameters
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError, check_flag, check_number
@@ -49,9 +50,10 @@ def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
         "drafter_layers": int(drafter.config.num_layers),
         "gen_tokens": int(target.layout.num_gen_tokens),
         "vocab": int(target.layout.vocab_size),
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else f"cpu:{_cpu_name()}",
+        "device": accel.device_name(dev) if accel.is_cuda(dev) else f"cpu:{_cpu_name()}",
         "dtype": str(target.dtype).replace("torch.", ""),
-        "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+        "threads": None if accel.is_cuda(dev) else torch.get_num_threads(),
+        "engine": getattr(target, "engine_mode", "eager"),  # eager | compiled | graphs: what the decode will run
         "rows": int(rows),
         "torch": torch.__version__,
         "method": MEASURE_METHOD,

@@ -235,6 +235,7 @@ class StaticGPTTarget(Target):
 
         if self._pin is not None and self.static is None:
             extra, graphs = self._pin
+            self.rows = rows  # the capture's forwards run at this prompt's rows (CFG: 2), before ``start`` sets them
             self.cache = self.pinned = self.net.new_cache(rows, capacity + extra)
             self.static = StaticVerifier(self, rows, capacity + extra)
             if graphs:

@@ -38,10 +38,11 @@ and caches of its capture: no parameter may change after it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 import torch
+
+from adtbench import accel
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 _Out = TypeVar("_Out")
@@ -53,11 +54,12 @@ def bucket_of(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
 
 
 class _Step(Generic[_Out]):
-    """One bucket's static-shape forward: ``run`` it eagerly, or ``capture`` it once as a CUDA graph and replay it;
-    either way the outputs are static tensors the next ``run`` rewrites (read them first)."""
+    """One bucket's static-shape forward: ``run`` it eagerly, or ``capture`` it once as a CUDA graph (its stand-in
+    off a GPU: ``accel.capture``) and replay it; either way the outputs are static tensors the next ``run`` rewrites
+    (read them first)."""
 
-    graph: Any = None
-    out: _Out | None = None
+    graph: accel.Graph | None = None
+    device: torch.device
 
     def _forward(self) -> _Out:
         raise NotImplementedError
@@ -65,13 +67,13 @@ class _Step(Generic[_Out]):
     def run(self) -> _Out:
         if self.graph is not None:
             self.graph.replay()
-            assert self.out is not None
-            return self.out
+            out: _Out = self.graph.out
+            return out
         return self._forward()
 
     def capture(self) -> None:
-        """Capture ``run``'s forward as a CUDA graph (``_capture``)."""
-        self.graph, self.out = _capture(self._forward)
+        """Capture ``run``'s forward (``accel.capture``: two warm-up runs, then the capture)."""
+        self.graph = accel.capture(self._forward, self.device)
 
 
 class StaticVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
@@ -79,7 +81,7 @@ class StaticVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
     cache of ``capacity`` columns; ``graph`` after ``capture``."""
 
     def __init__(self, target: Any, b: int, rows: int, capacity: int) -> None:
-        dev = target.device
+        dev = self.device = target.device
         self.target, self.b, self.capacity = target, b, capacity
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
@@ -115,11 +117,11 @@ class _Buckets:
     capture_s = 0.0
 
     def capture(self) -> float:
-        """Capture every bucket (CUDA); returns and records the seconds it took."""
+        """Capture every bucket (CUDA graphs, or their stand-in off a GPU); returns and records the seconds it took."""
         t = time.perf_counter()
         for step in self.steps.values():
             step.capture()
-        torch.cuda.synchronize()
+            accel.synchronize(step.device)
         self.capture_s = time.perf_counter() - t
         return self.capture_s
 
@@ -158,7 +160,7 @@ class StaticDraft(_Step[torch.Tensor]):
     def __init__(
         self, drafter: Any, b: int, rows: int, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device
     ) -> None:
-        self.drafter, self.b, self.capacity = drafter, b, capacity
+        self.drafter, self.b, self.capacity, self.device = drafter, b, capacity, device
         self.feats = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
         self.embeds = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=device)
@@ -239,22 +241,6 @@ class StaticDrafter(_Buckets):
         step = self.steps[b]
         step.load(feats, embeds, pos, bias, block, length, start)
         return step.run()[:, :m].clone()
-
-
-def _capture(forward: Callable[[], _Out]) -> tuple[Any, _Out]:
-    """Capture ``forward`` (under ``no_grad``) as a CUDA graph after two warm-up runs on a side stream, as CUDA
-    requires; returns the graph and the captured call's outputs (static tensors every replay rewrites)."""
-    with torch.no_grad():
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                forward()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = forward()
-    return graph, out
 
 
 def _initial_mask(pad_block: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:

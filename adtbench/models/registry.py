@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
 from adtbench.registry import Registry
@@ -120,24 +121,22 @@ def apply_sidecar(cfg: Any) -> None:
 
 
 def resolve_device(value: Any, key: str = "model.device") -> torch.device:
-    """``auto`` → ``cuda`` if available else ``cpu``; anything else must be a valid, available torch device."""
+    """``auto`` → ``cuda`` if available else ``cpu``; anything else must be a valid, available torch device. Under the
+    simulated device (``accel``, ``ADTBENCH_SIMULATE_DEVICE=cuda``) ``auto`` and ``cuda`` are the simulated one."""
     name = "auto" if value is None else str(value)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
-        dev = torch.device(name)
+        return accel.resolve(name)
     except RuntimeError as e:
         raise ConfigError(key, f"invalid device {name!r}") from e
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(key, f"{name!r} requested but no CUDA device is available")
-    return dev
+    except ValueError as e:
+        raise ConfigError(key, str(e)) from e
 
 
 def resolve_dtype(value: Any, device: torch.device, key: str = "model.dtype") -> torch.dtype:
     """``auto`` → bfloat16 on CUDA, float32 elsewhere; otherwise one of ``DTYPES``."""
     name = "auto" if value is None else str(value)
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.bfloat16 if accel.is_cuda(device) else torch.float32
     if name not in DTYPES:
         raise ConfigError(key, f"unknown dtype {name!r}; choose auto or one of {sorted(DTYPES)}")
     return DTYPES[name]

@@ -20,6 +20,8 @@ from functools import lru_cache
 
 import torch
 
+from adtbench import accel
+
 
 @lru_cache(maxsize=64)
 def _inv_freq(dim: int, n: int, theta: float, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -115,7 +117,7 @@ def qkv_tables(
     shared by every layer. On the CPU the rows come from a per-position table (one gather; no device sync is
     needed to size it there), elsewhere they are computed directly; both are the same formula.
     """
-    if pos.device.type == "cpu" and pos.numel() > 0:
+    if not accel.is_cuda(pos.device) and pos.numel() > 0:
         ftype = torch.float64 if dtype == torch.float64 else torch.float32
         lo, hi = pos.aminmax()
         if int(lo) < 0:

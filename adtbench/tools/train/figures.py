@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from adtbench import accel
 from adtbench.io import atomic_write_json, save_png
 from adtbench.resources import conf_dir
 
@@ -61,7 +62,7 @@ def _median_ms(fn: Any, repeats: int, device: torch.device) -> float:
     from adtbench.algorithm.cost import median_ms
 
     fn()
-    return median_ms(fn, repeats, device.type == "cuda")
+    return median_ms(fn, repeats, accel.is_cuda(device))
 
 
 @torch.no_grad()
@@ -75,18 +76,19 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
     prompt = "a large red circle left of a small blue square on a striped green background"
     inputs = target.encode_prompt(prompt, cfg=True)
     res = target.start(inputs, 64)
-    R = target.rows
+    R, dev = target.rows, target.device
     drafter.reset(R, res.features.shape[1] + target.layout.num_gen_tokens + 80)
-    toks = torch.randint(target.layout.num_codes, (prefix,)) + target.layout.image_token_offset
+    toks = torch.randint(target.layout.num_codes, (prefix,), device=dev) + target.layout.image_token_offset
     root_e = target.embed_tokens(toks[:1])[None].expand(R, 1, -1)
     drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_e], 1), res.positions, res.valid)
-    chain = torch.ones(prefix, prefix, dtype=torch.bool).tril()
-    _, f = target.verify_forward(toks, chain, torch.arange(prefix))
-    pos = target.next_pos[:, None] + torch.arange(prefix)[None]
-    target.commit(torch.arange(prefix))
+    chain = torch.ones(prefix, prefix, dtype=torch.bool, device=dev).tril()
+    steps = torch.arange(prefix, device=dev)
+    _, f = target.verify_forward(toks, chain, steps)
+    pos = target.next_pos[:, None] + steps[None]
+    target.commit(steps, in_place=True)
     emb = target.embed_tokens(torch.cat([toks[1:], toks[:1]]))[None].expand(R, -1, -1)
-    out = drafter.extend(f, emb, pos, torch.ones(R, prefix, dtype=torch.bool))
-    one, zero = torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+    out = drafter.extend(f, emb, pos, torch.ones(R, prefix, dtype=torch.bool, device=dev))
+    one, zero = torch.ones(1, 1, dtype=torch.bool, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
 
     def session() -> DraftSession:
         drafter.rollback()
@@ -109,8 +111,8 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
     feats = s0.outputs[:, :1].expand(R, 10, -1)
     embeds = target.embed_tokens(top)[None].expand(R, -1, -1)
     dpos = target.next_pos[:, None].expand(R, 10)
-    eye = torch.eye(10, dtype=torch.bool)
-    gen_idx = torch.full((10,), prefix + 2)
+    eye = torch.eye(10, dtype=torch.bool, device=dev)
+    gen_idx = torch.full((10,), prefix + 2, device=dev)
 
     def forward() -> None:  # the same level without the bookkeeping: network, LM head, logits processing
         drafter.rollback()
@@ -146,12 +148,13 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0) -> dict:
     target, drafter = load_models()
     sp = _sampling_params()
     scenes = [s for _, s in iter_split(0, "heldout", n)]
+    gen_device = target.device if accel.is_cuda(target.device) else torch.device("cpu")
     rows: dict[str, list[np.ndarray]] = {"ar": [], "spec": [], "truth": []}
     taus = []
     for i, s in enumerate(scenes):
         inputs = target.encode_prompt(s.caption, cfg=True)
-        a = decode_ar(target, inputs, sp, torch.Generator().manual_seed(seed + i))
-        b = generate(target, drafter, Eagle2Policy(4, 10, 59), inputs, sp, torch.Generator().manual_seed(seed + i))
+        a = decode_ar(target, inputs, sp, accel.generator(gen_device, seed + i))
+        b = generate(target, drafter, Eagle2Policy(4, 10, 59), inputs, sp, accel.generator(gen_device, seed + i))
         taus.append(b.tau)
         rows["ar"].append(target.decode_image(target.layout.tokens_to_codes(a.tokens)))
         rows["spec"].append(target.decode_image(target.layout.tokens_to_codes(b.tokens)))

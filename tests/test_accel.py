@@ -1,0 +1,137 @@
+"""The simulated CUDA device and the CUDA-graph stand-in (``adtbench.accel``): CUDA's placement rules on the CPU, the
+synchronisations counted, a graph's capture/replay discipline — and the two crashes a first GPU run of the earlier
+engine would have hit, planted back, fail here (negative controls)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny
+
+from adtbench import accel
+from adtbench.accel import GraphError, PlacementError
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.models.kv import StaticKVCache
+
+
+def test_a_host_tensor_in_device_work_is_refused_naming_the_op_and_where_it_was_made() -> None:
+    with accel.simulate():
+        x = torch.ones(3, device="cuda")
+        host = torch.arange(3)  # no device: born on the host
+        assert x.device == accel.SIM_DEVICE and host.device == torch.device("cpu") and x.is_cuda
+        with pytest.raises(PlacementError, match=r"add at .*test_accel.py.*arange without a device"):
+            x + host
+        assert (x + torch.tensor(2.0)).is_cuda  # a 0-d host tensor is a scalar: CUDA accepts it
+        assert (x + host.to(x.device)).is_cuda  # moved first: fine, and counted as a copy
+        with pytest.raises(PlacementError, match="numpy"):
+            x.numpy()
+
+
+def test_reads_and_copies_are_counted_and_results_stay_on_the_device() -> None:
+    with accel.simulate() as sim:
+        x = torch.zeros(4, device="cuda")
+        y = (x + 1).cumsum(0)
+        assert y.is_cuda and not y.cpu().is_cuda
+        before = sim.report()
+        assert float(y[-1]) == 4.0 and y.tolist() == [1.0, 2.0, 3.0, 4.0]
+        x.copy_(torch.ones(4))  # host → device
+        idx = torch.tensor([0, 2], device=x.device)  # from host data: a copy
+        after = sim.report()
+    assert after["device_reads"] - before["device_reads"] == 2
+    assert after["host_to_device_copies"] - before["host_to_device_copies"] == 2
+    assert idx.is_cuda is False  # outside the simulation a tensor's device is its physical one
+
+
+def test_a_generator_on_the_other_device_is_refused() -> None:
+    with accel.simulate():
+        dev = torch.device("cuda")
+        g_host, g_dev = torch.Generator().manual_seed(0), accel.generator(accel.resolve("cuda"), 0)
+        assert g_dev.device == accel.SIM_DEVICE
+        torch.rand(2, generator=g_dev, device=dev)
+        with pytest.raises(PlacementError, match="Expected a 'cuda' device type for generator"):
+            torch.rand(2, generator=g_host, device=dev)
+        with pytest.raises(PlacementError, match="Expected a 'cpu' device type for generator"):
+            torch.rand(2, generator=g_dev)
+
+
+def test_planted_compact_with_host_indices_fails_on_the_simulated_device() -> None:
+    """Negative control of the crash of landed main: ``StaticKVCache.compact`` with a host ``keep`` (as the cost
+    model's cache filling passed it) is refused; the same call with ``keep`` on the device runs."""
+    with accel.simulate():
+        kv = StaticKVCache(1, 1, 1, 8, 2, torch.float32, accel.resolve("cuda"))
+        with pytest.raises(PlacementError, match="index_select at models/kv.py"):
+            kv.compact(0, torch.arange(3))
+        kv.compact(0, torch.arange(3, device=kv.buf.device))
+
+
+def _stand_in_step():
+    buf, out = torch.zeros(3), torch.zeros(3)
+    state = {"n": 3, "buf": buf}
+
+    def forward() -> torch.Tensor:
+        return state["buf"][: state["n"]] * 2 + 1
+
+    return buf, state, forward
+
+
+def test_the_graph_stand_in_replays_into_the_captured_outputs() -> None:
+    buf, state, forward = _stand_in_step()
+    with accel.standin_graphs():
+        g = accel.capture(forward, torch.device("cpu"))
+    out = g.out
+    buf.copy_(torch.tensor([1.0, 2.0, 3.0]))  # new inputs go into the static buffer
+    g.replay()
+    assert g.out is out and out.tolist() == [3.0, 5.0, 7.0]
+
+
+def test_the_graph_stand_in_refuses_what_a_cuda_graph_cannot_replay() -> None:
+    buf, state, forward = _stand_in_step()
+    with accel.standin_graphs():
+        g = accel.capture(forward, torch.device("cpu"))
+        state["n"] = 2  # a Python value the capture froze
+        with pytest.raises(GraphError, match="other work than its capture"):
+            g.replay()
+        state["n"], state["buf"] = 3, torch.ones(3)  # a new tensor instead of a copy into the static buffer
+        with pytest.raises(GraphError, match="never read"):
+            g.replay()
+
+        def syncing() -> torch.Tensor:
+            return buf * float(buf.sum())
+
+        with accel.simulate(), pytest.raises(GraphError, match="illegal while a CUDA graph is being captured"):
+            accel.capture(lambda: syncing(), accel.resolve("cuda"))
+
+
+@pytest.mark.parametrize("model", ["tiny_llamagen", "tiny_chameleon"])
+def test_graphed_cfg_decoding_equals_eager_and_the_planted_capture_bug_fails(model: str) -> None:
+    """``engine.compile`` on the simulated device captures every verify bucket at the first prefill with the CFG rows
+    (2): graphed greedy speculation equals eager AR token for token, every call after the capture replays. Negative
+    control: with the rows set after the capture (landed main), the capture's warm-up fails as it would on CUDA."""
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    with accel.simulate() as sim:
+        target, drafter = tiny(model, dtype="float32", device="cuda")
+        inputs = target.encode_prompt("a red circle", cfg=True)
+        eager = decode_ar(target, inputs, sp, None).tokens
+        target.request_static(graphs=True)
+        drafter.request_static(graphs=True)
+        policy = Eagle2Policy(depth=2, top_k=3, total_tokens=9)
+        graphed = generate(target, drafter, policy, inputs, sp, None)
+        assert graphed.tokens == eager
+        assert sorted(target.static.steps) == [1, 2, 4, 8, 16, 32, 64, 128][: len(target.static.steps)]
+        assert all(s.graph is not None for s in target.static.steps.values())
+        assert sim.counts["graph_replays"] >= graphed.target_forwards - 1
+    with accel.simulate():  # planted: the capture runs before the prompt's rows are set (landed main)
+        target, _ = tiny(model, dtype="float32", device="cuda")
+        target.request_static(graphs=True)
+        new_cache = target.net.new_cache
+
+        def rows_set_after_the_capture(rows: int, capacity: int):
+            cache = new_cache(rows, capacity)
+            target.rows = 1  # what the target held before this prompt's ``start``
+            return cache
+
+        target.net.new_cache = rows_set_after_the_capture
+        with pytest.raises(RuntimeError, match="invalid for input of size"):
+            decode_ar(target, target.encode_prompt("a red circle", cfg=True), sp, None)
