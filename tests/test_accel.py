@@ -61,13 +61,13 @@ def test_planted_compact_with_host_indices_fails_on_the_simulated_device() -> No
     model's cache filling passed it) is refused; the same call with ``keep`` on the device runs."""
     with accel.simulate():
         kv = StaticKVCache(1, 1, 1, 8, 2, torch.float32, accel.resolve("cuda"))
-        with pytest.raises(PlacementError, match="index_select at models/kv.py"):
+        with pytest.raises(PlacementError, match=r"index_select at models/kv\.py"):
             kv.compact(0, torch.arange(3))
         kv.compact(0, torch.arange(3, device=kv.buf.device))
 
 
 def _stand_in_step():
-    buf, out = torch.zeros(3), torch.zeros(3)
+    buf = torch.zeros(3)
     state = {"n": 3, "buf": buf}
 
     def forward() -> torch.Tensor:
@@ -77,7 +77,7 @@ def _stand_in_step():
 
 
 def test_the_graph_stand_in_replays_into_the_captured_outputs() -> None:
-    buf, state, forward = _stand_in_step()
+    buf, _, forward = _stand_in_step()
     with accel.standin_graphs():
         g = accel.capture(forward, torch.device("cpu"))
     out = g.out

@@ -263,7 +263,7 @@ def test_bind_gets_the_cache_dir_and_is_timed(tmp_path: Path, monkeypatch) -> No
 def test_engine_compile_before_warmup(tmp_path: Path, monkeypatch) -> None:
     events: list[str] = []
     real_decode_ar = app.decode_ar
-    monkeypatch.setattr(app, "compile_models", lambda target, drafter, cfg: events.append("compile"))
+    monkeypatch.setattr(app, "compile_models", lambda target, drafter, cfg, **_: events.append("compile"))
     monkeypatch.setattr(app, "decode_ar", lambda *a: events.append("decode") or real_decode_ar(*a))
     s = decode_in_process(tmp_path / "c", "engine.compile=true", "warmup=1", "dataset.limit=1")
     assert events[0] == "compile" and events.count("compile") == 1 and "decode" in events

@@ -166,6 +166,19 @@ def test_attribute_targets_follow_the_canonical_attributes():
         AttributeHeads.targets(["a cat"])
 
 
+def test_drafter_stage_trains_on_the_simulated_device(stack, tmp_path):
+    """``adtbench train drafter model.device=cuda`` on the simulated CUDA device (``adtbench.accel``): teacher
+    features, training and the engine evaluation run with CUDA's placement rules (a violation raises)."""
+    from adtbench import accel
+
+    over = [f"model.path={stack['ar']}", f"model.vq_path={stack['vq']}", "model.device=cuda", "teacher.count=4",
+            "teacher.eval_count=2", "teacher.shard_size=4", "steps=2", "batch_size=2", "warmup=1", "eval_prompts=1",
+            "log_every=1", "ckpt_every=2", "progress=false"]  # fmt: skip
+    with accel.simulate() as sim:
+        info = _run("drafter", tmp_path / "d", "model=mini", *over)
+    assert info["engine_tau_greedy"] >= 1.0 and sim.counts["device_reads"] > 0
+
+
 def test_drafter_stage_trains_and_resumes(stack, tmp_path):
     over = [
         "model=mini",

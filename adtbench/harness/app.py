@@ -396,7 +396,9 @@ def _run(
     compile_on = engine_compile(cfg)
     acceptance = engine_acceptance(cfg)
     if compile_on:  # one compiled target serves both sides (baseline and method); before bind: the cost model
-        compile_models(target, drafter, cfg)  # is measured on what the run replays (graphs at the pinned capacity)
+        # is measured on what the run replays (graphs at the pinned capacity); a loop policy's own models (MuLo-SD's
+        # low-resolution drafter) run as they are
+        compile_models(target, drafter if policy.uses_drafter else None, cfg, batched=decode_batch(cfg)[0] > 1)
     t_bind = time.perf_counter()
     cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None
     policy.bind(cost_source(target, drafter, sp, cache_dir) if policy.uses_drafter and drafter is not None else None)
@@ -445,16 +447,13 @@ def _run(
         "cpu_count": os.cpu_count(),
         "cpus_available": cpus_available(),
         "engine_compile": compile_on,
-        "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
+        "graph_capture_s": getattr(getattr(batched.bt if batched else target, "static", None), "capture_s", None),
         "drafter_graph_capture_s": getattr(getattr(drafter, "static", None), "capture_s", None),
         "batch_size": batch,
         "batch_window": window if batch > 1 else None,
         "bind_s": bind_s,
         "warmup_s": warmup_s,
     }
-    sim = accel.simulation()
-    if sim is not None:  # what the simulated device counted up to here (model build, bind, warm-up)
-        run_info["simulated_device"] = sim.report()
     from adtbench.harness.tracking import build_logger
 
     tracker = build_logger(cfg, run_dir, choices)
@@ -516,13 +515,16 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
                         p.prompt_id, n, unit, model, limit)  # fmt: skip
 
 
-def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
-    """``engine.compile``: on a GPU, a target with static-shape verifies (the in-project lean GPTs: LlamaGen, mini,
-    the lean Chameleon) pins its KV cache and captures its verify forwards as CUDA graphs at the warm-up's first
-    prefill, and a drafter with static shapes (EAGLE) its ``extend`` / ``expand`` at its first reset
-    (``models.graphs``; both capture times are reported); otherwise compile the target's (and the drafter's)
-    forward with ``torch.compile`` and the warm-up compiles it. Either way outside the timed scope, and for both
-    sides (baseline and method share the target)."""
+def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:
+    """``engine.compile``: on a GPU (and on the simulated one, ``accel``: through the graphs' stand-in), a target with
+    static-shape verifies (the in-project lean GPTs: LlamaGen, mini, the lean Chameleon) pins its KV cache and
+    captures its verify forwards as CUDA graphs at its first prefill, and a drafter with static shapes (EAGLE) its
+    ``extend`` / ``expand`` at its first reset (``models.graphs``; both capture times are reported); otherwise compile
+    the target's (and the drafter's) forward with ``torch.compile`` and the warm-up compiles it. Either way outside
+    the timed scope, and for both sides (baseline and method share the target). ``drafter`` None: the target only.
+    ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's (``BatchTarget.request_static``, captured per
+    batch cache by ``harness.batched``; the batched drafter runs eagerly). Sets ``target.engine_mode`` (``graphs`` |
+    ``compiled``; the cost model's cache key and the batched decoder read it)."""
     family = str(cfg.model.family)
     device = getattr(target, "device", None)
     graphs = (
@@ -532,6 +534,9 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig) -> None:
     )
     drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
     target.engine_mode = "graphs" if graphs else "compiled"
+    if graphs and batched:
+        log.info("engine.compile: %s batched verifies will run as CUDA graphs (captured per batch cache)", family)
+        return
     if graphs:
         target.request_static(graphs=True)
         log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
@@ -595,6 +600,9 @@ class RunContext:
     batched: Any = None  # ``harness.batched.BatchedDecoder`` (decode.batch_size > 1), None: one prompt at a time
 
     def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
+        sim = accel.simulation()
+        if sim is not None:  # what the simulated device counted so far in this process (load, bind, warm-up, decodes)
+            run_info = {**run_info, "simulated_device": sim.report()}
         """:func:`make_summary` of ``records`` for this job."""
         return make_summary(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info,
                             self.lantern)  # fmt: skip

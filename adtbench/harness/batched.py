@@ -19,11 +19,13 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.batch import Item, decode_ar_batch, generate_batch
 from adtbench.algorithm.records import Clock, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness.data.prompts import Prompt
 from adtbench.models.batch import BatchTarget
+from adtbench.models.graphs import bucket_of
 
 Decoded = tuple[Prompt, int, GenerationResult, GenerationResult | None, dict[str, Any]]
 
@@ -56,9 +58,13 @@ class BatchedDecoder:
     def batch_target(self, inputs: list[Any]) -> BatchTarget:
         """The job's ``BatchTarget``, reallocated only when a prompt needs more columns than it has."""
         t = self.target
-        need = max(t.prompt_length(x) for x in inputs) + t.layout.num_gen_tokens + self.nodes + 1
+        graphs = getattr(t, "engine_mode", "eager") == "graphs"  # engine.compile on a GPU: the batch's own graphs
+        nodes = (bucket_of(self.nodes) or self.nodes) if graphs else self.nodes  # room for a bucket's padding
+        need = max(t.prompt_length(x) for x in inputs) + t.layout.num_gen_tokens + nodes + 1
         if self.bt is None or self.bt.capacity < need:
             self.bt = BatchTarget(t, self.B, self.use_cfg, need)
+            if graphs:
+                self.bt.request_static(graphs=True)
         return self.bt
 
     def _side(self, bt: BatchTarget, items: list[Item], method: bool) -> tuple[list[GenerationResult], float]:
@@ -86,7 +92,7 @@ class BatchedDecoder:
         bt = self.batch_target(encoded)
 
         def items() -> list[Item]:
-            gens = [torch.Generator(device=self.gen_device).manual_seed(s) for s in seeds]
+            gens = [accel.generator(self.gen_device, s) for s in seeds]
             return [(i, x, g) for i, (x, g) in enumerate(zip(encoded, gens, strict=True))]
 
         base: list[GenerationResult] | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench import resources
+from adtbench import accel, resources
 from adtbench.algorithm.policies import POLICIES, LoopPolicy, Policy
 from adtbench.algorithm.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
@@ -294,10 +294,19 @@ def decode_batch(cfg: DictConfig, policy: Policy | None = None) -> tuple[int, in
                           f"batched: {', '.join(BATCHED_FAMILIES)} with model.impl=lean")  # fmt: skip
     if timing_repeats(cfg) > 1:
         raise ConfigError("timing.repeats", "with decode.batch_size > 1 each window is timed once; use 1")
-    if engine_compile(cfg):
-        raise ConfigError("engine.compile", "CUDA graphs and compiled stacks are single-prompt; "
-                          "use engine.compile=false with decode.batch_size > 1")  # fmt: skip
+    if engine_compile(cfg) and not _on_cuda(cfg):
+        raise ConfigError("engine.compile", "with decode.batch_size > 1 it runs the batch's CUDA graphs, and the "
+                          "model is not on a CUDA device (model.device); the CPU's compiled stacks are single-prompt: "
+                          "use engine.compile=false with decode.batch_size > 1 there")  # fmt: skip
     return B, window
+
+
+def _on_cuda(cfg: DictConfig) -> bool:
+    """Will ``model.device`` be a CUDA device (a real one or the simulated one)?"""
+    try:
+        return accel.is_cuda(accel.resolve(str(cfg.model.get("device", "auto"))))
+    except (ValueError, RuntimeError):
+        return False
 
 
 def timing_repeats(cfg: DictConfig) -> int:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
+from adtbench.models.graphs import BUCKETS, _Buckets, _Step, bucket_of
 
 
 @dataclass
@@ -57,6 +58,19 @@ def slot_rows(s: int, slots: int, rows_per_slot: int, device: torch.device) -> t
 def per_row(values: list[int], rows_per_slot: int, device: torch.device) -> torch.Tensor:
     """One value per slot → one per row (CFG-major), as a long tensor on ``device``."""
     return torch.tensor(values, dtype=torch.long).repeat(rows_per_slot).to(device)
+
+
+def pack_trees(trees: list[SlotTree], N: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Every slot's tree padded to N inert nodes (token 0, depth 0, self-only attention): tokens ``[B, N]``, depths
+    ``[B, N]``, ancestor blocks ``[B, N, N]`` (bool)."""
+    B = len(trees)
+    tokens = torch.zeros(B, N, dtype=torch.long, device=device)
+    depth = torch.zeros(B, N, dtype=torch.long, device=device)
+    block = torch.eye(N, dtype=torch.bool, device=device).repeat(B, 1, 1)
+    for s, t in enumerate(trees):
+        n = t.size
+        tokens[s, :n], depth[s, :n], block[s, :n, :n] = t.tokens, t.depth, t.mask
+    return tokens, depth, block
 
 
 def row_mask(key_bias: torch.Tensor, cols: torch.Tensor, block: torch.Tensor, width: int) -> torch.Tensor:
@@ -85,6 +99,7 @@ class BatchTarget:
         self._len = torch.zeros(self.rows, dtype=torch.long, device=self.device)  # length per row (device copy)
         self._cols = torch.arange(capacity, device=self.device)
         self.forwards = 0
+        self.static: StaticBatchVerifier | None = None  # ``request_static``: bucketed (and graphed) forwards
 
     def slot_rows(self, s: int) -> torch.Tensor:
         """The cache rows of slot ``s`` (its CFG rows, cond first)."""
@@ -123,24 +138,36 @@ class BatchTarget:
         if len(trees) != B:
             raise ValueError(f"one tree per slot: {len(trees)} for {B} slots")
         N = max(t.size for t in trees)
-        tokens = torch.zeros(B, N, dtype=torch.long, device=dev)
-        depth = torch.zeros(B, N, dtype=torch.long, device=dev)
-        block = torch.eye(N, dtype=torch.bool, device=dev).repeat(B, 1, 1)
-        for s, t in enumerate(trees):
-            n = t.size
-            tokens[s, :n], depth[s, :n], block[s, :n, :n] = t.tokens, t.depth, t.mask
-        ar = torch.arange(N, device=dev)
-        write = self._len[:, None] + ar[None]  # [R, N] each row's own columns
+        self.forwards += 1
+        st = self.static
+        if st is not None and st.fits(N, max(self.length)):
+            return st.forward(self, trees, N)
+        tokens, depth, block = pack_trees(trees, N, dev)
+        write = self._len[:, None] + torch.arange(N, device=dev)[None]  # [R, N] each row's own columns
         width = max(self.length) + N  # the columns any row attends
         if width > self.capacity:
             raise RuntimeError(f"KV cache overflow: need {width} > capacity {self.capacity}")
         add = torch.where(block, 0.0, float("-inf")).to(self.dtype).repeat(c, 1, 1)  # [R, N, N]
         mask = row_mask(self.key_bias, write, add, width)
         pos = self.next_pos[:, None] + depth.repeat(c, 1)
-        x = self.target.net.tok_embeddings(tokens).repeat(c, 1, 1)
+        return self.static_forward(tokens, pos, write, mask)
+
+    def static_forward(
+        self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The network over ``tokens [B, N]`` of every slot at positions ``pos [R, N]``, K/V written at each row's
+        columns ``write [R, N]``, attending through ``mask [R, 1, N, width]``: raw logits and features."""
+        x = self.target.net.tok_embeddings(tokens).repeat(self.c, 1, 1)
         feats = self.target.net.forward_embeds(x, pos, mask, self.cache, write)
-        self.forwards += 1
         return self.target.net.output(feats), feats
+
+    def request_static(self, graphs: bool) -> None:
+        """Verify through static-shape buckets over this batch's cache (``StaticBatchVerifier``), captured as CUDA
+        graphs now when ``graphs`` (before any prompt is admitted: the capture's writes land in columns that admits and
+        commits overwrite before a mask admits them)."""
+        self.static = StaticBatchVerifier(self)
+        if graphs:
+            self.static.capture()
 
     def commit(self, keeps: list[torch.Tensor | None], in_place: list[bool]) -> None:
         """Keep slot s's tree nodes ``keeps[s]`` (its accepted path, root first, on the device; None: nothing) as its
@@ -174,3 +201,56 @@ class BatchTarget:
         """A one-node tree for a slot with nothing to decode (it is never committed)."""
         one = torch.ones(1, 1, dtype=torch.bool, device=root.device)
         return SlotTree(root.view(1), one, torch.zeros(1, dtype=torch.long, device=root.device))
+
+
+class StaticBatchVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
+    """One bucket of b nodes per slot over a ``BatchTarget``'s cache: static tokens ``[B, b]``, positions and
+    written columns ``[R, b]``, the mask ``[R, 1, b, capacity]`` (the eager forward's, over every column); ``graph``
+    after ``capture``. Padding is the eager forward's (``pack_trees``): inert."""
+
+    def __init__(self, bt: BatchTarget, b: int) -> None:
+        dev = self.device = bt.device
+        self.bt, self.b = bt, b
+        self.tokens = torch.zeros(bt.B, b, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(bt.rows, b, dtype=torch.long, device=dev)
+        self.cols = torch.arange(b, device=dev)
+        self.write = self.cols[None].repeat(bt.rows, 1)
+        pad = torch.full((b, b), float("-inf"), dtype=bt.dtype, device=dev).fill_diagonal_(0.0)
+        self.mask = torch.full((bt.rows, 1, b, bt.capacity), float("-inf"), dtype=bt.dtype, device=dev)
+        self.mask[:, :, :, :b] = pad  # before the first load: each row sees its own column (no NaN rows)
+
+    def load(self, trees: list[SlotTree]) -> None:
+        bt, b = self.bt, self.b
+        tokens, depth, block = pack_trees(trees, b, bt.device)
+        self.tokens.copy_(tokens)
+        torch.add(bt._len[:, None], self.cols[None], out=self.write)
+        add = torch.where(block, 0.0, float("-inf")).to(bt.dtype).repeat(bt.c, 1, 1)
+        self.mask.copy_(row_mask(bt.key_bias, self.write, add, bt.capacity)[:, :, :, : bt.capacity])
+        self.pos.copy_(bt.next_pos[:, None] + depth.repeat(bt.c, 1))
+
+    def _forward(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.bt.static_forward(self.tokens, self.pos, self.write, self.mask)
+
+
+class StaticBatchVerifier(_Buckets):
+    """All buckets of one ``BatchTarget`` (``BatchTarget.request_static``): ``forward`` pads every slot's tree to the
+    bucket of the largest, runs it and returns the first N nodes' logits and features (copies)."""
+
+    def __init__(self, bt: BatchTarget, buckets: tuple[int, ...] = BUCKETS) -> None:
+        self.capacity = bt.capacity
+        self.buckets = tuple(b for b in buckets if b <= bt.capacity)
+        self.steps = {b: StaticBatchVerify(bt, b) for b in self.buckets}
+
+    def fits(self, n: int, longest: int) -> bool:
+        """The trees' largest size ``n`` has a bucket whose padding stays in every row's cache (``longest``: the
+        longest slot's committed columns)."""
+        b = bucket_of(n, self.buckets)
+        return b is not None and longest + b <= self.capacity
+
+    def forward(self, bt: BatchTarget, trees: list[SlotTree], n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        b = bucket_of(n, self.buckets)
+        assert b is not None
+        step = self.steps[b]
+        step.load(trees)
+        logits, feats = step.run()
+        return logits[:, :n].clone(), feats[:, :n].clone()

@@ -46,13 +46,17 @@ def _sampling_params(name: str = "default") -> Any:
     return build_sampling(OmegaConf.load(conf_dir() / "sampling" / f"{name}.yaml"))
 
 
-def load_models(model: str = "mini", drafter: str = "mini") -> tuple[Any, Any]:
+def load_models(model: str = "mini", drafter: str = "mini", device: str | None = None) -> tuple[Any, Any]:
+    """The target ``conf/model/<model>.yaml`` (on ``device`` when given, e.g. ``cuda``) and its drafter."""
     from adtbench.harness.config import register_resolvers
     from adtbench.harness.drafters import build_drafter
     from adtbench.models.registry import build_target
 
     register_resolvers()
-    target = build_target(OmegaConf.load(conf_dir() / "model" / f"{model}.yaml"))
+    cfg = OmegaConf.load(conf_dir() / "model" / f"{model}.yaml")
+    if device is not None:
+        cfg.device = device
+    target = build_target(cfg)
     d = build_drafter(OmegaConf.load(conf_dir() / "drafter" / f"{drafter}.yaml"), target)
     return target, d
 
@@ -92,7 +96,7 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
 
     def session() -> DraftSession:
         drafter.rollback()
-        return DraftSession(drafter, target, sp, int(toks[0]), prefix, target.next_pos.clone(), out, None)
+        return DraftSession(drafter, target, sp, toks[:1], prefix, target.next_pos.clone(), out, None)
 
     tree = Eagle2Policy(4, 10, 59).propose(session(), 5)
     drafter.rollback()
@@ -104,8 +108,10 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
     s0 = session()
     top = s0.root_logprobs().topk(10).indices
 
+    roots = torch.zeros(10, dtype=torch.long, device=dev)
+
     def level() -> None:
-        session().expand([0] * 10, top)
+        session().expand(roots, top, 1)
 
     draft = _median_ms(level, repeats, target.device)
     feats = s0.outputs[:, :1].expand(R, 10, -1)
@@ -136,7 +142,7 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
 
 
 @torch.no_grad()
-def sample_grid(out: Path, n: int = 8, seed: int = 0) -> dict:
+def sample_grid(out: Path, n: int = 8, seed: int = 0, device: str | None = None) -> dict:
     """AR vs EAGLE-2 samples (same seeds) and the ground truth of ``n`` held-out prompts → PNG."""
     from PIL import Image
 
@@ -145,7 +151,7 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0) -> dict:
     from adtbench.models.mini_evaluator import load_mini_evaluator
     from adtbench.scenes import iter_split, render
 
-    target, drafter = load_models()
+    target, drafter = load_models(device=device)
     sp = _sampling_params()
     scenes = [s for _, s in iter_split(0, "heldout", n)]
     gen_device = target.device if accel.is_cuda(target.device) else torch.device("cpu")

@@ -1,7 +1,7 @@
 """Figures of the mini model card (``docs/mini_model.md``): cost ratios and the sample grid.
 
-    python -m adtbench.tools.train.report ratios [model=mini] [threads=N] [repeats=R]
-    python -m adtbench.tools.train.report grid [out=docs/mini_samples.png] [n=8]
+    python -m adtbench.tools.train.report ratios [model=mini] [threads=N] [repeats=R] [device=cuda]
+    python -m adtbench.tools.train.report grid [out=docs/mini_samples.png] [n=8] [device=cuda]
     python -m adtbench.tools.train.report sweep DIR      # τ / d̄ / speedup rows of a `run.py -m` sweep
     python -m adtbench.tools.train.report card           # regenerate adtbench/weights/mini/MODEL_CARD.md
     python -m adtbench.tools.train.report evaluator      # re-measure the evaluator against the shipped VQ
@@ -38,7 +38,7 @@ def main(args: list[str]) -> int:
     if "threads" in kv:
         torch.set_num_threads(int(kv["threads"]))
     if args[0] == "ratios":
-        target, drafter = load_models(kv.get("model", "mini"), kv.get("drafter", "mini"))
+        target, drafter = load_models(kv.get("model", "mini"), kv.get("drafter", "mini"), kv.get("device"))
         r = cost_ratios(target, drafter, int(kv.get("repeats", 30)))
         r["machine"] = f"{platform.machine()}, {os.cpu_count()} cores"
         store_figure(f"ratios_t{r['threads']}", r)
@@ -46,7 +46,7 @@ def main(args: list[str]) -> int:
     elif args[0] == "grid":
         out = Path(kv.get("out", str(ROOT / "docs" / "mini_samples.png")))
         out.parent.mkdir(parents=True, exist_ok=True)
-        g = sample_grid(out, int(kv.get("n", 8)))
+        g = sample_grid(out, int(kv.get("n", 8)), device=kv.get("device"))
         store_figure("grid", g)
         print(json.dumps(g, indent=2))
     elif args[0] == "sweep":
@@ -64,4 +64,7 @@ def main(args: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from adtbench import accel
+
+    accel.activate_from_env()  # ADTBENCH_SIMULATE_DEVICE=cuda with device=cuda: the simulated device
     sys.exit(main(sys.argv[1:]))
