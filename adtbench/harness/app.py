@@ -600,10 +600,11 @@ class RunContext:
     batched: Any = None  # ``harness.batched.BatchedDecoder`` (decode.batch_size > 1), None: one prompt at a time
 
     def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
+        """:func:`make_summary` of ``records`` for this job (with the simulated device's counts so far in this
+        process — load, bind, warm-up, decodes — when it runs on one)."""
         sim = accel.simulation()
-        if sim is not None:  # what the simulated device counted so far in this process (load, bind, warm-up, decodes)
+        if sim is not None:
             run_info = {**run_info, "simulated_device": sim.report()}
-        """:func:`make_summary` of ``records`` for this job."""
         return make_summary(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info,
                             self.lantern)  # fmt: skip
 
