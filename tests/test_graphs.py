@@ -23,7 +23,7 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
-from adtbench.harness import app
+from adtbench.harness import job
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
@@ -263,11 +263,11 @@ def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
             obj.request_static = lambda graphs: calls.append((name, graphs))
         return obj
 
-    app.compile_models(fake("target", True), fake("drafter", True), cfg)
+    job.compile_models(fake("target", True), fake("drafter", True), cfg)
     assert calls == [("target", True), ("drafter", True)]
     calls.clear()
-    app.compile_models(fake("target", True), fake("drafter", False), cfg)
+    job.compile_models(fake("target", True), fake("drafter", False), cfg)
     assert calls == [("target", True), ("drafter", "compile")]
     calls.clear()
-    app.compile_models(fake("target", True), None, cfg)
+    job.compile_models(fake("target", True), None, cfg)
     assert calls == [("target", True)]

@@ -19,6 +19,7 @@ from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 import adtbench.harness.app as app
+import adtbench.harness.job as job
 from adtbench.errors import ConfigError
 from adtbench.harness.config import validate
 from adtbench.harness.stats import bootstrap_ci, ratio_of_totals_ci, summarize
@@ -253,7 +254,7 @@ def test_bind_gets_the_cache_dir_and_is_timed(tmp_path: Path, monkeypatch) -> No
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 
     seen, sources = [], []
-    monkeypatch.setattr(app, "cost_source", lambda t, d, sp, cache: sources.append((t, d, cache)) or "source")
+    monkeypatch.setattr(job, "cost_source", lambda t, d, sp, cache: sources.append((t, d, cache)) or "source")
     monkeypatch.setattr(Eagle2Policy, "bind", lambda self, cost: seen.append(cost))
     s = decode_in_process(tmp_path / "b", f"paths.root_dir={tmp_path}")
     assert seen == ["source"] and len(sources) == 1 and sources[0][0] is not None and sources[0][1] is not None
@@ -262,9 +263,9 @@ def test_bind_gets_the_cache_dir_and_is_timed(tmp_path: Path, monkeypatch) -> No
 
 def test_engine_compile_before_warmup(tmp_path: Path, monkeypatch) -> None:
     events: list[str] = []
-    real_decode_ar = app.decode_ar
-    monkeypatch.setattr(app, "compile_models", lambda target, drafter, cfg, **_: events.append("compile"))
-    monkeypatch.setattr(app, "decode_ar", lambda *a: events.append("decode") or real_decode_ar(*a))
+    real_decode_ar = job.decode_ar
+    monkeypatch.setattr(job, "compile_models", lambda target, drafter, cfg, **_: events.append("compile"))
+    monkeypatch.setattr(job, "decode_ar", lambda *a: events.append("decode") or real_decode_ar(*a))
     s = decode_in_process(tmp_path / "c", "engine.compile=true", "warmup=1", "dataset.limit=1")
     assert events[0] == "compile" and events.count("compile") == 1 and "decode" in events
     assert s["engine_compile"] is True and s["warmup_s"] > 0
@@ -274,13 +275,13 @@ def test_compile_models_needs_the_method() -> None:
     cfg = config()
     called = []
     ok = SimpleNamespace(compile_forward=lambda: called.append("x"))
-    app.compile_models(ok, ok, cfg)
-    app.compile_models(ok, None, cfg)
+    job.compile_models(ok, ok, cfg)
+    job.compile_models(ok, None, cfg)
     assert called == ["x"] * 3
     with pytest.raises(ConfigError, match="model family llamagen does not support compile"):
-        app.compile_models(SimpleNamespace(), ok, cfg)
+        job.compile_models(SimpleNamespace(), ok, cfg)
     with pytest.raises(ConfigError, match=r"^engine\.compile: the eagle drafter of llamagen"):
-        app.compile_models(ok, SimpleNamespace(), cfg)
+        job.compile_models(ok, SimpleNamespace(), cfg)
 
 
 def test_resume_with_repeats(tmp_path: Path) -> None:

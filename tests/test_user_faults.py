@@ -192,7 +192,7 @@ def test_unwritable_cache_dirs_fail_with_the_config(tmp_path):
 
 def test_long_prompt_and_huge_top_k_warn_naming_the_limit(caplog):
     from adtbench.algorithm.sampling import SamplingParams
-    from adtbench.harness.app import clamp_top_k, prompt_overflow
+    from adtbench.harness.job import clamp_top_k, prompt_overflow
 
     target, _ = tiny()
     limit = target.gpt.cfg.cls_token_num

@@ -27,11 +27,10 @@ import json
 import logging
 import os
 import platform
-import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -43,29 +42,22 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench import accel
-from adtbench.algorithm.engine import GenerationResult, decode_ar, generate
+from adtbench.algorithm.engine import GenerationResult
 from adtbench.algorithm.policies import Policy
-from adtbench.algorithm.records import TRACE_FIELDS, Clock
+from adtbench.algorithm.records import TRACE_FIELDS
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
-from adtbench.harness.caches import cost_source
 from adtbench.harness.config import (
-    build_rule,
     check_prompts,
     config_fingerprint,
-    decode_batch,
-    engine_acceptance,
-    engine_compile,
-    prompt_seed,
     register_resolvers,
     resolve_paths,
     timing_repeats,
     validate,
 )
 from adtbench.harness.data.prompts import Prompt, load_prompts
-from adtbench.harness.drafters import build_drafter
+from adtbench.harness.job import Job
 from adtbench.harness.lock import RunDirGuard, RunDirLock, discard_new_run_dir, held_lock, refuse  # noqa: F401 (¹)
-from adtbench.harness.loops import build_loop_models
 from adtbench.harness.rundir import RUN_CONFIG_FILE, ResultStore
 from adtbench.harness.stats import summarize
 from adtbench.io import atomic_write_json
@@ -377,89 +369,25 @@ def _run(
     todo = [p for p in prompts if p.prompt_id not in done]
     log.info("%d prompts (%d already done) → %s", len(prompts), len(prompts) - len(todo), run_dir)
 
-    from adtbench.models.registry import build_target
-
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-    log.info(
-        "loading model=%s (family %s) on %s, %s",
-        choices.get("model"),
-        cfg.model.family,
-        cfg.model.device,
-        cfg.model.dtype,
-    )
-    target = build_target(cfg.model)
-    sp = clamp_top_k(sp, target)
-    warn_long_prompts(target, todo, str(choices.get("model", cfg.model.get("name"))))
-    drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else build_loop_models(cfg, policy, target)
-    rule = build_rule(cfg, target)
-    compile_on = engine_compile(cfg)
-    acceptance = engine_acceptance(cfg)
-    if compile_on:  # one compiled target serves both sides (baseline and method); before bind: the cost model
-        # is measured on what the run replays (graphs at the pinned capacity); a loop policy's own models (MuLo-SD's
-        # low-resolution drafter) run as they are
-        compile_models(target, drafter if policy.uses_drafter else None, cfg, batched=decode_batch(cfg)[0] > 1)
-    t_bind = time.perf_counter()
-    cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None
-    policy.bind(cost_source(target, drafter, sp, cache_dir) if policy.uses_drafter and drafter is not None else None)
-    bind_s = time.perf_counter() - t_bind
-    log.info("policy bind: %.1f s", bind_s)
+    job = Job.build(cfg, sp, policy, todo)
+    target = job.target
     env = environment(target)
-    use_cfg = sp.use_cfg and target.supports_cfg
-    gen_device = target.device if accel.is_cuda(target.device) else torch.device("cpu")
-
-    clock = Clock(target.device)
-
-    def decode(p: Prompt, seed: int, method: bool) -> GenerationResult:
-        t0 = clock.now()  # prompt encoding (text encoder; Tar's LM) is timed apart from latency_s
-        inputs = target.encode_prompt(p.text, cfg=use_cfg)
-        encode_s = clock.now() - t0
-        g = accel.generator(gen_device, seed)
-        if not method:
-            res = decode_ar(target, inputs, sp, g)
-        else:
-            res = generate(target, drafter, policy, inputs, sp, g, rule, acceptance)
-        res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)
-        return res
-
-    batch, window = decode_batch(cfg)
-    batched = None
-    if batch > 1:
-        from adtbench.harness.batched import BatchedDecoder
-
-        batched = BatchedDecoder(target, drafter, policy, sp, rule, acceptance, batch, use_cfg, gen_device,
-                                 lambda p: prompt_seed(int(cfg.seed), p.prompt_id), bool(cfg.baseline))  # fmt: skip
-
-    t_warm = time.perf_counter()
-    if todo:
-        for _ in range(int(cfg.warmup)):
-            if batched is not None:  # the batched shapes: one window of up to B prompts, both sides
-                batched.window(todo[:batch], 0)
-                continue
-            decode(todo[0], 0, True)
-            if cfg.baseline:
-                decode(todo[0], 0, False)
-    warmup_s = time.perf_counter() - t_warm
+    warmup_s = job.warm_up(todo, int(cfg.warmup), bool(cfg.baseline))
     log.info("warm-up: %d generation(s) of each side in %.1f s%s", int(cfg.warmup) if todo else 0, warmup_s,
-             " (compilation included)" if compile_on else "")  # fmt: skip
+             " (compilation included)" if job.compiled else "")  # fmt: skip
     run_info: dict[str, Any] = {
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
         "cpus_available": cpus_available(),
-        "engine_compile": compile_on,
-        "graph_capture_s": getattr(getattr(batched.bt if batched else target, "static", None), "capture_s", None),
-        "drafter_graph_capture_s": getattr(getattr(drafter, "static", None), "capture_s", None),
-        "batch_size": batch,
-        "batch_window": window if batch > 1 else None,
-        "bind_s": bind_s,
+        **job.run_info(),
         "warmup_s": warmup_s,
     }
     from adtbench.harness.tracking import build_logger
 
     tracker = build_logger(cfg, run_dir, choices)
     try:
-        ctx = RunContext(cfg, run_dir, choices, target, decode, store, tracker, env, len(prompts), rule.name,
-                         lantern_used(cfg, rule), batched)  # fmt: skip
+        ctx = RunContext(cfg, run_dir, choices, job, store, tracker, env, len(prompts), job.rule.name,
+                         lantern_used(cfg, job.rule))  # fmt: skip
         summary = _decode_all(ctx, todo, run_info)
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
@@ -470,89 +398,6 @@ def _run(
         tracker.finish()
     print(f"{summary_line(summary)} -> {run_dir}")
     return summary
-
-
-def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:
-    """``sampling.top_k`` at or above the model's image-token count keeps every image token: it is clamped to 0
-    (off, the same distribution without a top-k pass per step) with a warning naming the count."""
-    n = int(target.layout.num_codes)
-    if sp.top_k < n:
-        return sp
-    log.warning("sampling.top_k=%d ≥ the model's %d image tokens: it keeps every token; running with top-k off",
-                sp.top_k, n)  # fmt: skip
-    return dataclasses.replace(sp, top_k=0)
-
-
-def prompt_overflow(target: Any, text: str) -> tuple[int, int, str] | None:
-    """``(length, limit, unit)`` when ``text`` is longer than the target's text window, else ``None``.
-
-    Known windows: word-level encoders with ``max_len`` (the mini model, the tiny hash encoder: ``words``) and
-    tokenizer encoders with ``max_length`` (FLAN-T5: ``tokens``). The model reads the first ``limit`` units and
-    ignores the rest. Targets that take the whole prompt into their context return ``None``.
-    """
-    enc = getattr(target, "text_encoder", None)
-    owner = getattr(enc, "__self__", enc)  # a bound ``encode`` method: its module holds the limits
-    if owner is None:
-        return None
-    limit = getattr(owner, "max_len", None) or getattr(getattr(owner, "cfg", None), "max_len", None)
-    if isinstance(limit, int):
-        n = len(re.findall(r"[a-z0-9]+", text.lower()))
-        return (n, limit, "words") if n > limit else None
-    limit, tok = getattr(owner, "max_length", None), getattr(owner, "tokenizer", None)
-    if isinstance(limit, int) and tok is not None:
-        n = len(tok(text, add_special_tokens=True)["input_ids"])
-        return (n, limit, "tokens") if n > limit else None
-    return None
-
-
-def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
-    """One warning per prompt longer than the model's text window (:func:`prompt_overflow`); it is truncated."""
-    for p in prompts:
-        over = prompt_overflow(target, p.text)
-        if over is not None:
-            n, limit, unit = over
-            log.warning("prompt %s has %d %s; model=%s reads at most %d (the rest is ignored)",
-                        p.prompt_id, n, unit, model, limit)  # fmt: skip
-
-
-def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:
-    """``engine.compile``: on a GPU (and on the simulated one, ``accel``: through the graphs' stand-in), a target with
-    static-shape verifies (the in-project lean GPTs: LlamaGen, mini, the lean Chameleon) pins its KV cache and
-    captures its verify forwards as CUDA graphs at its first prefill, and a drafter with static shapes (EAGLE) its
-    ``extend`` / ``expand`` at its first reset (``models.graphs``; both capture times are reported); otherwise compile
-    the target's (and the drafter's) forward with ``torch.compile`` and the warm-up compiles it. Either way outside
-    the timed scope, and for both sides (baseline and method share the target). ``drafter`` None: the target only.
-    ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's (``BatchTarget.request_static``, captured per
-    batch cache by ``harness.batched``; the batched drafter runs eagerly). Sets ``target.engine_mode`` (``graphs`` |
-    ``compiled``; the cost model's cache key and the batched decoder read it)."""
-    family = str(cfg.model.family)
-    device = getattr(target, "device", None)
-    graphs = (
-        isinstance(device, torch.device)
-        and accel.graphs_supported(device)
-        and callable(getattr(target, "request_static", None))
-    )
-    drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
-    target.engine_mode = "graphs" if graphs else "compiled"
-    if graphs and batched:
-        log.info("engine.compile: %s batched verifies will run as CUDA graphs (captured per batch cache)", family)
-        return
-    if graphs:
-        target.request_static(graphs=True)
-        log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
-    if drafter_graphs:
-        drafter.request_static(graphs=True)
-        log.info("engine.compile: the drafter's extend / expand will run as CUDA graphs (captured at its first reset)")
-    for name, obj in (("target", target), ("drafter", drafter)):
-        if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
-            continue
-        fn = getattr(obj, "compile_forward", None)
-        if not callable(fn):
-            what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
-            raise ConfigError("engine.compile", f"{what} does not support compile")
-        t = time.perf_counter()
-        fn()
-        log.info("engine.compile: %s.compile_forward() in %.1f s", name, time.perf_counter() - t)
 
 
 def timed_prompt(
@@ -589,15 +434,13 @@ class RunContext:
     cfg: DictConfig
     run_dir: Path
     choices: dict[str, str]
-    target: Any
-    decode: Callable[[Prompt, int, bool], GenerationResult]
+    job: Job
     store: ResultStore
     tracker: Any
     env: dict[str, Any]
     n_prompts: int
     rule_name: str = "exact"
     lantern: dict[str, Any] | None = None  # :func:`lantern_used`
-    batched: Any = None  # ``harness.batched.BatchedDecoder`` (decode.batch_size > 1), None: one prompt at a time
 
     def summary(self, records: list[dict], run_info: dict[str, Any]) -> dict:
         """:func:`make_summary` of ``records`` for this job (with the simulated device's counts so far in this
@@ -614,7 +457,7 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     the summary; the load average is read just before and just after this timed work."""
     from tqdm import tqdm
 
-    cfg, target, store, tracker, run_dir = ctx.cfg, ctx.target, ctx.store, ctx.tracker, ctx.run_dir
+    cfg, target, store, tracker, run_dir = ctx.cfg, ctx.job.target, ctx.store, ctx.tracker, ctx.run_dir
     policy_name = str(cfg.policy.name)
     repeats = timing_repeats(cfg)
     records = [slim(r) for r in store.records()]
@@ -670,15 +513,20 @@ def _decoded(
     """Per unfinished prompt, in order: (prompt, seed, method runs, baseline runs, the record's ``batch`` field).
     One prompt at a time (:func:`timed_prompt`), or a window of ``decode.batch_size × decode.window`` prompts at a
     time (``harness.batched``): a window's prompts come out once both of its sides are done."""
-    if ctx.batched is None:
+    job = ctx.job
+    if job.batched is None:
+
+        def decode(p: Prompt, seed: int, method: bool) -> GenerationResult:
+            return job.decode(p, method, seed)
+
         for i, p in enumerate(todo):
-            seed = prompt_seed(int(ctx.cfg.seed), p.prompt_id)
-            runs, bases = timed_prompt(ctx.decode, p, seed, repeats, bool(ctx.cfg.baseline), i * repeats)
+            seed = job.seed_of(p)
+            runs, bases = timed_prompt(decode, p, seed, repeats, bool(ctx.cfg.baseline), i * repeats)
             yield p, seed, runs, bases, None
         return
-    size = ctx.batched.B * int(ctx.cfg.decode.window)
+    size = job.batch_size * job.window
     for w, i in enumerate(range(0, len(todo), size)):
-        for p, seed, run, base, batch in ctx.batched.window(todo[i : i + size], w):
+        for p, seed, run, base, batch in job.decode_window(todo[i : i + size], w):
             yield p, seed, [run], [] if base is None else [base], batch
 
 

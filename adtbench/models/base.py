@@ -30,6 +30,7 @@ Features are the last-layer hidden states *after* the final norm (EAGLE's ``f_t`
 from __future__ import annotations
 
 import logging
+import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,6 +122,23 @@ class Target(ABC):
         h, w = codes.shape
         pixels = vq.decode_codes(codes.reshape(1, -1).to(self.device), h, w)
         return to_uint8_images(pixels.float().cpu())[0]
+
+    def text_window(self) -> tuple[int, str, Callable[[str], int]] | None:
+        """How much of a prompt the text encoder reads: ``(limit, unit, count)`` — ``words`` for word-level encoders
+        with ``max_len`` (the mini model, the tiny hash encoder), ``tokens`` for tokenizer encoders with ``max_length``
+        (FLAN-T5; ``count(text)`` gives a prompt's length); None for targets that take the whole prompt into their
+        context."""
+        enc = getattr(self, "text_encoder", None)
+        owner = getattr(enc, "__self__", enc)  # a bound ``encode`` method: its module holds the limits
+        if owner is None:
+            return None
+        limit = getattr(owner, "max_len", None) or getattr(getattr(owner, "cfg", None), "max_len", None)
+        if isinstance(limit, int):
+            return limit, "words", lambda text: len(re.findall(r"[a-z0-9]+", text.lower()))
+        limit, tok = getattr(owner, "max_length", None), getattr(owner, "tokenizer", None)
+        if isinstance(limit, int) and tok is not None:
+            return limit, "tokens", lambda text: len(tok(text, add_special_tokens=True)["input_ids"])
+        return None
 
     def codebook(self) -> torch.Tensor:
         """The VQ codebook ``[num_codes, d]`` (row c = code c; token id = c + layout.image_token_offset)."""

@@ -321,7 +321,7 @@ def cost(cfg: Any) -> dict:
     if not target.supports_cfg:
         sp = dataclasses.replace(sp, cfg_scale=1.0)
     if engine_compile(cfg):  # graphs on a GPU (the verifies below then replay them), torch.compile elsewhere
-        from adtbench.harness.app import compile_models
+        from adtbench.harness.job import compile_models
 
         compile_models(target, drafter, cfg)
     model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)

@@ -161,11 +161,12 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     """Build the models once and time every size (module docstring); returns ``{"environment", "rows"}``."""
     from adtbench.algorithm.engine import decode_ar, generate
     from adtbench.algorithm.records import Clock
-    from adtbench.harness.app import check_config, clamp_top_k, compile_models
+    from adtbench.harness.app import check_config
     from adtbench.harness.batched import BatchedDecoder
     from adtbench.harness.caches import cost_source
     from adtbench.harness.config import build_rule, engine_acceptance, engine_compile, prompt_seed
     from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.job import clamp_top_k, compile_models
     from adtbench.harness.stats import throughput
     from adtbench.models.registry import build_target
     from adtbench.resources import cpus_available, load_average

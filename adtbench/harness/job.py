@@ -1,0 +1,232 @@
+"""One decode job, built: the one place a composed config becomes models, a bound policy and the calls that decode.
+
+``Job.build(cfg)`` checks nothing new: it takes a config the app's checks passed (``app.check_config``: schema,
+ranges, prompts) and builds, in this order — the order matters for what is measured —
+
+1. the target (``model``; ``threads`` set first), its sampling parameters clamped to it (``clamp_top_k``);
+2. the drafter (``drafter``) for a tree policy, or a loop policy's own models (``harness.loops``), or none;
+3. the acceptance rule (``lantern``), where acceptance runs (``engine.acceptance``);
+4. ``engine.compile``: the target's (and drafter's) static buckets and CUDA graphs on a GPU (or the simulated one),
+   ``torch.compile`` elsewhere (``compile_models``) — *before* the policy is bound, so a ``budget: cost`` policy's cost
+   model is measured on what the run replays;
+5. ``policy.bind`` (the cost model: cached under ``paths.cache_dir`` or measured);
+6. batched decoding (``decode.batch_size > 1``: ``harness.batched.BatchedDecoder``).
+
+Then ``warm_up``, ``decode(prompt, method)`` (one prompt, one side, its seed from ``seed`` and the prompt id) and
+``decode_window(prompts, index)`` (a batched window, both sides) are what the app, every ``adtbench bench`` tool and
+the drafter's training evaluation call: nothing else assembles a job, so a benchmark measures what ``python run.py``
+runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from adtbench import accel
+from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.policies import Policy
+from adtbench.algorithm.records import Clock, GenerationResult
+from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.verify import AcceptanceRule
+from adtbench.errors import ConfigError
+from adtbench.harness.caches import cost_source
+from adtbench.harness.config import build_rule, decode_batch, engine_acceptance, engine_compile, prompt_seed
+from adtbench.harness.data.prompts import Prompt
+from adtbench.harness.drafters import build_drafter
+from adtbench.harness.loops import build_loop_models
+
+log = logging.getLogger("adtbench")
+
+
+@dataclasses.dataclass
+class Job:
+    """A built job (module docstring). ``models``: the EAGLE drafter of a tree policy, a loop policy's own models
+    (``LoopPolicy.generate``'s ``aux``), or None (AR)."""
+
+    cfg: DictConfig
+    sp: SamplingParams
+    policy: Policy
+    target: Any
+    models: Any
+    rule: AcceptanceRule
+    acceptance: str
+    compiled: bool
+    batch_size: int
+    window: int
+    bind_s: float
+    batched: Any = None  # ``harness.batched.BatchedDecoder`` when batch_size > 1
+
+    @classmethod
+    def build(cls, cfg: DictConfig, sp: SamplingParams, policy: Policy, prompts: list[Prompt] | None = None) -> Job:
+        """Build the job of a checked config (``sp`` and ``policy`` from the checks); ``prompts`` (optional): warn
+        about those longer than the model's text window."""
+        from adtbench.models.registry import build_target
+
+        if cfg.get("threads") is not None:
+            torch.set_num_threads(int(cfg.threads))
+        log.info("loading model=%s (family %s) on %s, %s", cfg.model.get("name"), cfg.model.family,
+                 cfg.model.device, cfg.model.dtype)  # fmt: skip
+        target = build_target(cfg.model)
+        sp = clamp_top_k(sp, target)
+        if prompts:
+            warn_long_prompts(target, prompts, str(cfg.model.get("name")))
+        models = build_drafter(cfg.drafter, target) if policy.uses_drafter else build_loop_models(cfg, policy, target)
+        rule = build_rule(cfg, target)
+        compiled = engine_compile(cfg)
+        batch, window = decode_batch(cfg)
+        if compiled:  # one compiled target serves both sides; a loop policy's own models run as they are
+            compile_models(target, models if policy.uses_drafter else None, cfg, batched=batch > 1)
+        t = time.perf_counter()
+        cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.get("paths") and cfg.paths.get("cache_dir") else None
+        policy.bind(cost_source(target, models, sp, cache_dir) if policy.uses_drafter and models is not None else None)
+        bind_s = time.perf_counter() - t
+        log.info("policy bind: %.1f s", bind_s)
+        job = cls(cfg, sp, policy, target, models, rule, engine_acceptance(cfg), compiled, batch, window, bind_s)
+        if batch > 1:
+            from adtbench.harness.batched import BatchedDecoder
+
+            job.batched = BatchedDecoder(target, models, policy, job.sp, rule, job.acceptance, batch, job.use_cfg,
+                                         job.gen_device, job.seed_of, bool(cfg.get("baseline", True)))  # fmt: skip
+        return job
+
+    # --- what a decode needs -------------------------------------------------------------------------------------
+    @property
+    def use_cfg(self) -> bool:
+        return self.sp.use_cfg and bool(self.target.supports_cfg)
+
+    @property
+    def gen_device(self) -> torch.device:
+        """Where a decode's random generator lives: the model's device on a GPU, the host otherwise."""
+        dev = self.target.device
+        return dev if accel.is_cuda(dev) else torch.device("cpu")
+
+    def seed_of(self, prompt: Prompt) -> int:
+        """The prompt's seed (``seed`` and its id: stable under sharding and resume)."""
+        return prompt_seed(int(self.cfg.seed), prompt.prompt_id)
+
+    def decode(self, prompt: Prompt, method: bool, seed: int | None = None) -> GenerationResult:
+        """Decode ``prompt`` with the method (``method``) or the AR baseline, seeded by ``seed`` (default: the
+        prompt's). The text encoding is timed apart (``encode_s``), outside ``latency_s``."""
+        clock = Clock(self.target.device)
+        t0 = clock.now()
+        inputs = self.target.encode_prompt(prompt.text, cfg=self.use_cfg)
+        encode_s = clock.now() - t0
+        g = accel.generator(self.gen_device, self.seed_of(prompt) if seed is None else seed)
+        if method:
+            res = generate(self.target, self.models, self.policy, inputs, self.sp, g, self.rule, self.acceptance)
+        else:
+            res = decode_ar(self.target, inputs, self.sp, g)
+        res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)
+        return res
+
+    def decode_window(self, prompts: list[Prompt], index: int) -> list[Any]:
+        """A batched window (``BatchedDecoder.window``): both sides, baseline first when ``index`` is even."""
+        assert self.batched is not None, "decode.batch_size is 1"
+        return self.batched.window(prompts, index)
+
+    def warm_up(self, prompts: list[Prompt], rounds: int, baseline: bool = True) -> float:
+        """``rounds`` untimed decodes of the first prompt (a batched window of the first ``batch_size``), the method
+        and (``baseline``) the AR side; compilation and graph capture happen here. Returns the seconds it took."""
+        t = time.perf_counter()
+        for _ in range(rounds if prompts else 0):
+            if self.batched is not None:
+                self.decode_window(prompts[: self.batch_size], 0)
+                continue
+            self.decode(prompts[0], True, seed=0)
+            if baseline:
+                self.decode(prompts[0], False, seed=0)
+        return time.perf_counter() - t
+
+    def run_info(self) -> dict[str, Any]:
+        """What a summary records of the built job: compile mode, graph capture times, batching, bind time."""
+        static = getattr(self.batched.bt if self.batched and self.batched.bt else self.target, "static", None)
+        return {
+            "engine_compile": self.compiled,
+            "graph_capture_s": getattr(static, "capture_s", None),
+            "drafter_graph_capture_s": getattr(getattr(self.models, "static", None), "capture_s", None),
+            "batch_size": self.batch_size,
+            "batch_window": self.window if self.batch_size > 1 else None,
+            "bind_s": self.bind_s,
+        }
+
+
+def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:
+    """``sampling.top_k`` at or above the model's image-token count keeps every image token: it is clamped to 0
+    (off, the same distribution without a top-k pass per step) with a warning naming the count."""
+    n = int(target.layout.num_codes)
+    if sp.top_k < n:
+        return sp
+    log.warning("sampling.top_k=%d ≥ the model's %d image tokens: it keeps every token; running with top-k off",
+                sp.top_k, n)  # fmt: skip
+    return dataclasses.replace(sp, top_k=0)
+
+
+def prompt_overflow(target: Any, text: str) -> tuple[int, int, str] | None:
+    """``(length, limit, unit)`` when ``text`` is longer than the target's text window, else ``None`` (the target's
+    ``text_window()``: word-level encoders count words, tokenizer encoders tokens; targets that take the whole prompt
+    into their context have none)."""
+    window = getattr(target, "text_window", None)
+    spec = window() if callable(window) else None
+    if spec is None:
+        return None
+    limit, unit, count = spec
+    n = count(text)
+    return (n, limit, unit) if n > limit else None
+
+
+def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
+    """One warning per prompt longer than the model's text window (:func:`prompt_overflow`); it is truncated."""
+    for p in prompts:
+        over = prompt_overflow(target, p.text)
+        if over is not None:
+            n, limit, unit = over
+            log.warning("prompt %s has %d %s; model=%s reads at most %d (the rest is ignored)",
+                        p.prompt_id, n, unit, model, limit)  # fmt: skip
+
+
+def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:
+    """``engine.compile``: on a GPU (and on the simulated one, ``accel``: through the graphs' stand-in), a target with
+    static-shape verifies (``supports_static``: the in-project lean GPTs — LlamaGen, mini, the lean Chameleon) pins
+    its KV cache and captures its verify forwards as CUDA graphs at its first prefill, and a drafter with static
+    shapes (EAGLE) its ``extend`` / ``expand`` at its first reset (``models.graphs``; both capture times are
+    reported); otherwise compile the target's (and the drafter's) forward with ``torch.compile`` and the warm-up
+    compiles it. Either way outside the timed scope, and for both sides (baseline and method share the target).
+    ``drafter`` None: the target only. ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's
+    (``BatchTarget.request_static``, captured per batch cache by ``harness.batched``; the batched drafter runs
+    eagerly). Sets ``target.engine_mode`` (``graphs`` | ``compiled``; the cost model's cache key and the batched
+    decoder read it)."""
+    family = str(cfg.model.family)
+    device = getattr(target, "device", None)
+    graphs = (
+        isinstance(device, torch.device)
+        and accel.graphs_supported(device)
+        and callable(getattr(target, "request_static", None))
+    )
+    drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
+    target.engine_mode = "graphs" if graphs else "compiled"
+    if graphs and batched:
+        log.info("engine.compile: %s batched verifies will run as CUDA graphs (captured per batch cache)", family)
+        return
+    if graphs:
+        target.request_static(graphs=True)
+        log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
+    if drafter_graphs:
+        drafter.request_static(graphs=True)
+        log.info("engine.compile: the drafter's extend / expand will run as CUDA graphs (captured at its first reset)")
+    for name, obj in (("target", target), ("drafter", drafter)):
+        if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
+            continue
+        fn = getattr(obj, "compile_forward", None)
+        if not callable(fn):
+            what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
+            raise ConfigError("engine.compile", f"{what} does not support compile")
+        t = time.perf_counter()
+        fn()
+        log.info("engine.compile: %s.compile_forward() in %.1f s", name, time.perf_counter() - t)
