@@ -48,3 +48,23 @@ def test_variants_may_differ_only_in_policy_and_lantern(capsys) -> None:
 def test_bad_arguments_name_the_option(args, key) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         parse(args)
+
+
+def test_versus_decodes_what_the_app_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every variant decodes through ``Job.decode`` — the app's call: ``engine.acceptance`` reaches the engine and
+    ``sampling.top_k`` is clamped to the model as in ``python run.py`` (landed main timed the host walk whatever the
+    setting, with an unclamped top-k and no compile)."""
+    import adtbench.harness.job as job
+
+    seen: list[tuple[str, int]] = []
+    real = job.generate
+
+    def spy(target, models, policy, inputs, sp, g, rule, acceptance):
+        seen.append((acceptance, sp.top_k))
+        return real(target, models, policy, inputs, sp, g, rule, acceptance)
+
+    monkeypatch.setattr(job, "generate", spy)
+    args = [*COMMON, "engine.acceptance=device", "sampling.top_k=100000", "bench.prompts=1", "bench.repeats=1",
+            "--variant", "a"]  # fmt: skip
+    assert main(args) == 0
+    assert seen and all(s == ("device", 0) for s in seen)

@@ -96,6 +96,22 @@ class Job:
                                          job.gen_device, job.seed_of, bool(cfg.get("baseline", True)))  # fmt: skip
         return job
 
+    def variant(self, cfg: DictConfig, policy: Policy) -> Job:
+        """The same target with another setting that differs in ``policy.*`` / ``lantern.*`` only (``adtbench bench
+        versus``): its own rule and bound policy; the drafter is shared (built here when this job had none)."""
+        models = self.models
+        if policy.uses_drafter and not self.policy.uses_drafter:
+            models = build_drafter(cfg.drafter, self.target)
+            if self.compiled:
+                compile_models(self.target, models, cfg)
+        elif not policy.uses_drafter:
+            models = build_loop_models(cfg, policy, self.target)
+        t = time.perf_counter()
+        cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.get("paths") and cfg.paths.get("cache_dir") else None
+        policy.bind(cost_source(self.target, models, self.sp, cache_dir) if policy.uses_drafter else None)
+        return dataclasses.replace(self, cfg=cfg, policy=policy, models=models, rule=build_rule(cfg, self.target),
+                                   bind_s=time.perf_counter() - t, batched=None)  # fmt: skip
+
     # --- what a decode needs -------------------------------------------------------------------------------------
     @property
     def use_cfg(self) -> bool:

@@ -105,40 +105,26 @@ def _ratio(x: np.ndarray) -> float:
 
 def run(args: list[str]) -> dict[str, Any]:
     """Compose, build once, time every variant and AR interleaved (module docstring); returns the result dict."""
-    from adtbench.algorithm.engine import decode_ar, generate
     from adtbench.harness.app import load_dataset
-    from adtbench.harness.caches import cost_source
-    from adtbench.harness.config import build_rule, prompt_seed, validate
-    from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.config import validate
+    from adtbench.harness.job import Job
     from adtbench.harness.stats import bootstrap_ci
-    from adtbench.models.registry import build_target
     from adtbench.resources import load_average
 
     opts, common, variants = parse(args)
     cfgs = compose_variants(common, variants)
     first = next(iter(cfgs.values()))
     built = {name: validate(cfg) for name, cfg in cfgs.items()}  # (sampling, policy), checked before any model loads
-    if first.get("threads") is not None:
-        torch.set_num_threads(int(first.threads))
     prompts = load_dataset(first)[: opts["prompts"]]
-    target = build_target(first.model)
-    drafter = build_drafter(first.drafter, target) if any(p.uses_drafter for _, p in built.values()) else None
-    sp = built[next(iter(built))][0]
-    cache_dir = first.get("paths", {}).get("cache_dir")
-    rules = {}
-    for name, (_, policy) in built.items():
-        policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
-        rules[name] = build_rule(cfgs[name], target)
-    sync = target.device.type == "cuda"
-    use_cfg = sp.use_cfg and target.supports_cfg
-    inputs = [target.encode_prompt(p.text, use_cfg) for p in prompts]
-    seeds = [prompt_seed(int(first.seed), p.prompt_id) for p in prompts]
+    head, *rest = variants
+    jobs = {head: Job.build(first, *built[head])}  # the models once; every variant is a Job over them
+    for name in rest:
+        jobs[name] = jobs[head].variant(cfgs[name], built[name][1])
+    target = jobs[head].target
 
     def decode(name: str, i: int) -> Any:
-        g = torch.Generator(device=target.device if sync else "cpu").manual_seed(seeds[i])
-        if name == "ar":
-            return decode_ar(target, inputs[i], sp, g)
-        return generate(target, drafter, built[name][1], inputs[i], sp, g, rules[name])
+        """The same call ``python run.py`` makes (``Job.decode``): acceptance placement, clamped top-k, compile."""
+        return jobs[head if name == "ar" else name].decode(prompts[i], name != "ar")
 
     names = ["ar", *variants]
     for name in names:  # warm-up, outside the timed work
