@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
+from adtbench import accel
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.harness.drafters import eagle_config_for
 from adtbench.io import atomic_write_json
@@ -264,7 +265,7 @@ def generated_sequences(target: Target, prompts: list[str], sp: Any, seed: int) 
 
     out = []
     for i, p in enumerate(prompts):
-        g = torch.Generator(device=target.device if target.device.type == "cuda" else "cpu").manual_seed(seed + i)
+        g = accel.generator(target.device if accel.is_cuda(target.device) else torch.device("cpu"), seed + i)
         res = decode_ar(target, target.encode_prompt(p, cfg=sp.use_cfg and target.supports_cfg), sp, g)
         out.append((p, res.tokens))
     return out
@@ -442,7 +443,7 @@ def engine_tau(cfg: DictConfig, drafter: EagleDrafter, target: Target, prompts: 
         sp = build_sampling({"temperature": temp, "cfg_scale": cfg.cfg_scale}, key="")  # errors name cfg_scale
         taus = []
         for i, p in enumerate(prompts):
-            g = torch.Generator().manual_seed(i)
+            g = accel.generator(target.device if accel.is_cuda(target.device) else torch.device("cpu"), i)
             res = generate(target, drafter, Eagle2Policy(4, 10, 59), target.encode_prompt(p, cfg=True), sp, g)
             taus.append(res.tau)
         out[f"engine_tau_{tag}"] = float(np.mean(taus))
