@@ -3,18 +3,30 @@
     adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true | bench.count=true] [bench.out=FILE]
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
+    adtbench bench probe [overrides] [bench.buckets=[1,2,...,128]] [bench.repeats=20] [bench.prompts=1] [bench.out=FILE]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=docs/speed.md] [overrides]
     adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
     adtbench bench batch [overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.out=DIR]
                          [bench.readme=docs/speed.md]
 
-``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify
-forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
-(the target prompt pass and the drafter's prefix pass) is excluded from both sides. Timers wrap the forward
-calls; on CUDA each reading synchronises. Reports the mean per cycle over ``bench.prompts`` prompts after
-one warm-up generation. ``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the
-decode loop (``PHASES``: target network, masks, acceptance, drafter network, drafting bookkeeping, draws, policy,
-…) and the rest of the cycle's own lines. ``bench.count=true`` counts instead, per cycle and per phase, the aten ops
+``overhead``: engine overhead per draft–verify cycle = cycle time − time inside the target's verifies − time inside
+the drafter (its ``extend`` / ``expand`` and the LM-head calls that score its outputs), per cycle, over
+``bench.prompts`` prompts after one warm-up generation (``adtbench.tools.bench_cycle.CycleTimer``). The model time is
+taken around the public calls both paths go through — ``target.verify_forward``, ``drafter.extend`` /
+``drafter.expand``, ``target.lm_head`` — so with ``engine.compile=true`` a CUDA-graph replay counts as target or
+drafter time, never as overhead (the verify's mask and input copies count with it). On CUDA the marks are CUDA events
+and nothing synchronises per call: the device is synchronised once at the end of each image, then the events are
+read, so the overhead is the device timeline's share outside the model calls (engine kernels, launch gaps, waits).
+Prefill (the prompt pass, the first token, the drafter's prefix pass) and prompt encoding are outside every cycle.
+It also reports the synchronisations per cycle outside the prefill (on the simulated device from
+``accel.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
+synchronisations per image (the loop's image boundaries) and the graph replays per cycle. Models built here are
+compiled (``engine.compile``) before the policy binds, as in the app.
+
+``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the decode loop (``PHASES``:
+target network — variable-shape forward or static bucket / graph replay —, masks, acceptance, drafter network,
+drafting bookkeeping, draws, policy, …) and the rest of the cycle's own lines; a host-side diagnostic that
+synchronises a GPU around every phase. ``bench.count=true`` counts instead, per cycle and per phase, the aten ops
 issued outside the networks and the device→host reads (``adtbench.tools.bench_count``; any machine).
 
 ``cost``: the cost model of one draft–verify cycle on this machine (``adtbench.algorithm.cost.measure_cost``, the same
@@ -24,6 +36,11 @@ KV length of half the image, one drafter level vs its node count (drafter forwar
 fixed per-cycle work, and — unless ``bench.overhead_prompts=0`` — the engine's non-model overhead per cycle
 measured by ``overhead`` on full generations. Each timing is the median of ``bench.repeats`` runs after warm-up,
 CUDA-synchronised on a GPU. CPU and GPU alike.
+
+``probe``: the graphed engine on this device, bucket by bucket (``adtbench.tools.bench_probe``): pure replay time per
+verify bucket against the weight-read floor, the verify call's time in AR steps, graphed against eager logits, an AR
+step's time and device work (kernels and launches on CUDA), and the default policy's overhead and synchronisations
+per cycle.
 
 ``speed``: the speed table (``adtbench.tools.bench_speed``): one app job per row on the same prompts, each timing the
 AR baseline in the same job; τ, d̄, speedup with its CI and median, and the cost model's bound per row.
@@ -45,6 +62,7 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, random_tree re-exported)
     fill_cache,
     fill_cache_to,
@@ -74,11 +92,10 @@ from adtbench.io import atomic_write_json
 # in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
 TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
 EMBEDDING = "token embedding"
-NETWORKS = frozenset(
-    {TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING}
-)  # what ``bench.count`` does not call engine ops
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING})  # ``bench.count``: not engine ops
 PHASES: tuple[tuple[str, str, str], ...] = (
-    ("target", "_forward", TARGET_NET),
+    ("target", "_forward", TARGET_NET),  # the variable-shape forward
+    ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
     ("target", "verify_forward", "verify mask + positions"),
     ("target", "commit", "KV commit"),
     ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
@@ -86,6 +103,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.verify", "read_verdict", "the cycle's host read"),
     ("adtbench.algorithm.verify", "verify_tree", "acceptance (host walk)"),
     ("drafter", "forward", DRAFTER_NET),
+    ("adtbench.models.graphs:StaticDraft", "run", DRAFTER_NET),
     ("drafter", "extend", "drafter extend (bookkeeping)"),
     ("target", "lm_head", DRAFTER_HEAD),
     ("target", "embed_tokens", EMBEDDING),
@@ -98,14 +116,11 @@ PHASES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-# the plain overhead split: the three model calls (none nests in another, so exclusive = inclusive time)
-MODEL_PHASES = tuple(p for p in PHASES if p[2] in (TARGET_NET, DRAFTER_NET, DRAFTER_HEAD))
-
-
 class _Phases:
     """Exclusive wall time per entry of ``phases`` (default :data:`PHASES`) while active: a context manager that
-    restores every attribute it wrapped; on CUDA each reading synchronises. With a ``counter``
-    (``bench_count.DeviceCounter``) each wrapped call also brackets its phase label there."""
+    restores every attribute it wrapped; on CUDA each reading synchronises (``bench.phases=true`` is a host-side
+    diagnostic: the synchronisations remove the overlap of host and device that the plain split measures). With a
+    ``counter`` (``bench_count.DeviceCounter``) each wrapped call also brackets its phase label there."""
 
     def __init__(
         self,
@@ -132,12 +147,13 @@ class _Phases:
             own = attr in vars(owner)
             self._undo.append((owner, attr, vars(owner).get(attr) if own else None, own))
             setattr(owner, attr, self._wrap(getattr(owner, attr), label))
-            self.total[label], self.calls[label] = 0.0, 0
+            self.total.setdefault(label, 0.0)
+            self.calls.setdefault(label, 0)
 
     def _wrap(self, fn: Any, label: str) -> Any:
         def wrapped(*a: Any, **k: Any) -> Any:
             if self.sync:
-                torch.cuda.synchronize()
+                accel.synchronize()
             t = time.perf_counter()
             self._stack.append(0.0)
             if self.counter is not None:
@@ -148,7 +164,7 @@ class _Phases:
                 if self.counter is not None:
                     self.counter.pop()
                 if self.sync:
-                    torch.cuda.synchronize()
+                    accel.synchronize()
                 dt = time.perf_counter() - t
                 inner = self._stack.pop()
                 self.total[label] += dt - inner
@@ -170,33 +186,41 @@ class _Phases:
 
 
 def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
-    """Engine overhead per cycle (module docstring); ``target``/``drafter`` reuse already-built models."""
+    """Engine overhead per cycle (module docstring); ``target``/``drafter`` reuse already-built models (compiled
+    already when ``engine.compile`` is on: ``cost`` compiles before it measures). Models built here are compiled
+    (``engine.compile``) before the policy binds, as the app does."""
     register_resolvers()
     sp, policy = validate(cfg)
     if not policy.uses_drafter:
         raise ConfigError("policy", "the overhead benchmark needs a drafting policy")
-    from adtbench.harness.app import load_dataset
+    from adtbench.harness.app import compile_models, load_dataset
     from adtbench.models.registry import build_target
 
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
+    built = target is None or drafter is None
     if target is None:
         target = build_target(cfg.model)
     if drafter is None:
         drafter = build_drafter(cfg.drafter, target)
+    if built and engine_compile(cfg):  # before bind, as in the app: the cost model is measured on what runs
+        compile_models(target, drafter, cfg)
     rule = build_rule(cfg, target)
     cache_dir = cfg.get("paths", {}).get("cache_dir")
     policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
-    sync = target.device.type == "cuda"
+    device = target.device
+    sync = device.type == "cuda"  # the phase split synchronises a real GPU around every phase
+    gen_device = device if accel.is_cuda(device) else torch.device("cpu")  # sampling draws where the model is
     use_cfg = sp.use_cfg and target.supports_cfg
 
     # the count measures what a GPU runs: acceptance on the device (``engine.acceptance`` otherwise)
     acceptance = "device" if bool(cfg.bench.get("count", False)) else engine_acceptance(cfg)
 
     def run(text: str, seed: int):
-        g = torch.Generator(device=target.device if sync else "cpu").manual_seed(seed)
-        return generate(target, drafter, policy, target.encode_prompt(text, use_cfg), sp, g, rule, acceptance)
+        inputs = target.encode_prompt(text, use_cfg)
+        g = accel.generator(gen_device, seed)
+        return generate(target, drafter, policy, inputs, sp, g, rule, acceptance)
 
     run(prompts[0].text, 0)  # warm-up
     instances = {"target": target, "drafter": drafter, "policy": policy}
@@ -204,25 +228,42 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         return _count_breakdown(cfg, prompts, run, instances)
     if bool(cfg.bench.get("phases", False)):
         return _phase_breakdown(cfg, prompts, run, instances, sync)
-    ph, cycles, cycle_s, prefix_drafter = _timed_decodes(cfg, prompts, run, instances, sync, MODEL_PHASES)
-    target_s = ph.total[TARGET_NET]
-    drafter_s = ph.total[DRAFTER_NET] - prefix_drafter + ph.total[DRAFTER_HEAD]
-    per = {
+    from adtbench.tools.bench_cycle import DRAFTER, DRAFTER_HEAD, TARGET, CycleTimer
+
+    cycles, cycle_s = 0, 0.0
+    with CycleTimer(target, drafter) as timer:
+        for p in prompts:
+            res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
+            timer.settle()  # the image's end synchronised the device: its marks can be read
+            cycles += len(res.cycles)
+            cycle_s += res.latency_s - res.prefill_s
+    per: dict[str, Any] = {
         "cycle_ms": 1e3 * cycle_s / cycles,
-        "target_forward_ms": 1e3 * target_s / cycles,
-        "drafter_ms": 1e3 * drafter_s / cycles,
+        "target_forward_ms": 1e3 * timer.totals[TARGET] / cycles,
+        "drafter_ms": 1e3 * (timer.totals[DRAFTER] + timer.totals[DRAFTER_HEAD]) / cycles,
     }
     per["overhead_ms"] = per["cycle_ms"] - per["target_forward_ms"] - per["drafter_ms"]
     per["overhead_frac"] = per["overhead_ms"] / per["cycle_ms"]
+    counted = timer.source is not None
     return {
         "model": str(cfg.model.name),
         "policy": policy.name,
-        "device": str(target.device),
+        "device": accel.device_name(device) if accel.is_cuda(device) else str(device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "prompts": len(prompts),
         "cycles": cycles,
         **per,
+        "timing": "CUDA events" if device.type == "cuda" else "perf_counter marks",
+        "engine_compile": getattr(target, "engine_mode", "eager") == "graphs",
+        "graph_replays_per_cycle": timer.replays / cycles,
+        "static_runs_per_cycle": timer.static_runs / cycles,
+        "model_calls_per_cycle": {k: v / cycles for k, v in timer.calls.items()},
+        "syncs_per_cycle": timer.syncs / cycles if counted else None,
+        "sync_split_per_cycle": {k: v / cycles for k, v in timer.split.items()} if counted else None,
+        "prefill_syncs_per_image": timer.prefill_syncs / len(prompts) if counted else None,
+        "explicit_syncs_per_image": timer.explicit / len(prompts),
+        "sync_count": timer.source,
     }
 
 
@@ -323,14 +364,20 @@ def cost(cfg: Any) -> dict:
     if engine_compile(cfg):  # graphs on a GPU (the verifies below then replay them), torch.compile elsewhere
         from adtbench.harness.job import compile_models
 
-        compile_models(target, drafter, cfg)
-    model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
-    sync = target.device.type == "cuda"
+        compile_models(target, drafter, cfg)  # as the app: before anything measures (bind, here measure_cost)
+    from adtbench.tools.bench_cycle import CycleTimer
+
+    with CycleTimer(target, drafter, calls=()) as counted:  # counts the static-shape runs and graph replays only
+        model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
+    cuda = target.device.type == "cuda"  # a real GPU: its bandwidth (never a simulated device's)
     weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
-    bandwidth = device_bandwidth(target.device) if sync else None
+    bandwidth = device_bandwidth(target.device) if cuda else None
+    t_static, d_static = getattr(target, "static", None), getattr(drafter, "static", None)
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
-        "device": torch.cuda.get_device_name(target.device) if sync else f"cpu ({torch.get_num_threads()} threads)",
+        "device": accel.device_name(target.device)
+        if accel.is_cuda(target.device)
+        else f"cpu ({torch.get_num_threads()} threads)",
         "dtype": str(target.dtype).replace("torch.", ""),
         "cfg_rows": 2 if sp.use_cfg else 1,
         "kv_len": model.meta["kv_len"],
@@ -345,7 +392,15 @@ def cost(cfg: Any) -> dict:
         ],
         "fixed_ms": model.fixed_ms,
         "engine_compile": engine_compile(cfg),
-        "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
+        "graph_capture_s": getattr(t_static, "capture_s", None),
+        "drafter_graph_capture_s": getattr(d_static, "capture_s", None),
+        # what the measurement ran: the pinned capacities (None: variable shapes) and the static / graphed forwards
+        "pinned_capacity": {
+            "target": getattr(t_static, "capacity", None),
+            "drafter": getattr(d_static, "capacity", None),
+        },
+        "measured_static_runs": counted.static_runs,
+        "measured_graph_replays": counted.replays,
         "weight_bytes": weight_bytes,
         "device_bandwidth_gbs": bandwidth,
         # one step reads every weight once: its floor at the measured bandwidth
@@ -353,7 +408,8 @@ def cost(cfg: Any) -> dict:
     }
     n_over = int(b.get("overhead_prompts", 2))
     if n_over > 0:
-        resolved = {"dtype": result["dtype"], "device": str(target.device)}  # `auto` → what was built
+        built_on = "cuda" if accel.is_cuda(target.device) else str(target.device)  # `auto` → what was built
+        resolved = {"dtype": result["dtype"], "device": built_on}
         over_cfg = OmegaConf.merge(cfg, {"bench": {"prompts": n_over}, "model": resolved})
         result["overhead"] = overhead(over_cfg, target=target, drafter=drafter)
     return result
@@ -387,21 +443,51 @@ def cost_table(r: dict) -> str:
             f"({r['weight_bytes'] / 1e9:.2f} GB of weights at the measured {r['device_bandwidth_gbs']:.0f} GB/s): "
             f"{step / r['weight_read_ms']:.2f}× the floor"
         )
-    if "overhead" in r:
-        o = r["overhead"]
+    if r.get("engine_compile"):
+        pin = r.get("pinned_capacity") or {}
         lines.append(
-            f"engine overhead: {o['overhead_ms']:.2f} ms of a {o['cycle_ms']:.2f} ms cycle "
-            f"({100 * o['overhead_frac']:.1f} %; target {o['target_forward_ms']:.2f} ms, "
-            f"drafter {o['drafter_ms']:.2f} ms)"
+            f"measured through {r.get('measured_graph_replays', 0)} graph replays of "
+            f"{r.get('measured_static_runs', 0)} static-shape forwards (pinned capacity: target {pin.get('target')}, "
+            f"drafter {pin.get('drafter')})"
         )
+    if "overhead" in r:
+        lines.append(overhead_line(r["overhead"]))
     return "\n".join(lines)
 
 
-USAGE = "usage: adtbench bench overhead|cost|speed|versus|batch [hydra overrides]"
+OVERHEAD_COLUMNS = ("model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
+                    "overhead_ms", "overhead_frac", "syncs_per_cycle", "graph_replays_per_cycle")  # fmt: skip
+
+
+def overhead_table(r: dict) -> str:
+    """The Markdown row of an ``overhead`` result, with its line (timing, what counted the synchronisations)."""
+
+    def cell(v: Any) -> str:
+        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(OVERHEAD_COLUMNS) + " |\n|" + "---|" * len(OVERHEAD_COLUMNS)
+    return head + "\n| " + " | ".join(cell(r.get(c)) for c in OVERHEAD_COLUMNS) + " |\n\n" + overhead_line(r)
+
+
+def overhead_line(o: dict) -> str:
+    """One line of an ``overhead`` result: the split of a cycle and the synchronisations per cycle."""
+    line = (
+        f"engine overhead: {o['overhead_ms']:.2f} ms of a {o['cycle_ms']:.2f} ms cycle "
+        f"({100 * o['overhead_frac']:.1f} %; target {o['target_forward_ms']:.2f} ms, drafter {o['drafter_ms']:.2f} ms"
+    )
+    if o.get("engine_compile"):
+        line += f", {o.get('graph_replays_per_cycle', 0):.2f} graph replays per cycle"
+    line += f"; {o.get('timing', 'timers')})"
+    if o.get("syncs_per_cycle") is not None:
+        line += f"; {o['syncs_per_cycle']:.2f} synchronisations per cycle ({o['sync_count']})"
+    return line
+
+
+USAGE = "usage: adtbench bench overhead|cost|probe|speed|versus|batch [hydra overrides]"
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("overhead", "cost", "speed", "versus", "batch"):
+    if not args or args[0] not in ("overhead", "cost", "probe", "speed", "versus", "batch"):
         print(USAGE)
         return 2
     if args[0] == "speed":
@@ -421,15 +507,26 @@ def main(args: list[str]) -> int:
         extra += ["+bench.phases=false", "+bench.count=false"]
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
+    if args[0] == "probe":
+        extra = ["+bench.prompts=1", "+bench.out=null", "+bench.buckets=null", "+bench.repeats=20"]
     try:
         cfg = compose_config("config", [*extra, *args[1:]])
         resolve_paths(cfg)  # relative dataset / weight paths against paths.root_dir, as in the app
-        r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
+        if args[0] == "probe":
+            from adtbench.tools.bench_probe import probe
+
+            r = probe(cfg)
+        else:
+            r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:
         print(f"adtbench: config error: {e}")
         return 2
     if args[0] == "cost":
         print(cost_table(r))
+    elif args[0] == "probe":
+        from adtbench.tools.bench_probe import table as probe_table
+
+        print(probe_table(r))
     elif "host_reads_per_cycle" in r:
         print(f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
               f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops and "
@@ -451,10 +548,7 @@ def main(args: list[str]) -> int:
             print(f"| {row['phase']} | {row['ms_per_cycle']:.3f} | {100 * row['share']:.1f} % | "
                   f"{row['calls_per_cycle']:.2f} |")  # fmt: skip
     else:
-        cols = ["model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
-                "overhead_ms", "overhead_frac"]  # fmt: skip
-        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        print(overhead_table(r))
     if cfg.bench.out:
         atomic_write_json(Path(str(cfg.bench.out)), r, newline=False)
     return 0
