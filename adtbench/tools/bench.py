@@ -86,6 +86,7 @@ from adtbench.harness.config import (
 )
 from adtbench.harness.drafters import build_drafter
 from adtbench.io import atomic_write_json
+from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead_table
 
 # Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or
 # ``target`` / ``drafter`` / ``policy`` for the built instances. Times are exclusive (a phase's nested phases are not
@@ -415,17 +416,6 @@ def cost(cfg: Any) -> dict:
     return result
 
 
-def device_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 10) -> float:
-    """Measured device-memory bandwidth (GB/s) of ``device``: a ``gib``-GiB device-to-device copy reads and writes
-    every byte once, so bytes moved = 2 × size; median of ``repeats`` CUDA-synchronised copies after one warm-up."""
-    n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    ms = median_ms(lambda: dst.copy_(src), repeats, sync=True)
-    return 2 * n / (ms * 1e-3) / 1e9
-
-
 def cost_table(r: dict) -> str:
     """Markdown tables of a ``cost`` result (for docs/README)."""
     from adtbench.algorithm.cost import CostModel
@@ -453,34 +443,6 @@ def cost_table(r: dict) -> str:
     if "overhead" in r:
         lines.append(overhead_line(r["overhead"]))
     return "\n".join(lines)
-
-
-OVERHEAD_COLUMNS = ("model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
-                    "overhead_ms", "overhead_frac", "syncs_per_cycle", "graph_replays_per_cycle")  # fmt: skip
-
-
-def overhead_table(r: dict) -> str:
-    """The Markdown row of an ``overhead`` result, with its line (timing, what counted the synchronisations)."""
-
-    def cell(v: Any) -> str:
-        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
-
-    head = "| " + " | ".join(OVERHEAD_COLUMNS) + " |\n|" + "---|" * len(OVERHEAD_COLUMNS)
-    return head + "\n| " + " | ".join(cell(r.get(c)) for c in OVERHEAD_COLUMNS) + " |\n\n" + overhead_line(r)
-
-
-def overhead_line(o: dict) -> str:
-    """One line of an ``overhead`` result: the split of a cycle and the synchronisations per cycle."""
-    line = (
-        f"engine overhead: {o['overhead_ms']:.2f} ms of a {o['cycle_ms']:.2f} ms cycle "
-        f"({100 * o['overhead_frac']:.1f} %; target {o['target_forward_ms']:.2f} ms, drafter {o['drafter_ms']:.2f} ms"
-    )
-    if o.get("engine_compile"):
-        line += f", {o.get('graph_replays_per_cycle', 0):.2f} graph replays per cycle"
-    line += f"; {o.get('timing', 'timers')})"
-    if o.get("syncs_per_cycle") is not None:
-        line += f"; {o['syncs_per_cycle']:.2f} synchronisations per cycle ({o['sync_count']})"
-    return line
 
 
 USAGE = "usage: adtbench bench overhead|cost|probe|speed|versus|batch [hydra overrides]"
@@ -515,7 +477,7 @@ def main(args: list[str]) -> int:
         if args[0] == "probe":
             from adtbench.tools.bench_probe import probe
 
-            r = probe(cfg)
+            r = probe(cfg, overhead)
         else:
             r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from adtbench import accel
+from adtbench.algorithm.cost import median_ms
 
 TARGET = "target verify (verify_forward)"
 DRAFTER = "drafter (extend / expand)"
@@ -199,3 +200,43 @@ class CycleTimer:
             self.calls[label] += 1
         self._pending.clear()
         self._finish_counts()
+
+
+def device_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 10) -> float:
+    """Measured device-memory bandwidth (GB/s) of ``device``: a ``gib``-GiB device-to-device copy reads and writes
+    every byte once, so bytes moved = 2 × size; median of ``repeats`` CUDA-synchronised copies after one warm-up."""
+    n = int(gib * 2**30)
+    src = torch.empty(n, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    ms = median_ms(lambda: dst.copy_(src), repeats, sync=True)
+    return 2 * n / (ms * 1e-3) / 1e9
+
+
+OVERHEAD_COLUMNS = ("model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
+                    "overhead_ms", "overhead_frac", "syncs_per_cycle", "graph_replays_per_cycle")  # fmt: skip
+
+
+def overhead_table(r: dict) -> str:
+    """An ``overhead`` result: its line (timing, what counted the synchronisations), then the Markdown row (last, for
+    ``benchmarks/overhead.sh``'s ``tail -1``)."""
+
+    def cell(v: Any) -> str:
+        return "–" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    head = "| " + " | ".join(OVERHEAD_COLUMNS) + " |\n|" + "---|" * len(OVERHEAD_COLUMNS)
+    return overhead_line(r) + "\n\n" + head + "\n| " + " | ".join(cell(r.get(c)) for c in OVERHEAD_COLUMNS) + " |"
+
+
+def overhead_line(o: dict) -> str:
+    """One line of an ``overhead`` result: the split of a cycle and the synchronisations per cycle."""
+    line = (
+        f"engine overhead: {o['overhead_ms']:.2f} ms of a {o['cycle_ms']:.2f} ms cycle "
+        f"({100 * o['overhead_frac']:.1f} %; target {o['target_forward_ms']:.2f} ms, drafter {o['drafter_ms']:.2f} ms"
+    )
+    if o.get("engine_compile"):
+        line += f", {o.get('graph_replays_per_cycle', 0):.2f} graph replays per cycle"
+    line += f"; {o.get('timing', 'timers')})"
+    if o.get("syncs_per_cycle") is not None:
+        line += f"; {o['syncs_per_cycle']:.2f} synchronisations per cycle ({o['sync_count']})"
+    return line

@@ -125,8 +125,9 @@ def _logit_diff(graphed: torch.Tensor, eager: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
-def probe(cfg: Any) -> dict[str, Any]:
-    """The measurement of the module docstring; returns its JSON."""
+def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, Any]:
+    """The measurement of the module docstring; returns its JSON. ``overhead``: ``tools.bench.overhead`` (the caller
+    passes it: the overhead run is that command's), called as ``overhead(cfg, target=…, drafter=…)``; None skips it."""
     from omegaconf import OmegaConf
 
     from adtbench.algorithm.cost import fill_cache_to, random_tree, target_parameters
@@ -137,7 +138,7 @@ def probe(cfg: Any) -> dict[str, Any]:
     from adtbench.models.base import ar_step
     from adtbench.models.graphs import BUCKETS
     from adtbench.models.registry import build_target
-    from adtbench.tools.bench import device_bandwidth, overhead
+    from adtbench.tools.bench_cycle import device_bandwidth
 
     register_resolvers()
     b = cfg.bench
@@ -257,7 +258,7 @@ def probe(cfg: Any) -> dict[str, Any]:
         "ar_step": ar,
     }
     n_over = int(b.get("prompts", 1))
-    if n_over > 0:
+    if n_over > 0 and overhead is not None:
         built_on = "cuda" if accel.is_cuda(dev) else str(dev)
         over_cfg = OmegaConf.merge(cfg, {"bench": {"prompts": n_over},
                                          "model": {"dtype": result["dtype"], "device": built_on}})  # fmt: skip
@@ -328,7 +329,7 @@ def table(r: dict[str, Any]) -> str:
         f"({work(ew)}); per step, {gw['source']}",
     ]
     if "overhead" in r:
-        from adtbench.tools.bench import overhead_line
+        from adtbench.tools.bench_cycle import overhead_line
 
         o = r["overhead"]
         lines += ["", f"policy={o['policy']}, {o['prompts']} prompt(s), {o['cycles']} cycles: {overhead_line(o)}"]
