@@ -55,7 +55,7 @@ def test_bench_overhead_counts_graph_replays_as_model_time_and_the_synchronisati
     """``adtbench bench overhead`` on the simulated device: with ``engine.compile=true`` the verifies and drafter levels
     replay graphs and that time is the target's and the drafter's (landed main read 0 ms of target time there, all of
     it overhead); the split adds up to the cycle; one synchronisation per cycle (the verdict; prefill excluded),
-    counted by the simulation, and the image boundaries' two explicit ones apart."""
+    counted by the simulation, and the explicit ones (image boundaries, the encoding's clock) apart."""
     out = tmp_path / "over.json"
     with accel.simulate():
         args = ["overhead", *TINY, f"engine.compile={str(compile_on).lower()}", "bench.prompts=2", f"bench.out={out}"]
@@ -71,7 +71,8 @@ def test_bench_overhead_counts_graph_replays_as_model_time_and_the_synchronisati
         "graph_replays_per_cycle"
     ]
     assert r["syncs_per_cycle"] == 1.0 and r["sync_count"].startswith("simulated device")
-    assert r["explicit_syncs_per_image"] == 2.0 and r["model_calls_per_cycle"]["target verify (verify_forward)"] == 1.0
+    # explicit: the image's start and end (``engine.generate``) and the encoding's two (``Job.decode``, as the app)
+    assert r["explicit_syncs_per_image"] == 4.0 and r["model_calls_per_cycle"]["target verify (verify_forward)"] == 1.0
 
 
 def test_bench_overhead_phases_and_count_on_the_simulated_device(tmp_path: Path) -> None:

@@ -70,7 +70,6 @@ from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, 
     random_tree,
     target_parameters,
 )
-from adtbench.algorithm.engine import generate
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
 from adtbench.harness.config import (
@@ -79,7 +78,6 @@ from adtbench.harness.config import (
     compose_config,
     engine_acceptance,
     engine_compile,
-    prompt_seed,
     register_resolvers,
     resolve_paths,
     validate,
@@ -187,44 +185,33 @@ class _Phases:
 
 
 def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
-    """Engine overhead per cycle (module docstring); ``target``/``drafter`` reuse already-built models (compiled
-    already when ``engine.compile`` is on: ``cost`` compiles before it measures). Models built here are compiled
-    (``engine.compile``) before the policy binds, as the app does."""
+    """Engine overhead per cycle (module docstring). The job is the app's (``harness.job.Job``: threads, clamped
+    top-k, the rule, ``engine.compile`` before the policy binds, the device's generator, the app's decode call);
+    ``target``/``drafter`` reuse already-built models (compiled already when ``engine.compile`` is on: ``cost`` and
+    ``probe`` compile before they measure)."""
     register_resolvers()
     sp, policy = validate(cfg)
     if not policy.uses_drafter:
         raise ConfigError("policy", "the overhead benchmark needs a drafting policy")
-    from adtbench.harness.app import compile_models, load_dataset
-    from adtbench.models.registry import build_target
+    from adtbench.harness.app import load_dataset
+    from adtbench.harness.job import Job
 
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
-    built = target is None or drafter is None
-    if target is None:
-        target = build_target(cfg.model)
-    if drafter is None:
-        drafter = build_drafter(cfg.drafter, target)
-    if built and engine_compile(cfg):  # before bind, as in the app: the cost model is measured on what runs
-        compile_models(target, drafter, cfg)
-    rule = build_rule(cfg, target)
-    cache_dir = cfg.get("paths", {}).get("cache_dir")
-    policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
+    if target is None or drafter is None:
+        job = Job.build(cfg, sp, policy)
+    else:
+        job = _job_over(cfg, sp, policy, target, drafter)
+    if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
+        job = dataclasses.replace(job, acceptance="device")
+    target, drafter = job.target, job.models
     device = target.device
     sync = device.type == "cuda"  # the phase split synchronises a real GPU around every phase
-    gen_device = device if accel.is_cuda(device) else torch.device("cpu")  # sampling draws where the model is
-    use_cfg = sp.use_cfg and target.supports_cfg
 
-    # the count measures what a GPU runs: acceptance on the device (``engine.acceptance`` otherwise)
-    acceptance = "device" if bool(cfg.bench.get("count", False)) else engine_acceptance(cfg)
+    def run(p: Any) -> Any:
+        return job.decode(p, True)
 
-    def run(text: str, seed: int):
-        inputs = target.encode_prompt(text, use_cfg)
-        g = accel.generator(gen_device, seed)
-        return generate(target, drafter, policy, inputs, sp, g, rule, acceptance)
-
-    run(prompts[0].text, 0)  # warm-up
-    instances = {"target": target, "drafter": drafter, "policy": policy}
+    job.decode(prompts[0], True, seed=0)  # warm-up (graph capture, compilation)
+    instances = {"target": target, "drafter": drafter, "policy": job.policy}
     if bool(cfg.bench.get("count", False)):
         return _count_breakdown(cfg, prompts, run, instances)
     if bool(cfg.bench.get("phases", False)):
@@ -234,7 +221,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     cycles, cycle_s = 0, 0.0
     with CycleTimer(target, drafter) as timer:
         for p in prompts:
-            res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
+            res = run(p)
             timer.settle()  # the image's end synchronised the device: its marks can be read
             cycles += len(res.cycles)
             cycle_s += res.latency_s - res.prefill_s
@@ -248,7 +235,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     counted = timer.source is not None
     return {
         "model": str(cfg.model.name),
-        "policy": policy.name,
+        "policy": job.policy.name,
         "device": accel.device_name(device) if accel.is_cuda(device) else str(device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
@@ -256,7 +243,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         "cycles": cycles,
         **per,
         "timing": "CUDA events" if device.type == "cuda" else "perf_counter marks",
-        "engine_compile": getattr(target, "engine_mode", "eager") == "graphs",
+        "engine_compile": job.compiled,
+        "engine_mode": getattr(target, "engine_mode", "eager"),  # graphs | compiled | eager
         "graph_replays_per_cycle": timer.replays / cycles,
         "static_runs_per_cycle": timer.static_runs / cycles,
         "model_calls_per_cycle": {k: v / cycles for k, v in timer.calls.items()},
@@ -266,6 +254,22 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         "explicit_syncs_per_image": timer.explicit / len(prompts),
         "sync_count": timer.source,
     }
+
+
+def _job_over(cfg: Any, sp: Any, policy: Any, target: Any, drafter: Any) -> Any:
+    """``Job.build``'s assembly over models already built (and compiled, when ``engine.compile`` is on): the clamped
+    top-k, the rule, where acceptance runs, the policy bound to their cost model."""
+    from adtbench.harness.job import Job, clamp_top_k
+
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    sp = clamp_top_k(sp, target)
+    t = time.perf_counter()
+    cache_dir = cfg.get("paths", {}).get("cache_dir")
+    policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
+    compiled = engine_compile(cfg)
+    return Job(cfg, sp, policy, target, drafter, build_rule(cfg, target), engine_acceptance(cfg), compiled, 1, 1,
+               time.perf_counter() - t)  # fmt: skip
 
 
 def _timed_decodes(
@@ -283,7 +287,7 @@ def _timed_decodes(
     with _Phases(instances, sync, phases) as ph:
         for p in prompts:
             before = ph.total[DRAFTER_NET]
-            res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
+            res = run(p)
             cycles += len(res.cycles)
             cycle_s += res.latency_s - res.prefill_s
             prefix_drafter += min(ph.total[DRAFTER_NET] - before, res.prefill_s)
@@ -322,7 +326,7 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     cycles = 0
     with _Phases(instances, False, phases, counter=counter), counter:
         for p in prompts:
-            cycles += len(run(p.text, prompt_seed(int(cfg.seed), p.prompt_id)).cycles)
+            cycles += len(run(p).cycles)
     target = instances["target"]
     return {
         "model": str(cfg.model.name),
@@ -344,7 +348,6 @@ def cost(cfg: Any) -> dict:
     from omegaconf import OmegaConf
 
     from adtbench.algorithm.cost import measure_cost
-    from adtbench.harness.drafters import build_drafter
     from adtbench.models.registry import build_target
 
     b = cfg.bench

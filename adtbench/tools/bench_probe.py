@@ -4,7 +4,7 @@
                          [bench.buckets=[1,2,4,8,16,32,64,128]] [bench.repeats=20] [bench.prompts=1] [bench.out=FILE]
 
 The models are built from the composed config (the drafter: an EAGLE drafter, random when the config names none)
-and compiled as ``engine.compile=true`` does (``harness.app.compile_models``: static-shape verifies and drafter
+and compiled as ``engine.compile=true`` does (``harness.job.compile_models``: static-shape verifies and drafter
 levels over pinned caches, captured as CUDA graphs — their stand-in on the simulated device); a device without
 graphs is a ``ConfigError``. The target's cache is filled to half the image with random tokens (the cost model's
 KV length), then, per verify bucket b (1 … 128 nodes):
@@ -132,9 +132,9 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
 
     from adtbench.algorithm.cost import fill_cache_to, random_tree, target_parameters
     from adtbench.algorithm.sampling import SamplingParams
-    from adtbench.harness.app import compile_models
     from adtbench.harness.config import build_sampling, register_resolvers
     from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.job import compile_models
     from adtbench.models.base import ar_step
     from adtbench.models.graphs import BUCKETS
     from adtbench.models.registry import build_target

@@ -291,10 +291,11 @@ def machine_cost_model(common: list[str]) -> Any:
     the ``budget: cost`` rows then use), under the rows' thread count."""
     import torch
 
-    from adtbench.harness.app import CONF_DIR, compile_models
+    from adtbench.harness.app import CONF_DIR
     from adtbench.harness.caches import load_or_measure
     from adtbench.harness.config import compose_config, engine_compile, resolve_paths, validate
     from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.job import compile_models
     from adtbench.models.registry import build_target
 
     cfg = compose_config("config", [*common, "policy=adt"], CONF_DIR)
