@@ -383,5 +383,5 @@ def test_a_graphed_cycle_synchronises_once_or_twice_with_budget_cost(case) -> No
         timer.settle()
     cycles = len(res.cycles)
     assert timer.source is not None and cycles > 3 and timer.replays >= res.target_forwards - 1
-    assert timer.syncs <= bound * cycles, (timer.split, cycles)
+    assert timer.syncs <= bound * cycles, (timer.sites, cycles)
     assert timer.explicit == 2  # the image's start and end (records.Clock.now), outside the count

@@ -250,6 +250,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         "model_calls_per_cycle": {k: v / cycles for k, v in timer.calls.items()},
         "syncs_per_cycle": timer.syncs / cycles if counted else None,
         "sync_split_per_cycle": {k: v / cycles for k, v in timer.split.items()} if counted else None,
+        "sync_sites_per_cycle": {k: v / cycles for k, v in timer.sites.most_common(10)} if counted else None,
         "prefill_syncs_per_image": timer.prefill_syncs / len(prompts) if counted else None,
         "explicit_syncs_per_image": timer.explicit / len(prompts),
         "sync_count": timer.source,

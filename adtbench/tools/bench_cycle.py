@@ -57,8 +57,8 @@ CUDA_SOURCE = "torch.cuda.set_sync_debug_mode('warn') warnings (host reads + blo
 class CycleTimer:
     """Device time inside the model calls of the cycles, and the synchronisations (module docstring); a context
     manager that restores everything it wrapped. ``totals[label]`` (seconds) and ``calls[label]`` after ``settle()``;
-    ``syncs`` (outside the prefill), ``prefill_syncs``, ``explicit``, ``replays``, ``static_runs``; ``source`` says
-    where the synchronisations were counted (None: a host device, nothing to count)."""
+    ``syncs`` (outside the prefill; ``sites``: by call site), ``prefill_syncs``, ``explicit``, ``replays``,
+    ``static_runs``; ``source`` says where the synchronisations were counted (None: a host device, nothing to count)."""
 
     def __init__(self, target: Any, drafter: Any = None, calls: tuple[tuple[str, str, str], ...] = MODEL_CALLS) -> None:
         self.device: torch.device = target.device
@@ -68,7 +68,8 @@ class CycleTimer:
         self.totals: dict[str, float] = {label: 0.0 for _, _, label in calls}
         self.calls: dict[str, int] = {label: 0 for _, _, label in calls}
         self.syncs = self.prefill_syncs = self.explicit = self.replays = self.static_runs = 0
-        self.split: Counter[str] = Counter()  # simulated device: syncs outside the prefill by kind
+        self.split: Counter[str] = Counter()  # syncs outside the prefill by kind
+        self.sites: Counter[str] = Counter()  # syncs outside the prefill by call site (what to move next)
         self._pending: list[tuple[str, Any, Any]] = []
         self._depth = 0
         self._prefill = 0
@@ -85,7 +86,18 @@ class CycleTimer:
             c = self.sim.counts
             return Counter({"device_reads": c["device_reads"], "host_to_device_copies": c["host_to_device_copies"]})
         if self.cuda:
-            return Counter({"cuda_syncs": sum(SYNC_WARNING in str(w.message) for w in self._caught)})
+            return Counter({"cuda_syncs": len(self._sync_warnings())})
+        return Counter()
+
+    def _sync_warnings(self) -> list[warnings.WarningMessage]:
+        return [w for w in self._caught if SYNC_WARNING in str(w.message)]
+
+    def _site_counts(self) -> Counter[str]:
+        """Synchronisations so far by call site (``path:line``; the simulation's ``reads_by_op`` keys on it)."""
+        if self.sim is not None:
+            return Counter(self.sim.reads_by_op)
+        if self.cuda:
+            return Counter(_short(w.filename) + f":{w.lineno}" for w in self._sync_warnings())
         return Counter()
 
     # --- wrappers ---------------------------------------------------------------------------------------------
@@ -106,13 +118,14 @@ class CycleTimer:
     def _prefill_scope(self, fn: Any) -> Any:
         def wrapped(*a: Any, **k: Any) -> Any:
             self._prefill += 1
-            before = self._implicit()
+            before, sites = self._implicit(), self._site_counts()
             try:
                 return fn(*a, **k)
             finally:
                 self._prefill -= 1
                 if not self._prefill:
                     self._prefill_delta += self._implicit() - before
+                    self._prefill_sites += self._site_counts() - sites
 
         return wrapped
 
@@ -154,6 +167,7 @@ class CycleTimer:
         from adtbench.models import graphs
 
         self._prefill_delta: Counter[str] = Counter()
+        self._prefill_sites: Counter[str] = Counter()
         for owner_name, attr, label in self._calls:
             owner = self._owner(owner_name)
             if owner is not None and callable(getattr(owner, attr, None)):
@@ -170,7 +184,7 @@ class CycleTimer:
             warnings.simplefilter("always")
             self._debug_mode = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("warn")
-        self._base = self._implicit()
+        self._base, self._base_sites = self._implicit(), self._site_counts()
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -190,6 +204,7 @@ class CycleTimer:
         self.prefill_syncs = sum(self._prefill_delta.values())
         self.split = total - self._prefill_delta
         self.syncs = sum(self.split.values())
+        self.sites = self._site_counts() - self._base_sites - self._prefill_sites
 
     # --- reading ------------------------------------------------------------------------------------------------
     def settle(self) -> None:
@@ -200,6 +215,11 @@ class CycleTimer:
             self.calls[label] += 1
         self._pending.clear()
         self._finish_counts()
+
+
+def _short(path: str) -> str:
+    """A warning's file as ``adtbench/…`` (or its last two parts)."""
+    return path.split("/adtbench/", 1)[-1] if "/adtbench/" in path else "/".join(path.rsplit("/", 2)[-2:])
 
 
 def device_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 10) -> float:
