@@ -112,7 +112,7 @@ stage_tests() {
     "$PY" -c "import xdist" 2>/dev/null && ((TEST_WORKERS > 1)) && par=(-n "$TEST_WORKERS")
     # shellcheck disable=SC2086  # TESTS_ARGS is a list of pytest arguments
     step tests "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider "${par[@]}" $TESTS_ARGS > "$OUT/tests.log" 2>&1
-    md "pytest -m gpu tests/test_gpu.py ${par[*]} $TESTS_ARGS: $(tail -n 1 "$OUT/tests.log")"
+    md "pytest -m gpu tests/test_gpu.py ${par[*]} $TESTS_ARGS: $(grep -E '(passed|failed|error|no tests ran)' "$OUT/tests.log" | tail -n 1)"
 }
 
 stage_cost() {
