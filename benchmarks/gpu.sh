@@ -12,7 +12,7 @@
 #           overhead per cycle of the default policy on $OVERHEAD_PROMPTS prompt(s) (0: none)   → cost.json
 #   speed   `adtbench bench speed` on $SPEED_MODEL for the rows $ROWS, $PROMPTS prompts each, per mode of
 #           $SPEED_MODES (default graphs; AR baseline in each job)               → speed.json
-#   batch   `adtbench bench batch` per model of $MODELS (eager: batched decoding has no graphs), B in $BATCH_SIZES
+#   batch   `adtbench bench batch` per model of $MODELS, eager (the speed of the batched eager step), B in $BATCH_SIZES
 #           over $BATCH_PROMPTS prompts; the 7B shape at the grid $ANOLE_BATCH_GRID    → batch.json, batch_<model>.png
 #   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
@@ -22,16 +22,16 @@
 # Models: anole = the 7B shape (`model=anole model.random_init=true`, bfloat16, random weights) with $ANOLE_ARCH
 # appended (leave it empty for the 7B shape); mini = the shipped mini model; tiny = tiny_llamagen with a random EAGLE
 # drafter (the CPU smoke's vehicle: 16 tokens per image, no transformers import).
-# Sizing (H200 measurements in docs/speed.md "GPU", an H100 taken as up to 1.5× slower; a 7B eager step ≈ 35–50 ms,
-# graphed ≈ 5–11 ms, mini ≈ 7.5 ms eager): cost ≈ 5 min (the 7B eager overhead run, 2 × 1024 cycles, is most of it),
-# speed ≈ 4–6 min (8 graphed rows × 4 prompts × 2 repeats), batch ≈ 5–6 min (the 7B at 16 × 16 tokens, B = 1 and 4 on
-# 4 prompts; mini B = 1 and 4 on 4 prompts), probe ≈ 2–3 min, tests ≈ 4–8 min with 4 workers. Shorten a stage with its
+# Sizing (docs/speed.md "GPU": measured on an H200 — probe 57 s, tests 82 s with 4 workers, cost with MODES=graphs
+# 58 s; the rest estimated from its step times, an eager 7B step being 67 ms and host-bound, a graphed one 6.5 ms):
+# cost with both modes ≈ 5–6 min (the 7B eager overhead run, 2 × ≈ 1 000 cycles, is most of it), speed ≈ 3–4 min,
+# batch ≈ 6 min (the 7B shape at 16 × 16 tokens, B = 1 and 4 on 4 prompts; mini likewise). Shorten a stage with its
 # knobs; split `tests` with TESTS_ARGS (e.g. "-k law" / "-k 'not law'") if a call runs long.
 #
 # Usage:
 #   benchmarks/gpu.sh probe                           a CUDA machine with the README setup (.venv)
 #   PY=python3 OUT=$OUT benchmarks/gpu.sh cost        a machine whose python3 holds torch (docs/speed.md, "GPU")
-#   ADTBENCH_SIMULATE_DEVICE=cuda DEVICE=cuda MODELS=anole ANOLE_ARCH='…' … benchmarks/gpu.sh tests cost speed batch probe
+#   ADTBENCH_SIMULATE_DEVICE=cuda DEVICE=cuda MODELS=tiny SPEED_MODEL=tiny … benchmarks/gpu.sh tests cost speed batch probe
 #                                                     the CPU smoke on the simulated CUDA device (tests/test_gpu_script.py)
 set -uo pipefail -f  # -f: no globbing ("model.grid=[2,2]" in ANOLE_ARCH stays a word); no -e: every step runs
 cd "$(dirname "$0")/.."
