@@ -2,7 +2,7 @@
 
 adtbench [hydra overrides]                     decode (the Hydra app; same as ``python run.py``)
 adtbench run [hydra overrides]                 the same
-adtbench bench overhead|cost|speed|versus|batch [overrides]   benchmarks (adtbench.tools.bench)
+adtbench bench overhead|cost|probe|speed|versus|batch [overrides]   benchmarks (adtbench.tools.bench)
 adtbench train vq|ar|drafter|evaluator ...     training pipeline (Hydra configs under conf/train/)
 adtbench make-tiny model=<family> out=DIR      write a tiny random checkpoint in a real on-disk layout
 adtbench eval <run dir | tree> eval=<preset>   quality metrics on existing run dirs

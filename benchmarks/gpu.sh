@@ -1,27 +1,38 @@
 #!/usr/bin/env bash
-# The GPU table in one command: the GPU tests; for the 7B shape (random-init Anole, bfloat16) and for model=mini the
-# cost model eager and with engine.compile=true (CUDA graphs) — t_verify(n) for n = 1…128 as AR steps, the AR step
-# against the weight-read floor (weight bytes / the measured device bandwidth), one drafter level, the fixed
-# per-cycle work, the engine overhead per cycle; the speed rows on mini (AR baseline in each job), eager and graphed;
-# AR and the default policy's throughput against the batch size B = 1…32 for both models (`adtbench bench batch`,
-# eager: batched decoding has no graphs); and the default run. A failing step is recorded and the next one runs (the
-# script's exit status says whether any failed).
-# Everything lands in $OUT (default outputs/gpu; the device tool brings back at most 8 files, and these are 8):
-#   device.txt                     date, nvidia-smi, torch and the device name
-#   tests.log                      pytest -m gpu tests/test_gpu.py (skipped with TESTS=0)
-#   gpu.md                         every table (cost, overhead, speed, batch) and the default run's line, device named
-#   cost.json                      {"<model>_<eager|graphs>": `adtbench bench cost`'s every figure}
-#   batch.json                     {"<model>": `adtbench bench batch`'s rows and environment}
-#   batch_<model>.png              its plot: images/s and the speedup against B
-#   run_default_summary.json       `python run.py` on the device (run dir $RUN_DIR, default outputs/gpu_run)
-# At the 7B shape B = 1 decodes each of the BATCH_PROMPTS prompts alone on both sides (≈ 2 × 32 × 1024 target forwards
-# by default, τ ≈ 1 with random weights): BATCH_PROMPTS, BATCH_SIZES (≤ BATCH_PROMPTS) and MODELS shorten the step.
+# The GPU measurements in stages: `benchmarks/gpu.sh STAGE [STAGE ...]`, one stage per device call. Each stage is
+# sized to end within 8 minutes on one H100 (the device tool allows 10 per call) and writes at most 5 files into $OUT
+# (default outputs/gpu; the tool brings back at most 8). Every stage writes device.txt (date, nvidia-smi, torch, the
+# device) and appends its tables to gpu.md under "## <stage>"; a failing step is recorded there and the next one runs
+# (exit status 1 when any failed; 2 for an unknown stage or model).
+#
+#   tests   pytest -m gpu tests/test_gpu.py [$TESTS_ARGS] (pytest-xdist with $TEST_WORKERS workers when installed:
+#           the tiny models are launch-bound, so workers share the GPU well)     → tests.log
+#   cost    `adtbench bench cost` per model of $MODELS × mode of $MODES (eager | graphs = engine.compile=true): t_verify
+#           for $SIZES, one drafter level, the fixed work, the AR step against the weight-read floor, and the engine
+#           overhead per cycle of the default policy on $OVERHEAD_PROMPTS prompt(s) (0: none)   → cost.json
+#   speed   `adtbench bench speed` on $SPEED_MODEL for the rows $ROWS, $PROMPTS prompts each, per mode of
+#           $SPEED_MODES (default graphs; AR baseline in each job)               → speed.json
+#   batch   `adtbench bench batch` per model of $MODELS, eager (the speed of the batched eager step), B in $BATCH_SIZES
+#           over $BATCH_PROMPTS prompts; the 7B shape at the grid $ANOLE_BATCH_GRID    → batch.json, batch_<model>.png
+#   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
+#           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
+#           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
+#   all     every stage in turn (a machine without the 10-minute limit; up to 9 files)
+#
+# Models: anole = the 7B shape (`model=anole model.random_init=true`, bfloat16, random weights) with $ANOLE_ARCH
+# appended (leave it empty for the 7B shape); mini = the shipped mini model; tiny = tiny_llamagen with a random EAGLE
+# drafter (the CPU smoke's vehicle: 16 tokens per image, no transformers import).
+# Sizing (docs/speed.md "GPU": measured on an H200 — probe 57 s, tests 82 s with 4 workers, cost with MODES=graphs
+# 58 s; the rest estimated from its step times, an eager 7B step being 67 ms and host-bound, a graphed one 6.5 ms):
+# cost with both modes ≈ 5–6 min (the 7B eager overhead run, 2 × ≈ 1 000 cycles, is most of it), speed ≈ 3–4 min,
+# batch ≈ 6 min (the 7B shape at 16 × 16 tokens, B = 1 and 4 on 4 prompts; mini likewise). Shorten a stage with its
+# knobs; split `tests` with TESTS_ARGS (e.g. "-k law" / "-k 'not law'") if a call runs long.
+#
 # Usage:
-#   benchmarks/gpu.sh                               a CUDA machine with the README setup (.venv)
-#   PY=python3 OUT=$OUT benchmarks/gpu.sh           a machine whose python3 holds torch (docs/speed.md, "GPU")
-#   DEVICE=cpu MODELS=mini MODES=eager SIZES='[1,2]' PROMPTS=1 ROWS='[ar]' BATCH_SIZES='[1,2]' BATCH_PROMPTS=2 TESTS=0 \
-#       benchmarks/gpu.sh                           (CPU smoke)
-# ANOLE_ARCH appends model.arch overrides (the smoke test shrinks the width; leave it empty for the 7B shape).
+#   benchmarks/gpu.sh probe                           a CUDA machine with the README setup (.venv)
+#   PY=python3 OUT=$OUT benchmarks/gpu.sh cost        a machine whose python3 holds torch (docs/speed.md, "GPU")
+#   ADTBENCH_SIMULATE_DEVICE=cuda DEVICE=cuda MODELS=tiny SPEED_MODEL=tiny … benchmarks/gpu.sh tests cost speed batch probe
+#                                                     the CPU smoke on the simulated CUDA device (tests/test_gpu_script.py)
 set -uo pipefail -f  # -f: no globbing ("model.grid=[2,2]" in ANOLE_ARCH stays a word); no -e: every step runs
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -30,13 +41,42 @@ DEVICE=${DEVICE:-cuda}
 MODELS=${MODELS:-anole mini}
 MODES=${MODES:-eager graphs}
 SIZES=${SIZES:-[1,2,3,4,6,8,12,16,24,32,48,64,96,128]}
-PROMPTS=${PROMPTS:-20}
 REPEATS=${REPEATS:-20}
+OVERHEAD_PROMPTS=${OVERHEAD_PROMPTS:-1}
+SPEED_MODEL=${SPEED_MODEL:-mini}
+SPEED_MODES=${SPEED_MODES:-graphs}
+PROMPTS=${PROMPTS:-4}
 ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo]}
-BATCH_SIZES=${BATCH_SIZES:-[1,2,4,8,16,32]}
-BATCH_PROMPTS=${BATCH_PROMPTS:-32}
+BATCH_SIZES=${BATCH_SIZES:-[1,4]}
+BATCH_PROMPTS=${BATCH_PROMPTS:-4}
+ANOLE_BATCH_GRID=${ANOLE_BATCH_GRID-[16,16]}  # set and empty: the model's own grid
+PROBE_PROMPTS=${PROBE_PROMPTS:-1}
+PROBE_BUCKETS=${PROBE_BUCKETS:-[1,2,4,8,16,32,64,128]}
+TEST_WORKERS=${TEST_WORKERS:-4}
+TESTS_ARGS=${TESTS_ARGS:-}
 ANOLE_ARCH=${ANOLE_ARCH:-}
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
+STAGES=(tests cost speed batch probe)
+
+usage() { echo "usage: benchmarks/gpu.sh STAGE [STAGE ...]; stages: ${STAGES[*]} all" >&2; exit 2; }
+(($#)) || usage
+todo=()
+for s in "$@"; do
+    case $s in
+        all) todo+=("${STAGES[@]}") ;;
+        tests | cost | speed | batch | probe) todo+=("$s") ;;
+        *) echo "gpu.sh: unknown stage '$s'" >&2; usage ;;
+    esac
+done
+over_of() {  # over_of MODEL: the model's overrides into the array `over`
+    case $1 in
+        anole) over=(model=anole model.random_init=true "model.device=$DEVICE" $ANOLE_ARCH) ;;
+        mini) over=(model=mini "model.device=$DEVICE") ;;
+        tiny) over=(model=tiny_llamagen drafter=eagle "model.device=$DEVICE") ;;  # the CPU smoke's vehicle
+        *) echo "gpu.sh: MODELS holds '$1'; known: anole mini tiny" >&2; exit 2 ;;
+    esac
+}
+for m in $MODELS $SPEED_MODEL; do over_of "$m"; done  # unknown models fail before anything runs
 mkdir -p "$OUT" "$RUN_DIR"
 failed=()
 step() {  # step NAME COMMAND...: run it, record a failure and go on
@@ -55,54 +95,98 @@ merged = {k: json.loads(Path(f).read_text()) for k, f in pairs if Path(f).is_fil
 Path(sys.argv[1]).write_text(json.dumps(merged, indent=1) + "\n")
 PY
 }
+compile_of() { [[ $1 == graphs ]] && echo engine.compile=true || echo engine.compile=false; }
+bench() { "$PY" -m adtbench.cli bench "$@"; }
+md() { echo "$@" >> "$OUT/gpu.md"; }
+
 {
     date -u
     nvidia-smi || echo "(no nvidia-smi)"
     "$PY" -c "import torch; c = torch.cuda.is_available(); print('torch', torch.__version__, '|', torch.cuda.get_device_name(0) if c else 'no CUDA')"
+    echo "ADTBENCH_SIMULATE_DEVICE=${ADTBENCH_SIMULATE_DEVICE:-} DEVICE=$DEVICE stages: ${todo[*]}"
 } > "$OUT/device.txt" 2>&1
-: > "$OUT/gpu.md"
-if [[ "${TESTS:-1}" == 1 ]]; then
-    step tests "$PY" -m pytest -q -m gpu tests/test_gpu.py > "$OUT/tests.log" 2>&1
-fi
-costs=()
-batches=()
-compile_of() { [[ $1 == graphs ]] && echo engine.compile=true || echo engine.compile=false; }
-for m in $MODELS; do
-    case $m in
-        anole) over=(model=anole model.random_init=true "model.device=$DEVICE" $ANOLE_ARCH) ;;
-        mini) over=(model=mini "model.device=$DEVICE") ;;
-        *) echo "gpu.sh: MODELS holds '$m'; known: anole mini" >&2; exit 2 ;;
-    esac
-    for mode in $MODES; do
-        echo "### $m, $mode" >> "$OUT/gpu.md"
-        rm -f "$RUN_DIR/cost_${m}_$mode.json"  # a failed step leaves no stale figures to merge
-        step "cost $m $mode" "$PY" -m adtbench.cli bench cost "${over[@]}" "$(compile_of "$mode")" "bench.tree_sizes=$SIZES" \
-            "bench.repeats=$REPEATS" bench.overhead_prompts=2 dataset=mini "bench.out=$RUN_DIR/cost_${m}_$mode.json" \
-            >> "$OUT/gpu.md"
-        echo >> "$OUT/gpu.md"
-        costs+=("${m}_$mode=$RUN_DIR/cost_${m}_$mode.json")
+touch "$OUT/gpu.md"
+
+stage_tests() {
+    local par=()
+    "$PY" -c "import xdist" 2>/dev/null && ((TEST_WORKERS > 1)) && par=(-n "$TEST_WORKERS")
+    # shellcheck disable=SC2086  # TESTS_ARGS is a list of pytest arguments
+    step tests "$PY" -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider "${par[@]}" $TESTS_ARGS > "$OUT/tests.log" 2>&1
+    md "pytest -m gpu tests/test_gpu.py ${par[*]} $TESTS_ARGS: $(grep -E '(passed|failed|error|no tests ran)' "$OUT/tests.log" | tail -n 1)"
+}
+
+stage_cost() {
+    local costs=() m mode f
+    for m in $MODELS; do
+        over_of "$m"
+        for mode in $MODES; do
+            f="$RUN_DIR/cost_${m}_$mode.json"
+            rm -f "$f"  # a failed step leaves no stale figures to merge
+            md "### $m, $mode"
+            step "cost $m $mode" bench cost "${over[@]}" "$(compile_of "$mode")" "bench.tree_sizes=$SIZES" \
+                "bench.repeats=$REPEATS" "bench.overhead_prompts=$OVERHEAD_PROMPTS" dataset=mini "bench.out=$f" \
+                >> "$OUT/gpu.md"
+            md ""
+            costs+=("${m}_$mode=$f")
+        done
     done
-    echo "### batch sizes, $m, eager" >> "$OUT/gpu.md"
-    rm -rf "$RUN_DIR/batch_$m"
-    step "batch $m" "$PY" -m adtbench.cli bench batch "${over[@]}" dataset=mini "bench.sizes=$BATCH_SIZES" \
-        "bench.prompts=$BATCH_PROMPTS" "bench.out=$RUN_DIR/batch_$m" >> "$OUT/gpu.md"
-    echo >> "$OUT/gpu.md"
-    batches+=("$m=$RUN_DIR/batch_$m/batch.json")
-    cp "$RUN_DIR/batch_$m/batch.png" "$OUT/batch_$m.png" 2>/dev/null
+    step "merge cost.json" merge_json "$OUT/cost.json" "${costs[@]}"
+}
+
+stage_speed() {
+    local runs=() mode
+    over_of "$SPEED_MODEL"
+    for mode in $SPEED_MODES; do
+        rm -rf "$RUN_DIR/speed_$mode"
+        md "### speed rows, $SPEED_MODEL, $mode"
+        step "speed $mode" bench speed "${over[@]}" "$(compile_of "$mode")" "bench.rows=$ROWS" \
+            "bench.prompts=$PROMPTS" "bench.out=$RUN_DIR/speed_$mode" >> "$OUT/gpu.md"
+        md ""
+        runs+=("$mode=$RUN_DIR/speed_$mode/speed.json")
+    done
+    step "merge speed.json" merge_json "$OUT/speed.json" "${runs[@]}"
+}
+
+stage_batch() {
+    local batches=() m extra
+    for m in $MODELS; do
+        over_of "$m"
+        extra=()
+        [[ $m == anole && -n $ANOLE_BATCH_GRID ]] && extra=("model.grid=$ANOLE_BATCH_GRID")
+        rm -rf "$RUN_DIR/batch_$m"
+        md "### batch sizes, $m, eager"
+        step "batch $m" bench batch "${over[@]}" "${extra[@]}" dataset=mini "bench.sizes=$BATCH_SIZES" \
+            "bench.prompts=$BATCH_PROMPTS" "bench.out=$RUN_DIR/batch_$m" >> "$OUT/gpu.md"
+        md ""
+        batches+=("$m=$RUN_DIR/batch_$m/batch.json")
+        cp "$RUN_DIR/batch_$m/batch.png" "$OUT/batch_$m.png" 2>/dev/null
+    done
+    step "merge batch.json" merge_json "$OUT/batch.json" "${batches[@]}"
+}
+
+stage_probe() {
+    local probes=() m f
+    for m in $MODELS; do
+        over_of "$m"
+        f="$RUN_DIR/probe_$m.json"
+        rm -f "$f"
+        md "### probe, $m"
+        step "probe $m" bench probe "${over[@]}" "bench.repeats=$REPEATS" "bench.prompts=$PROBE_PROMPTS" \
+            "bench.buckets=$PROBE_BUCKETS" dataset=mini "bench.out=$f" >> "$OUT/gpu.md"
+        md ""
+        probes+=("$m=$f")
+    done
+    step "merge probe.json" merge_json "$OUT/probe.json" "${probes[@]}"
+}
+
+for s in "${todo[@]}"; do
+    t0=$SECONDS
+    md "## $s"
+    md ""
+    "stage_$s"
+    md "(stage $s: $((SECONDS - t0)) s)"
+    md ""
 done
-step "merge cost.json" merge_json "$OUT/cost.json" "${costs[@]}"
-step "merge batch.json" merge_json "$OUT/batch.json" "${batches[@]}"
-for mode in $MODES; do
-    echo "### speed rows, mini, $mode" >> "$OUT/gpu.md"
-    step "speed $mode" "$PY" -m adtbench.cli bench speed "model.device=$DEVICE" "$(compile_of "$mode")" \
-        "bench.rows=$ROWS" "bench.prompts=$PROMPTS" "bench.out=$RUN_DIR/speed_$mode" >> "$OUT/gpu.md"
-    echo >> "$OUT/gpu.md"
-done
-echo "### the default run" >> "$OUT/gpu.md"
-step "default run" "$PY" run.py "model.device=$DEVICE" dataset=mini "dataset.limit=$PROMPTS" "hydra.run.dir=$RUN_DIR/run" \
-    > "$RUN_DIR.log" 2>&1
-tail -n 1 "$RUN_DIR.log" >> "$OUT/gpu.md"
-cp "$RUN_DIR/run/summary.json" "$OUT/run_default_summary.json" 2>/dev/null || failed+=("default run summary")
 if ((${#failed[@]})); then
     printf 'gpu.sh: failed steps: %s\n' "${failed[*]}" | tee -a "$OUT/gpu.md" >&2
     exit 1

@@ -5,7 +5,7 @@
 #   hydra-core, omegaconf (and antlr4-python3-runtime, an sdist built into a pure-Python wheel), and
 #   transformers < 5 with the tokenizers / huggingface_hub it accepts (a machine with transformers 5 has neither).
 # On the machine:  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
-#                  PYTHONPATH=/tmp/site PY=python3 OUT=$OUT benchmarks/gpu.sh
+#                  PYTHONPATH=/tmp/site PY=python3 OUT=$OUT benchmarks/gpu.sh STAGE   (one stage per device call)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PIP=${PIP:-.venv/bin/python -m pip}

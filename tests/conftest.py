@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
+from adtbench import accel
 from adtbench.harness.config import register_resolvers
 from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target
@@ -103,12 +107,59 @@ class FakeSession:
         return range(ids[0], ids[-1] + 1), torch.stack([self._lp(self.paths[i]) for i in ids])
 
 
+def _gpu_mode() -> str:
+    """Where ``@pytest.mark.gpu`` tests run: ``cuda`` (a CUDA device is present), ``cpu``
+    (``ADTBENCH_GPU_TEST_DEVICE=cpu``: the module on the plain CPU, a check of the tests themselves), ``simulated``
+    (``ADTBENCH_SIMULATE_DEVICE=cuda``: every one on the simulated CUDA device), else ``none`` (they skip, except the
+    ``gpu_sim`` ones, which run on the simulated device: CI's cheap subset)."""
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("ADTBENCH_GPU_TEST_DEVICE") == "cpu":
+        return "cpu"
+    return "simulated" if os.environ.get(accel.SIMULATE_ENV, "").strip() == "cuda" else "none"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no CUDA device is present, unless
-    ``ADTBENCH_GPU_TEST_DEVICE=cpu`` asks to run them on the CPU (a check of the GPU tests themselves)."""
-    if torch.cuda.is_available() or os.environ.get("ADTBENCH_GPU_TEST_DEVICE") == "cpu":
+    ``ADTBENCH_GPU_TEST_DEVICE=cpu`` or ``ADTBENCH_SIMULATE_DEVICE=cuda`` asks to run them, or they are marked
+    ``gpu_sim`` as well (run on the simulated device)."""
+    if _gpu_mode() != "none":
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    skip = pytest.mark.skip(reason="needs a CUDA device (ADTBENCH_SIMULATE_DEVICE=cuda runs it on the simulated one)")
     for item in items:
-        if "gpu" in item.keywords:
+        if "gpu" in item.keywords and "gpu_sim" not in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _simulated_cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A ``gpu`` test without a CUDA device (``ADTBENCH_SIMULATE_DEVICE=cuda``, or a ``gpu_sim`` test) runs inside
+    ``accel.simulate()``: ``cuda`` is the simulated device, with CUDA's placement rules, counted synchronisations and
+    the CUDA-graph stand-in; the variable is set for the subprocesses it starts (the CLI) too."""
+    mode, marks = _gpu_mode(), request.keywords
+    if "gpu" not in marks or mode in ("cuda", "cpu") or (mode == "none" and "gpu_sim" not in marks):
+        yield None
+        return
+    monkeypatch.setenv(accel.SIMULATE_ENV, "cuda")
+    with accel.simulate() as sim:
+        yield sim
+
+
+@contextlib.contextmanager
+def static_runs() -> Iterator[Counter]:
+    """Counts the static-shape forwards of ``models.graphs`` while active: ``(class name, bucket, graphed) → runs``
+    (``StaticVerify`` / ``StaticDraft``; graphed: through a captured graph, CUDA's or its stand-in)."""
+    from adtbench.models import graphs
+
+    counts: Counter = Counter()
+    original = graphs._Step.run
+
+    def run(step):
+        counts[(type(step).__name__, step.b, step.graph is not None)] += 1
+        return original(step)
+
+    graphs._Step.run = run
+    try:
+        yield counts
+    finally:
+        graphs._Step.run = original

@@ -100,21 +100,22 @@ def test_deep_acceptance_commits_match_ar(model, cfg_scale):
 
 def _exact_joint(target, inputs, sp, k):
     """AR probability of every k-token prefix, by teacher-forced enumeration."""
-    lay = target.layout
+    lay, dev = target.layout, target.device  # on the target's device (tests/test_gpu.py: CUDA, or the simulated one)
     codes = list(lay.image_ids)
     probs = {}
     for seq in product(codes, repeat=k):
         res = target.start(inputs, 1)
         lp = 0.0
-        logits = process_logits(res.logits[:, None], torch.tensor([0]), lay, sp)[0].log_softmax(-1)
+        logits = process_logits(res.logits[:, None], torch.tensor([0], device=dev), lay, sp)[0].log_softmax(-1)
         for i, tok in enumerate(seq):
             lp += float(logits[tok])
             if i + 1 < k:
+                first = torch.zeros(1, dtype=torch.long, device=dev)
                 raw, _ = target.verify_forward(
-                    torch.tensor([tok]), torch.ones(1, 1, dtype=torch.bool), torch.zeros(1, dtype=torch.long)
+                    torch.tensor([tok], device=dev), torch.ones(1, 1, dtype=torch.bool, device=dev), first
                 )
-                target.commit(torch.zeros(1, dtype=torch.long))
-                logits = process_logits(raw, torch.tensor([i + 1]), lay, sp)[0].log_softmax(-1)
+                target.commit(first)
+                logits = process_logits(raw, torch.tensor([i + 1], device=dev), lay, sp)[0].log_softmax(-1)
         probs[seq] = float(np.exp(lp))
     return probs
 

@@ -430,8 +430,11 @@ def measure_cost(
         mask, depth = random_tree(n, gen)
         cases.append((toks(n).to(dev), mask.to(dev), depth.to(dev)))  # born on the device, as a policy's trees
     verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync)
-    # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes
-    drafter.reset(rows, length + 4 * max(l_sizes) + max_nodes + 16)
+    # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes. Reset at
+    # the room a real image asks (``engine.prefill_drafter``: prompt + image + scratch slots + 1), so that a drafter
+    # with static shapes (``request_static``), pinned at its first reset, is pinned for the images that follow;
+    # the measurement itself needs ``length + max(l_sizes)`` ≤ that.
+    drafter.reset(rows, target.prompt_cols + lay.num_gen_tokens + max(max_nodes, max(l_sizes)) + 1)
     H = target.hidden_size
     feats = torch.randn(rows, length, H, generator=gen, device=gen.device).to(dev, target.dtype)
     pos = torch.arange(length, device=dev)[None].expand(rows, length)
@@ -442,8 +445,8 @@ def measure_cost(
     root = toks(1).to(dev)
 
     def fixed() -> torch.Tensor:
-        drafter.length = base_len  # re-extend the same two slots each time
-        out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
+        drafter.length = base_len  # re-extend the same two slots each time, as the decode loop does (all valid:
+        out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:])  # its static buckets when it has them)
         s = DraftSession(drafter, target, sp, root, length // 2, target.next_pos, out, None)
         logprobs: torch.Tensor = s.root_logprobs()
         return logprobs
@@ -452,7 +455,7 @@ def measure_cost(
         fixed()
     fixed_ms = median_ms(fixed, repeats, sync)
     drafter.length = base_len
-    out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:], valid[:, -2:])
+    out = drafter.extend(feats[:, -2:], embeds[:, -2:], pos[:, -2:])
 
     def level(kids: torch.Tensor) -> None:
         s = DraftSession(drafter, target, sp, root, length // 2, target.next_pos, out, None)

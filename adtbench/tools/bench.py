@@ -3,18 +3,30 @@
     adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true | bench.count=true] [bench.out=FILE]
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
+    adtbench bench probe [overrides] [bench.buckets=[1,2,...,128]] [bench.repeats=20] [bench.prompts=1] [bench.out=FILE]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=docs/speed.md] [overrides]
     adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
     adtbench bench batch [overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.out=DIR]
                          [bench.readme=docs/speed.md]
 
-``overhead``: engine overhead per draft–verify cycle = cycle wall time − time inside the target's verify
-forwards − time inside the drafter (its forwards and the LM-head calls that score its outputs). Prefill
-(the target prompt pass and the drafter's prefix pass) is excluded from both sides. Timers wrap the forward
-calls; on CUDA each reading synchronises. Reports the mean per cycle over ``bench.prompts`` prompts after
-one warm-up generation. ``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the
-decode loop (``PHASES``: target network, masks, acceptance, drafter network, drafting bookkeeping, draws, policy,
-…) and the rest of the cycle's own lines. ``bench.count=true`` counts instead, per cycle and per phase, the aten ops
+``overhead``: engine overhead per draft–verify cycle = cycle time − time inside the target's verifies − time inside
+the drafter (its ``extend`` / ``expand`` and the LM-head calls that score its outputs), per cycle, over
+``bench.prompts`` prompts after one warm-up generation (``adtbench.tools.bench_cycle.CycleTimer``). The model time is
+taken around the public calls both paths go through — ``target.verify_forward``, ``drafter.extend`` /
+``drafter.expand``, ``target.lm_head`` — so with ``engine.compile=true`` a CUDA-graph replay counts as target or
+drafter time, never as overhead (the verify's mask and input copies count with it). On CUDA the marks are CUDA events
+and nothing synchronises per call: the device is synchronised once at the end of each image, then the events are
+read, so the overhead is the device timeline's share outside the model calls (engine kernels, launch gaps, waits).
+Prefill (the prompt pass, the first token, the drafter's prefix pass) and prompt encoding are outside every cycle.
+It also reports the synchronisations per cycle outside the prefill (on the simulated device from
+``accel.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
+synchronisations per image (the loop's image boundaries) and the graph replays per cycle. Models built here are
+compiled (``engine.compile``) before the policy binds, as in the app.
+
+``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the decode loop (``PHASES``:
+target network — variable-shape forward or static bucket / graph replay —, masks, acceptance, drafter network,
+drafting bookkeeping, draws, policy, …) and the rest of the cycle's own lines; a host-side diagnostic that
+synchronises a GPU around every phase. ``bench.count=true`` counts instead, per cycle and per phase, the aten ops
 issued outside the networks and the device→host reads (``adtbench.tools.bench_count``; any machine).
 
 ``cost``: the cost model of one draft–verify cycle on this machine (``adtbench.algorithm.cost.measure_cost``, the same
@@ -24,6 +36,11 @@ KV length of half the image, one drafter level vs its node count (drafter forwar
 fixed per-cycle work, and — unless ``bench.overhead_prompts=0`` — the engine's non-model overhead per cycle
 measured by ``overhead`` on full generations. Each timing is the median of ``bench.repeats`` runs after warm-up,
 CUDA-synchronised on a GPU. CPU and GPU alike.
+
+``probe``: the graphed engine on this device, bucket by bucket (``adtbench.tools.bench_probe``): pure replay time per
+verify bucket against the weight-read floor, the verify call's time in AR steps, graphed against eager logits, an AR
+step's time and device work (kernels and launches on CUDA), and the default policy's overhead and synchronisations
+per cycle.
 
 ``speed``: the speed table (``adtbench.tools.bench_speed``): one app job per row on the same prompts, each timing the
 AR baseline in the same job; τ, d̄, speedup with its CI and median, and the cost model's bound per row.
@@ -45,6 +62,7 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, random_tree re-exported)
     fill_cache,
     fill_cache_to,
@@ -52,7 +70,6 @@ from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, 
     random_tree,
     target_parameters,
 )
-from adtbench.algorithm.engine import generate
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
 from adtbench.harness.config import (
@@ -61,24 +78,23 @@ from adtbench.harness.config import (
     compose_config,
     engine_acceptance,
     engine_compile,
-    prompt_seed,
     register_resolvers,
     resolve_paths,
     validate,
 )
 from adtbench.harness.drafters import build_drafter
 from adtbench.io import atomic_write_json
+from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead_table
 
 # Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or
 # ``target`` / ``drafter`` / ``policy`` for the built instances. Times are exclusive (a phase's nested phases are not
 # in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
 TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
 EMBEDDING = "token embedding"
-NETWORKS = frozenset(
-    {TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING}
-)  # what ``bench.count`` does not call engine ops
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING})  # ``bench.count``: not engine ops
 PHASES: tuple[tuple[str, str, str], ...] = (
-    ("target", "_forward", TARGET_NET),
+    ("target", "_forward", TARGET_NET),  # the variable-shape forward
+    ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
     ("target", "verify_forward", "verify mask + positions"),
     ("target", "commit", "KV commit"),
     ("adtbench.algorithm.engine", "process_logits", "target logits processing"),
@@ -86,6 +102,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.verify", "read_verdict", "the cycle's host read"),
     ("adtbench.algorithm.verify", "verify_tree", "acceptance (host walk)"),
     ("drafter", "forward", DRAFTER_NET),
+    ("adtbench.models.graphs:StaticDraft", "run", DRAFTER_NET),
     ("drafter", "extend", "drafter extend (bookkeeping)"),
     ("target", "lm_head", DRAFTER_HEAD),
     ("target", "embed_tokens", EMBEDDING),
@@ -98,14 +115,11 @@ PHASES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-# the plain overhead split: the three model calls (none nests in another, so exclusive = inclusive time)
-MODEL_PHASES = tuple(p for p in PHASES if p[2] in (TARGET_NET, DRAFTER_NET, DRAFTER_HEAD))
-
-
 class _Phases:
     """Exclusive wall time per entry of ``phases`` (default :data:`PHASES`) while active: a context manager that
-    restores every attribute it wrapped; on CUDA each reading synchronises. With a ``counter``
-    (``bench_count.DeviceCounter``) each wrapped call also brackets its phase label there."""
+    restores every attribute it wrapped; on CUDA each reading synchronises (``bench.phases=true`` is a host-side
+    diagnostic: the synchronisations remove the overlap of host and device that the plain split measures). With a
+    ``counter`` (``bench_count.DeviceCounter``) each wrapped call also brackets its phase label there."""
 
     def __init__(
         self,
@@ -132,12 +146,13 @@ class _Phases:
             own = attr in vars(owner)
             self._undo.append((owner, attr, vars(owner).get(attr) if own else None, own))
             setattr(owner, attr, self._wrap(getattr(owner, attr), label))
-            self.total[label], self.calls[label] = 0.0, 0
+            self.total.setdefault(label, 0.0)
+            self.calls.setdefault(label, 0)
 
     def _wrap(self, fn: Any, label: str) -> Any:
         def wrapped(*a: Any, **k: Any) -> Any:
             if self.sync:
-                torch.cuda.synchronize()
+                accel.synchronize()
             t = time.perf_counter()
             self._stack.append(0.0)
             if self.counter is not None:
@@ -148,7 +163,7 @@ class _Phases:
                 if self.counter is not None:
                     self.counter.pop()
                 if self.sync:
-                    torch.cuda.synchronize()
+                    accel.synchronize()
                 dt = time.perf_counter() - t
                 inner = self._stack.pop()
                 self.total[label] += dt - inner
@@ -170,60 +185,92 @@ class _Phases:
 
 
 def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
-    """Engine overhead per cycle (module docstring); ``target``/``drafter`` reuse already-built models."""
+    """Engine overhead per cycle (module docstring). The job is the app's (``harness.job.Job``: threads, clamped
+    top-k, the rule, ``engine.compile`` before the policy binds, the device's generator, the app's decode call);
+    ``target``/``drafter`` reuse already-built models (compiled already when ``engine.compile`` is on: ``cost`` and
+    ``probe`` compile before they measure)."""
     register_resolvers()
     sp, policy = validate(cfg)
     if not policy.uses_drafter:
         raise ConfigError("policy", "the overhead benchmark needs a drafting policy")
     from adtbench.harness.app import load_dataset
-    from adtbench.models.registry import build_target
+    from adtbench.harness.job import Job
 
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
-    if target is None:
-        target = build_target(cfg.model)
-    if drafter is None:
-        drafter = build_drafter(cfg.drafter, target)
-    rule = build_rule(cfg, target)
-    cache_dir = cfg.get("paths", {}).get("cache_dir")
-    policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
-    sync = target.device.type == "cuda"
-    use_cfg = sp.use_cfg and target.supports_cfg
+    if target is None or drafter is None:
+        job = Job.build(cfg, sp, policy)
+    else:
+        job = _job_over(cfg, sp, policy, target, drafter)
+    if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
+        job = dataclasses.replace(job, acceptance="device")
+    target, drafter = job.target, job.models
+    device = target.device
+    sync = device.type == "cuda"  # the phase split synchronises a real GPU around every phase
 
-    # the count measures what a GPU runs: acceptance on the device (``engine.acceptance`` otherwise)
-    acceptance = "device" if bool(cfg.bench.get("count", False)) else engine_acceptance(cfg)
+    def run(p: Any) -> Any:
+        return job.decode(p, True)
 
-    def run(text: str, seed: int):
-        g = torch.Generator(device=target.device if sync else "cpu").manual_seed(seed)
-        return generate(target, drafter, policy, target.encode_prompt(text, use_cfg), sp, g, rule, acceptance)
-
-    run(prompts[0].text, 0)  # warm-up
-    instances = {"target": target, "drafter": drafter, "policy": policy}
+    job.decode(prompts[0], True, seed=0)  # warm-up (graph capture, compilation)
+    instances = {"target": target, "drafter": drafter, "policy": job.policy}
     if bool(cfg.bench.get("count", False)):
         return _count_breakdown(cfg, prompts, run, instances)
     if bool(cfg.bench.get("phases", False)):
         return _phase_breakdown(cfg, prompts, run, instances, sync)
-    ph, cycles, cycle_s, prefix_drafter = _timed_decodes(cfg, prompts, run, instances, sync, MODEL_PHASES)
-    target_s = ph.total[TARGET_NET]
-    drafter_s = ph.total[DRAFTER_NET] - prefix_drafter + ph.total[DRAFTER_HEAD]
-    per = {
+    from adtbench.tools.bench_cycle import DRAFTER, DRAFTER_HEAD, TARGET, CycleTimer
+
+    cycles, cycle_s = 0, 0.0
+    with CycleTimer(target, drafter) as timer:
+        for p in prompts:
+            res = run(p)
+            timer.settle()  # the image's end synchronised the device: its marks can be read
+            cycles += len(res.cycles)
+            cycle_s += res.latency_s - res.prefill_s
+    per: dict[str, Any] = {
         "cycle_ms": 1e3 * cycle_s / cycles,
-        "target_forward_ms": 1e3 * target_s / cycles,
-        "drafter_ms": 1e3 * drafter_s / cycles,
+        "target_forward_ms": 1e3 * timer.totals[TARGET] / cycles,
+        "drafter_ms": 1e3 * (timer.totals[DRAFTER] + timer.totals[DRAFTER_HEAD]) / cycles,
     }
     per["overhead_ms"] = per["cycle_ms"] - per["target_forward_ms"] - per["drafter_ms"]
     per["overhead_frac"] = per["overhead_ms"] / per["cycle_ms"]
+    counted = timer.source is not None
     return {
         "model": str(cfg.model.name),
-        "policy": policy.name,
-        "device": str(target.device),
+        "policy": job.policy.name,
+        "device": accel.device_name(device) if accel.is_cuda(device) else str(device),
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "prompts": len(prompts),
         "cycles": cycles,
         **per,
+        "timing": "CUDA events" if device.type == "cuda" else "perf_counter marks",
+        "engine_compile": job.compiled,
+        "engine_mode": getattr(target, "engine_mode", "eager"),  # graphs | compiled | eager
+        "graph_replays_per_cycle": timer.replays / cycles,
+        "static_runs_per_cycle": timer.static_runs / cycles,
+        "model_calls_per_cycle": {k: v / cycles for k, v in timer.calls.items()},
+        "syncs_per_cycle": timer.syncs / cycles if counted else None,
+        "sync_split_per_cycle": {k: v / cycles for k, v in timer.split.items()} if counted else None,
+        "sync_sites_per_cycle": {k: v / cycles for k, v in timer.sites.most_common(10)} if counted else None,
+        "prefill_syncs_per_image": timer.prefill_syncs / len(prompts) if counted else None,
+        "explicit_syncs_per_image": timer.explicit / len(prompts),
+        "sync_count": timer.source,
     }
+
+
+def _job_over(cfg: Any, sp: Any, policy: Any, target: Any, drafter: Any) -> Any:
+    """``Job.build``'s assembly over models already built (and compiled, when ``engine.compile`` is on): the clamped
+    top-k, the rule, where acceptance runs, the policy bound to their cost model."""
+    from adtbench.harness.job import Job, clamp_top_k
+
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    sp = clamp_top_k(sp, target)
+    t = time.perf_counter()
+    cache_dir = cfg.get("paths", {}).get("cache_dir")
+    policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
+    compiled = engine_compile(cfg)
+    return Job(cfg, sp, policy, target, drafter, build_rule(cfg, target), engine_acceptance(cfg), compiled, 1, 1,
+               time.perf_counter() - t)  # fmt: skip
 
 
 def _timed_decodes(
@@ -241,7 +288,7 @@ def _timed_decodes(
     with _Phases(instances, sync, phases) as ph:
         for p in prompts:
             before = ph.total[DRAFTER_NET]
-            res = run(p.text, prompt_seed(int(cfg.seed), p.prompt_id))
+            res = run(p)
             cycles += len(res.cycles)
             cycle_s += res.latency_s - res.prefill_s
             prefix_drafter += min(ph.total[DRAFTER_NET] - before, res.prefill_s)
@@ -280,7 +327,7 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     cycles = 0
     with _Phases(instances, False, phases, counter=counter), counter:
         for p in prompts:
-            cycles += len(run(p.text, prompt_seed(int(cfg.seed), p.prompt_id)).cycles)
+            cycles += len(run(p).cycles)
     target = instances["target"]
     return {
         "model": str(cfg.model.name),
@@ -302,7 +349,6 @@ def cost(cfg: Any) -> dict:
     from omegaconf import OmegaConf
 
     from adtbench.algorithm.cost import measure_cost
-    from adtbench.harness.drafters import build_drafter
     from adtbench.models.registry import build_target
 
     b = cfg.bench
@@ -323,14 +369,20 @@ def cost(cfg: Any) -> dict:
     if engine_compile(cfg):  # graphs on a GPU (the verifies below then replay them), torch.compile elsewhere
         from adtbench.harness.job import compile_models
 
-        compile_models(target, drafter, cfg)
-    model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
-    sync = target.device.type == "cuda"
+        compile_models(target, drafter, cfg)  # as the app: before anything measures (bind, here measure_cost)
+    from adtbench.tools.bench_cycle import CycleTimer
+
+    with CycleTimer(target, drafter, calls=()) as counted:  # counts the static-shape runs and graph replays only
+        model = measure_cost(target, drafter, sp, max(sizes), int(b.get("level_nodes", 16)), repeats, sizes=sizes)
+    cuda = target.device.type == "cuda"  # a real GPU: its bandwidth (never a simulated device's)
     weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
-    bandwidth = device_bandwidth(target.device) if sync else None
+    bandwidth = device_bandwidth(target.device) if cuda else None
+    t_static, d_static = getattr(target, "static", None), getattr(drafter, "static", None)
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
-        "device": torch.cuda.get_device_name(target.device) if sync else f"cpu ({torch.get_num_threads()} threads)",
+        "device": accel.device_name(target.device)
+        if accel.is_cuda(target.device)
+        else f"cpu ({torch.get_num_threads()} threads)",
         "dtype": str(target.dtype).replace("torch.", ""),
         "cfg_rows": 2 if sp.use_cfg else 1,
         "kv_len": model.meta["kv_len"],
@@ -345,7 +397,15 @@ def cost(cfg: Any) -> dict:
         ],
         "fixed_ms": model.fixed_ms,
         "engine_compile": engine_compile(cfg),
-        "graph_capture_s": getattr(getattr(target, "static", None), "capture_s", None),
+        "graph_capture_s": getattr(t_static, "capture_s", None),
+        "drafter_graph_capture_s": getattr(d_static, "capture_s", None),
+        # what the measurement ran: the pinned capacities (None: variable shapes) and the static / graphed forwards
+        "pinned_capacity": {
+            "target": getattr(t_static, "capacity", None),
+            "drafter": getattr(d_static, "capacity", None),
+        },
+        "measured_static_runs": counted.static_runs,
+        "measured_graph_replays": counted.replays,
         "weight_bytes": weight_bytes,
         "device_bandwidth_gbs": bandwidth,
         # one step reads every weight once: its floor at the measured bandwidth
@@ -353,21 +413,11 @@ def cost(cfg: Any) -> dict:
     }
     n_over = int(b.get("overhead_prompts", 2))
     if n_over > 0:
-        resolved = {"dtype": result["dtype"], "device": str(target.device)}  # `auto` → what was built
+        built_on = "cuda" if accel.is_cuda(target.device) else str(target.device)  # `auto` → what was built
+        resolved = {"dtype": result["dtype"], "device": built_on}
         over_cfg = OmegaConf.merge(cfg, {"bench": {"prompts": n_over}, "model": resolved})
         result["overhead"] = overhead(over_cfg, target=target, drafter=drafter)
     return result
-
-
-def device_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 10) -> float:
-    """Measured device-memory bandwidth (GB/s) of ``device``: a ``gib``-GiB device-to-device copy reads and writes
-    every byte once, so bytes moved = 2 × size; median of ``repeats`` CUDA-synchronised copies after one warm-up."""
-    n = int(gib * 2**30)
-    src = torch.empty(n, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    ms = median_ms(lambda: dst.copy_(src), repeats, sync=True)
-    return 2 * n / (ms * 1e-3) / 1e9
 
 
 def cost_table(r: dict) -> str:
@@ -387,21 +437,23 @@ def cost_table(r: dict) -> str:
             f"({r['weight_bytes'] / 1e9:.2f} GB of weights at the measured {r['device_bandwidth_gbs']:.0f} GB/s): "
             f"{step / r['weight_read_ms']:.2f}× the floor"
         )
-    if "overhead" in r:
-        o = r["overhead"]
+    if r.get("engine_compile"):
+        pin = r.get("pinned_capacity") or {}
         lines.append(
-            f"engine overhead: {o['overhead_ms']:.2f} ms of a {o['cycle_ms']:.2f} ms cycle "
-            f"({100 * o['overhead_frac']:.1f} %; target {o['target_forward_ms']:.2f} ms, "
-            f"drafter {o['drafter_ms']:.2f} ms)"
+            f"measured through {r.get('measured_graph_replays', 0)} graph replays of "
+            f"{r.get('measured_static_runs', 0)} static-shape forwards (pinned capacity: target {pin.get('target')}, "
+            f"drafter {pin.get('drafter')})"
         )
+    if "overhead" in r:
+        lines.append(overhead_line(r["overhead"]))
     return "\n".join(lines)
 
 
-USAGE = "usage: adtbench bench overhead|cost|speed|versus|batch [hydra overrides]"
+USAGE = "usage: adtbench bench overhead|cost|probe|speed|versus|batch [hydra overrides]"
 
 
 def main(args: list[str]) -> int:
-    if not args or args[0] not in ("overhead", "cost", "speed", "versus", "batch"):
+    if not args or args[0] not in ("overhead", "cost", "probe", "speed", "versus", "batch"):
         print(USAGE)
         return 2
     if args[0] == "speed":
@@ -421,15 +473,26 @@ def main(args: list[str]) -> int:
         extra += ["+bench.phases=false", "+bench.count=false"]
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
+    if args[0] == "probe":
+        extra = ["+bench.prompts=1", "+bench.out=null", "+bench.buckets=null", "+bench.repeats=20"]
     try:
         cfg = compose_config("config", [*extra, *args[1:]])
         resolve_paths(cfg)  # relative dataset / weight paths against paths.root_dir, as in the app
-        r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
+        if args[0] == "probe":
+            from adtbench.tools.bench_probe import probe
+
+            r = probe(cfg, overhead)
+        else:
+            r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:
         print(f"adtbench: config error: {e}")
         return 2
     if args[0] == "cost":
         print(cost_table(r))
+    elif args[0] == "probe":
+        from adtbench.tools.bench_probe import table as probe_table
+
+        print(probe_table(r))
     elif "host_reads_per_cycle" in r:
         print(f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
               f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops and "
@@ -451,10 +514,7 @@ def main(args: list[str]) -> int:
             print(f"| {row['phase']} | {row['ms_per_cycle']:.3f} | {100 * row['share']:.1f} % | "
                   f"{row['calls_per_cycle']:.2f} |")  # fmt: skip
     else:
-        cols = ["model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
-                "overhead_ms", "overhead_frac"]  # fmt: skip
-        print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-        print("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+        print(overhead_table(r))
     if cfg.bench.out:
         atomic_write_json(Path(str(cfg.bench.out)), r, newline=False)
     return 0

@@ -137,8 +137,10 @@ def compose(opts: dict[str, Any], rest: list[str]) -> Any:
 
 def device_name(device: torch.device) -> str:
     """The device in words: the GPU's name, or the CPU's model, its cores and the torch threads."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
+    from adtbench import accel
+
+    if accel.is_cuda(device):
+        return accel.device_name(device)
     from adtbench.harness.caches import _cpu_name
     from adtbench.resources import cpus_available
 
@@ -159,6 +161,7 @@ def _same(results: Sequence[Any], reference: Sequence[list[int]] | None) -> floa
 
 def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     """Build the models once and time every size (module docstring); returns ``{"environment", "rows"}``."""
+    from adtbench import accel
     from adtbench.algorithm.engine import decode_ar, generate
     from adtbench.algorithm.records import Clock
     from adtbench.harness.app import check_config
@@ -186,14 +189,13 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     sp = clamp_top_k(sp, target)
     drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else None
     rule = build_rule(cfg, target)
+    if engine_compile(cfg):  # only with bench.sizes=[1] (B > 1 refuses it); before bind, as in the app (the cost
+        compile_models(target, drafter, cfg)  # model is measured on what the run replays); captured in the warm-up
     cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None
     policy.bind(cost_source(target, drafter, sp, cache_dir) if drafter is not None else None)
     acceptance = engine_acceptance(cfg)
-    if engine_compile(cfg):  # only with bench.sizes=[1] (B > 1 refuses it); compiled in the first warm-up
-        compile_models(target, drafter, cfg)
     use_cfg = sp.use_cfg and target.supports_cfg
-    cuda = target.device.type == "cuda"
-    gen_device = target.device if cuda else torch.device("cpu")
+    gen_device = target.device if accel.is_cuda(target.device) else torch.device("cpu")  # draws where the model is
     clock = Clock(target.device)
     seeds = [prompt_seed(int(cfg.seed), p.prompt_id) for p in prompts]
     inputs = [target.encode_prompt(p.text, cfg=use_cfg) for p in prompts]  # B = 1: encoded outside the timed scope
@@ -201,7 +203,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
 
     def one_at_a_time(n: int, method: bool) -> tuple[list[Any], float]:
         """The first ``n`` prompts, unbatched, one after another; (results, wall seconds)."""
-        gens = [torch.Generator(device=gen_device).manual_seed(s) for s in seeds[:n]]
+        gens = [accel.generator(gen_device, s) for s in seeds[:n]]
         t0 = clock.now()
         out = [
             generate(target, drafter, policy, x, sp, g, rule, acceptance) if method else decode_ar(target, x, sp, g)
@@ -215,9 +217,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     for i, B in enumerate(opts["sizes"]):
         ar_first = i % 2 == 0  # ABBA across sizes (BatchedDecoder.window: baseline first on an even index)
         print(f"bench batch: B = {B} ({'AR' if ar_first else 'method'} first)", file=sys.stderr, flush=True)
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(target.device)
+        accel.reset_peak_memory(target.device)
         walls: dict[bool, list[float]] = {False: [], True: []}  # per side (method?), one per repeat
         if B == 1:
             for method in (False, True):  # warm-up, untimed
@@ -268,7 +268,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
             "method_latency_s": sum(r.latency_s for r in runs) / len(runs),
             "ar_same_tokens_as_b1": _same(base, reference.get("ar")),
             "method_same_tokens_as_b1": _same(runs, reference.get("method")),
-            "peak_memory_gib": torch.cuda.max_memory_allocated(target.device) / 2**30 if cuda else None,
+            "peak_memory_gib": accel.peak_memory_gib(target.device),
             "load_before": None if load_before is None else load_before[0],
             "load_after": None if load_after is None else load_after[0],
             "device": device,

@@ -162,6 +162,7 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
         "greedy_matches_baseline": s.get("greedy_matches_baseline"),
         "load": s.get("load") or {k: s.get(k) for k in ("load_before", "load_after") if k in s},
         "threads": (s.get("env") or {}).get("threads"),
+        "gpu": (s.get("env") or {}).get("gpu"),  # the job's CUDA device (a simulated one: "simulated cuda (cpu)")
     }
     if model is not None and nodes.size:
         # model costs in ms, rescaled to this job's measured step (the model's absolute times may drift)
@@ -211,14 +212,17 @@ def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
     return "\n".join(lines)
 
 
-def machine_header(prompts: int, common: list[str], measured: str | None = None, repeats: int = 1) -> str:
+def machine_header(
+    prompts: int, common: list[str], measured: str | None = None, repeats: int = 1, gpu: str | None = None
+) -> str:
+    """The table's first line: the machine (``gpu``: the jobs' CUDA device, else this CPU), the protocol, the date."""
     from adtbench.harness.caches import _cpu_name
     from adtbench.resources import cpus_available
 
     cores = cpus_available()
     import torch
 
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU: {_cpu_name()}, {cores} cores"
+    dev = gpu or f"CPU: {_cpu_name()}, {cores} cores"
     extra = f", overrides: `{' '.join(common)}`" if common else ""
     return (
         f"**{dev}**, torch {torch.__version__}; {prompts} held-out prompts per row, each timed {repeats}× (ABBA); "
@@ -272,7 +276,8 @@ def _main(opts: dict[str, Any], rest: list[str]) -> int:
             run_dir = run_row(name, overrides, common, out)
         results.append((label, {"row": name, **row_figures(run_dir, model)}))
     repeats = int(next(a for a in common if a.startswith("timing.repeats=")).split("=", 1)[1])
-    text = table(results, machine_header(opts["prompts"], rest, measured, repeats))
+    gpu = next((f["gpu"] for _, f in results if f.get("gpu")), None)
+    text = table(results, machine_header(opts["prompts"], rest, measured, repeats, gpu))
     atomic_write_text(out / "speed.md", text + "\n")
     atomic_write_json(out / "speed.json", [f for _, f in results], newline=False)
     print(text)
@@ -288,8 +293,9 @@ def machine_cost_model(common: list[str]) -> Any:
 
     from adtbench.harness.app import CONF_DIR
     from adtbench.harness.caches import load_or_measure
-    from adtbench.harness.config import compose_config, resolve_paths, validate
+    from adtbench.harness.config import compose_config, engine_compile, resolve_paths, validate
     from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.job import compile_models
     from adtbench.models.registry import build_target
 
     cfg = compose_config("config", [*common, "policy=adt"], CONF_DIR)
@@ -299,5 +305,7 @@ def machine_cost_model(common: list[str]) -> Any:
         torch.set_num_threads(int(cfg.threads))
     target = build_target(cfg.model)
     drafter = build_drafter(cfg.drafter, target)
+    if engine_compile(cfg):  # measured in the state the rows run (graphs at the pinned capacity), as the app does
+        compile_models(target, drafter, cfg)
     cache = cfg.paths.get("cache_dir")
     return load_or_measure(target, drafter, sp, 64, 16, None if cache is None else Path(str(cache)))

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from adtbench import accel
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json
 
@@ -171,7 +172,7 @@ def run(args: list[str]) -> dict[str, Any]:
         "repeats": opts["repeats"],
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),
-        "device": str(target.device),
+        "device": accel.device_name(target.device) if accel.is_cuda(target.device) else str(target.device),
         "load_before": load_before,
         "load_after": load_after,
         "wall_s": wall,

@@ -1,0 +1,348 @@
+"""``adtbench bench probe``: what the graphed engine costs on this device, bucket by bucket (``gpu.sh probe``).
+
+    adtbench bench probe [hydra overrides, e.g. model=anole model.random_init=true model.device=cuda]
+                         [bench.buckets=[1,2,4,8,16,32,64,128]] [bench.repeats=20] [bench.prompts=1] [bench.out=FILE]
+
+The models are built from the composed config (the drafter: an EAGLE drafter, random when the config names none)
+and compiled as ``engine.compile=true`` does (``harness.job.compile_models``: static-shape verifies and drafter
+levels over pinned caches, captured as CUDA graphs — their stand-in on the simulated device); a device without
+graphs is a ``ConfigError``. The target's cache is filled to half the image with random tokens (the cost model's
+KV length), then, per verify bucket b (1 … 128 nodes):
+
+- ``replay_ms``: one replay of the bucket's captured graph alone (``bench.repeats`` replays back to back between
+  two ``accel.mark``s — CUDA events on a GPU — then one synchronisation), i.e. the network with no input copies,
+  masks or launches of its own;
+- ``verify_ms``: one ``target.verify_forward`` of a random b-node tree through the public call (input copies, mask,
+  the replay, the output copies), timed the same way;
+- ``x_step``: ``verify_ms`` over the bucket-1 call (the goal: verify(64) ≤ 1.3 AR steps);
+- ``floor_x``: ``replay_ms`` over the weight-read floor (the target's weight bytes over the device bandwidth measured
+  by a device-to-device copy; a real GPU only);
+- ``max_abs_diff`` / ``rel_diff`` / ``argmax_agree``: the graphed verify's logits against the eager variable-shape
+  forward of the same tree at the same KV state (max |Δ|, ‖Δ‖ / ‖eager‖, the share of nodes whose argmax agrees).
+
+The drafter's buckets get ``replay_ms`` too. Per AR step (``models.base.ar_step``: the root verified alone, its
+logits processed, a token chosen, committed), graphed and eager (the variable-shape forward): its time (``bench.
+repeats`` steps back to back between two marks) and its device work — on CUDA ``torch.profiler``'s count of kernels
+run, of kernel launches (``cudaLaunchKernel`` …) and of graph launches (``cudaGraphLaunch``) per step; on the
+simulated device the aten ops per step and the graph replays per step (stand-ins for the kernels and launches: no
+GPU figure). Last, unless ``bench.prompts=0``, ``adtbench bench overhead`` on the same models with the composed
+policy (the default run's unless overridden): the cycle's split, the overhead share and the synchronisations per
+cycle (``bench_cycle``). Writes the JSON to ``bench.out`` and prints a Markdown summary with the goals of issue 33
+(AR step ≤ 2× the floor, verify(64) ≤ 1.3 steps, overhead ≤ 10 % of the cycle, ≤ 2 synchronisations per cycle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from adtbench import accel
+from adtbench.errors import ConfigError
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+GOALS = {"step_floor_x": 2.0, "verify64_steps": 1.3, "overhead_frac": 0.10, "syncs_per_cycle": 2.0}
+
+
+def _timed_ms(fn: Callable[[], Any], n: int, device: torch.device) -> float:
+    """Mean ms of ``n`` back-to-back calls of ``fn`` between two ``accel.mark``s (CUDA events: nothing waits in
+    between), after two untimed calls; one synchronisation before reading."""
+    for _ in range(2):
+        fn()
+    accel.synchronize(device)
+    a = accel.mark(device)
+    for _ in range(n):
+        fn()
+    b = accel.mark(device)
+    accel.synchronize(device)
+    return 1e3 * accel.elapsed_s(a, b) / n
+
+
+class _OpCount(TorchDispatchMode):
+    """Aten ops dispatched while active (the simulated device's stand-in for kernels)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx")
+
+
+def device_work(fn: Callable[[], Any], n: int, device: torch.device) -> dict[str, Any]:
+    """What ``n`` calls of ``fn`` ask of the device, per call: on CUDA ``torch.profiler``'s kernels run, kernel
+    launches and graph launches; elsewhere (the simulated device) aten ops and graph replays."""
+    fn()
+    accel.synchronize(device)
+    if device.type == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        try:
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                for _ in range(n):
+                    fn()
+                torch.cuda.synchronize(device)
+            events = list(prof.key_averages())
+        except Exception as e:  # a profiler the machine lacks (CUPTI) must not cost the rest of the probe
+            return {"source": f"torch.profiler failed: {type(e).__name__}: {e}"}
+        kernels = copies = launches = graphs = 0
+        for e in events:
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                if e.key.startswith(("Memcpy", "Memset")):
+                    copies += e.count
+                else:
+                    kernels += e.count
+            elif e.key in LAUNCHES:
+                launches += e.count
+            elif e.key == "cudaGraphLaunch":
+                graphs += e.count
+        return {"source": "torch.profiler (CUDA)", "kernels": kernels / n, "copies": copies / n,
+                "kernel_launches": launches / n, "graph_launches": graphs / n}  # fmt: skip
+    sim = accel.simulation()
+    before = sim.counts["graph_replays"] if sim is not None else 0
+    with _OpCount() as ops:
+        for _ in range(n):
+            fn()
+    replays = (sim.counts["graph_replays"] - before) if sim is not None else 0
+    return {
+        "source": "aten ops (simulated device: no GPU figure)",
+        "aten_ops": ops.ops / n,
+        "graph_replays": replays / n,
+    }
+
+
+def _logit_diff(graphed: torch.Tensor, eager: torch.Tensor) -> dict[str, float]:
+    g, e = graphed.double(), eager.double()
+    d = (g - e).abs()
+    return {
+        "max_abs_diff": float(d.max()),
+        "rel_diff": float(d.norm() / e.norm().clamp_min(1e-30)),
+        "argmax_agree": float((g.argmax(-1) == e.argmax(-1)).double().mean()),
+    }
+
+
+@torch.no_grad()
+def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, Any]:
+    """The measurement of the module docstring; returns its JSON. ``overhead``: ``tools.bench.overhead`` (the caller
+    passes it: the overhead run is that command's), called as ``overhead(cfg, target=…, drafter=…)``; None skips it."""
+    from omegaconf import OmegaConf
+
+    from adtbench.algorithm.cost import fill_cache_to, random_tree, target_parameters
+    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.harness.config import build_sampling, register_resolvers
+    from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.job import compile_models
+    from adtbench.models.base import ar_step
+    from adtbench.models.graphs import BUCKETS
+    from adtbench.models.registry import build_target
+    from adtbench.tools.bench_cycle import device_bandwidth
+
+    register_resolvers()
+    b = cfg.bench
+    buckets = sorted({int(x) for x in (b.get("buckets") or DEFAULT_BUCKETS)})
+    if not buckets or not set(buckets) <= set(BUCKETS):
+        raise ConfigError("bench.buckets", f"need buckets among {list(BUCKETS)}, got {buckets}")
+    repeats = int(b.get("repeats", 20))
+    if repeats < 1:
+        raise ConfigError("bench.repeats", f"must be positive, got {repeats}")
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    target = build_target(cfg.model)
+    kind = str(cfg.drafter.get("kind"))
+    dcfg = cfg.drafter if kind == "eagle" else OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None})
+    drafter = build_drafter(dcfg, target)
+    compile_models(target, drafter, cfg)
+    if getattr(target, "engine_mode", None) != "graphs":
+        raise ConfigError("model.device", "the probe times CUDA graphs: a model with static verifies on a CUDA device "
+                          f"(or ADTBENCH_SIMULATE_DEVICE=cuda), not {target.device}")  # fmt: skip
+    sp = build_sampling(cfg.sampling)
+    if not target.supports_cfg:
+        sp = dataclasses.replace(sp, cfg_scale=1.0)
+    dev, lay = target.device, target.layout
+    gen = torch.Generator().manual_seed(0)
+    length = fill_cache_to(target, 0.5, max(buckets), gen, cfg=sp.use_cfg and target.supports_cfg)
+    st = target.static
+    rows = target.rows
+
+    def tokens(n: int) -> torch.Tensor:
+        return (lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)).to(dev)
+
+    eager_static = st
+
+    def eager_verify(*case: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The eager variable-shape forward at the same KV state (the static buckets switched off for the call)."""
+        target.static = None
+        try:
+            out: tuple[torch.Tensor, torch.Tensor] = target.verify_forward(*case)
+            return out
+        finally:
+            target.static = eager_static
+
+    rows_out = []
+    step_ms = None
+    for n in buckets:
+        step = st.steps.get(n)
+        if step is None or step.graph is None:
+            raise ConfigError("bench.buckets", f"bucket {n} has no captured graph (pinned capacity {st.capacity})")
+        mask, depth = random_tree(n, gen)
+        case = (tokens(n), mask.to(dev), depth.to(dev))
+        graphed = target.verify_forward(*case)[0]
+        diff = _logit_diff(graphed, eager_verify(*case)[0])
+        replay = _timed_ms(step.graph.replay, repeats, dev)
+        call = _timed_ms(lambda c=case: target.verify_forward(*c), repeats, dev)
+        step_ms = call if n == 1 else step_ms
+        rows_out.append({"bucket": n, "replay_ms": replay, "verify_ms": call, **diff})
+    for r in rows_out:
+        r["x_step"] = None if step_ms is None else r["verify_ms"] / step_ms
+
+    # the drafter's buckets, pinned at a real image's room
+    n_gen = lay.num_gen_tokens
+    drafter.reset(rows, target.prompt_cols + n_gen + max(buckets) + 1)
+    dst = drafter.static
+    drafter_rows = []
+    if dst is not None:
+        for n in buckets:
+            d_step = dst.steps.get(n)
+            if d_step is not None and d_step.graph is not None:
+                drafter_rows.append({"bucket": n, "replay_ms": _timed_ms(d_step.graph.replay, repeats, dev)})
+
+    # one AR step, graphed and eager: time and device work, each measured from a cache refilled to half the image
+    # (the steps commit: at most the image's remaining positions per measurement)
+    greedy = SamplingParams(temperature=0.0, cfg_scale=sp.cfg_scale)
+    state: dict[str, Any] = {}
+
+    def refill() -> int:
+        fill_cache_to(target, 0.5, max(buckets), gen, cfg=sp.use_cfg and target.supports_cfg)
+        state["token"], state["g"] = tokens(1)[0], target.length - target.prompt_cols
+        return n_gen - 1 - state["g"]  # the steps left inside the image
+
+    def one_step() -> None:
+        state["token"] = ar_step(target, state["token"], state["g"] + 1, greedy, None)[0]
+        state["g"] += 1
+
+    def eager_step() -> None:
+        target.static = None
+        try:
+            one_step()
+        finally:
+            target.static = eager_static
+
+    ar: dict[str, Any] = {}
+    for name, fn in (("graphed", one_step), ("eager", eager_step)):
+        ar[f"{name}_ms"] = _timed_ms(fn, max(1, min(repeats, refill() - 2)), dev)
+        ar[f"{name}_work"] = device_work(fn, max(1, min(3, refill() - 1)), dev)
+
+    weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
+    bandwidth = device_bandwidth(dev) if dev.type == "cuda" else None
+    floor_ms = None if bandwidth is None else 1e3 * weight_bytes / (bandwidth * 1e9)
+    for r in rows_out:
+        r["floor_x"] = None if floor_ms is None else r["replay_ms"] / floor_ms
+    result: dict[str, Any] = {
+        "model": str(cfg.model.name),
+        "device": accel.device_name(dev),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "cfg_rows": rows,
+        "kv_len": length,
+        "pinned_capacity": {"target": st.capacity, "drafter": None if dst is None else dst.capacity},
+        "graph_capture_s": {"target": st.capture_s, "drafter": None if dst is None else dst.capture_s},
+        "repeats": repeats,
+        "timing": "CUDA events" if dev.type == "cuda" else "perf_counter marks (no GPU figure)",
+        "weight_bytes": weight_bytes,
+        "device_bandwidth_gbs": bandwidth,
+        "weight_read_ms": floor_ms,
+        "verify": rows_out,
+        "drafter": drafter_rows,
+        "ar_step": ar,
+    }
+    n_over = int(b.get("prompts", 1))
+    if n_over > 0 and overhead is not None:
+        built_on = "cuda" if accel.is_cuda(dev) else str(dev)
+        over_cfg = OmegaConf.merge(cfg, {"bench": {"prompts": n_over},
+                                         "model": {"dtype": result["dtype"], "device": built_on}})  # fmt: skip
+        result["overhead"] = overhead(over_cfg, target=target, drafter=drafter)
+    result["goals"] = goals(result)
+    return result
+
+
+def goals(r: dict[str, Any]) -> dict[str, Any]:
+    """Issue 33's goals against this probe: (value, goal, met) per goal; value None where not measured here. The time
+    goals are judged on a real GPU only (``met`` None elsewhere); the synchronisations are a property of the code path,
+    judged on the simulated device too."""
+    by = {x["bucket"]: x for x in r["verify"]}
+    floor = r.get("weight_read_ms")
+    step = by.get(1, {}).get("replay_ms")
+    over = r.get("overhead") or {}
+    values = {
+        "step_floor_x": None if floor is None or step is None else step / floor,
+        "verify64_steps": by.get(64, {}).get("x_step"),
+        "overhead_frac": over.get("overhead_frac"),
+        "syncs_per_cycle": over.get("syncs_per_cycle"),
+    }
+    gpu = r.get("timing") == "CUDA events"
+    judged = {k: v is not None and (gpu or k == "syncs_per_cycle") for k, v in values.items()}
+    return {k: {"value": v, "goal": GOALS[k], "met": v <= GOALS[k] if judged[k] else None} for k, v in values.items()}
+
+
+def table(r: dict[str, Any]) -> str:
+    """The Markdown summary of a ``probe`` result."""
+
+    def num(v: Any, fmt: str = ".3f") -> str:
+        return "–" if v is None else f"{v:{fmt}}"
+
+    cap, pin = r["graph_capture_s"], r["pinned_capacity"]
+    lines = [
+        f"{r['model']} on {r['device']}, {r['dtype']}, {r['cfg_rows']} CFG row(s), KV {r['kv_len']} of the pinned "
+        f"{pin['target']} (drafter {pin['drafter']}); capture {num(cap['target'], '.2f')} s target, "
+        f"{num(cap['drafter'], '.2f')} s drafter; {r['repeats']} back-to-back calls per figure, {r['timing']}",
+        "",
+        "| bucket | replay (ms) | verify call (ms) | × AR step | replay / floor | max abs Δ | rel Δ | argmax agree |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for x in r["verify"]:
+        lines.append(
+            f"| {x['bucket']} | {num(x['replay_ms'])} | {num(x['verify_ms'])} | {num(x['x_step'], '.2f')} | "
+            f"{num(x['floor_x'], '.2f')} | {num(x['max_abs_diff'], '.2e')} | {num(x['rel_diff'], '.2e')} | "
+            f"{num(x['argmax_agree'], '.3f')} |"
+        )
+    if r["drafter"]:
+        lines += ["", "drafter replay (ms) per bucket: " + ", ".join(
+            f"{x['bucket']}: {x['replay_ms']:.3f}" for x in r["drafter"])]  # fmt: skip
+    floor = r.get("weight_read_ms")
+    if floor is not None:
+        lines += ["", f"weight-read floor {floor:.3f} ms ({r['weight_bytes'] / 1e9:.2f} GB of weights at the measured "
+                  f"{r['device_bandwidth_gbs']:.0f} GB/s)"]  # fmt: skip
+    ar = r["ar_step"]
+    gw, ew = ar["graphed_work"], ar["eager_work"]
+
+    def work(w: dict[str, Any]) -> str:
+        if "kernels" not in w and "aten_ops" not in w:
+            return w["source"]
+        if "kernels" in w:
+            return (f"{w['kernels']:.0f} kernels, {w['kernel_launches']:.0f} kernel launches, "
+                    f"{w['graph_launches']:.0f} graph launches")  # fmt: skip
+        return f"{w['aten_ops']:.0f} aten ops, {w['graph_replays']:.0f} graph replays"
+
+    lines += [
+        "",
+        f"AR step (ar_step): graphed {ar['graphed_ms']:.3f} ms ({work(gw)}), eager {ar['eager_ms']:.3f} ms "
+        f"({work(ew)}); per step, {gw['source']}",
+    ]
+    if "overhead" in r:
+        from adtbench.tools.bench_cycle import overhead_line
+
+        o = r["overhead"]
+        lines += ["", f"policy={o['policy']}, {o['prompts']} prompt(s), {o['cycles']} cycles: {overhead_line(o)}"]
+    lines += ["", "| goal | value | target | met |", "|---|---:|---:|---|"]
+    names = {"step_floor_x": "AR step replay / weight-read floor", "verify64_steps": "verify(64) / AR step",
+             "overhead_frac": "engine overhead / cycle", "syncs_per_cycle": "synchronisations per cycle"}  # fmt: skip
+    for k, g in r["goals"].items():
+        met = "–" if g["met"] is None else "yes" if g["met"] else "no"
+        lines.append(f"| {names[k]} | {num(g['value'], '.3f')} | ≤ {g['goal']:g} | {met} |")
+    return "\n".join(lines)

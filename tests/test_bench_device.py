@@ -1,0 +1,142 @@
+"""The bench tools on the simulated CUDA device (``accel.simulate()``: CUDA's placement rules, counted
+synchronisations, the CUDA-graph stand-in), with tiny models and a prompt or two: ``bench overhead`` (plain, phases,
+count), ``cost``, ``probe``, ``batch`` and ``versus`` run with no placement violation, graph replays count as model
+time, and the cost model is measured in the state a run replays (``benchmarks/gpu.sh``'s smoke,
+tests/test_gpu_script.py, covers ``bench speed``'s app jobs the same way)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import static_runs, tiny
+
+from adtbench import accel
+from adtbench.tools.bench import main as bench_main
+
+TINY = ["model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "model.device=cuda", "threads=1"]
+SHRUNK_ANOLE = ["model=anole", "model.random_init=true", "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
+                "model.arch.num_hidden_layers=1", "model.arch.num_attention_heads=2",
+                "model.arch.num_key_value_heads=2", "model.grid=[2,2]", "model.device=cuda"]  # fmt: skip
+
+
+def test_the_cost_model_is_measured_pinned_at_a_real_images_room_through_the_static_buckets() -> None:
+    """``measure_cost`` after ``request_static`` (what ``engine.compile`` asks, before the app's bind) on an image of
+    Anole's length (32 × 32 tokens; a tiny width): the drafter is pinned at the room ``engine.prefill_drafter`` asks
+    for a real image (prompt + image + scratch slots + 1; landed main pinned it at P + 976 < P + 1029, so every image
+    after the measurement ran unpinned, without graphs), and the fixed extend and every level run through captured
+    graphs (landed main timed the fixed extend at variable shapes)."""
+    from adtbench.algorithm.cost import measure_cost
+    from adtbench.algorithm.engine import prefill
+    from adtbench.algorithm.policies.static import StaticTreePolicy
+    from adtbench.algorithm.sampling import SamplingParams
+
+    with accel.simulate():
+        target, drafter = tiny("tiny_chameleon", dtype="float32", device="cuda", grid=[32, 32])
+        target.request_static(graphs=True)
+        drafter.request_static(graphs=True)
+        sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+        with static_runs() as runs:
+            measure_cost(target, drafter, sp, 128, 16, repeats=1, sizes=[1, 2])
+        assert not any(graphed is False for _, _, graphed in runs)
+        assert {("StaticDraft", b, True) for b in (1, 2, 4, 8, 16)} <= set(runs)  # levels 1 … 16, the fixed extend
+        assert ("StaticVerify", 128, True) in runs and ("StaticVerify", 2, True) in runs
+        policy = StaticTreePolicy([[0], [1], [0, 0]], "sample")  # the default run's tree
+        inputs = target.encode_prompt("a photograph of a red fox in the snow", cfg=True)
+        _, res, _ = prefill(target, drafter, inputs, sp, policy.max_nodes(), policy.max_draft_slots(), None)
+        need = res.features.shape[1] + target.layout.num_gen_tokens + max(policy.max_nodes(), policy.max_draft_slots())
+        assert drafter.static.capacity >= need + 1 and drafter.cache is drafter.pinned[0]
+        assert not drafter._warned_unpinned and target.cache is target.pinned
+
+
+@pytest.mark.parametrize("compile_on", [True, False])
+def test_bench_overhead_counts_graph_replays_as_model_time_and_the_synchronisations(tmp_path: Path, compile_on) -> None:
+    """``adtbench bench overhead`` on the simulated device: with ``engine.compile=true`` the verifies and drafter levels
+    replay graphs and that time is the target's and the drafter's (landed main read 0 ms of target time there, all of
+    it overhead); the split adds up to the cycle; one synchronisation per cycle (the verdict; prefill excluded),
+    counted by the simulation, and the explicit ones (image boundaries, the encoding's clock) apart."""
+    out = tmp_path / "over.json"
+    with accel.simulate():
+        args = ["overhead", *TINY, f"engine.compile={str(compile_on).lower()}", "bench.prompts=2", f"bench.out={out}"]
+        assert bench_main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["device"] == "simulated cuda (cpu)" and r["engine_compile"] is compile_on and r["cycles"] > 5
+    assert (
+        r["target_forward_ms"] > 0
+        and r["drafter_ms"] > 0
+        and r["overhead_ms"] == pytest.approx(r["cycle_ms"] - r["target_forward_ms"] - r["drafter_ms"])
+    )
+    assert (r["graph_replays_per_cycle"] >= 1) is compile_on and r["static_runs_per_cycle"] == r[
+        "graph_replays_per_cycle"
+    ]
+    assert r["syncs_per_cycle"] == 1.0 and r["sync_count"].startswith("simulated device")
+    # explicit: the image's start and end (``engine.generate``) and the encoding's two (``Job.decode``, as the app)
+    assert r["explicit_syncs_per_image"] == 4.0 and r["model_calls_per_cycle"]["target verify (verify_forward)"] == 1.0
+
+
+def test_bench_overhead_phases_and_count_on_the_simulated_device(tmp_path: Path) -> None:
+    """``bench.phases=true`` with graphs: the replays land in the network phases (``StaticVerify.run`` /
+    ``StaticDraft.run``), not in the verify's bookkeeping; ``bench.count=true``: one host read per cycle."""
+    with accel.simulate():
+        out = tmp_path / "phases.json"
+        assert bench_main(["overhead", *TINY, "engine.compile=true", "bench.phases=true", "bench.prompts=1",
+                           f"bench.out={out}"]) == 0  # fmt: skip
+        rows = {x["phase"]: x for x in json.loads(out.read_text())["phases"]}
+        assert (
+            rows["target network (verify forward)"]["ms_per_cycle"] > 0 and rows["drafter network"]["ms_per_cycle"] > 0
+        )
+        out = tmp_path / "count.json"
+        assert bench_main(["overhead", *TINY, "engine.compile=true", "bench.count=true", "bench.prompts=1",
+                           f"bench.out={out}"]) == 0  # fmt: skip
+        assert json.loads(out.read_text())["host_reads_per_cycle"] == 1.0
+
+
+def test_bench_cost_and_probe_on_the_simulated_device(tmp_path: Path, capsys) -> None:
+    """``bench cost`` (the 7B shape's commands, shrunk) measures through the graphs at the pinned capacities and names
+    the simulated device, with no bandwidth (no GPU figure); ``bench probe`` replays buckets 1 and 64 (graphed =
+    eager logits up to bf16 rounding) and judges the synchronisation goal only; a host model is a key-named error."""
+    with accel.simulate():
+        out = tmp_path / "cost.json"
+        cost = ["cost", *SHRUNK_ANOLE, "engine.compile=true", "bench.tree_sizes=[1,2]", "bench.level_nodes=2"]
+        assert (
+            bench_main([*cost, "bench.repeats=1", "bench.overhead_prompts=1", "dataset=smoke", f"bench.out={out}"]) == 0
+        )
+        r = json.loads(out.read_text())
+        assert (
+            r["device"] == "simulated cuda (cpu)" and r["device_bandwidth_gbs"] is None and r["weight_read_ms"] is None
+        )
+        assert r["measured_graph_replays"] == r["measured_static_runs"] > 0 and r["pinned_capacity"]["drafter"] > 0
+        assert r["overhead"]["target_forward_ms"] > 0 and r["overhead"]["syncs_per_cycle"] == 1.0
+        assert "graph replays of" in capsys.readouterr().out
+        out = tmp_path / "probe.json"
+        assert bench_main(["probe", *SHRUNK_ANOLE, "bench.buckets=[1,64]", "bench.repeats=1", "bench.prompts=1",
+                           "dataset=smoke", f"bench.out={out}"]) == 0  # fmt: skip
+        p = json.loads(out.read_text())
+        assert [x["bucket"] for x in p["verify"]] == [1, 64] and all(x["rel_diff"] < 2e-2 for x in p["verify"])
+        assert p["ar_step"]["graphed_work"]["graph_replays"] == 1 and p["drafter"]
+        assert p["goals"]["syncs_per_cycle"]["met"] is True and p["goals"]["overhead_frac"]["met"] is None
+        assert "| 64 |" in capsys.readouterr().out
+    assert bench_main(["probe", "model=tiny_llamagen", "model.device=cpu", "bench.prompts=0"]) == 2
+    assert "model.device" in capsys.readouterr().out
+
+
+def test_bench_batch_and_versus_on_the_simulated_device(tmp_path: Path) -> None:
+    """``bench batch`` (B = 1 and 2) and ``bench versus`` (two variants, graphed) draw on the device's generator and
+    run without a placement violation; both name the simulated device."""
+    with accel.simulate() as sim:
+        out = tmp_path / "batch"
+        assert bench_main(["batch", *TINY, "policy=eagle2", "bench.sizes=[1,2]", "bench.prompts=2",
+                           f"bench.out={out}"]) == 0  # fmt: skip
+        b = json.loads((out / "batch.json").read_text())
+        assert b["environment"]["device"] == "simulated cuda (cpu)" and [x["B"] for x in b["rows"]] == [1, 2]
+        out = tmp_path / "versus.json"
+        assert bench_main(["versus", *TINY, "engine.compile=true", "bench.prompts=1", "bench.repeats=1",
+                           f"bench.out={out}", "--variant", "a", "policy=eagle2", "--variant", "b",
+                           "policy=static_sampled"]) == 0  # fmt: skip
+        v = json.loads(out.read_text())
+        assert v["device"] == "simulated cuda (cpu)" and [x["variant"] for x in v["rows"]] == ["a", "b"]
+        assert sim.counts["graph_replays"] > 0
+    # the draws are made by the device's generator: no host→device copy of random numbers (landed main: several per
+    # cycle, ``sampling._draw`` copying a host generator's draws)
+    assert not [site for site in sim.reads_by_op if " in _draw" in site]
