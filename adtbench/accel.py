@@ -353,6 +353,15 @@ def _name(func: Any) -> str:
     return name
 
 
+def _element_write(key: Any, value: Any) -> bool:
+    """``t[key] = value`` with a Python number written at an integer or tensor index: CUDA copies the number from the
+    host (a blocking copy; seen on an H200 with ``torch.cuda.set_sync_debug_mode``), where a slice is a ``fill_``."""
+    if not isinstance(value, int | float) or isinstance(key, slice):
+        return False
+    keys = key if isinstance(key, tuple) else (key,)
+    return all(isinstance(k, int | torch.Tensor) for k in keys) or any(isinstance(k, torch.Tensor) for k in keys)
+
+
 def _tensors(args: Any, kwargs: dict) -> list[torch.Tensor]:
     flat, _ = tree_flatten((args, kwargs))
     return [x for x in flat if isinstance(x, torch.Tensor)]
@@ -532,6 +541,8 @@ class Simulation(TorchFunctionMode):
             self._read(name)
         if name == "__getitem__" and dev_in and self._bool_index(args):
             self._read("boolean-mask indexing")
+        if name == "__setitem__" and args[0] in self.on_device and _element_write(args[1], args[2]):
+            self._h2d("__setitem__ of a Python number at an index")  # a blocking copy on CUDA (seen on an H200)
         if dev_in:
             host = [t for t in tensors if t not in self.on_device and t.dim() > 0]
             if host:

@@ -38,9 +38,10 @@ def test_reads_and_copies_are_counted_and_results_stay_on_the_device() -> None:
         assert float(y[-1]) == 4.0 and y.tolist() == [1.0, 2.0, 3.0, 4.0]
         x.copy_(torch.ones(4))  # host → device
         idx = torch.tensor([0, 2], device=x.device)  # from host data: a copy
+        x[3] = 0  # a Python number written into device memory: CUDA copies it from the host (a blocking copy)
         after = sim.report()
     assert after["device_reads"] - before["device_reads"] == 2
-    assert after["host_to_device_copies"] - before["host_to_device_copies"] == 2
+    assert after["host_to_device_copies"] - before["host_to_device_copies"] == 3
     assert idx.is_cuda is False  # outside the simulation a tensor's device is its physical one
 
 

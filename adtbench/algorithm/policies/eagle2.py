@@ -96,7 +96,7 @@ def eagle2_steps(
     sel = order.sort().values  # kept candidates in creation order: parents before children
     slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
     slot[sel] = torch.arange(1, keep + 1, device=dev)
-    slot[count] = 0
+    slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
     tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
     parents = torch.cat([_const(-1, 1, dev), tree_par])
     d, anc = ancestry_on_device(parents, rounds + 1)
