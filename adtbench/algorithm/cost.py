@@ -396,7 +396,7 @@ def fill_cache_to(target: Any, fraction: float, max_nodes: int, gen: torch.Gener
 @torch.no_grad()
 def measure_cost(
     target: Any,
-    drafter: Drafter,
+    drafter: Drafter | None,
     sp: Any,
     max_nodes: int,
     max_level: int,
@@ -405,7 +405,8 @@ def measure_cost(
     sizes: list[int] | None = None,
 ) -> CostModel:
     """Measure the cost model (module docstring). Leaves target and drafter in a reset-able state (the next
-    ``target.start`` / ``drafter.reset`` starts afresh)."""
+    ``target.start`` / ``drafter.reset`` starts afresh). ``drafter`` None: the verify forward only (drafter levels
+    and fixed work 0: the Jacobi loops' ``window: cost``)."""
     from adtbench.algorithm.drafters.session import DraftSession
 
     sync = target.device.type == "cuda"
@@ -424,6 +425,8 @@ def measure_cost(
         mask, depth = random_tree(n, gen)
         cases.append((toks(n).to(dev), mask.to(dev), depth.to(dev)))  # born on the device, as a policy's trees
     verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync)
+    if drafter is None:
+        return CostModel(v_sizes, verify_ms, [1], [0.0], 0.0, _meta(length, repeats))
     # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes
     drafter.reset(rows, length + 4 * max(l_sizes) + max_nodes + 16)
     H = target.hidden_size
@@ -455,13 +458,16 @@ def measure_cost(
 
     kids = [toks(m).to(dev) for m in l_sizes]
     level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
+    return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, _meta(length, repeats))
+
+
+def _meta(kv_len: int, repeats: int) -> dict[str, Any]:
+    """A measurement's ``CostModel.meta``: KV length, repeats, method, time and the load average then."""
     avg = load_average()
-    load = None if avg is None else avg[0]
-    meta = {
-        "kv_len": length,
+    return {
+        "kv_len": kv_len,
         "repeats": repeats,
         "method": MEASURE_METHOD,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "load": load,
+        "load": None if avg is None else avg[0],
     }
-    return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)
