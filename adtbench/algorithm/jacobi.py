@@ -48,7 +48,8 @@ residual is the plain max(p − q, 0). Greedy stays exact. LANTERN (``lantern.La
 **Records.** One ``CycleRecord`` per target forward (τ = committed / forwards, bonus included): nodes = m + 1,
 D = drafter levels (``init=drafter``; else 0), d = m, a = accepted drafts; ``extra``: ``L`` (chain nodes), ``kept``
 (coupled redraws that kept their draft). ``GenerationResult.stats``: ``window``, ``init``, ``redraw``, ``rule``,
-``window_mean``, ``accept_hist`` (count of a = 0, 1, …), ``kept_frac``, ``target_forwards``.
+``window_mean``, ``accept_hist`` (count of a = 0, 1, …), ``kept`` / ``coupled`` / ``kept_frac`` (coupled redraws that
+kept their draft), ``target_forwards``.
 
 Device discipline: every tensor of the loop is born on the target's device, draws use the generator handed in,
 and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image.
@@ -469,6 +470,8 @@ class JacobiState:
             "rule": self.params.rule,
             "window_mean": sum(c.nodes for c in self.cycles) / n,
             "accept_hist": list(self.hist),
+            "kept": kept,
+            "coupled": self.coupled,
             "kept_frac": kept / self.coupled if self.coupled else None,
             "target_forwards": len(self.cycles),
         }
