@@ -66,7 +66,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, uniforms
+from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.errors import ConfigError, check_choice, check_number
@@ -282,14 +282,14 @@ def redraw(
     ``q_old[i]``) with probability min(1, p(x)/q_old(x)) where ``has_old[i]``, else draws from
     norm(max(p − q_old, 0)) (rows without an old draft: ``q_old`` is 0, so from p)."""
     if kind == "independent":
-        return sample_rows(probs, generator), probs, torch.zeros_like(has_old)
+        return sample_rows_cdf(probs, generator), probs, torch.zeros_like(has_old)
     u = uniforms((probs.shape[0],), generator, probs.device)
     px = probs.gather(1, old[:, None])[:, 0].to(torch.float64)
     qx = q_old.gather(1, old[:, None])[:, 0].to(torch.float64)
     keep = has_old & (u * qx < px)
     resid = (probs - q_old).clamp_min(0.0)
     resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, probs)  # zero only if p = q_old: then keep is sure
-    return torch.where(keep, old, sample_rows(resid, generator)), probs, keep
+    return torch.where(keep, old, sample_rows_cdf(resid, generator)), probs, keep
 
 
 def init_sources(layout: TokenLayout, tables: LayoutTables, s: int, t: int, init: str) -> torch.Tensor:

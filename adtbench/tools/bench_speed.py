@@ -83,6 +83,18 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "adt + budget: cost + sampled drafts, K ≤ 2, T = 1, lantern=on, δ = 0.3 (experiment=mini_adt_lantern)",
         ["experiment=mini_adt_lantern"],
     ),
+    "sjd": ("SJD, window 16, random init, T = 1, exact (no drafter)", ["policy=sjd"]),
+    "scd": ("SCD (coupled redraws), window 16, random init, T = 1, exact (no drafter)", ["policy=scd"]),
+    "scd_up": ("SCD, window 16, upper-neighbour init, T = 1, exact", ["policy=scd", "policy.init=up"]),
+    "scd_cost": (
+        "SCD, window = cost (calibrated on this machine), upper-neighbour init, T = 1, exact",
+        ["policy=scd", "policy.window=cost", "policy.init=up"],
+    ),
+    "scd_adaptive": (
+        "SCD, adaptive window (runs committed above), upper-neighbour init, T = 1, exact",
+        ["policy=scd", "policy.window=adaptive", "policy.init=up"],
+    ),
+    "gsd": ("GSD (grouped acceptance), window 16, random init, T = 1 (lossy, no drafter)", ["policy=gsd"]),
     "zipar": ("ZipAR, window 4, T = 1 (lossy, no drafter)", ["policy=zipar"]),
     "mulo": ("MuLo-SD at its defaults, T = 1 (lossy; low-res drafter + learned up-sampler)", ["policy=mulo"]),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
