@@ -274,11 +274,14 @@ def test_calibrated_cost_window() -> None:
     params = jacobi_params({"window": "cost", "window_min": 2, "window_max": 12, "redraw": "coupled"})
     cost = synthetic_cost_model()
     out = calibrate_window(target, inputs, sp, params, cost, torch.Generator().manual_seed(3))
-    assert set(out["taus"]) == {2, 4, 6, 8, 10, 12} and out["L"] in out["taus"]
+    assert set(out["taus"]) == {4, 6, 8, 12} and out["L"] in out["taus"]
     assert out["rates"][out["L"]] == max(out["rates"].values())
-    for L, tau in out["taus"].items():
+    fit = [out["fit"][L] for L in sorted(out["fit"])]
+    assert fit == sorted(fit) and sum(fit) == pytest.approx(sum(out["taus"].values()))  # isotonic: means of blocks
+    for L, tau in out["fit"].items():
         assert out["rates"][L] == pytest.approx(tau * cost.step_ms / (float(cost.t_verify(L)) + 0.3 * cost.step_ms))
     assert calibrate_window(target, inputs, sp, params, cost, torch.Generator())["taus"] == out["taus"]
+    assert J.isotonic([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 2.0, 2.0, 4.5, 4.5]
 
 
 def test_params_name_their_key() -> None:

@@ -769,17 +769,43 @@ def _accept_slots(
 # --------------------------------------------------------------------------------------------------------
 
 CALIBRATION_PROMPTS = (
-    "a large red circle on a striped blue background",
-    "a small green square above a yellow circle",
-    "a white square left of a purple circle on a black background",
+    "a small green circle left of a small yellow square on a striped purple background",
+    "a small black square above a large black square on a striped blue background",
+    "a large green square left of a large purple square on a checkered yellow background",
+    "a large black triangle above a small red circle on a checkered yellow background",
+    "a small purple triangle above a small red triangle on a checkered green background",
+    "a large black triangle below a large white square on a plain purple background",
 )
-CALIBRATION_GRID = (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 64)
+"""Fixed captions (the mini model's training grammar, none held out: ``scenes.caption_split``; any text model reads
+them as captions) decoded by ``calibrate_window``."""
+CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in least squares (pool adjacent violators, equal weights)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
 
 
 def window_rates(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[int, float]:
     """Committed tokens per AR-step time for each L: τ(L) · t_step / (t_verify(L) + o · t_step)."""
     step = float(cost.step_ms)
     return {L: tau * step / (float(cost.t_verify(L)) + overhead_steps * step) for L, tau in taus.items()}
+
+
+def choose_window(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[str, Any]:
+    """``{"L", "taus", "fit", "rates"}``: τ(L) made non-decreasing in L (``isotonic``: a longer window never verifies
+    fewer drafts, and a few calibration images are noisy), the rate of each L on ``cost`` and the best L (ties → the
+    smaller)."""
+    Ls = sorted(taus)
+    fit = dict(zip(Ls, isotonic([taus[L] for L in Ls]), strict=True))
+    rates = window_rates(fit, cost, overhead_steps)
+    return {"L": max(Ls, key=lambda L: (rates[L], -L)), "taus": taus, "fit": fit, "rates": rates}
 
 
 @torch.no_grad()
@@ -800,9 +826,9 @@ def calibrate_window(
     t_verify from the measured cost model (``cost.CostModel``), o = ``overhead_steps`` AR steps of engine work per
     forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
     ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] (``generator`` reseeded to 0 before each, so τ(L) reads no
-    clock). τ(L) is a property of the model, the sampling and the method, not of one window: a longer window also
-    refines its far drafts for more forwards before they are tested, which a per-draft survival estimate taken at one
-    L does not see. Returns ``{"L", "taus", "rates"}`` (the harness caches it with the cost model)."""
+    clock), made non-decreasing (``choose_window``). τ(L) is measured rather than predicted from a survival curve: a
+    longer window also refines its far drafts for more forwards before they are tested, which a per-draft estimate
+    taken at one L does not see. Returns ``choose_window``'s dict (the harness caches the measured τ(L))."""
     grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
     taus: dict[int, float] = {}
     for L in grid:
@@ -813,8 +839,7 @@ def calibrate_window(
             res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter)
             committed, forwards = committed + res.committed, forwards + len(res.cycles)
         taus[L] = committed / max(1, forwards)
-    rates = window_rates(taus, cost, params.overhead_steps)
-    return {"L": max(rates, key=lambda L: (rates[L], -L)), "taus": taus, "rates": rates}
+    return choose_window(taus, cost, params.overhead_steps)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -887,6 +912,7 @@ __all__ = [
     "JacobiParams",
     "JacobiState",
     "calibrate_window",
+    "choose_window",
     "decode_jacobi",
     "generate_jacobi_batch",
     "grouped_rule",

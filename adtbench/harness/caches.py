@@ -143,19 +143,17 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
            "policy": {k: getattr(params, k) for k in ("init", "redraw", "rule", "window_min", "window_max",
                                                       "group_size", "group_gap", "group_dist")},
            "lantern": bool((cfg.get("lantern") or {}).get("enabled", False)),
-           "prompts": list(CALIBRATION_PROMPTS), "grid": list(CALIBRATION_GRID), "version": 1}  # fmt: skip
+           "prompts": list(CALIBRATION_PROMPTS), "grid": list(CALIBRATION_GRID), "version": 2}  # fmt: skip
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / "jacobi" / f"{digest}.json"
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
-            taus = {int(k): float(v) for k, v in data["taus"].items()}
-            from adtbench.algorithm.jacobi import window_rates
+            from adtbench.algorithm.jacobi import choose_window
 
-            rates = window_rates(taus, cost, params.overhead_steps)  # overhead_steps is not in the key
-            best = max(rates, key=lambda L: (rates[L], -L))
-            log.info("window=cost: cached τ(L) %s → L = %d", path, best)
-            return {"L": best, "taus": taus, "rates": rates}
+            out = choose_window({int(k): float(v) for k, v in data["taus"].items()}, cost, params.overhead_steps)
+            log.info("window=cost: cached τ(L) %s → L = %d", path, out["L"])  # overhead_steps is not in the key
+            return out
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("window=cost: ignoring unreadable cache %s (%s)", path, e)
     t0 = time.perf_counter()
@@ -170,9 +168,9 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
 
         rule = grouped_rule(target, params)
     out = calibrate_window(target, inputs, sp, params, cost, gen, rule, drafter)
-    log.info("window=cost: τ(L) %s, rate %s → L = %d (calibrated in %.1f s)",
-             {L: round(t, 2) for L, t in out["taus"].items()}, {L: round(r, 2) for L, r in out["rates"].items()},
-             out["L"], time.perf_counter() - t0)  # fmt: skip
+    log.info("window=cost: τ(L) %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
+             {L: round(t, 2) for L, t in out["taus"].items()}, {L: round(t, 2) for L, t in out["fit"].items()},
+             {L: round(r, 2) for L, r in out["rates"].items()}, out["L"], time.perf_counter() - t0)  # fmt: skip
     if path is not None:
         atomic_write_bytes(path, json.dumps({"key": key, "taus": out["taus"]}, indent=2).encode())
     return out

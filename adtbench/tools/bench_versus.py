@@ -110,6 +110,7 @@ def run(args: list[str]) -> dict[str, Any]:
     from adtbench.harness.caches import cost_source
     from adtbench.harness.config import build_rule, prompt_seed, validate
     from adtbench.harness.drafters import build_drafter
+    from adtbench.harness.loops import build_loop_models
     from adtbench.harness.stats import bootstrap_ci
     from adtbench.models.registry import build_target
     from adtbench.resources import load_average
@@ -125,10 +126,11 @@ def run(args: list[str]) -> dict[str, Any]:
     drafter = build_drafter(first.drafter, target) if any(p.uses_drafter for _, p in built.values()) else None
     sp = built[next(iter(built))][0]
     cache_dir = first.get("paths", {}).get("cache_dir")
-    rules = {}
+    rules, aux = {}, {}
     for name, (_, policy) in built.items():
         policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
         rules[name] = build_rule(cfgs[name], target)
+        aux[name] = drafter if policy.uses_drafter else build_loop_models(cfgs[name], policy, target)  # a loop's own
     sync = target.device.type == "cuda"
     use_cfg = sp.use_cfg and target.supports_cfg
     inputs = [target.encode_prompt(p.text, use_cfg) for p in prompts]
@@ -138,7 +140,7 @@ def run(args: list[str]) -> dict[str, Any]:
         g = torch.Generator(device=target.device if sync else "cpu").manual_seed(seeds[i])
         if name == "ar":
             return decode_ar(target, inputs[i], sp, g)
-        return generate(target, drafter, built[name][1], inputs[i], sp, g, rules[name])
+        return generate(target, aux[name], built[name][1], inputs[i], sp, g, rules[name])
 
     names = ["ar", *variants]
     for name in names:  # warm-up, outside the timed work
