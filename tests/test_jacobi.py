@@ -26,7 +26,7 @@ from conftest import TINY_OVERRIDES, pooled_chisquare, synthetic_cost_model, tin
 
 import adtbench.algorithm.jacobi as J
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.jacobi import AdaptiveWindow, GroupedRule, calibrate_window, jacobi_params
+from adtbench.algorithm.jacobi import INITS, AdaptiveWindow, GroupedRule, calibrate_window, jacobi_params
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.algorithm.sampling import SamplingParams, process_logits
@@ -214,6 +214,49 @@ def test_batched_equals_single(sp: SamplingParams) -> None:
         pol.generate_batch(bt, None, items, sp, got.__setitem__, None, where)
         assert [got[i].tokens for i in range(len(prompts))] == single, (node, where)
         assert len({len(got[i].cycles) for i in got}) > 1 or sp.greedy  # ragged: slots advance by their own a
+
+
+def test_device_discipline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tests/test_device_discipline.py``'s watcher over the Jacobi loops (B = 1 and batched, every init, greedy and
+    T = 1, acceptance on the device): every tensor of the loop born with ``device=``, every draw on its generator's."""
+    import test_device_discipline as D
+
+    monkeypatch.setattr(D, "LOOP", [*D.LOOP, D.PKG / "algorithm" / "jacobi.py"])
+    target, drafter = tiny("tiny_llamagen", dtype="float32")
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    with D.Watcher() as w:
+        for temperature, (name, init) in product((0.0, 1.0), product(("sjd", "scd", "gsd"), INITS)):
+            sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
+            pol = policy(name, window="adaptive" if init == "up" else 5, init=init, window_min=2, window_max=6)
+            generate(target, JacobiModels(drafter), pol, inputs, sp, torch.Generator().manual_seed(0), None, "device")
+            if init != "drafter":
+                bt = BatchTarget(target, 2, True, 64 + target.layout.num_gen_tokens)
+                items = [(i, inputs, torch.Generator().manual_seed(i)) for i in range(3)]
+                pol.generate_batch(bt, None, items, sp, lambda k, r: None, None, "device")
+    assert w.violations == [], "\n".join(sorted(set(w.violations)))
+
+
+def test_chain_walk_equals_the_node_walk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``verify._chain_proposal`` (a chain's exact proposal walk, all nodes at once) takes the node-by-node walk's
+    decisions seed for seed (the same uniforms, the same bonus draw)."""
+    import adtbench.algorithm.verify as V
+    from adtbench.algorithm.tree import DraftTree
+
+    g = torch.Generator().manual_seed(0)
+    for trial in range(200):
+        n, Vn = 1 + trial % 7, 6
+        p = torch.randn(n, Vn, generator=g, dtype=torch.float64) * 2
+        q = torch.softmax(torch.randn(n, Vn, generator=g, dtype=torch.float64) * 2, -1)
+        if trial % 3 == 0:  # point masses (the left / up inits)
+            q = torch.nn.functional.one_hot(torch.randint(0, Vn, (n,), generator=g), Vn).to(torch.float64)
+        tokens = torch.cat([torch.tensor([0]), torch.multinomial(q[: n - 1], 1, generator=g)[:, 0]])
+        tree = DraftTree(tokens, list(range(-1, n - 1)), n - 1, 1, q)
+        fast = V.verify_tree(tree, p, False, torch.Generator().manual_seed(trial))
+        with monkeypatch.context() as mp:
+            mp.setattr(V, "_chain_proposal", None)  # the node walk: the fast path's condition now fails on the call
+            mp.setattr(tree, "_max_children", 2)
+            slow = V.verify_tree(tree, p, False, torch.Generator().manual_seed(trial))
+        assert fast == slow, trial
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -250,7 +250,7 @@ def _tables(key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, pad:
             last = g
     uniform = torch.zeros(layout.vocab_size, dtype=dtype, device=device)
     uniform[layout.image_token_offset : layout.image_token_offset + layout.num_codes] = 1.0 / layout.num_codes
-    fd = torch.tensor(forced, dtype=torch.long).to(device)
+    fd = torch.tensor(forced, dtype=torch.long, device=device)
     return LayoutTables(fd, prev, uniform, any(f >= 0 for f in forced))
 
 
@@ -710,7 +710,7 @@ def generate_jacobi_batch(
     while any(sl is not None for sl in slots):
         start = clock.mark()
         trees: list[Any] = []
-        gidx = torch.zeros(bt.B, dtype=torch.long)  # host: the generation index of each slot's first prediction
+        first = [0] * bt.B  # the generation index of each slot's first prediction
         for s, sl in enumerate(slots):
             if sl is None:
                 trees.append(BatchTarget.idle(zero))
@@ -718,12 +718,13 @@ def generate_jacobi_batch(
             sl.st.plan()
             sl.tree = sl.st.chain()
             trees.append(SlotTree(sl.tree.tokens, sl.tree.ancestor_mask, sl.tree.depth))
-            gidx[s] = sl.st.g + 1
+            first[s] = sl.st.g + 1
+        gidx = torch.tensor(first, dtype=torch.long, device=dev)
         drafted = clock.mark()
         raw, _ = bt.forward(trees)
         depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in trees], batch_first=True)
         _, N, V = raw.shape
-        processed = process_logits(raw.view(bt.c, bt.B * N, V), (gidx.to(dev)[:, None] + depth).reshape(-1), layout,
+        processed = process_logits(raw.view(bt.c, bt.B * N, V), (gidx[:, None] + depth).reshape(-1), layout,
                                    sp).view(bt.B, N, V)  # fmt: skip
         reads = _accept_slots(slots, processed, sp, rule, on_host)
         bt.commit([None if r is None else r.keep for r in reads], [True] * bt.B)

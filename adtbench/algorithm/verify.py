@@ -167,11 +167,19 @@ def verify_sampling(
 ) -> Acceptance:
     """Multi-candidate recursive rejection (point-mass or without-replacement proposals)."""
     probs = logits.softmax(-1)
+    proposal = tree.proposal
+    host = rule.host_proposal() if proposal is not None else None
+    if (
+        proposal is not None
+        and host is not None
+        and host.extra is None
+        and tree.max_children <= 1
+        and tree.alive is None
+    ):
+        return _chain_proposal(tree, probs, proposal, generator)
     tokens = tree.tokens.tolist()
     alive = [True] * tree.size if tree.alive is None else tree.alive.tolist()
     draws = iter(_uniforms(tree.size, generator))
-    proposal = tree.proposal
-    host = rule.host_proposal() if proposal is not None else None
     u, path = 0, [0]
     while True:
         p = probs[u]
@@ -208,6 +216,33 @@ def verify_sampling(
             return _result(tree, path, sample(p, generator))
         path.append(accepted)
         u = accepted
+
+
+def _chain_proposal(
+    tree: DraftTree, probs: torch.Tensor, proposal: torch.Tensor, generator: torch.Generator | None
+) -> Acceptance:
+    """The exact proposal walk of :func:`verify_sampling` on a chain (every node at most one child: the Jacobi loops'
+    windows), all nodes at once on float64 host copies: node i's child x is accepted with min(1, p_i(x)/q_i(x)) (1 where
+    q_i(x) = 0) iff its uniform is below that, the path ends at the first rejection k, and the bonus is drawn from
+    norm(max(p_k − q_k, 0)) (p_k if that vanished), or from p_m after the whole chain. The same n uniforms, consumed in
+    the same order, and the same bonus draw as the node-by-node walk: the same decisions seed for seed."""
+    n = tree.size
+    u = np.asarray(_uniforms(n, generator)[: n - 1])
+    p = probs.detach().to("cpu", torch.float64).numpy()
+    q = proposal.detach().to("cpu", torch.float64).numpy()
+    x = tree.tokens.tolist()[1:]
+    rows = np.arange(n - 1)
+    px, qx = p[rows, x], q[rows, x]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        acc = np.where(qx <= 0.0, 1.0, np.minimum(1.0, px / qx))
+    rejected = np.flatnonzero(u >= acc)
+    k = int(rejected[0]) if rejected.size else n - 1
+    path = list(range(k + 1))
+    if k == n - 1:
+        return _result(tree, path, sample_np(p[k], generator))
+    residual = np.maximum(p[k] - q[k], 0.0)
+    total = residual.sum()  # zero only when the rejected proposal had probability 1 (a measure-zero event)
+    return _result(tree, path, sample_np(residual / total if total > 0 else p[k], generator))
 
 
 def _distinct_children(kids: list[int], tokens: list[int]) -> Iterator[tuple[int, int]]:

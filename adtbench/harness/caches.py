@@ -136,7 +136,8 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
     sp = build_sampling(cfg.sampling)
     node = {**NAME_DEFAULTS[str(cfg.policy.name)], **{str(k): v for k, v in cfg.policy.items() if k != "name"}}
     params = jacobi_params(node)
-    cost = load_or_measure(target, drafter, sp, max(64, params.window_max), 16, cache_dir)
+    levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
+    cost = load_or_measure(target, drafter, sp, max(64, params.window_max), levels, cache_dir)
     use_cfg = sp.use_cfg and target.supports_cfg
     key = {"cost": cost.meta.get("key"), "cost_measured_at": cost.meta.get("measured_at"),
            "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
