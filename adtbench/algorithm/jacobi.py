@@ -853,9 +853,10 @@ class GroupedRule(AcceptanceRule):
     G(x) = the tokens y ranked within ± ``half`` of x in p's descending order with |p(y) − p(x)| < ``gap`` and
     ‖e(y) − e(x)‖² < ``dist`` (e: the target's input embedding of image tokens; x ∈ G always); accept with
     min(1, Σ_G p / Σ_G q). On rejection the plain residual max(p − q, 0) (not group-corrected, as the reference).
-    Acceptance is at least the exact rule's (Σ_G p / Σ_G q ≥ … only when the group adds more p than q mass; the
-    reference's claim). Vectorised over rows: one sort per row, a [rows, 2·half + 1] candidate window. Greedy stays
-    exact (argmax)."""
+    The paper's guarantee — acceptance at least the exact rule's — holds where the rest of the group has
+    Σp / Σq ≥ p(x) / q(x) (a mediant), e.g. for a point-mass q. Vectorised over rows: two top-k's per row for the
+    rank window (ties among equal probabilities fall as top-k breaks them, as the reference's argsort), a
+    [rows, 2·half + 1] candidate window. Greedy stays exact (argmax)."""
 
     name = "gsd"
     lossless = False
@@ -867,20 +868,21 @@ class GroupedRule(AcceptanceRule):
     def proposal_rows(
         self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        V, dev = p.shape[-1], p.device
-        order = torch.sort(p, dim=-1, descending=True, stable=True).indices  # [m, V]
-        rank = (order == x[:, None]).to(torch.uint8).argmax(-1)  # x's place
-        offs = _arange(2 * self.half + 1, dev) - self.half
-        at = rank[:, None] + offs[None]
-        inside = (at >= 0) & (at < V)
-        cand = order.gather(1, at.clamp(0, V - 1))  # [m, 2h + 1]
+        """Rows ``[m, V]``: the group's acceptance and the plain residual. The ±half rank window around x is two
+        top-k's (the half tokens just above p(x), the half + 1 at or below it) rather than a full sort."""
+        V, h = p.shape[-1], self.half
+        inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+        at_or_below = torch.where(p <= px[:, None], p, -inf).topk(min(h + 1, V), -1)
+        above = torch.where(p > px[:, None], -p, -inf).topk(min(h, V), -1)
+        cand = torch.cat([above.indices, at_or_below.indices], -1)  # [m, ≤ 2h + 1]
+        inside = torch.cat([above.values, at_or_below.values], -1) > -inf
         pc, qc = p.gather(1, cand), q.gather(1, cand)
         code = (cand - self.offset).clamp(0, self.codes - 1)
         image = (cand >= self.offset) & (cand < self.offset + self.codes)
         ex = self.emb[(x - self.offset).clamp(0, self.codes - 1)]
         near = ((self.emb[code] - ex[:, None]) ** 2).sum(-1) < self.dist
-        group = inside & (((pc - px[:, None]).abs() < self.gap) & image & near | (offs == 0)[None])
-        num, den = (pc * group).sum(-1), (qc * group).sum(-1)
+        group = inside & (cand != x[:, None]) & ((pc - px[:, None]).abs() < self.gap) & image & near
+        num, den = px + (pc * group).sum(-1), qx + (qc * group).sum(-1)  # x itself always, once
         return (num / den).clamp_max(1.0).nan_to_num(1.0), (p - q).clamp_min(0.0)
 
 
