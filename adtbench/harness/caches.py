@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from adtbench.algorithm.cost import MEASURE_METHOD, CostModel, measure_cost, target_parameters
+from adtbench.algorithm.cost import MEASURE_METHOD, VERIFY_ONLY_METHOD, CostModel, measure_cost, target_parameters
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.io import atomic_write_bytes, atomic_write_with
@@ -54,7 +54,7 @@ def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
         "threads": torch.get_num_threads() if dev.type == "cpu" else None,
         "rows": int(rows),
         "torch": torch.__version__,
-        "method": MEASURE_METHOD,
+        "method": MEASURE_METHOD if drafter is not None else VERIFY_ONLY_METHOD,
     }
 
 
