@@ -770,15 +770,16 @@ def _accept_slots(
 # --------------------------------------------------------------------------------------------------------
 
 CALIBRATION_PROMPTS = (
+    "a small yellow square on a plain white background",
     "a small green circle left of a small yellow square on a striped purple background",
+    "a large red square on a checkered orange background",
     "a small black square above a large black square on a striped blue background",
+    "a small orange circle on a gradient purple background",
     "a large green square left of a large purple square on a checkered yellow background",
-    "a large black triangle above a small red circle on a checkered yellow background",
-    "a small purple triangle above a small red triangle on a checkered green background",
-    "a large black triangle below a large white square on a plain purple background",
 )
-"""Fixed captions (the mini model's training grammar, none held out: ``scenes.caption_split``; any text model reads
-them as captions) decoded by ``calibrate_window``."""
+"""Fixed captions decoded by ``calibrate_window``: the first three one-object and two-object captions of the mini
+model's training split (``scenes.iter_split(1, "train", …)``; none held out), alternating; any text model reads
+them as captions."""
 CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 
 
