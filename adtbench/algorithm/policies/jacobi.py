@@ -86,7 +86,7 @@ class JacobiPolicy(LoopPolicy):
 
 NAME_DEFAULTS: dict[str, dict[str, str]] = {
     "sjd": {"redraw": "independent", "rule": "exact"},
-    "scd": {"redraw": "coupled", "rule": "exact"},
+    "scd": {"redraw": "coupled", "rule": "exact", "init": "up"},
     "gsd": {"redraw": "independent", "rule": "gsd"},
 }
 """What each paper's name means where its yaml (``conf/policy/<name>.yaml``) or the node leaves a key out."""
