@@ -19,8 +19,9 @@ stored with the full proposal distribution q_i it was drawn from. One iteration 
    - ``coupled`` (SCD / MC-SJD, arXiv 2510.24211): the old draft x there (proposal q_old) is kept with probability
      min(1, p_j(x) / q_old(x)), else a draw from norm(max(p_j − q_old, 0)) replaces it (maximal coupling); q := p_j.
      The last row p_m has no old draft: a fresh draw. Greedy: the argmax either way.
-3. **Top up.** The window is sized (``FixedWindow``, ``CostWindow``, ``AdaptiveWindow``: m = L − 1 drafts, capped
-   one short of the image end so the last token is always a bonus) and new positions are initialised
+3. **Top up.** The chain is sized (``FixedWindow``; ``window: cost`` — a fixed L chosen by ``calibrate_window`` on
+   the machine's cost model; ``AdaptiveWindow``: m = L − 1 drafts, capped one short of the image end so the last
+   token is always a bonus; drafts held past a shrunken chain wait unverified) and new positions are initialised
    (``INITS``): ``random`` — uniform over the image tokens, stored q uniform (the SJD code stores a one-hot; both are
    exact, uniform accepts Σ_y min(p(y), 1/n) instead of 1/n on average); ``left`` / ``up`` — repeat the raster-left
    (forced end-of-line tokens skipped) or upper neighbour, a point-mass q; ``drafter`` — the EAGLE drafter's chain
@@ -36,8 +37,9 @@ everything left of j, and since then x was neither tested (it lies past the firs
 anything left of j (only logits *right* of j saw it). So given the left information x ~ q_old, and the maximal
 coupling maps it to a token distributed exactly as p_j: P(y) = q_old(y)·min(1, p_j(y)/q_old(y)) +
 (1 − Σ min(p_j, q_old)) · (p_j − q_old)⁺(y) / Σ (p_j − q_old)⁺ = min(q_old, p_j)(y) + (p_j − q_old)⁺(y) = p_j(y).
-Hence q := p_j is the new draft's law given the left information — the invariant again. Keeping q := q_old for a
-kept draft (as the SCD reference code does) breaks it: the tests plant exactly that bug and the law test rejects it.
+Hence q := p_j is the new draft's law given the left information — the invariant again. Keeping q_old as a redrawn
+draft's proposal breaks it: the tests plant that bug and the law test rejects it (keeping q_old for the *kept* drafts
+only, as the SCD reference code does, is as wrong, with a smaller effect).
 The window size may depend on past acceptance only (never on a draft being tested), so sizing keeps the law.
 
 **GSD** (arXiv 2508.07747, lossy): ``GroupedRule`` accepts with min(1, Σ_G p / Σ_G q) over x's group G (tokens
@@ -46,8 +48,8 @@ residual is the plain max(p − q, 0). Greedy stays exact. LANTERN (``lantern.La
 ``scd`` as the acceptance rule only (the coupling stays exact: a relaxed coupling would make q := p_j a wrong law).
 
 **Records.** One ``CycleRecord`` per target forward (τ = committed / forwards, bonus included): nodes = m + 1,
-D = drafter levels (``init=drafter``; else 0), d = m, a = accepted drafts; ``extra``: ``L`` (chain nodes), ``kept``
-(coupled redraws that kept their draft). ``GenerationResult.stats``: ``window``, ``init``, ``redraw``, ``rule``,
+D = drafter levels (``init=drafter``; else 0), d = m, a = accepted drafts; ``extra``: ``L`` (chain nodes).
+``GenerationResult.stats``: ``window``, ``init``, ``redraw``, ``rule``,
 ``window_mean``, ``accept_hist`` (count of a = 0, 1, …), ``kept`` / ``coupled`` / ``kept_frac`` (coupled redraws that
 kept their draft), ``target_forwards``.
 
@@ -893,16 +895,6 @@ def grouped_rule(target: Target, params: JacobiParams) -> GroupedRule:
     ids = lay.image_token_offset + torch.arange(lay.num_codes, device=target.device)
     emb = target.embed_tokens(ids).to(torch.float32)
     return GroupedRule(emb, lay.image_token_offset, params.group_size // 2, params.group_gap, params.group_dist)
-
-
-def accepted_lengths(results: Sequence[GenerationResult]) -> list[int]:
-    """The pooled accepted-length histogram of several images (``stats.accept_hist``)."""
-    out: list[int] = []
-    for r in results:
-        for a, n in enumerate(r.stats.get("accept_hist", [])):
-            out += [0] * (a + 1 - len(out))
-            out[a] += n
-    return out
 
 
 __all__ = [
