@@ -177,7 +177,7 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
         scale = step_ms / model.step_ms
         verify = scale * float(np.mean(model.t_verify(nodes)))
         levels = np.maximum(D - 1, 0) * np.array([model.t_level(int(k) if k > 0 else 1) for k in K])
-        drafts = bool(D.max() > 0)  # policy=ar drafts nothing: no fixed drafter work either
+        drafts = bool(D.max() > 0)  # policy=ar and the Jacobi loops draft nothing: no fixed drafter work either
         draft = scale * (model.fixed_ms + float(levels.mean())) if drafts else 0.0
         f |= {
             "verify_steps": verify / step_ms,
@@ -186,7 +186,8 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
             "bound": float(s["tau"]) * step_ms / (verify + draft),
         }
         terms = {"verify": f["verify_steps"] - 1.0, "draft": f["draft_steps"], "overhead": f["overhead_steps"]}
-        f["limit"] = max(terms, key=terms.__getitem__) if drafts else "–"  # AR: nothing to cut
+        speculates = drafts or bool(nodes.max() > 1)  # a tree, or a Jacobi chain (no drafter: D = 0)
+        f["limit"] = max(terms, key=terms.__getitem__) if speculates else "–"  # AR: nothing to cut
     return f
 
 
