@@ -307,11 +307,12 @@ def target_parameters(target: Any) -> list[torch.Tensor]:
 
 
 MEASURE_METHOD = "blocked-5-device"  # part of the cache key: a cost model measured another way is re-measured
+VERIFY_ONLY_METHOD = MEASURE_METHOD + "-min"  # the verify-only model (no drafter: the Jacobi loops' window=cost)
 BLOCK = 5  # consecutive timed calls of one size per pass
 
 
-def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
-    """Median ms of each of ``fns`` over ``repeats`` timed calls, made non-decreasing along the list.
+def _interleaved_ms(fns: list[Any], repeats: int, sync: bool, stat: Any = np.median) -> list[float]:
+    """Median (``stat``) ms of each of ``fns`` over ``repeats`` timed calls, made non-decreasing along the list.
 
     The calls come in blocks of ``BLOCK`` consecutive calls of one size (after one untimed call), and the blocks
     go round-robin over the sizes in ⌈repeats / BLOCK⌉ passes: within a block the caches are as warm as in a decode
@@ -325,7 +326,7 @@ def _interleaved_ms(fns: list[Any], repeats: int, sync: bool) -> list[float]:
         for i, fn in enumerate(fns):
             timed_ms(fn, sync)
             times[i] += [timed_ms(fn, sync) for _ in range(BLOCK)]
-    return [float(m) for m in np.maximum.accumulate([float(np.median(t)) for t in times])]
+    return [float(m) for m in np.maximum.accumulate([float(stat(t)) for t in times])]
 
 
 # --- measurement helpers (also used by `adtbench bench` and `train.report`) ---------------------------------
@@ -402,7 +403,7 @@ def _commit_random_chain(target: Any, n: int, gen: torch.Generator) -> None:
 @torch.no_grad()
 def measure_cost(
     target: Any,
-    drafter: Drafter,
+    drafter: Drafter | None,
     sp: Any,
     max_nodes: int,
     max_level: int,
@@ -411,7 +412,11 @@ def measure_cost(
     sizes: list[int] | None = None,
 ) -> CostModel:
     """Measure the cost model (module docstring). Leaves target and drafter in a reset-able state (the next
-    ``target.start`` / ``drafter.reset`` starts afresh)."""
+    ``target.start`` / ``drafter.reset`` starts afresh). ``drafter`` None: the verify forward only (drafter levels
+    and fixed work 0: the Jacobi loops' ``window: cost``), each size's *fastest* call kept rather than the median
+    (``VERIFY_ONLY_METHOD``): under a load above the cores the median caught preemption bursts and read a 16-node
+    verify as 6.5 AR steps (1.8 on the idle machine), which no window choice survives; the minimum keeps the
+    uncontended shape of the curve, which is what a choice between sizes needs."""
     from adtbench.algorithm.drafters.session import DraftSession
 
     sync = accel.is_cuda(target.device)
@@ -429,6 +434,9 @@ def measure_cost(
     for n in v_sizes:
         mask, depth = random_tree(n, gen)
         cases.append((toks(n).to(dev), mask.to(dev), depth.to(dev)))  # born on the device, as a policy's trees
+    if drafter is None:  # the fastest of each size's calls: a call the machine's other work did not preempt
+        verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync, np.min)
+        return CostModel(v_sizes, verify_ms, [1], [0.0], 0.0, _meta(length, repeats, VERIFY_ONLY_METHOD))
     verify_ms = _interleaved_ms([lambda c=c: target.verify_forward(*c) for c in cases], repeats, sync)
     # drafter: committed prefix, then one extend of two tokens (fixed work) and expansion levels of m nodes. Reset at
     # the room a real image asks (``engine.prefill_drafter``: prompt + image + scratch slots + 1), so that a drafter
@@ -464,13 +472,16 @@ def measure_cost(
 
     kids = [toks(m).to(dev) for m in l_sizes]
     level_ms = _interleaved_ms([lambda k=k: level(k) for k in kids], repeats, sync)
+    return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, _meta(length, repeats))
+
+
+def _meta(kv_len: int, repeats: int, method: str = MEASURE_METHOD) -> dict[str, Any]:
+    """A measurement's ``CostModel.meta``: KV length, repeats, method, time and the load average then."""
     avg = load_average()
-    load = None if avg is None else avg[0]
-    meta = {
-        "kv_len": length,
+    return {
+        "kv_len": kv_len,
         "repeats": repeats,
-        "method": MEASURE_METHOD,
+        "method": method,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "load": load,
+        "load": None if avg is None else avg[0],
     }
-    return CostModel(v_sizes, verify_ms, l_sizes, level_ms, fixed_ms, meta)

@@ -246,7 +246,7 @@ def generate(
     ``policy.uses_drafter`` False → AR decoding). ``acceptance``: ``auto`` | ``device`` | ``host``
     (``verify.verify_cycle``; ``engine.acceptance``)."""
     if isinstance(policy, LoopPolicy):
-        return policy.generate(target, drafter, inputs, sp, generator, rule)
+        return policy.generate(target, drafter, inputs, sp, generator, rule, acceptance)
     if not policy.uses_drafter or drafter is None:
         return decode_ar(target, inputs, sp, generator)
     policy.reset()

@@ -168,11 +168,14 @@ def verify_sampling(
 ) -> Acceptance:
     """Multi-candidate recursive rejection (point-mass or without-replacement proposals)."""
     probs = logits.softmax(-1)
+    proposal = tree.proposal
+    host = rule.host_proposal() if proposal is not None else None
+    if proposal is not None and tree.max_children <= 1 and tree.alive is None and tree.size > 1:
+        exact = host is not None and host.extra is None
+        return _chain_proposal(tree, probs, proposal, generator, None if exact else rule)
     tokens = tree.tokens.tolist()
     alive = [True] * tree.size if tree.alive is None else tree.alive.tolist()
     draws = iter(_uniforms(tree.size, generator))
-    proposal = tree.proposal
-    host = rule.host_proposal() if proposal is not None else None
     u, path = 0, [0]
     while True:
         p = probs[u]
@@ -209,6 +212,49 @@ def verify_sampling(
             return _result(tree, path, sample(p, generator))
         path.append(accepted)
         u = accepted
+
+
+def _chain_proposal(
+    tree: DraftTree,
+    probs: torch.Tensor,
+    proposal: torch.Tensor,
+    generator: torch.Generator | None,
+    rule: AcceptanceRule | None = None,
+) -> Acceptance:
+    """The proposal walk of :func:`verify_sampling` on a chain (every node at most one child: the Jacobi loops'
+    windows, sampled chains), all nodes at once: node i's child x is accepted with its acceptance probability a_i iff
+    node i's uniform is below it, the path ends at the first rejection k, and the bonus is drawn from node k's
+    normalised residual (p_k if that vanished), or from p_m after the whole chain. ``rule`` None: the exact rule on
+    float64 host copies, a_i = min(1, p_i(x)/q_i(x)) (1 where q_i(x) = 0), residual max(p_k − q_k, 0) — the same n
+    uniforms in the same order and the same bonus draw as the node-by-node walk, so the same decisions seed for seed;
+    otherwise ``rule.proposal_rows`` over every node in one call (a relaxed rule such as GSD's or LANTERN's: the same
+    law as its node walk, one vectorised call instead of one per node)."""
+    n = tree.size
+    u = np.asarray(_uniforms(n, generator)[: n - 1])
+    if rule is None:
+        p = probs.detach().to("cpu", torch.float64).numpy()
+        q = proposal.detach().to("cpu", torch.float64).numpy()
+        x = tree.tokens.tolist()[1:]
+        rows = np.arange(n - 1)
+        px, qx = p[rows, x], q[rows, x]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            acc = np.where(qx <= 0.0, 1.0, np.minimum(1.0, px / qx))
+        residual_of = lambda k: np.maximum(p[k] - q[k], 0.0)  # noqa: E731
+    else:
+        xs = tree.tokens[1:].to(probs.device)
+        pm, qm = probs[:-1], proposal[:-1].to(probs)
+        acc_t, res_t = rule.proposal_rows(pm, xs, qm, pm.gather(1, xs[:, None])[:, 0], qm.gather(1, xs[:, None])[:, 0])
+        acc = np.asarray(acc_t.tolist())
+        p = probs.detach().to("cpu", torch.float64).numpy()
+        residual_of = lambda k: res_t[k].detach().to("cpu", torch.float64).numpy()  # noqa: E731
+    rejected = np.flatnonzero(u >= acc)
+    k = int(rejected[0]) if rejected.size else n - 1
+    path = list(range(k + 1))
+    if k == n - 1:
+        return _result(tree, path, sample_np(p[k], generator))
+    residual = residual_of(k)
+    total = residual.sum()  # zero only when the rejected proposal had probability 1 (a measure-zero event)
+    return _result(tree, path, sample_np(residual / total if total > 0 else p[k], generator))
 
 
 def _distinct_children(kids: list[int], tokens: list[int]) -> Iterator[tuple[int, int]]:

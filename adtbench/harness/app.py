@@ -250,6 +250,9 @@ def summary_line(s: dict) -> str:
 
     line = f"adtbench: model={s.get('model')} policy={s.get('policy')} {lantern_part(s)} n={s.get('n_samples')} "
     line += f"tau={f('tau', '.3f')} d_bar={f('d_bar', '.2f')} latency={f('latency_s', '.4f', 's')}"
+    jac = s.get("jacobi")
+    if isinstance(jac, dict) and jac.get("window_mean") is not None:  # policy=sjd|scd|gsd: the mean window
+        line += f" window={jac['window_mean']:.1f}"
     if s.get("speedup") is not None:
         line += f" baseline={f('baseline_latency_s', '.4f', 's')} speedup={f('speedup', '.3f', 'x')}"
         ci = s.get("speedup_ci")

@@ -1,8 +1,9 @@
 """``decode.batch_size > 1``: the app's decode of a window of prompts, both sides batched (``algorithm.batch``).
 
 A job's unfinished prompts are taken ``batch_size × window`` at a time. Each window is decoded by the AR baseline
-(``decode_ar_batch``, groups of B) and by the method (``generate_batch``: continuous batching over B slots, or
-``decode_ar_batch`` for a policy without a drafter), in an order that alternates from window to window (ABBA:
+(``decode_ar_batch``, groups of B) and by the method (``generate_batch``: continuous batching over B slots; a
+batchable loop's own ``generate_batch``, e.g. the Jacobi loops' ragged windows; or ``decode_ar_batch`` for a policy
+without a drafter), in an order that alternates from window to window (ABBA:
 the baseline first on even windows), each side's wall time measured from before its first prefill to after its last
 token (CUDA synchronised; text encoding outside). Every prompt keeps its own seed (``config.prompt_seed``), so its
 tokens are those of a B = 1 run. The app commits a window's records once both sides are done: a killed run loses at
@@ -53,7 +54,7 @@ class BatchedDecoder:
         self.seed_of, self.baseline = seed_of, baseline
         self.clock = Clock(target.device)
         self.bt: BatchTarget | None = None
-        self.nodes = max(policy.max_nodes(), policy.max_draft_slots()) if policy.uses_drafter else 1
+        self.nodes = max(policy.max_nodes(), policy.max_draft_slots()) if policy.uses_drafter else policy.max_nodes()
 
     def batch_target(self, inputs: list[Any]) -> BatchTarget:
         """The job's ``BatchTarget``, reallocated only when a prompt needs more columns than it has."""
@@ -73,6 +74,10 @@ class BatchedDecoder:
         if method and self.policy.uses_drafter and self.drafter is not None:
             got: dict[Any, GenerationResult] = {}
             generate_batch(bt, self.drafter, self.policy, items, self.sp, got.__setitem__, self.rule, self.acceptance)
+            results = [got[key] for key, _, _ in items]
+        elif method and getattr(self.policy, "batchable", False):  # a loop with its own batched decode (Jacobi)
+            got = {}
+            self.policy.generate_batch(bt, self.drafter, items, self.sp, got.__setitem__, self.rule, self.acceptance)
             results = [got[key] for key, _, _ in items]
         else:
             results = []

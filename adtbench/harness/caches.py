@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from adtbench import accel
-from adtbench.algorithm.cost import MEASURE_METHOD, CostModel, measure_cost, target_parameters
+from adtbench.algorithm.cost import MEASURE_METHOD, VERIFY_ONLY_METHOD, CostModel, measure_cost, target_parameters
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.io import atomic_write_bytes, atomic_write_with
@@ -38,7 +38,7 @@ log = logging.getLogger("adtbench")
 
 # --- the cost model --------------------------------------------------------------------------------------
 def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
-    """What the costs depend on (never the weights' values)."""
+    """What the costs depend on (never the weights' values); ``drafter`` None: a verify-only model (Jacobi loops)."""
     dev = target.device
     return {
         "target": type(target).__name__,
@@ -47,7 +47,7 @@ def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
         "kv_heads": int(target.num_kv_heads),
         "intermediate": int(target.intermediate_size),
         "params": int(sum(p.numel() for p in target_parameters(target))),
-        "drafter_layers": int(drafter.config.num_layers),
+        "drafter_layers": 0 if drafter is None else int(drafter.config.num_layers),
         "gen_tokens": int(target.layout.num_gen_tokens),
         "vocab": int(target.layout.vocab_size),
         "device": accel.device_name(dev) if accel.is_cuda(dev) else f"cpu:{_cpu_name()}",
@@ -56,7 +56,7 @@ def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
         "engine": getattr(target, "engine_mode", "eager"),  # eager | compiled | graphs: what the decode will run
         "rows": int(rows),
         "torch": torch.__version__,
-        "method": MEASURE_METHOD,
+        "method": MEASURE_METHOD if drafter is not None else VERIFY_ONLY_METHOD,
     }
 
 
@@ -123,6 +123,60 @@ def _measured_busy_now_idle(model: CostModel, cores: int, path: Path) -> bool:
 def cost_source(target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> Callable[[int, int], CostModel]:
     """What ``TreePolicy.bind`` receives: ``(max_nodes, max_level) → CostModel`` for these models, cached."""
     return lambda max_nodes, max_level: load_or_measure(target, drafter, sp, max_nodes, max_level, cache_dir)
+
+
+def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Path | None) -> dict[str, Any]:
+    """``policy.window=cost`` of a Jacobi loop: ``algorithm.jacobi.calibrate_window`` on this machine's verify cost
+    model (``load_or_measure`` without a drafter, or with the ``init=drafter`` one) — cached as
+    ``<cache_dir>/jacobi/<sha256(key)[:16]>.json``, keyed by the cost model's key, the sampling, the policy's keys
+    that change τ(L) and the calibration prompts; re-calibrated when the cost model is re-measured."""
+    from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, calibrate_window, jacobi_params
+    from adtbench.algorithm.policies.jacobi import NAME_DEFAULTS
+    from adtbench.algorithm.sampling import build_sampling
+    from adtbench.algorithm.verify import EXACT
+
+    sp = build_sampling(cfg.sampling)
+    node = {**NAME_DEFAULTS[str(cfg.policy.name)], **{str(k): v for k, v in cfg.policy.items() if k != "name"}}
+    params = jacobi_params(node)
+    levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
+    cost = load_or_measure(target, drafter, sp, max(64, params.window_max), levels, cache_dir)
+    use_cfg = sp.use_cfg and target.supports_cfg
+    key = {"cost": cost.meta.get("key"), "cost_measured_at": cost.meta.get("measured_at"),
+           "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
+           "policy": {k: getattr(params, k) for k in ("init", "redraw", "rule", "window_min", "window_max",
+                                                      "group_size", "group_gap", "group_dist")},
+           "lantern": bool((cfg.get("lantern") or {}).get("enabled", False)),
+           "prompts": list(CALIBRATION_PROMPTS), "grid": list(CALIBRATION_GRID), "version": 2}  # fmt: skip
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = None if cache_dir is None else Path(cache_dir) / "jacobi" / f"{digest}.json"
+    if path is not None and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            from adtbench.algorithm.jacobi import choose_window
+
+            out = choose_window({int(k): float(v) for k, v in data["taus"].items()}, cost, params.overhead_steps)
+            log.info("window=cost: cached τ(L) %s → L = %d", path, out["L"])  # overhead_steps is not in the key
+            return out
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("window=cost: ignoring unreadable cache %s (%s)", path, e)
+    t0 = time.perf_counter()
+    gen = torch.Generator(device=target.device if target.device.type == "cuda" else "cpu")
+    inputs = [target.encode_prompt(text, cfg=use_cfg) for text in CALIBRATION_PROMPTS]
+    lantern = cfg.get("lantern")
+    rule: Any = EXACT
+    if lantern is not None and bool(lantern.get("enabled", False)):
+        rule = build_lantern_rule(lantern, target)
+    if params.rule == "gsd":
+        from adtbench.algorithm.jacobi import grouped_rule
+
+        rule = grouped_rule(target, params)
+    out = calibrate_window(target, inputs, sp, params, cost, gen, rule, drafter)
+    log.info("window=cost: τ(L) %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
+             {L: round(t, 2) for L, t in out["taus"].items()}, {L: round(t, 2) for L, t in out["fit"].items()},
+             {L: round(r, 2) for L, r in out["rates"].items()}, out["L"], time.perf_counter() - t0)  # fmt: skip
+    if path is not None:
+        atomic_write_bytes(path, json.dumps({"key": key, "taus": out["taus"]}, indent=2).encode())
+    return out
 
 
 # --- LANTERN neighbour tables ----------------------------------------------------------------------------

@@ -193,13 +193,15 @@ def check_writable_dir(key: str, value: Any) -> None:
 
 def validate_cache_dirs(cfg: DictConfig) -> None:
     """The caches this run will write: ``lantern.cache_dir`` (with LANTERN on) and ``paths.cache_dir`` (cost
-    models, with a ``budget: cost`` policy)."""
+    models, with a ``budget: cost`` policy or a Jacobi loop's ``window: cost``)."""
     lantern = cfg.get("lantern")
     if isinstance(lantern, DictConfig) and bool(lantern.get("enabled", False)) and lantern.get("cache_dir"):
         check_writable_dir("lantern.cache_dir", lantern.cache_dir)
     paths = cfg.get("paths")
-    budget = cfg.policy.get("budget") if isinstance(cfg.get("policy"), DictConfig) else None
-    if str(budget) == "cost" and isinstance(paths, DictConfig) and paths.get("cache_dir"):
+    policy = cfg.get("policy")
+    budget = policy.get("budget") if isinstance(policy, DictConfig) else None
+    window = policy.get("window") if isinstance(policy, DictConfig) else None  # the Jacobi loops' window=cost
+    if "cost" in (str(budget), str(window)) and isinstance(paths, DictConfig) and paths.get("cache_dir"):
         check_writable_dir("paths.cache_dir", paths.cache_dir)
 
 
@@ -284,7 +286,10 @@ def decode_batch(cfg: DictConfig, policy: Policy | None = None) -> tuple[int, in
     window = int(check_number(node.get("window", 4), "decode.window", int, lo=1))
     if B == 1:
         return B, window
-    if policy is not None and isinstance(policy, LoopPolicy):
+    if policy is not None and isinstance(policy, LoopPolicy) and not policy.batchable:
+        if policy.name in ("sjd", "scd", "gsd"):
+            raise ConfigError("policy.init", f"policy={policy.name} with init=drafter decodes one prompt at a time; "
+                              "use decode.batch_size=1, or init=random|left|up")  # fmt: skip
         raise ConfigError("decode.batch_size", f"policy={policy.name} runs its own loop, one prompt at a time; "
                           "use decode.batch_size=1 with it")  # fmt: skip
     family = str(_get(cfg, "model.family"))

@@ -44,6 +44,7 @@ __all__ = [
     "DrafterConf",
     "Eagle2Conf",
     "EngineConf",
+    "JacobiConf",
     "LanternConf",
     "LoggerConf",
     "MapsConf",
@@ -146,9 +147,28 @@ class MuloConf:
     island_window: int | None = None  # ZipAR window inside an island (islands; None: raster order)
 
 
+@dataclass
+class JacobiConf:
+    """``policy=sjd|scd|gsd``: Jacobi decoding (``algorithm.jacobi``; no drafter unless ``init=drafter``). The three
+    yamls differ in ``name``, ``redraw`` and ``rule`` only."""
+
+    name: str = "sjd"
+    window: Any = 16  # L (an integer ≥ 1: chain nodes, root included) | cost | adaptive
+    init: str = "random"  # random | left | up | drafter
+    redraw: str = "independent"  # independent (SJD) | coupled (SCD)
+    rule: str = "exact"  # exact | gsd (lossy)
+    window_min: int = 4  # window=cost|adaptive: bounds on L
+    window_max: int = 32
+    adapt_margin: int = 8  # window=adaptive: L = the longest run committed one row up + adapt_margin
+    overhead_steps: float = 0.3  # window=cost: engine work per forward besides the verify (AR steps)
+    group_size: int = 14  # rule=gsd: rank window (± group_size / 2)
+    group_gap: float = 0.15  # rule=gsd: probability gap
+    group_dist: float = 0.5  # rule=gsd: squared input-embedding distance
+
+
 POLICY_SCHEMAS: dict[str, type] = {
     "ar": ArConf, "chain": ChainConf, "static": StaticConf, "eagle2": Eagle2Conf, "adt": AdtConf,
-    "zipar": ZiparConf, "mulo": MuloConf,
+    "zipar": ZiparConf, "mulo": MuloConf, "sjd": JacobiConf, "scd": JacobiConf, "gsd": JacobiConf,
 }  # fmt: skip
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "TIMING_SPREAD_MAX",
     "bootstrap_ci",
     "bootstrap_distribution",
+    "jacobi_summary",
     "percentile_interval",
     "ratio_of_totals_ci",
     "summarize",
@@ -237,7 +238,34 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         else None
     )
     out |= throughput(records)
+    out["jacobi"] = jacobi_summary(records)
     return out
+
+
+def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The Jacobi loops' counters pooled over a run (``policy=sjd|scd|gsd``; None for other policies): the
+    configured ``window``, ``init``, ``redraw``, ``rule`` (the first record's), the mean verified window
+    ``window_mean`` (chain nodes per forward, weighted by forwards), ``accept_hist`` (forwards that accepted a = 0, 1, …
+    drafts, summed) and ``kept_frac`` (coupled redraws that kept their draft, pooled)."""
+    rows = [r["stats"] for r in records if isinstance(r.get("stats"), dict) and "accept_hist" in r["stats"]]
+    if not rows:
+        return None
+    hist: list[int] = []
+    for st in rows:
+        for a, n in enumerate(st["accept_hist"]):
+            hist += [0] * (a + 1 - len(hist))
+            hist[a] += int(n)
+    forwards = sum(int(st.get("target_forwards") or 0) for st in rows)
+    window = sum(float(st["window_mean"]) * int(st.get("target_forwards") or 0) for st in rows)
+    coupled = sum(int(st.get("coupled") or 0) for st in rows)
+    kept = sum(int(st.get("kept") or 0) for st in rows)
+    first = rows[0]
+    return {
+        **{k: first.get(k) for k in ("window", "init", "redraw", "rule")},
+        "window_mean": window / forwards if forwards else None,
+        "accept_hist": hist,
+        "kept_frac": kept / coupled if coupled else None,
+    }
 
 
 def throughput(records: list[dict[str, Any]]) -> dict[str, Any]:

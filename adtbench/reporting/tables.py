@@ -119,7 +119,8 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
     ``device``, one column per evaluated metric (``summary["eval"]["values"]``), ``ov.<key>`` per override.
     ``samples``: one row per sample — ``run_dir``, ``config_id``, ``prompt_id``, ``seed``, ``committed``,
     ``cycles``, ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``, ``baseline_latency_s``, ``tau``,
-    ``speedup``, and the per-prompt metrics of ``eval_samples.jsonl``.
+    ``speedup``, ``window_mean`` (the Jacobi loops' mean verified window, from ``stats``; absent for other
+    policies, so the table shows it only for them) and the per-prompt metrics of ``eval_samples.jsonl``.
     """
     import pandas as pd
 
@@ -158,6 +159,9 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
             for k in ("seed", "committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s",
                       "baseline_latency_s", "tau", "speedup"):  # fmt: skip
                 srow[k] = rec.get(k)
+            st = rec.get("stats")
+            if isinstance(st, dict) and isinstance(st.get("window_mean"), int | float):
+                srow["window_mean"] = float(st["window_mean"])  # the Jacobi loops' verified window (a column)
             extra = per_prompt.get(rec["prompt_id"], {})
             srow |= {k: v for k, v in extra.items() if k != "prompt_id"}
             sample_rows.append(srow)

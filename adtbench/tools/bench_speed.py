@@ -83,6 +83,15 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "adt + budget: cost + sampled drafts, K ≤ 2, T = 1, lantern=on, δ = 0.3 (experiment=mini_adt_lantern)",
         ["experiment=mini_adt_lantern"],
     ),
+    "sjd": ("SJD, window 16, random init, T = 1, exact (no drafter)", ["policy=sjd"]),
+    "scd_random": ("SCD (coupled redraws), window 16, random init, T = 1, exact", ["policy=scd", "policy.init=random"]),
+    "scd": ("SCD, window 16, upper-neighbour init (its default), T = 1, exact (no drafter)", ["policy=scd"]),
+    "scd_cost": ("SCD, window = cost (calibrated on this machine), T = 1, exact", ["policy=scd", "policy.window=cost"]),
+    "scd_adaptive": (
+        "SCD, adaptive window (the runs committed one row up), T = 1, exact",
+        ["policy=scd", "policy.window=adaptive"],
+    ),
+    "gsd": ("GSD (grouped acceptance, the reference's group), window 16, random init, T = 1 (lossy)", ["policy=gsd"]),
     "zipar": ("ZipAR, window 4, T = 1 (lossy, no drafter)", ["policy=zipar"]),
     "mulo": ("MuLo-SD at its defaults, T = 1 (lossy; low-res drafter + learned up-sampler)", ["policy=mulo"]),
     "adt_fixed_greedy": ("adt, fixed 58-node tree, greedy", ["policy=adt", "policy.budget=fixed", "sampling=greedy"]),
@@ -169,7 +178,7 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
         scale = step_ms / model.step_ms
         verify = scale * float(np.mean(model.t_verify(nodes)))
         levels = np.maximum(D - 1, 0) * np.array([model.t_level(int(k) if k > 0 else 1) for k in K])
-        drafts = bool(D.max() > 0)  # policy=ar drafts nothing: no fixed drafter work either
+        drafts = bool(D.max() > 0)  # policy=ar and the Jacobi loops draft nothing: no fixed drafter work either
         draft = scale * (model.fixed_ms + float(levels.mean())) if drafts else 0.0
         f |= {
             "verify_steps": verify / step_ms,
@@ -178,7 +187,8 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
             "bound": float(s["tau"]) * step_ms / (verify + draft),
         }
         terms = {"verify": f["verify_steps"] - 1.0, "draft": f["draft_steps"], "overhead": f["overhead_steps"]}
-        f["limit"] = max(terms, key=terms.__getitem__) if drafts else "–"  # AR: nothing to cut
+        speculates = drafts or bool(nodes.max() > 1)  # a tree, or a Jacobi chain (no drafter: D = 0)
+        f["limit"] = max(terms, key=terms.__getitem__) if speculates else "–"  # AR: nothing to cut
     return f
 
 

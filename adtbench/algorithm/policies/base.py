@@ -66,7 +66,8 @@ class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
 
 
 class LoopPolicy(ABC):
-    """A method with its own decode loop (ZipAR, MuLo-SD) rather than a tree for ``engine.speculative_cycle``.
+    """A method with its own decode loop (ZipAR, MuLo-SD, the Jacobi loops) rather than a tree for
+    ``engine.speculative_cycle``.
 
     ``engine.generate`` hands it the target, the method's own models (``aux``: built by the harness from the
     policy's keys, e.g. MuLo-SD's low-resolution drafter; None when it needs none) and the acceptance rule; it
@@ -76,6 +77,8 @@ class LoopPolicy(ABC):
     name: str = "loop"
     uses_drafter: bool = False  # never an EAGLE drafter
     lossless: bool = False  # True only where the loop is distribution-identical to AR (tested)
+    accepts_rule: bool = False  # True: the loop accepts with the app's rule (LANTERN may relax it); else its own
+    batchable: bool = False  # True: ``generate_batch`` decodes B prompts per target forward (decode.batch_size)
 
     def bind(self, cost: CostModelSource | None) -> None:  # noqa: B027
         """Loops size nothing to the machine (same signature as ``TreePolicy.bind``)."""
@@ -95,8 +98,10 @@ class LoopPolicy(ABC):
         sp: Any,
         generator: torch.Generator | None,
         rule: Any,
+        acceptance: str = "auto",
     ) -> GenerationResult:
-        """Decode one image (timed inside, like ``engine.generate``)."""
+        """Decode one image (timed inside, like ``engine.generate``); ``acceptance``: where a loop that verifies runs
+        acceptance (``verify.verify_cycle``)."""
 
 
 Policy = TreePolicy | LoopPolicy

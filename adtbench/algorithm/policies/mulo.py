@@ -30,6 +30,7 @@ class MuloPolicy(LoopPolicy):
         sp: Any,
         generator: torch.Generator | None,
         rule: Any,
+        acceptance: str = "auto",
     ) -> GenerationResult:
         """Decode one image with ``decode_mulo`` (``aux``: ``MuloModels``; ``rule``: exact, read by ``rule=exact``)."""
         if not isinstance(aux, MuloModels):

@@ -31,6 +31,7 @@ class ZipARPolicy(LoopPolicy):
         sp: Any,
         generator: torch.Generator | None,
         rule: Any,
+        acceptance: str = "auto",
     ) -> GenerationResult:
         """Decode one image with ``decode_zipar`` (no models besides the target; ``rule`` unused: no acceptance)."""
         return decode_zipar(target, inputs, sp, generator, self.window)

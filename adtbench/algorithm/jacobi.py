@@ -1,0 +1,916 @@
+"""Training-free speculative decoding by Jacobi iteration: SJD, SCD (MC-SJD), GSD, and cost-aware windows.
+
+The model drafts for itself. State of one image: the committed tokens (the KV cache), the *root* (the last chosen
+token, not yet in the cache) at generation index g, and a *window* of m drafts d_1 … d_m at g + 1 … g + m, each
+stored with the full proposal distribution q_i it was drawn from. One iteration = one target forward:
+
+1. **Verify.** The chain root → d_1 → … → d_m is an ordinary ``DraftTree`` (parents i − 1) carrying ``proposal``
+   rows, verified through ``Target.verify_forward`` (so static buckets, CUDA graphs, CFG rows, every model family
+   and the lean targets apply unchanged). Its processed logits give p_0 … p_m, p_i the target's distribution for
+   generation index g + 1 + i given root, d_1 … d_i. ``verify.verify_cycle`` accepts d_i with probability
+   min(1, p_{i−1}(d_i) / q_i(d_i)) left to right (the rule's ``proposal_rows`` on the device, the float64 host walk
+   on the CPU); at the first rejection the bonus is drawn from norm(max(p_{i−1} − q_i, 0)), after a full accept
+   from p_m. Greedy: accept iff d_i = argmax p_{i−1}; the bonus is the argmax. The cache keeps root + the a accepted
+   drafts (a chain path is always in place).
+2. **Redraw.** The positions past the bonus, g + a + 2 … g + m + 1, get new drafts from this forward's rows
+   p_{a+1} … p_m (stale: their context holds rejected drafts; still a distribution known before the draft is drawn,
+   which is all speculative sampling needs of a proposal):
+   - ``independent`` (SJD, arXiv 2410.01699): y_j ~ p_j, q := p_j;
+   - ``coupled`` (SCD / MC-SJD, arXiv 2510.24211): the old draft x there (proposal q_old) is kept with probability
+     min(1, p_j(x) / q_old(x)), else a draw from norm(max(p_j − q_old, 0)) replaces it (maximal coupling); q := p_j.
+     The last row p_m has no old draft: a fresh draw. Greedy: the argmax either way.
+3. **Top up.** The chain is sized (``FixedWindow``; ``window: cost`` — a fixed L chosen by ``calibrate_window`` on
+   the machine's cost model; ``AdaptiveWindow``: m = L − 1 drafts, capped one short of the image end so the last
+   token is always a bonus; drafts held past a shrunken chain wait unverified) and new positions are initialised
+   (``INITS``): ``random`` — uniform over the image tokens, stored q uniform (the SJD code stores a one-hot; both are
+   exact, uniform accepts Σ_y min(p(y), 1/n) instead of 1/n on average); ``left`` / ``up`` — repeat the raster-left
+   (forced end-of-line tokens skipped) or upper neighbour, a point-mass q; ``drafter`` — the EAGLE drafter's chain
+   (``DrafterInit``). Forced positions (end-of-line / end-of-image) always get their forced token, q a point mass.
+
+**Lossless** (``redraw`` either way, every ``init``, the exact rule). Invariant at every verify: each draft d_i,
+given everything that decided anything left of it (committed tokens, drafts and logits at earlier positions, every
+uniform used there), is distributed as its stored q_i and was never tested. Speculative sampling then emits p_{i−1}
+exactly at each tested position, whatever side information the proposals carry. Init draws depend on known tokens
+only (point-mass q for ``left`` / ``up`` is exact: the draft is a function of the context); independent redraws are
+fresh draws from q := p_j. For the coupled redraw: the old draft x at position j was drawn from q_old given
+everything left of j, and since then x was neither tested (it lies past the first rejection) nor used to decide
+anything left of j (only logits *right* of j saw it). So given the left information x ~ q_old, and the maximal
+coupling maps it to a token distributed exactly as p_j: P(y) = q_old(y)·min(1, p_j(y)/q_old(y)) +
+(1 − Σ min(p_j, q_old)) · (p_j − q_old)⁺(y) / Σ (p_j − q_old)⁺ = min(q_old, p_j)(y) + (p_j − q_old)⁺(y) = p_j(y).
+Hence q := p_j is the new draft's law given the left information — the invariant again. Keeping q_old as a redrawn
+draft's proposal breaks it: the tests plant that bug and the law test rejects it (keeping q_old for the *kept* drafts
+only, as the SCD reference code does, is as wrong, with a smaller effect).
+The window size may depend on past acceptance only (never on a draft being tested), so sizing keeps the law.
+
+**GSD** (arXiv 2508.07747, lossy): ``GroupedRule`` accepts with min(1, Σ_G p / Σ_G q) over x's group G (tokens
+ranked within ± ``half`` of x under p, |p(y) − p(x)| < ``gap``, squared input-embedding distance < ``dist``); the
+residual is the plain max(p − q, 0). Greedy stays exact. LANTERN (``lantern.LanternRule``) composes with ``sjd`` /
+``scd`` as the acceptance rule only (the coupling stays exact: a relaxed coupling would make q := p_j a wrong law).
+
+**Records.** One ``CycleRecord`` per target forward (τ = committed / forwards, bonus included): nodes = m + 1,
+D = drafter levels (``init=drafter``; else 0), d = m, a = accepted drafts; ``extra``: ``L`` (chain nodes).
+``GenerationResult.stats``: ``window``, ``init``, ``redraw``, ``rule``,
+``window_mean``, ``accept_hist`` (count of a = 0, 1, …), ``kept`` / ``coupled`` / ``kept_frac`` (coupled redraws that
+kept their draft), ``target_forwards``.
+
+Device discipline: every tensor of the loop is born on the target's device, draws use the generator handed in,
+and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
+from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
+from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
+from adtbench.errors import ConfigError, check_choice, check_number
+from adtbench.layout import TokenLayout
+from adtbench.models.base import PromptInputs, Target, prefill_token
+
+INITS = ("random", "left", "up", "drafter")
+REDRAWS = ("independent", "coupled")
+WINDOW_MODES = ("cost", "adaptive")
+RULES = ("exact", "gsd")
+
+
+# --------------------------------------------------------------------------------------------------------
+# parameters
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JacobiParams:
+    """One Jacobi method (module docstring). ``window``: L, the chain's nodes (root + L − 1 drafts), or ``cost`` /
+    ``adaptive`` (then L ∈ [``window_min``, ``window_max``]); ``rule``: ``exact`` or ``gsd`` (``group_*``: its
+    group)."""
+
+    window: int | str = 16
+    init: str = "random"
+    redraw: str = "coupled"
+    rule: str = "exact"
+    window_min: int = 4
+    window_max: int = 32
+    adapt_margin: int = 8
+    overhead_steps: float = 0.3
+    group_size: int = 14
+    group_gap: float = 0.15
+    group_dist: float = 0.5
+
+    @property
+    def max_nodes(self) -> int:
+        """The largest chain (root included): the KV headroom one verify needs."""
+        return self.window if isinstance(self.window, int) else self.window_max
+
+
+def jacobi_params(node: dict[str, Any]) -> JacobiParams:
+    """``JacobiParams`` from a plain policy node; every bad value a ``ConfigError`` naming ``policy.<key>``."""
+    d = JacobiParams()
+    window = node.get("window", d.window)
+    if isinstance(window, str):
+        window = check_choice(window, "policy.window", WINDOW_MODES)
+    else:
+        window = check_number(window, "policy.window", int, lo=1)
+    lo = check_number(node.get("window_min", d.window_min), "policy.window_min", int, lo=1)
+    hi = check_number(node.get("window_max", d.window_max), "policy.window_max", int, lo=1)
+    if hi < lo:
+        raise ConfigError("policy.window_max", f"must be ≥ policy.window_min ({lo}), got {hi}")
+    return JacobiParams(
+        window=window,
+        init=check_choice(node.get("init", d.init), "policy.init", INITS),
+        redraw=check_choice(node.get("redraw", d.redraw), "policy.redraw", REDRAWS),
+        rule=check_choice(node.get("rule", d.rule), "policy.rule", RULES),
+        window_min=lo,
+        window_max=hi,
+        adapt_margin=check_number(node.get("adapt_margin", d.adapt_margin), "policy.adapt_margin", int, lo=0),
+        overhead_steps=check_number(node.get("overhead_steps", d.overhead_steps), "policy.overhead_steps", float, 0),
+        group_size=check_number(node.get("group_size", d.group_size), "policy.group_size", int, lo=0),
+        group_gap=check_number(node.get("group_gap", d.group_gap), "policy.group_gap", float, lo=0.0),
+        group_dist=check_number(node.get("group_dist", d.group_dist), "policy.group_dist", float, lo=0.0),
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# window sizes: how many drafts the next forward verifies
+# --------------------------------------------------------------------------------------------------------
+
+
+class FixedWindow:
+    """L − 1 drafts every iteration (the papers' setting)."""
+
+    def __init__(self, L: int) -> None:
+        self.L = L
+
+    def reset(self) -> None:
+        """A new image."""
+
+    def size(self, g: int) -> int:
+        """Chain nodes L for the iteration rooted at generation index ``g``."""
+        return self.L
+
+    def observe(self, g: int, m: int, a: int) -> None:
+        """The iteration rooted at ``g`` verified ``m`` drafts and accepted ``a``."""
+
+
+class AdaptiveWindow(FixedWindow):
+    """``window: adaptive`` — ADT-Tree's adjacency idea for one chain: grow the window where the windows above were
+    accepted far, shrink it where not.
+
+    State per committed image position j: run[j] = a + 1, the tokens the forward that committed j committed. The
+    forward rooted at g drafts g + 1, …; their upper neighbours (one row up, end-of-line column counted) were
+    committed by forwards whose runs say how far drafts were accepted there. L = clamp(max run[g + 1 − row_len ± 2] +
+    ``adapt_margin``, ``window_min``, ``window_max``): a long run above (a flat region) predicts long accepts here, and
+    the margin keeps drafts ahead being refined; without a row above (the first row) the root's own run stands in
+    (its raster predecessor). Drafts held past a shrunken window wait unverified (``JacobiState.held``), so shrinking
+    loses no refinement. Reads no clock and no draft; restarts with every image. (Also tried: ADT's bisectional
+    rule on α = a / m — doubling at α ≥ ½, halving below — and grow-on-full / shrink-on-zero: both commit fewer
+    tokens per forward than this at equal mean window on the mini model, since a = 0 follows most rejections.)"""
+
+    SPAN = 2  # upper neighbours either side of the first draft's
+
+    def __init__(self, lo: int, hi: int, margin: int, row_len: int, n_gen: int) -> None:
+        super().__init__(min(hi, max(lo, margin + 1)))
+        self.lo, self.hi, self.margin, self.row_len, self.n_gen = lo, hi, margin, row_len, n_gen
+        self.reset()
+
+    def reset(self) -> None:
+        self.run = np.zeros(self.n_gen + 1, dtype=np.int64)  # 0: nothing committed there yet
+
+    def size(self, g: int) -> int:
+        up = g + 1 - self.row_len
+        if up >= 0:
+            ref = int(self.run[max(0, up - self.SPAN) : up + self.SPAN + 1].max())
+        else:
+            ref = int(self.run[g]) if g > 0 else 1
+        return int(np.clip(ref + self.margin, self.lo, self.hi))
+
+    def observe(self, g: int, m: int, a: int) -> None:
+        self.run[g : g + a + 1] = a + 1
+
+
+def make_sizer(params: JacobiParams, layout: TokenLayout, window: int | None = None) -> FixedWindow:
+    """The window sizer of ``params``; ``window``: L chosen for ``window: cost`` (``calibrate_window``)."""
+    if params.window == "adaptive":
+        return AdaptiveWindow(params.window_min, params.window_max, params.adapt_margin, layout.row_len,
+                              layout.num_gen_tokens)  # fmt: skip
+    if params.window == "cost":
+        if window is None:
+            raise RuntimeError("policy.window=cost needs its calibrated L (jacobi.calibrate_window; harness.loops)")
+        return FixedWindow(window)
+    assert isinstance(params.window, int)
+    return FixedWindow(params.window)
+
+
+# --------------------------------------------------------------------------------------------------------
+# static tables: the chain's structure, the layout's forced tokens and neighbours
+# --------------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=512)
+def _chain(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(parents, depth, ancestor mask, child ranks) of a chain of ``n`` nodes on ``device`` (cached, never written)."""
+    ar = torch.arange(n, device=device)
+    ranks = torch.where(ar + 1 < n, ar + 1, -1)[:, None]
+    return ar - 1, ar, torch.ones(n, n, dtype=torch.bool, device=device).tril(), ranks
+
+
+@dataclass(frozen=True)
+class LayoutTables:
+    """Per (layout, device): ``forced [n_gen + pad]`` (the forced token at each generation index, −1 where none, on
+    the device), ``prev_image`` (host: the latest non-forced index before each index, −1 for none), ``uniform [V]``
+    (the uniform proposal over the image tokens), ``has_forced``."""
+
+    forced: torch.Tensor
+    prev_image: list[int]
+    uniform: torch.Tensor
+    has_forced: bool
+
+
+def layout_tables(layout: TokenLayout, device: torch.device, dtype: torch.dtype, pad: int) -> LayoutTables:
+    """The ``LayoutTables`` of ``layout`` (cached per layout shape, device, dtype and padding; never written)."""
+    key = (layout.vocab_size, layout.image_token_offset, layout.num_codes, layout.grid_h, layout.grid_w,
+           layout.eol_token, layout.eoi_token)  # fmt: skip
+    return _tables(key, device, dtype, pad)
+
+
+@lru_cache(maxsize=32)
+def _tables(key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, pad: int) -> LayoutTables:
+    layout = TokenLayout(*key)
+    n = layout.num_gen_tokens
+    forced = [layout.forced_token(g) for g in range(n)] + [-1] * pad
+    prev, last = [], -1
+    for g in range(n + pad):
+        prev.append(last)
+        if g >= n or forced[g] < 0:
+            last = g
+    uniform = torch.zeros(layout.vocab_size, dtype=dtype, device=device)
+    uniform[layout.image_token_offset : layout.image_token_offset + layout.num_codes] = 1.0 / layout.num_codes
+    fd = torch.tensor(forced, dtype=torch.long, device=device)
+    return LayoutTables(fd, prev, uniform, any(f >= 0 for f in forced))
+
+
+@lru_cache(maxsize=64)
+def _arange(n: int, device: torch.device) -> torch.Tensor:
+    return torch.arange(n, device=device)
+
+
+@lru_cache(maxsize=16)
+def _zero_row(V: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(1, V, dtype=dtype, device=device)
+
+
+# --------------------------------------------------------------------------------------------------------
+# redraws and initialisation (vectorised over the window's rows; no host read)
+# --------------------------------------------------------------------------------------------------------
+
+
+def redraw(
+    kind: str,
+    probs: torch.Tensor,
+    old: torch.Tensor,
+    q_old: torch.Tensor,
+    has_old: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """New drafts from this forward's rows ``probs [r, V]`` (module docstring, step 2): returns (tokens ``[r]``, their
+    proposals ``[r, V]`` = ``probs``, kept ``[r]`` bool). ``coupled``: row i keeps ``old[i]`` (drawn from
+    ``q_old[i]``) with probability min(1, p(x)/q_old(x)) where ``has_old[i]``, else draws from
+    norm(max(p − q_old, 0)) (rows without an old draft: ``q_old`` is 0, so from p)."""
+    if kind == "independent":
+        return sample_rows_cdf(probs, generator), probs, torch.zeros_like(has_old)
+    u = uniforms((probs.shape[0],), generator, probs.device)
+    px = probs.gather(1, old[:, None])[:, 0].to(torch.float64)
+    qx = q_old.gather(1, old[:, None])[:, 0].to(torch.float64)
+    keep = has_old & (u * qx < px)
+    resid = (probs - q_old).clamp_min(0.0)
+    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, probs)  # zero only if p = q_old: then keep is sure
+    return torch.where(keep, old, sample_rows_cdf(resid, generator)), probs, keep
+
+
+def init_sources(layout: TokenLayout, tables: LayoutTables, s: int, t: int, init: str) -> torch.Tensor:
+    """Generation indices whose tokens ``left`` / ``up`` copy into positions s … s + t − 1 (all known: committed, the
+    root or drafts before s). ``left``: the latest non-forced index before s, for every position (a repeated
+    neighbour); ``up``: the same column in the nearest row above that is known (before s), else ``left``'s."""
+    dev = tables.forced.device
+    left = tables.prev_image[s]
+    j = s + _arange(t, dev)
+    if init == "left":
+        return torch.full_like(j, left)
+    src = j - layout.row_len * ((j - s) // layout.row_len + 1)
+    return torch.where(src >= 0, src, left)
+
+
+def init_drafts(
+    init: str,
+    seq: torch.Tensor,
+    s: int,
+    t: int,
+    layout: TokenLayout,
+    tables: LayoutTables,
+    generator: torch.Generator | None,
+    greedy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """New drafts for positions s … s + t − 1 (``random`` / ``left`` / ``up``; module docstring, step 3): (tokens
+    ``[t]``, proposals ``[t, V]``, None when greedy)."""
+    dev, V = seq.device, layout.vocab_size
+    if init == "random":
+        u = uniforms((t,), generator, dev)
+        tok = layout.image_token_offset + (u * layout.num_codes).long().clamp_max(layout.num_codes - 1)
+        q = None if greedy else tables.uniform[None].expand(t, V)
+    else:
+        tok = seq[init_sources(layout, tables, s, t, init)]
+        q = None if greedy else torch.nn.functional.one_hot(tok, V).to(tables.uniform.dtype)
+    if tables.has_forced:
+        f = tables.forced[s : s + t]
+        tok = torch.where(f >= 0, f, tok)
+        if q is not None:
+            q = torch.where((f >= 0)[:, None], torch.nn.functional.one_hot(f.clamp_min(0), V).to(q.dtype), q)
+    return tok, q
+
+
+# --------------------------------------------------------------------------------------------------------
+# the state of one image
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class JacobiState:
+    """One image in flight: ``seq`` (device, generation-indexed: committed tokens, the root at ``g``, the window's m
+    drafts after it), ``q [m + 1, V]`` (row i: the proposal of the draft at g + 1 + i; the last row 0 — the chain's
+    leaf has no child; None when greedy), host ``tokens`` (committed, then read per iteration), the sizer and the
+    counters of the records."""
+
+    layout: TokenLayout
+    tables: LayoutTables
+    params: JacobiParams
+    sizer: FixedWindow
+    seq: torch.Tensor
+    q: torch.Tensor | None
+    greedy: bool
+    generator: torch.Generator | None
+    g: int = 0
+    m: int = 0  # drafts verified by the current forward (plan)
+    held: int = 0  # drafts held after the root (≥ m; those past m wait unverified)
+    tokens: list[int] = field(default_factory=lambda: [-1])
+    cycles: list[CycleRecord] = field(default_factory=list)
+    hist: list[int] = field(default_factory=list)
+    kept: list[torch.Tensor] = field(default_factory=list)
+    coupled: int = 0
+    levels: int = 0  # drafter levels of this iteration's top-up (init=drafter)
+
+    @classmethod
+    def start(
+        cls,
+        root: torch.Tensor,
+        layout: TokenLayout,
+        params: JacobiParams,
+        sizer: FixedWindow,
+        sp: SamplingParams,
+        dtype: torch.dtype,
+        generator: torch.Generator | None,
+    ) -> JacobiState:
+        """An image whose first token ``root`` (``[]`` / ``[1]`` on the device) was just chosen by the prefill."""
+        dev, pad = root.device, params.max_nodes + 1
+        tables = layout_tables(layout, dev, torch.promote_types(dtype, torch.float32), pad)
+        seq = torch.zeros(layout.num_gen_tokens + pad, dtype=torch.long, device=dev)
+        seq[:1] = root.view(1)
+        q = None if sp.greedy else _zero_row(layout.vocab_size, dev, tables.uniform.dtype)
+        sizer.reset()
+        return cls(layout, tables, params, sizer, seq, q, sp.greedy, generator)
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) >= self.layout.num_gen_tokens
+
+    @property
+    def room(self) -> int:
+        """Drafts the window may hold: one short of the image end (the last token is always a bonus)."""
+        return max(0, self.layout.num_gen_tokens - self.g - 2)
+
+    def plan(self, drafter: DrafterInit | None = None) -> int:
+        """Size this forward's chain: m = min(L − 1, room) drafts; the held window is topped up to m with new drafts
+        (``params.init``) if shorter. Drafts held past m (a window that shrank) stay, unverified, for later."""
+        m = min(self.sizer.size(self.g) - 1, self.room)
+        self.levels = 0
+        if m > self.held:
+            s, t = self.g + 1 + self.held, m - self.held
+            if drafter is not None:
+                tok, q = drafter.draft(self, s, t)
+                self.levels = drafter.levels
+            else:
+                tok, q = init_drafts(self.params.init, self.seq, s, t, self.layout, self.tables, self.generator,
+                                     self.greedy)  # fmt: skip
+            self.seq[s : s + t] = tok
+            if self.q is not None and q is not None:
+                self.q = torch.cat([self.q[: self.held], q, self.q[self.held :]])
+            self.held = m
+        self.m = m
+        return m
+
+    def chain(self) -> DraftTree:
+        """The chain root → d_1 → … → d_m with its proposal rows (None when greedy)."""
+        n = self.m + 1
+        parents, depth, mask, ranks = _chain(n, self.seq.device)
+        q = None if self.q is None else self.q[:n]
+        return DraftTree(self.seq[self.g : self.g + n].clone(), parents, self.m, 1 if self.m else 0, q,
+                         depth=depth, ancestor_mask=mask, max_children=1 if self.m else 0,
+                         child_ranks=ranks)  # fmt: skip
+
+    def advance(self, read: CycleRead, processed: torch.Tensor) -> CycleRecord:
+        """After the verify of ``chain()`` (``read``: its verdict; ``processed [m + 1, V]``: its rows): write the bonus,
+        redraw the verified drafts past it, keep the held ones past the chain, move the root, record the forward."""
+        a, m, M, g = read.acceptance.accepted, self.m, self.held, self.g
+        if self.tokens[0] < 0:
+            self.tokens[0] = read.root
+        self.tokens += read.tokens
+        b = g + a + 1  # the bonus: the next root
+        self.seq[b : b + 1] = read.next_tokens[-1:]
+        room = max(0, self.layout.num_gen_tokens - b - 2)
+        r = min(m - a, room)  # redrawn: b + 1 … b + r (rows a + 1 … a + r)
+        tail = min(max(M - m - 1, 0), room - r)  # held past the chain: g + m + 2 …, unchanged
+        old = M - a - 1  # redraw rows i < old replace a held draft (the others are fresh)
+        if r > 0:
+            rows = processed[a + 1 : a + 1 + r]
+            if self.greedy:
+                self.seq[b + 1 : b + 1 + r] = rows.argmax(-1)
+            else:
+                assert self.q is not None
+                has_old = _arange(r, rows.device) < old
+                tok, q, kept = redraw(self.params.redraw, rows.softmax(-1), self.seq[b + 1 : b + 1 + r],
+                                      self.q[a + 1 : a + 1 + r], has_old, self.generator)  # fmt: skip
+                self.seq[b + 1 : b + 1 + r] = tok
+                self.q = torch.cat([q, self.q[m + 1 : m + 1 + tail], _zero_row(q.shape[1], q.device, q.dtype)])
+                if self.params.redraw == "coupled":
+                    self.kept.append(kept.sum())
+                    self.coupled += min(r, old)
+        elif self.q is not None:
+            self.q = torch.cat([self.q[m + 1 : m + 1 + tail], _zero_row(self.q.shape[1], self.q.device, self.q.dtype)])
+        self.sizer.observe(g, m, a)
+        while len(self.hist) <= a:
+            self.hist.append(0)
+        self.hist[a] += 1
+        rec = CycleRecord(g, m + 1, self.levels, m, 1 if m else 0, a, {"L": m + 1})
+        self.cycles.append(rec)
+        self.g, self.m, self.held = b, 0, r + tail
+        return rec
+
+    def stats(self) -> dict[str, Any]:
+        """The image's counters (``GenerationResult.stats``); reads the kept count once."""
+        kept = int(torch.stack(self.kept).sum()) if self.kept else 0
+        n = max(1, len(self.cycles))
+        return {
+            "window": self.params.window,
+            "init": self.params.init,
+            "redraw": self.params.redraw,
+            "rule": self.params.rule,
+            "window_mean": sum(c.nodes for c in self.cycles) / n,
+            "accept_hist": list(self.hist),
+            "kept": kept,
+            "coupled": self.coupled,
+            "kept_frac": kept / self.coupled if self.coupled else None,
+            "target_forwards": len(self.cycles),
+        }
+
+
+# --------------------------------------------------------------------------------------------------------
+# init=drafter: the EAGLE drafter's chain
+# --------------------------------------------------------------------------------------------------------
+
+
+class DrafterInit:
+    """``init: drafter`` — new window positions drafted by the EAGLE drafter (``drafters.eagle``), one chain.
+
+    The drafter's committed slots follow the committed tokens (``commit``: the features of the iteration's committed
+    nodes, exact). To draft past the window it first reads the window in one scratch forward: slot k (the root's
+    position + k) pairs the *verify forward's* feature at that position — computed on the previous window's token
+    there, so stale where the draft changed — with the current draft after it; then it extends the chain one level
+    per new token, feeding its own output as the next feature (EAGLE's chain). Every new draft is drawn from the
+    drafter's processed distribution q (stored), so the proposal is exact whatever the features."""
+
+    def __init__(self, drafter: Any, target: Target, sp: SamplingParams) -> None:
+        self.drafter, self.target, self.sp = drafter, target, sp
+        self.out: torch.Tensor | None = None  # the drafter's output at the last committed slot [R, H]
+        self.feats: torch.Tensor | None = None  # the last verify's features [R, n, H]
+        self.first = 0  # node of ``feats`` at the root's position
+        self.pos: torch.Tensor | None = None  # the root's position ids [R]
+        self.levels = 0
+        self.forwards = 0
+
+    def start(self, res: Any, root: torch.Tensor, slots: int) -> None:
+        from adtbench.algorithm.engine import prefill_drafter
+
+        self.out = prefill_drafter(self.target, self.drafter, res, root, slots)
+        self.feats, self.pos, self.forwards = None, self.target.next_pos, 1
+
+    def commit(self, read: CycleRead, feats: torch.Tensor, next_pos: torch.Tensor) -> None:
+        """The drafter consumes the iteration's committed slots (f of root … d_a, x of d_1 … bonus)."""
+        k = read.keep.numel()
+        f = feats.index_select(1, read.keep)
+        emb = self.target.embed_tokens(read.next_tokens)[None].expand(f.shape[0], -1, -1).to(f.dtype)
+        pos = next_pos[:, None] + _arange(k, f.device)[None]
+        self.out = self.drafter.extend(f, emb, pos)
+        self.feats, self.first, self.pos = feats, k, next_pos + k
+        self.forwards += 1
+
+    def _q(self, out: torch.Tensor, gen: int) -> torch.Tensor:
+        raw = self.target.lm_head(out[:, None])
+        return process_logits(raw, gen, self.target.layout, self.sp)[0]
+
+    def draft(self, st: JacobiState, s: int, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Drafts for s … s + t − 1 (the window holds g + 1 … s − 1) and their proposals."""
+        assert self.out is not None and self.pos is not None
+        R, dev = self.out.shape[0], self.out.device
+        w = s - st.g - 1  # window drafts already there
+        out, self.levels = self.out, 0
+        if w > 0:  # read the window: slots at the root … s − 2, features of the last verify
+            assert self.feats is not None
+            f = self.feats[:, self.first : self.first + w]
+            emb = self.target.embed_tokens(st.seq[st.g + 1 : s])[None].expand(R, -1, -1).to(f.dtype)
+            pos = self.pos[:, None] + _arange(w, dev)[None]
+            outs = self.drafter.expand(f, emb, pos, _causal(w, dev))
+            out, self.levels = outs[:, -1], 1
+        toks, qs = [], []
+        for i in range(t):
+            logits = self._q(out, s + i)  # forced positions: the constraint leaves the forced token alone
+            if self.sp.greedy:
+                tok = logits.argmax(-1)
+            else:
+                p = logits.softmax(-1)
+                tok = sample_rows(p, st.generator)
+                qs.append(p)
+            toks.append(tok.view(1))
+            if i + 1 < t:
+                emb = self.target.embed_tokens(tok.view(1))[None].expand(R, -1, -1).to(out.dtype)
+                pos = self.pos[:, None] + (w + i)
+                done = self.drafter.scratch
+                mask = torch.ones(1, done + 1, dtype=torch.bool, device=dev)
+                out = self.drafter.expand(out[:, None], emb, pos, mask)[:, -1]
+                self.levels += 1
+        self.drafter.rollback()
+        self.forwards += self.levels
+        return torch.cat(toks), (torch.stack(qs) if qs else None)
+
+
+@lru_cache(maxsize=64)
+def _causal(n: int, device: torch.device) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+# --------------------------------------------------------------------------------------------------------
+# the loop (one image)
+# --------------------------------------------------------------------------------------------------------
+
+
+def iteration(
+    target: Target,
+    st: JacobiState,
+    sp: SamplingParams,
+    rule: AcceptanceRule,
+    where: str,
+    clock: Clock,
+    drafter: DrafterInit | None = None,
+) -> tuple[Any, Any, Any, Any]:
+    """One Jacobi iteration of a B = 1 decode (module docstring): size + top up, verify the chain in one target
+    forward, accept, commit, redraw. Returns its clock marks (start, drafted, verified, done)."""
+    start = clock.mark()
+    st.plan(drafter)
+    tree = st.chain()
+    drafted = clock.mark()
+    raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
+    processed = process_logits(raw, st.g + 1 + tree.depth, target.layout, sp)
+    read = verify_cycle(tree, processed, sp.greedy, st.generator, rule, None, where)
+    next_pos = target.next_pos
+    target.commit(read.keep, in_place=True)
+    verified = clock.mark()
+    if drafter is not None:
+        drafter.commit(read, feats, next_pos)
+    st.advance(read, processed)
+    return start, drafted, verified, clock.mark()
+
+
+@torch.no_grad()
+def decode_jacobi(
+    target: Target,
+    inputs: PromptInputs,
+    sp: SamplingParams,
+    generator: torch.Generator | None,
+    params: JacobiParams,
+    rule: AcceptanceRule = EXACT,
+    acceptance: str = "auto",
+    drafter: Any = None,
+    window: int | None = None,
+) -> GenerationResult:
+    """Decode one image by Jacobi iteration (module docstring), timed like ``engine.generate``. ``drafter``: the
+    EAGLE drafter (``init: drafter``); ``window``: the calibrated L of ``window: cost`` (``calibrate_window``)."""
+    clock, layout = Clock(target.device), target.layout
+    sizer = make_sizer(params, layout, window)
+    helper = DrafterInit(drafter, target, sp) if params.init == "drafter" else None
+    if helper is not None and drafter is None:
+        raise RuntimeError("policy.init=drafter needs the EAGLE drafter (harness.loops builds it)")
+    t0 = clock.now()
+    begin = clock.mark()
+    root, res = prefill_token(target, inputs, sp, params.max_nodes, generator)
+    if helper is not None:
+        helper.start(res, root, params.max_nodes + 1)
+    st = JacobiState.start(root, layout, params, sizer, sp, target.dtype, generator)
+    prefilled = clock.mark()
+    marks = []
+    while not st.done:
+        marks.append(iteration(target, st, sp, rule, acceptance, clock, helper))
+    latency = clock.now() - t0
+    if st.tokens[0] < 0:  # a one-token image
+        st.tokens[0] = int(root)
+    draft_s = sum(clock.seconds(s, d) + clock.seconds(v, e) for s, d, v, e in marks)
+    verify_s = sum(clock.seconds(d, v) for _, d, v, _ in marks)
+    return GenerationResult(st.tokens[: layout.num_gen_tokens], st.cycles, latency, clock.seconds(begin, prefilled),
+                            draft_s, verify_s, target.forwards, helper.forwards if helper else 0,
+                            st.stats())  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------------
+# batched decoding: B prompts per target forward, a ragged window per slot
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Slot:
+    """One prompt in flight (``generate_jacobi_batch``): its state, clock marks and counters."""
+
+    key: Any
+    st: JacobiState
+    t0: float
+    prefill: tuple[Any, Any]
+    tree: DraftTree | None = None
+    drafts: list[tuple[Any, Any]] = field(default_factory=list)
+    verifies: list[tuple[Any, Any]] = field(default_factory=list)
+    forwards: int = 1
+
+
+@torch.no_grad()
+def generate_jacobi_batch(
+    bt: Any,
+    items: Any,
+    sp: SamplingParams,
+    params: JacobiParams,
+    on_done: Any,
+    rule: AcceptanceRule = EXACT,
+    acceptance: str = "auto",
+    window: int | None = None,
+) -> None:
+    """Jacobi decoding of ``items`` (``(key, inputs, generator)``) through the ``bt.B`` slots of a ``BatchTarget``
+    (``models.batch``), continuous batching; ``on_done(key, GenerationResult)`` per prompt in completion order.
+
+    Every slot keeps its own window (sized by its own sizer), accepted length and generator: one forward verifies
+    every slot's chain, padded to the longest (``BatchTarget.forward``), and each slot commits its own accepted path
+    (ragged) — never the batch minimum, as the SJD reference does. A slot makes the calls and the draws of a B = 1
+    decode of its prompt (``decode_jacobi``), in the same order, so its tokens are B = 1's up to the float rounding
+    of the batched forward. ``init: drafter`` is not batched (refused by the harness)."""
+    from adtbench.models.base import first_token
+    from adtbench.models.batch import BatchTarget, SlotTree
+
+    clock, layout, dev = Clock(bt.device), bt.layout, bt.device
+    on_host = acceptance == "host" or (acceptance == "auto" and dev.type == "cpu")
+    stream = iter(items)
+    slots: list[_Slot | None] = [None] * bt.B
+    zero = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def admit(s: int) -> None:
+        item = next(stream, None)
+        slots[s] = None
+        if item is None:
+            return
+        key, inputs, gen = item
+        t0 = clock.now()
+        start = clock.mark()
+        root = first_token(bt.admit(s, inputs), layout, sp, gen)
+        st = JacobiState.start(root, layout, params, make_sizer(params, layout, window), sp, bt.dtype, gen)
+        slots[s] = _Slot(key, st, t0, (start, clock.mark()))
+        if st.done:
+            finish(s)
+
+    def finish(s: int) -> None:
+        sl = slots[s]
+        assert sl is not None
+        latency = clock.now() - sl.t0
+        st = sl.st
+        draft_s = sum(clock.seconds(a, b) for a, b in sl.drafts)
+        verify_s = sum(clock.seconds(a, b) for a, b in sl.verifies)
+        res = GenerationResult(st.tokens[: layout.num_gen_tokens], st.cycles, latency, clock.seconds(*sl.prefill),
+                               draft_s, verify_s, sl.forwards, 0, st.stats())  # fmt: skip
+        on_done(sl.key, res)
+        admit(s)
+
+    for s in range(bt.B):
+        admit(s)
+    while any(sl is not None for sl in slots):
+        start = clock.mark()
+        trees: list[Any] = []
+        first = [0] * bt.B  # the generation index of each slot's first prediction
+        for s, sl in enumerate(slots):
+            if sl is None:
+                trees.append(BatchTarget.idle(zero))
+                continue
+            sl.st.plan()
+            sl.tree = sl.st.chain()
+            trees.append(SlotTree(sl.tree.tokens, sl.tree.ancestor_mask, sl.tree.depth))
+            first[s] = sl.st.g + 1
+        gidx = torch.tensor(first, dtype=torch.long, device=dev)
+        drafted = clock.mark()
+        raw, _ = bt.forward(trees)
+        depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in trees], batch_first=True)
+        _, N, V = raw.shape
+        processed = process_logits(raw.view(bt.c, bt.B * N, V), (gidx[:, None] + depth).reshape(-1), layout,
+                                   sp).view(bt.B, N, V)  # fmt: skip
+        reads = _accept_slots(slots, processed, sp, rule, on_host)
+        bt.commit([None if r is None else r.keep for r in reads], [True] * bt.B)
+        verified = clock.mark()
+        for s, sl in enumerate(slots):
+            read = reads[s]
+            if sl is None or read is None:
+                continue
+            assert sl.tree is not None
+            sl.st.advance(read, processed[s, : sl.tree.size])
+            sl.forwards += 1
+            sl.drafts.append((start, drafted))
+            sl.verifies.append((drafted, verified))
+            if sl.st.done:
+                finish(s)
+
+
+def _accept_slots(
+    slots: Sequence[_Slot | None], processed: torch.Tensor, sp: SamplingParams, rule: AcceptanceRule, on_host: bool
+) -> list[CycleRead | None]:
+    """Every live slot's verdict from its rows of ``processed [B, N, V]``: the float64 host walk per slot on the
+    CPU, else acceptance on the device for every slot and one read for the batch (``verify.read_verdicts``)."""
+    from adtbench.algorithm.verify import accept, read_verdicts
+
+    out: list[CycleRead | None] = [None] * len(slots)
+    pending: list[tuple[int, tuple[DraftTree, Any, list[torch.Tensor]]]] = []
+    for s, sl in enumerate(slots):
+        if sl is None or sl.tree is None:
+            continue
+        rows = processed[s, : sl.tree.size]
+        if on_host:
+            out[s] = verify_cycle(sl.tree, rows, sp.greedy, sl.st.generator, rule, None, "host")
+        else:
+            pending.append((s, (sl.tree, accept(sl.tree, rows, sp.greedy, sl.st.generator, rule), [])))
+    if pending:
+        for (s, _), read in zip(pending, read_verdicts([p for _, p in pending]), strict=True):
+            out[s] = read
+    return out
+
+
+# --------------------------------------------------------------------------------------------------------
+# window: cost — the machine's choice of L
+# --------------------------------------------------------------------------------------------------------
+
+CALIBRATION_PROMPTS = (
+    "a small yellow square on a plain white background",
+    "a small green circle left of a small yellow square on a striped purple background",
+    "a large red square on a checkered orange background",
+    "a small black square above a large black square on a striped blue background",
+    "a small orange circle on a gradient purple background",
+    "a large green square left of a large purple square on a checkered yellow background",
+)
+"""Fixed captions decoded by ``calibrate_window``: the first three one-object and two-object captions of the mini
+model's training split (``scenes.iter_split(1, "train", …)``; none held out), alternating; any text model reads
+them as captions."""
+CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in least squares (pool adjacent violators, equal weights)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+def window_rates(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[int, float]:
+    """Committed tokens per AR-step time for each L: τ(L) · t_step / (t_verify(L) + o · t_step)."""
+    step = float(cost.step_ms)
+    return {L: tau * step / (float(cost.t_verify(L)) + overhead_steps * step) for L, tau in taus.items()}
+
+
+def choose_window(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[str, Any]:
+    """``{"L", "taus", "fit", "rates"}``: τ(L) made non-decreasing in L (``isotonic``: a longer window never verifies
+    fewer drafts, and a few calibration images are noisy), the rate of each L on ``cost`` and the best L (ties → the
+    smaller)."""
+    Ls = sorted(taus)
+    fit = dict(zip(Ls, isotonic([taus[L] for L in Ls]), strict=True))
+    rates = window_rates(fit, cost, overhead_steps)
+    return {"L": max(Ls, key=lambda L: (rates[L], -L)), "taus": taus, "fit": fit, "rates": rates}
+
+
+@torch.no_grad()
+def calibrate_window(
+    target: Target,
+    inputs: Sequence[PromptInputs],
+    sp: SamplingParams,
+    params: JacobiParams,
+    cost: Any,
+    generator: torch.Generator,
+    rule: AcceptanceRule = EXACT,
+    drafter: Any = None,
+) -> dict[str, Any]:
+    """``window: cost``: the L maximising committed tokens per unit of time on this machine,
+
+        L* = argmax_L τ(L) / (t_verify(L) + o),
+
+    t_verify from the measured cost model (``cost.CostModel``), o = ``overhead_steps`` AR steps of engine work per
+    forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
+    ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] (``generator`` reseeded to 0 before each, so τ(L) reads no
+    clock), made non-decreasing (``choose_window``). τ(L) is measured rather than predicted from a survival curve: a
+    longer window also refines its far drafts for more forwards before they are tested, which a per-draft estimate
+    taken at one L does not see. Returns ``choose_window``'s dict (the harness caches the measured τ(L))."""
+    grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
+    taus: dict[int, float] = {}
+    for L in grid:
+        p = JacobiParams(**{**params.__dict__, "window": L})
+        committed = forwards = 0
+        for x in inputs:
+            generator.manual_seed(0)
+            res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter)
+            committed, forwards = committed + res.committed, forwards + len(res.cycles)
+        taus[L] = committed / max(1, forwards)
+    return choose_window(taus, cost, params.overhead_steps)
+
+
+# --------------------------------------------------------------------------------------------------------
+# GSD: grouped acceptance
+# --------------------------------------------------------------------------------------------------------
+
+
+class GroupedRule(AcceptanceRule):
+    """GSD's grouped acceptance test (arXiv 2508.07747; lossy): for a draft x drawn from q under target p, its group
+    G(x) = the tokens y ranked within ± ``half`` of x in p's descending order with |p(y) − p(x)| < ``gap`` and
+    ‖e(y) − e(x)‖² < ``dist`` (e: the target's input embedding of image tokens; x ∈ G always); accept with
+    min(1, Σ_G p / Σ_G q). On rejection the plain residual max(p − q, 0) (not group-corrected, as the reference).
+    The paper's guarantee — acceptance at least the exact rule's — holds where the rest of the group has
+    Σp / Σq ≥ p(x) / q(x) (a mediant), e.g. for a point-mass q. Vectorised over rows: two top-k's per row for the
+    rank window (ties among equal probabilities fall as top-k breaks them, as the reference's argsort), a
+    [rows, 2·half + 1] candidate window. Greedy stays exact (argmax)."""
+
+    name = "gsd"
+    lossless = False
+
+    def __init__(self, embeddings: torch.Tensor, offset: int, half: int, gap: float, dist: float) -> None:
+        self.emb, self.offset, self.half, self.gap, self.dist = embeddings, offset, half, gap, dist
+        self.codes = embeddings.shape[0]
+
+    def proposal_rows(
+        self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``[m, V]``: the group's acceptance and the plain residual. The ±half rank window around x is two
+        top-k's (the half tokens just above p(x), the half + 1 at or below it) rather than a full sort."""
+        V, h = p.shape[-1], self.half
+        inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+        at_or_below = torch.where(p <= px[:, None], p, -inf).topk(min(h + 1, V), -1)
+        above = torch.where(p > px[:, None], -p, -inf).topk(min(h, V), -1)
+        cand = torch.cat([above.indices, at_or_below.indices], -1)  # [m, ≤ 2h + 1]
+        inside = torch.cat([above.values, at_or_below.values], -1) > -inf
+        pc, qc = p.gather(1, cand), q.gather(1, cand)
+        code = (cand - self.offset).clamp(0, self.codes - 1)
+        image = (cand >= self.offset) & (cand < self.offset + self.codes)
+        ex = self.emb[(x - self.offset).clamp(0, self.codes - 1)]
+        near = ((self.emb[code] - ex[:, None]) ** 2).sum(-1) < self.dist
+        group = inside & (cand != x[:, None]) & ((pc - px[:, None]).abs() < self.gap) & image & near
+        num, den = px + (pc * group).sum(-1), qx + (qc * group).sum(-1)  # x itself always, once
+        return (num / den).clamp_max(1.0).nan_to_num(1.0), (p - q).clamp_min(0.0)
+
+
+def grouped_rule(target: Target, params: JacobiParams) -> GroupedRule:
+    """``GroupedRule`` on ``target``'s input embeddings of its image tokens (float32, on its device)."""
+    lay = target.layout
+    ids = lay.image_token_offset + torch.arange(lay.num_codes, device=target.device)
+    emb = target.embed_tokens(ids).to(torch.float32)
+    return GroupedRule(emb, lay.image_token_offset, params.group_size // 2, params.group_gap, params.group_dist)
+
+
+__all__ = [
+    "CALIBRATION_PROMPTS",
+    "INITS",
+    "REDRAWS",
+    "AdaptiveWindow",
+    "DrafterInit",
+    "FixedWindow",
+    "GroupedRule",
+    "JacobiParams",
+    "JacobiState",
+    "calibrate_window",
+    "choose_window",
+    "decode_jacobi",
+    "generate_jacobi_batch",
+    "grouped_rule",
+    "jacobi_params",
+]
