@@ -42,6 +42,9 @@ APP_CASES = {
     "adt_gate": ["policy=adt", "policy.draft_sampling=sample", "policy.gate_tokens=2.0"],
     "eagle2_cost_greedy": ["policy=eagle2", "policy.budget=cost", "sampling=greedy"],
     "zipar": ["policy=zipar", "policy.window=2"],
+    "scd": ["policy=scd", "policy.window=8"],  # Jacobi: a chain of drafts through the graphed verify buckets
+    "gsd_greedy": ["policy=gsd", "sampling=greedy"],
+    "sjd_batched": ["policy=sjd", "policy.init=left", "decode.batch_size=2", "decode.window=1", "dataset.limit=3"],
     "batched": ["policy=eagle2", "decode.batch_size=2", "decode.window=1", "dataset.limit=3"],
 }
 
