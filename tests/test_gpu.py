@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from adtbench.algorithm.cost import TreeBudget, random_tree
 from adtbench.algorithm.engine import Clock, decode_ar, generate
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.policies import POLICIES as POLICY_BUILDERS
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.ar import ArPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
@@ -61,6 +62,8 @@ POLICIES = {
         ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost", draft_sampling="sample")
     ),
     "zipar": lambda: ZipARPolicy(window=64),  # a window past the row length: ZipAR's lossless setting
+    "sjd": lambda: POLICY_BUILDERS.build("sjd", {"window": 6, "init": "left"}),  # Jacobi: no drafter, lossless
+    "scd": lambda: POLICY_BUILDERS.build("scd", {"window": 6}),
 }
 LOSSY = {"zipar_w2": lambda: ZipARPolicy(window=2)}
 
@@ -115,7 +118,8 @@ def test_lantern_runs_on_the_device(name: str, temperature: float) -> None:
     assert len(res.tokens) == target.layout.num_gen_tokens and set(res.tokens) <= set(target.layout.image_ids)
 
 
-LAW_POLICIES = ["static_sampled", "eagle2", "eagle2_cost", "eagle2_sampled", "adt_cost", "adt_cost_sampled", "zipar"]
+LAW_POLICIES = ["static_sampled", "eagle2", "eagle2_cost", "eagle2_sampled", "adt_cost", "adt_cost_sampled", "zipar",
+                "scd"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LAW_POLICIES)
