@@ -17,6 +17,9 @@
 #   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
+#   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
+#           $JACOBI_WINDOWS, SJD and GSD at 16, window=cost, the default policy, AR interleaved in one job, $PROMPTS
+#           prompts (the verify cost against L is the probe's verify(n))             → jacobi.json
 #   all     every stage in turn (a machine without the 10-minute limit; up to 9 files)
 #
 # Models: anole = the 7B shape (`model=anole model.random_init=true`, bfloat16, random weights) with $ANOLE_ARCH
@@ -46,7 +49,8 @@ OVERHEAD_PROMPTS=${OVERHEAD_PROMPTS:-1}
 SPEED_MODEL=${SPEED_MODEL:-mini}
 SPEED_MODES=${SPEED_MODES:-graphs}
 PROMPTS=${PROMPTS:-4}
-ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo]}
+ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo,scd,sjd,gsd]}
+JACOBI_WINDOWS=${JACOBI_WINDOWS:-16 32 64}
 BATCH_SIZES=${BATCH_SIZES:-[1,4]}
 BATCH_PROMPTS=${BATCH_PROMPTS:-4}
 ANOLE_BATCH_GRID=${ANOLE_BATCH_GRID-[16,16]}  # set and empty: the model's own grid
@@ -56,7 +60,7 @@ TEST_WORKERS=${TEST_WORKERS:-4}
 TESTS_ARGS=${TESTS_ARGS:-}
 ANOLE_ARCH=${ANOLE_ARCH:-}
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
-STAGES=(tests cost speed batch probe)
+STAGES=(tests cost speed batch probe jacobi)
 
 usage() { echo "usage: benchmarks/gpu.sh STAGE [STAGE ...]; stages: ${STAGES[*]} all" >&2; exit 2; }
 (($#)) || usage
@@ -64,7 +68,7 @@ todo=()
 for s in "$@"; do
     case $s in
         all) todo+=("${STAGES[@]}") ;;
-        tests | cost | speed | batch | probe) todo+=("$s") ;;
+        tests | cost | speed | batch | probe | jacobi) todo+=("$s") ;;
         *) echo "gpu.sh: unknown stage '$s'" >&2; usage ;;
     esac
 done
@@ -177,6 +181,18 @@ stage_probe() {
         probes+=("$m=$f")
     done
     step "merge probe.json" merge_json "$OUT/probe.json" "${probes[@]}"
+}
+
+stage_jacobi() {
+    local variants=() w
+    over_of "$SPEED_MODEL"
+    for w in $JACOBI_WINDOWS; do variants+=(--variant "scd_$w" policy=scd "policy.window=$w"); done
+    variants+=(--variant sjd_16 policy=sjd policy.window=16 --variant gsd_16 policy=gsd policy.window=16
+               --variant scd_cost policy=scd policy.window=cost --variant default policy=static_sampled)
+    md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
+    step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
+        "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
+    md ""
 }
 
 for s in "${todo[@]}"; do

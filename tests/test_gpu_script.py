@@ -38,6 +38,7 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
         "BATCH_PROMPTS": "2",
         "PROBE_BUCKETS": "[1,2]",
         "TESTS_ARGS": "-k test_clock_synchronises_only_on_cuda",
+        "JACOBI_WINDOWS": "4",
         "ADTBENCH_ROOT": str(tmp_path),  # cost-model caches and outputs stay in tmp
         **over,
     }
@@ -46,12 +47,12 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    stages = ["tests", "cost", "speed", "batch", "probe"]
+    stages = ["tests", "cost", "speed", "batch", "probe", "jacobi"]
     res = subprocess.run(["bash", str(SCRIPT), *stages], env=_env(tmp_path), capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["batch.json", "batch_tiny.png", "cost.json", "device.txt", "gpu.md", "probe.json", "speed.json",
-                     "tests.log"]  # fmt: skip
+    assert names == ["batch.json", "batch_tiny.png", "cost.json", "device.txt", "gpu.md", "jacobi.json", "probe.json",
+                     "speed.json", "tests.log"]  # fmt: skip
     table = (out / "gpu.md").read_text()
     assert [line for line in table.splitlines() if line.startswith("## ")] == [f"## {s}" for s in stages]
     assert "ADTBENCH_SIMULATE_DEVICE=cuda" in (out / "device.txt").read_text()
@@ -77,6 +78,10 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     assert p["ar_step"]["graphed_work"]["graph_replays"] == 1 and p["ar_step"]["eager_work"]["graph_replays"] == 0
     assert p["goals"]["syncs_per_cycle"]["met"] is True and p["goals"]["verify64_steps"]["met"] is None
     assert table.count("| bucket | replay (ms) |") == 1 and "(stage probe: " in table
+    # jacobi: SCD / SJD / GSD / window=cost and the default head to head with AR, graphed, on the device
+    j = json.loads((out / "jacobi.json").read_text())
+    assert [x["variant"] for x in j["rows"]] == ["scd_4", "sjd_16", "gsd_16", "scd_cost", "default"]
+    assert all(x["tau"] >= 1 for x in j["rows"])
 
 
 def test_a_failing_step_is_recorded_and_the_next_ones_still_run(tmp_path: Path) -> None:
