@@ -290,7 +290,7 @@ class StaticGPTTarget(Target):
         self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The static-shape forward (``models.graphs``): K/V written at columns ``write [b]``, attention over the
-        whole pinned cache with ``mask [R, 1, b, capacity]``."""
+        first K columns of the pinned cache (a capacity bucket) with ``mask [R, 1, b, K]``."""
         x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
         feats = self.net.forward_embeds(x, pos, mask, self.cache, write)
         return self.net.output(feats), feats

@@ -204,7 +204,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
 
         ``mask [R, 1, m, start + m]``: boolean (True = attend) or additive (0 / −inf in the drafter's dtype). Under
         ``no_grad`` ``start`` may also be a long tensor ``[m]`` of the columns written, the mask then additive over
-        the whole capacity (``static_forward``).
+        the first K columns of the cache (``static_forward``).
         """
         assert self.cache is not None
         mask = additive_mask(mask, embeds.dtype)
@@ -237,8 +237,8 @@ class EagleDrafter(InferenceWeights, nn.Module):
         self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """The static-shape forward (``models.graphs.StaticDraft``): slots ``[R, b, H]`` written at columns
-        ``write [b]`` of the pinned cache, attention over its whole capacity with the additive ``mask [R, 1, b,
-        capacity]``; outputs ``[R, b, H]``."""
+        ``write [b]`` of the pinned cache, attention over its first K columns (a capacity bucket) with the additive
+        ``mask [R, 1, b, K]``; outputs ``[R, b, H]``."""
         with torch.no_grad():
             return self.forward(embeds, feats, pos, mask, write)
 
