@@ -160,7 +160,7 @@ class BatchTarget:
         columns ``write [R, N]``, attending through ``mask [R, 1, N, width]``: raw logits and features."""
         x = self.target.net.tok_embeddings(tokens).repeat(self.c, 1, 1)
         feats = self.target.net.forward_embeds(x, pos, mask, self.cache, write)
-        return self.target.net.output(feats), feats
+        return self.target.logits_head(feats), feats
 
     def request_static(self, graphs: bool) -> None:
         """Verify through static-shape buckets over this batch's cache (``StaticBatchVerifier``), captured as CUDA

@@ -7,9 +7,10 @@
     h = x + o(SDPA(rope(LN_q(q)), rope(LN_k(k)), v; mask)),  q|k|v = RMSNorm(x)·W_qkvᵀ
     x' = h + down(silu(gate) ⊙ up),                           gate|up = RMSNorm(h)·W_13ᵀ
 
-and after the last layer the final RMSNorm (the features) and ``lm_head`` (raw logits over the whole vocabulary:
-the image-token constraint is ``TokenLayout``'s, applied by ``process_logits``, exactly as on the HF path, which
-calls ``lm.model`` + ``lm.lm_head`` and never the ``forward`` that masks image logits).
+and after the last layer the final RMSNorm (the features) and ``lm_head`` (``output``: raw logits over the whole
+vocabulary; the image-token constraint is ``TokenLayout``'s, applied by ``process_logits``, exactly as on the HF path,
+which calls ``lm.model`` + ``lm.lm_head`` and never the ``forward`` that masks image logits). The target
+(``LeanChameleonTarget``) multiplies by the image-token rows of ``output`` only (``StaticGPTTarget.logits_head``).
 
 Numerics, chosen so that the lean path equals the HF path to float rounding in float32 and float64:
 

@@ -141,8 +141,8 @@ class DeviceCounter:
                 outer.ops[outer.label] += 1
                 if is_view(func):
                     outer.views[outer.label] += 1
-                if func.name() in MATMULS:
-                    outer.flops[outer.label] += matmul_flops(func.name(), args)
+                if func._schema.name in MATMULS:
+                    outer.flops[outer.label] += matmul_flops(func._schema.name, args)
                 elif "scaled_dot_product" in func.name():
                     outer.keys[outer.label] += args[1].shape[-2]
                 if outer._in_read == 0 and func.name() in HIDDEN_READS:
