@@ -51,8 +51,17 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.lean import HeadLayerNorm, InferenceWeights, LayerWeights, additive_mask, fold_t, stack_fn
-from adtbench.models.rope import Rope1D, qkv_tables
+from adtbench.models.lean import (
+    HeadLayerNorm,
+    InferenceWeights,
+    LayerWeights,
+    additive_mask,
+    fold_t,
+    qk_affine,
+    stack_fn,
+    stack_memo,
+)
+from adtbench.models.rope import Rope1D, Rotary, rotary
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm hard-codes it
 NORM_DTYPE = torch.float32  # HF's RMSNorm and rotary tables are float32 whatever the model dtype
@@ -167,7 +176,7 @@ class ChameleonBlock(nn.Module):
         self.heads, self.kv_heads, self.head_dim = H, KV, hd
 
     def inference_weights(self) -> LayerWeights:
-        """``lean.decoder_layer``'s view of this layer (transposed views, no copies)."""
+        """``lean.decoder_layer``'s view of this layer (transposed views, no copies but the fused q|k norm affine)."""
         return LayerWeights(
             qkv=self.wqkv.t(),
             qkv_bias=None,
@@ -180,8 +189,7 @@ class ChameleonBlock(nn.Module):
             norm_in=True,
             eps_in=self.eps,
             eps_ffn=self.eps,
-            q_norm=self.q_norm,
-            k_norm=self.k_norm,
+            qk_norm=qk_affine(self.q_norm, self.k_norm),
             norm_dtype=NORM_DTYPE,
         )
 
@@ -211,14 +219,12 @@ class ChameleonLM(InferenceWeights, nn.Module):
     def _build_inference_weights(self) -> list[LayerWeights]:
         return [b.inference_weights() for b in self.layers]
 
-    def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rope.qkv_tables`` for the fused q|k|v heads at ``pos [R, n]``: computed in float32 (HF's rotary
+    def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
+        """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``: computed in float32 (HF's rotary
         embedding), cast to float64 for a float64 model (so the rotation runs in float64, as HF's)."""
         a = self.arch
-        C, S = qkv_tables(self.rope, pos, NORM_DTYPE, a.num_heads + a.num_kv_heads, a.num_kv_heads)
-        if dtype == torch.float64:
-            C, S = C.to(dtype), S.to(dtype)
-        return C, S
+        rot = rotary(self.rope, pos, NORM_DTYPE, a.num_heads + a.num_kv_heads, a.num_kv_heads)
+        return rot.to(dtype) if dtype == torch.float64 else rot
 
     def forward_embeds(
         self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor
@@ -227,9 +233,10 @@ class ChameleonLM(InferenceWeights, nn.Module):
         new K/V entries are written at ``start``. ``mask [R, 1, n, start + n]``: boolean (True = attend) or
         additive in x's dtype."""
         mask = additive_mask(mask, x.dtype)
-        tables = self.rope_tables(pos, x.dtype)
+        rot = self.rope_tables(pos, x.dtype)
         layers, eps = self.inference_weights(), self.arch.rms_norm_eps
-        return stack_fn(self)(layers, self.norm_weight, eps, x, tables, "half", mask, cache, start, NORM_DTYPE)
+        memo = stack_memo(self)
+        return stack_fn(self)(layers, self.norm_weight, eps, x, rot, mask, cache, start, NORM_DTYPE, memo=memo)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,11 +6,12 @@ frequency pairs rotates with the grid row, the second half with the column; posi
 ``cls_len`` (the condition prefix) get cos = sin = 0, so their q and k are exactly zero — a quirk of
 LlamaGen's table that trained checkpoints depend on.
 
-Two ways to apply them: ``apply_rope`` (the reference: split into pairs, rotate, re-interleave) and the lean
-form the inference kernels use, ``rotate(x, C, S) = x·C + partner(x)·S`` with per-forward tables from
-``qkv_tables``: ``partner`` swaps the two members of each rotation pair (``flip`` of the pairs), ``C`` repeats cos
-over both members and ``S`` carries the sign (``−sin`` on the first member, ``+sin`` on the second). Per pair
-``(a, b)`` that is ``(a·c − b·s, b·c + a·s)``, the same products and sums as ``apply_rope``.
+Three ways to apply them: ``apply_rope`` (the reference: split into pairs, rotate, re-interleave), the lean
+stack's ``Rotary`` (one complex product for interleaved pairs, ``x·C + roll(x)·S`` for halves) and
+``rotate(x, C, S) = x·C + partner(x)·S`` with per-forward tables from ``qkv_tables`` (what ``Rotary`` is built
+from): ``partner`` swaps the two members of each rotation pair (``flip`` of the pairs), ``C`` repeats cos over both
+members and ``S`` carries the sign (``−sin`` on the first member, ``+sin`` on the second). Per pair ``(a, b)`` that
+is ``(a·c − b·s, b·c + a·s)``, the same products and sums as ``apply_rope``.
 """
 
 from __future__ import annotations
@@ -130,6 +131,42 @@ def qkv_tables(
     full = torch.cat([tab.expand(2, R, n, rot_heads, d), ident.expand(2, R, n, id_heads, d)], 3)
     C, S = full.unbind(0)
     return C, S
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """The rotary tables of one lean-stack forward over ``N = R·n`` tokens and a fused head axis (``rotary``), shared
+    by every layer. ``interleaved`` (pairs 2i, 2i + 1): ``table`` complex ``[N, heads, d/2]``, the rotation one complex
+    product ``x ⊙ table`` of x viewed as complex; ``half`` (pairs i, i + d/2): ``table`` = C and ``sin`` = S
+    ``[N, heads, d]`` (``qkv_tables``), the rotation ``x·C + roll(x, d/2)·S`` (``roll`` swaps the halves: the
+    partner of ``rotate``). Per pair ``(a, b)`` both are ``(a·c − b·s, b·c + a·s)``, the products and sums of
+    ``apply_rope``; identity heads (v) are multiplied by 1 + 0i (interleaved) or C = 1, S = 0 (half): exact."""
+
+    style: str
+    table: torch.Tensor
+    sin: torch.Tensor | None = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The real dtype the rotation is computed in."""
+        return self.table.real.dtype if self.table.is_complex() else self.table.dtype
+
+    def to(self, dtype: torch.dtype) -> Rotary:
+        """The same tables cast to real ``dtype`` (its complex type for ``interleaved``)."""
+        if self.table.is_complex():
+            return Rotary(self.style, self.table.to(torch.complex128 if dtype == torch.float64 else torch.complex64))
+        assert self.sin is not None
+        return Rotary(self.style, self.table.to(dtype), self.sin.to(dtype))
+
+
+def rotary(rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id_heads: int) -> Rotary:
+    """``Rotary`` tables at ``pos [R, n]``: the first ``rot_heads`` heads rotated, the last ``id_heads`` identity, in
+    the dtype ``qkv_tables`` computes in (the same values)."""
+    C, S = qkv_tables(rope, pos, dtype, rot_heads, id_heads)  # [R, n, heads, d]
+    R, n, heads, d = C.shape
+    if rope.style == "interleaved":  # cos on the first member's C, +sin on the second member's S
+        return Rotary("interleaved", torch.complex(C[..., 0::2], S[..., 1::2]).view(R * n, heads, d // 2))
+    return Rotary("half", C.reshape(R * n, heads, d), S.reshape(R * n, heads, d))
 
 
 def rotate(x: torch.Tensor, C: torch.Tensor, S: torch.Tensor, style: str) -> torch.Tensor:

@@ -36,9 +36,18 @@ from torch import nn
 
 from adtbench.models.graphs import StaticDrafter
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, compile_stack, fold_t, stack_fn
+from adtbench.models.lean import (
+    InferenceWeights,
+    LayerWeights,
+    additive_mask,
+    compile_stack,
+    fold_t,
+    qk_affine,
+    stack_fn,
+    stack_memo,
+)
 from adtbench.models.llamagen_gpt import RMSNorm
-from adtbench.models.rope import Rope, apply_rope, qkv_tables
+from adtbench.models.rope import Rope, apply_rope, rotary
 
 log = logging.getLogger("adtbench")
 
@@ -170,8 +179,7 @@ class EagleLayer(nn.Module):
             norm_in=pre is not None,
             eps_in=0.0 if pre is None else pre.eps,
             eps_ffn=post.eps,
-            q_norm=getattr(a, "q_norm", None),
-            k_norm=getattr(a, "k_norm", None),
+            qk_norm=qk_affine(getattr(a, "q_norm", None), getattr(a, "k_norm", None)),
         )
 
 
@@ -220,10 +228,9 @@ class EagleDrafter(InferenceWeights, nn.Module):
         x2 = x.view(R * m, -1)
         x = (torch.mm(x2, fc_t) if fc_b is None else torch.addmm(fc_b, x2, fc_t)).view(R, m, -1)
         c = self.config
-        tables = qkv_tables(self.rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
-        return cast(
-            torch.Tensor, stack_fn(self)(layers, None, 0.0, x, tables, self.rope.style, mask, self.cache, start)
-        )
+        rot = rotary(self.rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
+        out = stack_fn(self)(layers, None, 0.0, x, rot, mask, self.cache, start, memo=stack_memo(self))
+        return cast(torch.Tensor, out)
 
     def _build_inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, list[LayerWeights]]:
         b = None if self.fc.bias is None else self.fc.bias.detach()
