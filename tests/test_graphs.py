@@ -43,13 +43,16 @@ def test_buckets_are_the_smallest_power_of_two_that_holds_the_tree() -> None:
 
 
 def test_capacity_buckets_are_equal_aligned_steps_ending_at_the_capacity() -> None:
-    assert capacity_buckets(1600) == (256, 512, 768, 1024, 1280, 1536, 1600)
+    assert capacity_buckets(1600) == (256, 512, 768, 1024, 1280, 1600)  # 1536 is less than half a step short
     assert capacity_buckets(1536) == (192, 384, 576, 768, 960, 1152, 1344, 1536)
     assert capacity_buckets(300) == (64, 128, 192, 256, 300) and capacity_buckets(50) == (50,)
     assert fine_widths(14) == (4, 8, 12, 14)
-    for c in (1, 63, 64, 65, 1000, 2925):
+    assert capacity_buckets(529) == (128, 256, 384, 529)  # mini's pinned cache
+    for c in (1, 63, 64, 65, 529, 1000, 2925):
         w = capacity_buckets(c)
-        assert w[-1] == c and len(w) <= graphs.CAPACITY_BUCKETS and all(x % 64 == 0 for x in w[:-1])
+        inner = w[:-1]  # equal steps, aligned; the last width the capacity, at most 1.5 steps past them
+        assert w[-1] == c and len(w) <= graphs.CAPACITY_BUCKETS and all(x % 64 == 0 for x in inner)
+        assert all(x == (i + 1) * w[0] for i, x in enumerate(inner)) and (not inner or c - inner[-1] <= 1.5 * w[0])
 
 
 @pytest.mark.parametrize("widths", ["default", "fine"])

@@ -19,7 +19,7 @@ from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
-from adtbench.models.rope import Rope1D, Rope2D, _direct_tables, apply_rope, qkv_tables, rotate
+from adtbench.models.rope import Rope1D, Rope2D, _direct_tables, apply_rope, qkv_tables, rotary, rotate
 
 ONE = torch.ones(1, 1, dtype=torch.bool)
 ZERO = torch.zeros(1, dtype=torch.long)
@@ -79,6 +79,26 @@ def test_rotate_equals_apply_rope(rope) -> None:
     assert torch.equal(out[:, :, H + KV :], qkv[:, :, H + KV :])
 
 
+@pytest.mark.parametrize("rope", [Rope2D(16, 4, 8), Rope1D(16)], ids=["2d-interleaved", "1d-half"])
+def test_rotary_tables_equal_apply_rope(rope) -> None:
+    """The lean stack's rotation (``rope.Rotary``: one complex product for interleaved pairs, ``x·C + roll(x)·S`` for
+    halves) over fused q|k|v heads = ``apply_rope`` on q and k; v heads pass unchanged (bit for bit)."""
+    gen = torch.Generator().manual_seed(0)
+    R, n, H, KV = 2, 7, 4, 2
+    pos = torch.randint(0, 40, (R, n), generator=gen)
+    qkv = torch.randn(R * n, H + 2 * KV, 16, dtype=torch.float64, generator=gen)
+    rot = rotary(rope, pos, torch.float64, H + KV, KV)
+    assert rot.style == rope.style and rot.dtype == torch.float64
+    if rope.style == "interleaved":
+        out = torch.view_as_real(torch.view_as_complex(qkv.unflatten(-1, (8, 2))) * rot.complex()).flatten(-2)
+    else:
+        out = qkv * rot.cos + torch.roll(qkv, 8, -1) * rot.sin
+    cos, sin = rope.cos_sin(pos, torch.float64)
+    ref = apply_rope(qkv.view(R, n, H + 2 * KV, 16)[:, :, : H + KV].transpose(1, 2), cos, sin, rope.style)
+    torch.testing.assert_close(out.view(R, n, -1, 16)[:, :, : H + KV], ref.transpose(1, 2), atol=1e-14, rtol=0)
+    assert torch.equal(out[:, H + KV :], qkv[:, H + KV :])
+
+
 def test_position_table_equals_direct() -> None:
     """The CPU per-position table (grown on demand) gives the rows of the direct formula."""
     rope = Rope2D(16, 4, 8)
@@ -118,6 +138,50 @@ def test_lean_gpt_equals_reference(n_kv_head) -> None:
     torch.testing.assert_close(l0, r0, atol=1e-12, rtol=0)
     torch.testing.assert_close(l1, r1, atol=1e-12, rtol=0)
     torch.testing.assert_close(caches[1], caches[0], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("n_kv_head", [None, 2], ids=["mha", "gqa"])
+def test_the_functional_layers_torch_compile_traces_equal_the_scratch_layers(n_kv_head) -> None:
+    """``compile_stack`` traces ``lean.functional_layer`` (no scratch buffers: AOT autograd refuses their complex views
+    and ``out=`` writes under dynamic shapes); uncompiled, it computes what the scratch layers compute (float64,
+    prefill and a tree block, features and KV cache), so the slow compile test checks the same function."""
+    from adtbench.models.lean import lean_stack
+
+    gen = torch.Generator().manual_seed(3)
+    R, P, n = 2, 9, 6
+    x0, x1 = (torch.randn(R, m, 64, dtype=torch.float64, generator=gen) for m in (P, n))
+    pos0, pos1 = torch.arange(P)[None].expand(R, P), P + torch.randint(0, 3, (R, n), generator=gen)
+    m0, m1 = _mask(R, P, 0, gen), _mask(R, n, P, gen)
+    outs = []
+    for functional in (False, True):
+        gpt = _gpt(n_kv_head)
+        if functional:
+            gpt.__dict__["_lean_stack"] = lean_stack  # as ``compile_stack`` installs it: no scratch memo
+        cache = gpt.new_cache(R, P + n)
+        with torch.no_grad():
+            outs.append((gpt.forward_embeds(x0, pos0, m0, cache, 0), gpt.forward_embeds(x1, pos1, m1, cache, P)))
+        outs[-1] += (cache.buf.clone(),)
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(b, a, atol=1e-12, rtol=0)
+
+
+def test_lean_gpt_in_bfloat16_follows_the_reference() -> None:
+    """bfloat16 (the GPU dtype; the rotation in float32 through the scratch's staging buffers, the RMSNorms cast to
+    float32): the lean path follows the reference modules within bfloat16 rounding, prefill and a tree block."""
+    gpt = _gpt(2).to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    R, P, n = 2, 9, 6
+    x0, x1 = (torch.randn(R, m, 64, generator=gen).to(torch.bfloat16) for m in (P, n))
+    pos0, pos1 = torch.arange(P)[None].expand(R, P), P + torch.arange(n)[None].expand(R, n)
+    m0, m1 = _mask(R, P, 0, gen), _mask(R, n, P, gen)
+    outs = []
+    for grad in (True, False):
+        cache = gpt.new_cache(R, P + n)
+        with torch.set_grad_enabled(grad):
+            outs.append([gpt.forward_embeds(x, p, m, cache, s).detach().float() for x, p, m, s in
+                         ((x0, pos0, m0, 0), (x1, pos1, m1, P))])  # fmt: skip
+    for ref, lean in zip(*outs, strict=True):
+        assert lean.dtype == torch.float32 and (lean - ref).abs().max() <= 0.02 * ref.abs().max()
 
 
 def test_bool_and_additive_masks_agree() -> None:

@@ -68,10 +68,11 @@ def bucket_of(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
 
 def capacity_buckets(capacity: int, count: int = CAPACITY_BUCKETS, align: int = CAPACITY_ALIGN) -> tuple[int, ...]:
     """The attention widths of a pinned cache of ``capacity`` columns: multiples of one step (``capacity / count``
-    rounded up to a multiple of ``align``) below the capacity, then the capacity itself — at most ``count``."""
+    rounded up to a multiple of ``align``) short of the capacity by half a step or more, then the capacity itself — at
+    most ``count`` widths, the last at most 1.5 steps wide."""
     step = -(-capacity // max(1, count))
     step = -(-step // align) * align
-    return (*range(step, capacity, step), capacity)
+    return (*range(step, capacity - step // 2 + 1, step), capacity)
 
 
 class _Step(Generic[_Out]):

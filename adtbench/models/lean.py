@@ -42,7 +42,7 @@ from torch import nn
 
 from adtbench import accel
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.rope import Rotary
+from adtbench.models.rope import Rotary, rotate
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -150,7 +150,16 @@ class Scratch:
     is five (pow, mean, add, rsqrt, mul); on CUDA ``rms_norm`` is one fused kernel and the stream is plain ``[N, D]``.
     """
 
-    def __init__(self, R: int, n: int, layers: list[LayerWeights], D: int, dtype: torch.dtype, rot: Any, device: Any):
+    def __init__(
+        self,
+        R: int,
+        n: int,
+        layers: list[LayerWeights],
+        D: int,
+        dtype: torch.dtype,
+        rot: Any,
+        device: Any,
+    ) -> None:
         w = layers[0]
         H, KV, hd = w.heads, w.kv_heads, w.head_dim
         N = self.N = R * n
@@ -211,9 +220,11 @@ class Scratch:
         per-row scatter index (``start [R, n]``)."""
         heads = self.H + self.KV if self.qk_norm else self.H + 2 * self.KV
         if rot is not None:
-            self.table = rot.table if rot.table.shape[1] == heads else rot.table[:, :heads]
-            if rot.sin is not None:
-                self.sin = rot.sin if rot.sin.shape[1] == heads else rot.sin[:, :heads]
+            cos, sin = (t if t.shape[1] == heads else t[:, :heads] for t in (rot.cos, rot.sin))
+            if rot.style == "interleaved":
+                self.table = torch.complex(cos[..., 0::2], sin[..., 1::2])  # ``Rotary.complex`` of these heads
+            else:
+                self.table, self.sin = cos, sin
         if isinstance(start, int):
             self.cols = torch.arange(start, start + self.n, device=cache.buf.device)
         elif start.dim() == 1:
@@ -280,6 +291,50 @@ def decoder_layer(w: LayerWeights, ws: Scratch, mask: torch.Tensor, cache: Stati
     ws.x.addmm_(ws.gate.mul_(ws.up), w.down)
 
 
+def functional_layer(
+    x: torch.Tensor,
+    w: LayerWeights,
+    rows: int,
+    rot: Rotary | None,
+    mask: torch.Tensor,
+    cache: StaticKVCache,
+    i: int,
+    start: int | torch.Tensor,
+) -> torch.Tensor:
+    """``decoder_layer`` without scratch buffers or in-place updates of intermediates, for ``torch.compile``: residual
+    stream ``x [R·n, D]`` → ``[R·n, D]`` (``lean_stack`` for ``start`` and ``mask``); the rotation as ``rope.rotate``,
+    grouped K/V repeated."""
+    H, KV, hd = w.heads, w.kv_heads, w.head_dim
+    n = x.shape[0] // rows
+    h = rms(x, w.eps_in, dtype=w.norm_dtype) if w.norm_in else x
+    qkv = torch.mm(h, w.qkv) if w.qkv_bias is None else torch.addmm(w.qkv_bias, h, w.qkv)
+    qkv = qkv.view(rows, n, H + 2 * KV, hd)
+    if w.qk_norm is not None:
+        weight, bias, eps = w.qk_norm
+        qk, v = qkv.split([H + KV, KV], 2)
+        qkv = torch.cat([F.layer_norm(qk, (hd,), None, None, eps) * weight + bias, v], 2)
+    if rot is not None:
+        qkv = rotate(qkv, rot.cos.view(qkv.shape), rot.sin.view(qkv.shape), rot.style)
+    q, kv = qkv.split([H, 2 * KV], 2)
+    kv_buf = cache.kv[i]
+    if isinstance(start, int):
+        kv_buf[:, :, start : start + n] = kv.transpose(1, 2)
+        k, v = kv_buf[:, :, : start + n].split(KV, 1)
+    else:
+        if start.dim() == 1:
+            kv_buf.index_copy_(2, start, kv.transpose(1, 2))
+        else:  # per-row columns [R, n] (batched rows of different lengths)
+            kv_buf.scatter_(2, start[:, None, :, None].expand(-1, 2 * KV, -1, hd), kv.transpose(1, 2))
+        k, v = kv_buf[:, :, : mask.shape[-1]].split(KV, 1)
+    q = q.transpose(1, 2)
+    if KV != H:
+        k, v = k.repeat_interleave(H // KV, dim=1), v.repeat_interleave(H // KV, dim=1)
+    a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    x = torch.addmm(x, a.transpose(1, 2).reshape(rows * n, H * hd), w.o)
+    gate, up = torch.mm(rms(x, w.eps_ffn, dtype=w.norm_dtype), w.up).chunk(2, -1)
+    return torch.addmm(x, F.silu(gate) * up, w.down)
+
+
 SCRATCH_SHAPES = 16  # shapes a network keeps scratch for (least recently used dropped first)
 
 
@@ -287,7 +342,7 @@ def scratch(
     memo: dict | None, R: int, n: int, layers: list[LayerWeights], D: int, dtype: torch.dtype, rot: Any, device: Any
 ) -> Scratch:
     """The ``Scratch`` of this shape: from ``memo`` (a network's dict, at most ``SCRATCH_SHAPES`` shapes kept) or
-    new (``memo`` None: a compiled stack makes its own each call)."""
+    new (``memo`` None)."""
     if memo is None:
         return Scratch(R, n, layers, D, dtype, rot, device)
     key = (R, n, dtype, torch.device(device), None if rot is None else (rot.style, rot.dtype), id(layers))
@@ -321,12 +376,19 @@ def lean_stack(
     ``[R, 1, n, start + n]``; a long tensor ``[n]`` — written at those columns (``index_copy_``), attention over the
     first W columns of ``mask [R, 1, n, W]`` (the static-shape form a CUDA graph replays: ``models.graphs``); a long
     tensor ``[R, n]`` — row r's K/V written at its own columns (``scatter_``), attention over the first W columns
-    (batched rows of different lengths: ``models.batch``). ``memo``: the network's dict of ``Scratch`` buffers.
+    (batched rows of different lengths: ``models.batch``). ``memo``: the network's dict of ``Scratch`` buffers (None:
+    ``functional_layer``s, what ``compile_stack`` traces: AOT autograd refuses the scratch's complex views and
+    ``out=`` writes under dynamic shapes, and inductor fuses the elementwise ops anyway).
     """
     R, n, D = x.shape
     width = start + n if isinstance(start, int) else mask.shape[-1]
     if width > cache.capacity:
         raise RuntimeError(f"KV cache overflow: need {width} > capacity {cache.capacity}")
+    if memo is None:  # the compiled stack (``compile_stack``): functional layers inductor fuses
+        h = x.reshape(R * n, D)
+        for i, w in enumerate(layers):
+            h = functional_layer(h, w, R, rot, mask, cache, i, start)
+        return (h.clone() if norm is None else rms(h, eps, norm, norm_dtype)).view(R, n, D)
     ws = scratch(memo, R, n, layers, D, x.dtype, rot, x.device)
     ws.x.copy_(x.reshape(R * n, D))
     ws.begin(rot, start, cache)

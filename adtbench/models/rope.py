@@ -136,27 +136,28 @@ def qkv_tables(
 @dataclass(frozen=True)
 class Rotary:
     """The rotary tables of one lean-stack forward over ``N = R·n`` tokens and a fused head axis (``rotary``), shared
-    by every layer. ``interleaved`` (pairs 2i, 2i + 1): ``table`` complex ``[N, heads, d/2]``, the rotation one complex
-    product ``x ⊙ table`` of x viewed as complex; ``half`` (pairs i, i + d/2): ``table`` = C and ``sin`` = S
-    ``[N, heads, d]`` (``qkv_tables``), the rotation ``x·C + roll(x, d/2)·S`` (``roll`` swaps the halves: the
-    partner of ``rotate``). Per pair ``(a, b)`` both are ``(a·c − b·s, b·c + a·s)``, the products and sums of
-    ``apply_rope``; identity heads (v) are multiplied by 1 + 0i (interleaved) or C = 1, S = 0 (half): exact."""
+    by every layer: ``cos`` = C and ``sin`` = S ``[N, heads, d]`` of ``qkv_tables`` (``rotate``'s), and the forms
+    the lean layer applies them in. ``interleaved`` (pairs 2i, 2i + 1): one complex product ``x ⊙ complex()`` of x
+    viewed as complex; ``half`` (pairs i, i + d/2): ``x·C + roll(x, d/2)·S`` (``roll`` swaps the halves: the partner
+    of ``rotate``). Per pair ``(a, b)`` both are ``(a·c − b·s, b·c + a·s)``, the products and sums of ``apply_rope``;
+    identity heads (v) are multiplied by 1 + 0i or C = 1, S = 0: exact."""
 
     style: str
-    table: torch.Tensor
-    sin: torch.Tensor | None = None
+    cos: torch.Tensor
+    sin: torch.Tensor
 
     @property
     def dtype(self) -> torch.dtype:
         """The real dtype the rotation is computed in."""
-        return self.table.real.dtype if self.table.is_complex() else self.table.dtype
+        return self.cos.dtype
+
+    def complex(self) -> torch.Tensor:
+        """The interleaved style's table ``[N, heads, d/2]``: ``c + i·s`` per pair (the identity heads 1 + 0i)."""
+        return torch.complex(self.cos[..., 0::2], self.sin[..., 1::2])
 
     def to(self, dtype: torch.dtype) -> Rotary:
-        """The same tables cast to real ``dtype`` (its complex type for ``interleaved``)."""
-        if self.table.is_complex():
-            return Rotary(self.style, self.table.to(torch.complex128 if dtype == torch.float64 else torch.complex64))
-        assert self.sin is not None
-        return Rotary(self.style, self.table.to(dtype), self.sin.to(dtype))
+        """The same tables cast to ``dtype``."""
+        return Rotary(self.style, self.cos.to(dtype), self.sin.to(dtype))
 
 
 def rotary(rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id_heads: int) -> Rotary:
@@ -164,9 +165,7 @@ def rotary(rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id
     the dtype ``qkv_tables`` computes in (the same values)."""
     C, S = qkv_tables(rope, pos, dtype, rot_heads, id_heads)  # [R, n, heads, d]
     R, n, heads, d = C.shape
-    if rope.style == "interleaved":  # cos on the first member's C, +sin on the second member's S
-        return Rotary("interleaved", torch.complex(C[..., 0::2], S[..., 1::2]).view(R * n, heads, d // 2))
-    return Rotary("half", C.reshape(R * n, heads, d), S.reshape(R * n, heads, d))
+    return Rotary(rope.style, C.reshape(R * n, heads, d), S.reshape(R * n, heads, d))
 
 
 def rotate(x: torch.Tensor, C: torch.Tensor, S: torch.Tensor, style: str) -> torch.Tensor:

@@ -378,4 +378,7 @@ def main(args: list[str]) -> int:
 if __name__ == "__main__":
     import sys
 
+    from adtbench import accel
+
+    accel.activate_from_env()  # ADTBENCH_SIMULATE_DEVICE=cuda, as the ``adtbench`` command
     sys.exit(main(sys.argv[1:]))
