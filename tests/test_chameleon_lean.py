@@ -129,19 +129,22 @@ def test_lean_equals_hf(tiny_dir: Path, fam: str, dtype: str) -> None:
 
 
 def test_lean_weights_are_one_fused_copy(tiny_dir: Path) -> None:
-    """The lean network holds the checkpoint once: q|k|v and gate|up fused with their RMSNorm weights folded in,
+    """The lean network holds the checkpoint once: q|k|v and gate|up fused with their RMSNorm weights folded in, the
+    q and k rows (and the q/k norms' affine) of each head in interleaved rotary pairs (dims i, i + d/2 adjacent),
     Lumina's (1, d) q/k-norms expanded to every head; nothing of the HF layout is kept."""
+    half = torch.stack([torch.arange(8), torch.arange(8, 16)], 1).flatten()  # head_dim 16: 0, 8, 1, 9, …
     for fam, ref in REFS.items():
         net = load(tiny_dir, fam, "lean", "float64").net
         sd = {k: v.double() for k, v in ref.state_dict().items()}
         L0 = "model.layers.0."
         qkv = torch.cat([sd[L0 + f"self_attn.{n}_proj.weight"] for n in "qkv"]) * sd[L0 + "input_layernorm.weight"]
-        torch.testing.assert_close(net.layers[0].wqkv, qkv, atol=1e-12, rtol=0)
+        qk = qkv[: 8 * 16].view(8, 16, -1)[:, half].reshape(8 * 16, -1)  # 4 q heads, 4 k heads
+        torch.testing.assert_close(net.layers[0].wqkv, torch.cat([qk, qkv[8 * 16 :]]), atol=1e-12, rtol=0)
         up = torch.cat([sd[L0 + "mlp.gate_proj.weight"], sd[L0 + "mlp.up_proj.weight"]])
         up = up * sd[L0 + "post_attention_layernorm.weight"]
         torch.testing.assert_close(net.layers[0].w13, up, atol=1e-12, rtol=0)
         q_norm = sd[L0 + "self_attn.q_norm.weight"]
-        assert torch.equal(net.layers[0].q_norm.weight, q_norm) and q_norm.shape == (4, 16)
+        assert torch.equal(net.layers[0].q_norm.weight, q_norm[:, half]) and q_norm.shape == (4, 16)
         assert torch.equal(net.output.weight, sd["lm_head.weight"])
         n_hf = sum(v.numel() for k, v in sd.items() if not k.startswith("model.vqmodel."))
         n_norms = 2 * 2 * 64  # the two folded RMSNorm weights of each of the 2 layers

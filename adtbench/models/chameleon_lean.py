@@ -20,7 +20,10 @@ Numerics, chosen so that the lean path equals the HF path to float rounding in f
 - q/k norm: ``lean.HeadLayerNorm`` — LayerNorm over head_dim (eps 1e-5, no affine) then the per-head affine
   ``[heads, head_dim]``; checkpoints storing ``(d0, head_dim)`` (Lumina-mGPT) are expanded at load
   (``hf_checkpoint.expand_qk_norm``, models.md §1.4).
-- RoPE: ``Rope1D`` (θ from the config, HF ``rotate_half`` pairing), angles and cos/sin in float32 whatever the
+- RoPE: ``Rope1D`` (θ from the config, HF ``rotate_half`` pairing — stored interleaved: the q and k rows of
+  ``wqkv`` and the q/k norms' affine are reordered head by head so that pair i is dims 2i, 2i + 1, which changes no
+  attention score and makes the rotation one complex product, ``lean.interleave_pairs``; the K cache holds that
+  order), angles and cos/sin in float32 whatever the
   model dtype (HF's rotary embedding forces float32); a float64 model multiplies by those float32 values cast
   to float64, as HF does. Half models rotate in float32 (HF rounds cos/sin to the half type first: equal up to
   half-precision rounding).
@@ -57,6 +60,7 @@ from adtbench.models.lean import (
     LayerWeights,
     additive_mask,
     fold_t,
+    interleave_pairs,
     qk_affine,
     stack_fn,
     stack_memo,
@@ -209,7 +213,7 @@ class ChameleonLM(InferenceWeights, nn.Module):
         self.layers = nn.ModuleList(ChameleonBlock(arch) for _ in range(arch.num_layers))
         self.norm_weight = _frozen(arch.hidden_size)
         self.output = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
-        self.rope = Rope1D(arch.head_dim, arch.rope_theta, "half")
+        self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
         self.requires_grad_(False)
 
     def new_cache(self, rows: int, capacity: int) -> StaticKVCache:
@@ -270,17 +274,24 @@ def _fuse(
         w = torch.cat([t(k) for k in keys], 0)
         return fold_t(w, t(norm_key)).t().contiguous()  # [out, in]: W · diag(norm)
 
+    def interleaved(qkv: torch.Tensor) -> torch.Tensor:  # q and k rows in interleaved rotary pairs (module docstring)
+        qk = (H + KV) * arch.head_dim
+        return torch.cat([interleave_pairs(qkv[:qk], H + KV, arch.head_dim), qkv[qk:]], 0)
+
     sd: dict[str, torch.Tensor] = {}
     for i in range(arch.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        sd[q + "wqkv"] = folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
+        sd[q + "wqkv"] = interleaved(
+            folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
+        )
         gate_up = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
         sd[q + "w13"] = folded(gate_up, p + "post_attention_layernorm.weight")
         sd[q + "wo"] = t(p + "self_attn.o_proj.weight")
         sd[q + "w2"] = t(p + "mlp.down_proj.weight")
         for n, heads in (("q", H), ("k", KV)):
             for part in ("weight", "bias"):
-                sd[q + f"{n}_norm.{part}"] = norm(p + f"self_attn.{n}_norm.{part}", heads)
+                affine = norm(p + f"self_attn.{n}_norm.{part}", heads)
+                sd[q + f"{n}_norm.{part}"] = interleave_pairs(affine, 1, arch.head_dim, dim=1).contiguous()
         if layer_done is not None:
             layer_done(i)
     sd["norm_weight"] = t("model.norm.weight")

@@ -22,7 +22,8 @@ dispatch:
 
 Per decoder layer of an AR step (``adtbench bench count``, CPU, float32): LlamaGen 15 aten ops on the static path
 (13 kernels), 17 on the variable-shape one (the attention's K/V views of a new width), was 32 / 33 (21 kernels);
-Chameleon 20 / 22 (18 kernels), was 40 / 41 (28 kernels).
+Chameleon 18 / 20 (16 kernels), was 40 / 41 (28 kernels) — its q and k rows stored in interleaved rotary pairs
+(``interleave_pairs``).
 
 Derived weights are inference-only buffers: never in a ``state_dict``, rebuilt by ``InferenceWeights`` whenever a
 source parameter changes in place (``_version``), moves (``Module._apply``: ``to``/``half``/``cuda``) or is
@@ -125,6 +126,19 @@ class HeadLayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), None, None, self.eps) * self.weight + self.bias
+
+
+def interleave_pairs(t: torch.Tensor, heads: int, head_dim: int, dim: int = 0) -> torch.Tensor:
+    """``t`` with the ``heads × head_dim`` entries along ``dim`` reordered, head by head, from the half-split rotary
+    pairing (pair i = dims i, i + d/2: HF's ``rotate_half``) to the interleaved one (pair i = dims 2i, 2i + 1), a copy.
+
+    Applied to the q and k rows of a projection (and to a q/k norm's affine) it changes no attention score — q·k sums
+    the same products in another order — and lets the rotary embedding be one complex product (``rope.Rotary``)
+    instead of a roll, a product and an ``addcmul``; the K cache then holds that order."""
+    half = head_dim // 2
+    pairs = torch.stack([torch.arange(half), torch.arange(half, head_dim)], 1).flatten()
+    idx = (torch.arange(heads)[:, None] * head_dim + pairs[None]).flatten()
+    return t.index_select(dim, idx.to(t.device))
 
 
 def qk_affine(q_norm: Any, k_norm: Any) -> tuple[torch.Tensor, torch.Tensor, float] | None:

@@ -26,6 +26,7 @@ graphs on a GPU), computing for the real slots what the variable-shape path comp
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import asdict, dataclass
 from typing import cast
@@ -42,6 +43,7 @@ from adtbench.models.lean import (
     additive_mask,
     compile_stack,
     fold_t,
+    interleave_pairs,
     qk_affine,
     stack_fn,
     stack_memo,
@@ -159,14 +161,24 @@ class EagleLayer(nn.Module):
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
-    def inference_weights(self) -> LayerWeights:
-        """This layer in ``lean.decoder_layer`` form (q|k|v and gate|up fused, RMSNorm weights folded)."""
+    def inference_weights(self, interleave: bool = False) -> LayerWeights:
+        """This layer in ``lean.decoder_layer`` form (q|k|v and gate|up fused, RMSNorm weights folded); ``interleave``:
+        the q and k rows (and their norms' affine) in interleaved rotary pairs (``lean.interleave_pairs``: a drafter
+        whose RoPE pairs halves rotates in one complex product)."""
         a, mlp, post = self.self_attn, self.mlp, self.post_attention_layernorm
         pre = getattr(self, "input_layernorm", None)
         qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)
         bias = None
         if a.q_proj.bias is not None:
             bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        qk_norm = qk_affine(getattr(a, "q_norm", None), getattr(a, "k_norm", None))
+        if interleave:
+            qk, heads = (a.h + a.kv) * a.d, a.h + a.kv
+            qkv = torch.cat([interleave_pairs(qkv[:qk], heads, a.d), qkv[qk:]], 0)
+            if bias is not None:
+                bias = torch.cat([interleave_pairs(bias[:qk], heads, a.d), bias[qk:]])
+            if qk_norm is not None:
+                qk_norm = (*(interleave_pairs(t, 1, a.d, dim=1) for t in qk_norm[:2]), qk_norm[2])
         return LayerWeights(
             qkv=fold_t(qkv, None if pre is None else pre.weight),
             qkv_bias=bias,
@@ -179,7 +191,7 @@ class EagleLayer(nn.Module):
             norm_in=pre is not None,
             eps_in=0.0 if pre is None else pre.eps,
             eps_ffn=post.eps,
-            qk_norm=qk_affine(getattr(a, "q_norm", None), getattr(a, "k_norm", None)),
+            qk_norm=qk_norm,
         )
 
 
@@ -228,13 +240,16 @@ class EagleDrafter(InferenceWeights, nn.Module):
         x2 = x.view(R * m, -1)
         x = (torch.mm(x2, fc_t) if fc_b is None else torch.addmm(fc_b, x2, fc_t)).view(R, m, -1)
         c = self.config
-        rot = rotary(self.rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
+        rope = dataclasses.replace(self.rope, style="interleaved")  # the inference weights' pair order
+        rot = rotary(rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
         out = stack_fn(self)(layers, None, 0.0, x, rot, mask, self.cache, start, memo=stack_memo(self))
         return cast(torch.Tensor, out)
 
     def _build_inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, list[LayerWeights]]:
         b = None if self.fc.bias is None else self.fc.bias.detach()
-        return fold_t(self.fc.weight), b, [cast(EagleLayer, layer).inference_weights() for layer in self.layers]
+        interleave = self.rope.style == "half"  # stored in interleaved pairs: one complex product (``forward``)
+        layers = [cast(EagleLayer, layer).inference_weights(interleave) for layer in self.layers]
+        return fold_t(self.fc.weight), b, layers
 
     def compile_forward(self) -> None:
         """Run the inference layer stack through ``torch.compile`` (inductor, dynamic shapes) from now on."""
