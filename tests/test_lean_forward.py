@@ -359,25 +359,18 @@ def test_the_lean_ar_step_issues_half_the_ops_per_layer(model: str, eager: int, 
     assert rows[1]["key_columns"] == 64  # the static step: the first capacity bucket, not the pinned ≈ 280 columns
 
 
-def test_the_gpu_step_benchmark_runs_on_the_cpu() -> None:
+def test_the_gpu_step_benchmark_runs_on_the_cpu(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """``benchmarks/lean_step.py`` (the graphed 7B-shaped step a GPU session times) runs at its small CPU shape."""
     import json
-    import os
-    import subprocess
-    import sys
+    import runpy
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "SMALL": "1", "PYTHONPATH": str(root)}
-    done = subprocess.run(
-        [sys.executable, str(root / "benchmarks" / "lean_step.py")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    monkeypatch.setenv("SMALL", "1")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "lean_step.py"
+    with torch.random.fork_rng(), pytest.raises(SystemExit) as done:
+        runpy.run_path(str(script), run_name="__main__")
+    assert done.value.code == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["code"] == "new" and {"eager_ms_capacity", "eager_ms_bucket_imghead"} <= set(out)
 
 

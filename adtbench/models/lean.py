@@ -404,7 +404,7 @@ def lean_stack(
             h = functional_layer(h, w, R, rot, mask, cache, i, start)
         return (h.clone() if norm is None else rms(h, eps, norm, norm_dtype)).view(R, n, D)
     ws = scratch(memo, R, n, layers, D, x.dtype, rot, x.device)
-    ws.x.copy_(x.reshape(R * n, D))
+    ws.x.view(R, n, D).copy_(x)  # x may be an expanded view (the CFG rows of one embedding)
     ws.begin(rot, start, cache)
     for i, w in enumerate(layers):
         decoder_layer(w, ws, mask, cache, i, width)
