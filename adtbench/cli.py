@@ -3,6 +3,7 @@
 adtbench [hydra overrides]                     decode (the Hydra app; same as ``python run.py``)
 adtbench run [hydra overrides]                 the same
 adtbench bench overhead|cost|probe|speed|versus|batch [overrides]   benchmarks (adtbench.tools.bench)
+adtbench bench count [overrides]               aten ops of one target step, per decoder layer (tools.bench_count)
 adtbench train vq|ar|drafter|evaluator ...     training pipeline (Hydra configs under conf/train/)
 adtbench make-tiny model=<family> out=DIR      write a tiny random checkpoint in a real on-disk layout
 adtbench eval <run dir | tree> eval=<preset>   quality metrics on existing run dirs
@@ -23,6 +24,7 @@ SUBCOMMANDS = {
     "merge": "adtbench.reporting.merge",
     "table": "adtbench.reporting.tables",
 }
+BENCH_SUBCOMMANDS = {"count": "adtbench.tools.bench_count"}  # ``adtbench bench count``: not a ``tools.bench`` mode
 
 
 def main() -> None:
@@ -30,6 +32,8 @@ def main() -> None:
 
     accel.activate_from_env()  # ADTBENCH_SIMULATE_DEVICE=cuda: every command on the simulated CUDA device
     args = sys.argv[1:]
+    if args[:1] == ["bench"] and args[1:2] and args[1] in BENCH_SUBCOMMANDS:
+        sys.exit(importlib.import_module(BENCH_SUBCOMMANDS[args[1]]).main(args[2:]))
     if args and args[0] in SUBCOMMANDS:
         try:
             module = importlib.import_module(SUBCOMMANDS[args[0]])

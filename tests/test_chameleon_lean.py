@@ -71,11 +71,28 @@ def _ids(t, codes: list[int]) -> torch.Tensor:
     return t.layout.image_token_offset + torch.tensor(codes) % t.layout.num_codes
 
 
+def reachable(lean, logits: torch.Tensor) -> torch.Tensor:
+    """The lean raw logits at the rows the layout can emit (``StaticGPTTarget.head_rows``: the image tokens and the
+    forced ones), after checking every row outside the span its head computes (``head_span``) holds the dtype's
+    lowest finite value."""
+    lo, hi = lean.head_span()
+    rest = torch.ones(logits.shape[-1], dtype=torch.bool)
+    rest[lo:hi] = False
+    assert rest.any() and bool((logits[..., rest] == torch.finfo(logits.dtype).min).all())
+    return logits[..., reachable_rows(lean)]
+
+
+def reachable_rows(lean) -> torch.Tensor:
+    lo, hi, extra = lean.head_rows()
+    return torch.tensor([*range(lo, hi), *extra])
+
+
 # --- 1. the same function as the HF path ------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("fam", ["anole", "lumina_mgpt"])
 def test_lean_equals_hf(tiny_dir: Path, fam: str, dtype: str) -> None:
-    """Prefill (2 CFG rows), AR steps, and tree verifies after non-prefix commits: logits and features agree."""
+    """Prefill (2 CFG rows), AR steps, and tree verifies after non-prefix commits: logits (at every row the layout can
+    emit: the lean head computes those only) and features agree."""
     hf = load(tiny_dir, fam, "hf", dtype, cfg_mode=HF_MODES[fam])
     lean = load(tiny_dir, fam, "lean", dtype)
     assert type(lean).__name__.startswith("Lean") and hf.cfg_mode == HF_MODES[fam]
@@ -91,7 +108,7 @@ def test_lean_equals_hf(tiny_dir: Path, fam: str, dtype: str) -> None:
     assert torch.equal(inputs.data["ids"], lean.encode_prompt(TEXT, cfg=True).data["ids"])  # one prompt-row code
     a, b = hf.start(inputs, 8), lean.start(inputs, 8)
     assert a.valid.shape[0] == 2 and not a.valid[1, 0]  # the uncond row is left-padded
-    same(a.logits, b.logits)
+    same(reachable(lean, b.logits), a.logits[..., reachable_rows(lean)])
     same(a.features[a.valid], b.features[b.valid])  # pad positions' features are unused (HF sequential: zeros)
     same(a.input_embeds, b.input_embeds)
     # an AR step, a 5-node tree whose accepted path 0 → 2 → 4 is not a prefix, a 6-node tree keeping 0 → 2 → 4 → 5,
@@ -102,7 +119,7 @@ def test_lean_equals_hf(tiny_dir: Path, fam: str, dtype: str) -> None:
     steps = [(single, [0]), (t5, [0, 2, 4]), (t6, [0, 2, 4, 5]), (single, [0]), (single, [0])]
     for tree, keep in steps:
         (la, fa), (lb, fb) = (t.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth) for t in (hf, lean))
-        same(la, lb)
+        same(reachable(lean, lb), la[..., reachable_rows(lean)])
         same(fa, fb)
         for t in (hf, lean):
             t.commit(torch.tensor(keep))
@@ -112,19 +129,22 @@ def test_lean_equals_hf(tiny_dir: Path, fam: str, dtype: str) -> None:
 
 
 def test_lean_weights_are_one_fused_copy(tiny_dir: Path) -> None:
-    """The lean network holds the checkpoint once: q|k|v and gate|up fused with their RMSNorm weights folded in,
+    """The lean network holds the checkpoint once: q|k|v and gate|up fused with their RMSNorm weights folded in, the
+    q and k rows (and the q/k norms' affine) of each head in interleaved rotary pairs (dims i, i + d/2 adjacent),
     Lumina's (1, d) q/k-norms expanded to every head; nothing of the HF layout is kept."""
+    half = torch.stack([torch.arange(8), torch.arange(8, 16)], 1).flatten()  # head_dim 16: 0, 8, 1, 9, …
     for fam, ref in REFS.items():
         net = load(tiny_dir, fam, "lean", "float64").net
         sd = {k: v.double() for k, v in ref.state_dict().items()}
         L0 = "model.layers.0."
         qkv = torch.cat([sd[L0 + f"self_attn.{n}_proj.weight"] for n in "qkv"]) * sd[L0 + "input_layernorm.weight"]
-        torch.testing.assert_close(net.layers[0].wqkv, qkv, atol=1e-12, rtol=0)
+        qk = qkv[: 8 * 16].view(8, 16, -1)[:, half].reshape(8 * 16, -1)  # 4 q heads, 4 k heads
+        torch.testing.assert_close(net.layers[0].wqkv, torch.cat([qk, qkv[8 * 16 :]]), atol=1e-12, rtol=0)
         up = torch.cat([sd[L0 + "mlp.gate_proj.weight"], sd[L0 + "mlp.up_proj.weight"]])
         up = up * sd[L0 + "post_attention_layernorm.weight"]
         torch.testing.assert_close(net.layers[0].w13, up, atol=1e-12, rtol=0)
         q_norm = sd[L0 + "self_attn.q_norm.weight"]
-        assert torch.equal(net.layers[0].q_norm.weight, q_norm) and q_norm.shape == (4, 16)
+        assert torch.equal(net.layers[0].q_norm.weight, q_norm[:, half]) and q_norm.shape == (4, 16)
         assert torch.equal(net.output.weight, sd["lm_head.weight"])
         n_hf = sum(v.numel() for k, v in sd.items() if not k.startswith("model.vqmodel."))
         n_norms = 2 * 2 * 64  # the two folded RMSNorm weights of each of the 2 layers
@@ -145,13 +165,65 @@ def test_random_init_is_the_hf_model(kv_heads: int) -> None:
     assert type(lean).__name__ == "LeanChameleonTarget" and type(hf).__name__ == "ChameleonTarget"
     assert lean.net.layers[0].k_norm.weight.shape == (kv_heads, 16)
     inputs = hf.encode_prompt(TEXT, cfg=True)
-    torch.testing.assert_close(hf.start(inputs, 5).logits, lean.start(inputs, 5).logits, atol=1e-10, rtol=0)
+    rows = reachable_rows(lean)
+    a, b = hf.start(inputs, 5).logits, lean.start(inputs, 5).logits
+    torch.testing.assert_close(reachable(lean, b), a[..., rows], atol=1e-10, rtol=0)
     tree = DraftTree(_ids(hf, [3, 9, 17, 30, 41]), [-1, 0, 0, 1, 2], drafted_depth=2)
-    a, b = (t.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth) for t in (hf, lean))
-    torch.testing.assert_close(a, b, atol=1e-10, rtol=0)
+    (a, _), (b, _) = (t.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth) for t in (hf, lean))
+    torch.testing.assert_close(reachable(lean, b), a[..., rows], atol=1e-10, rtol=0)
     lm = random_chameleon(model_cfg("tiny_chameleon"), 64)
     net = lean_from_hf(lm)
     assert not any(True for _ in lm.model.layers.parameters()) and net.arch.num_layers == 2
+
+
+@pytest.mark.parametrize("fam", ["anole", "lumina_mgpt"])
+def test_the_image_token_head_keeps_the_processed_logits_and_the_tokens(tiny_dir: Path, fam: str) -> None:
+    """The lean LM head computes the image-token rows (and Lumina-mGPT's end-of-line / end-of-image rows, forced at
+    fixed grid positions) only, the rest at float32's lowest value: in float32 the processed logits of the prefill and
+    of a chain through every generation index (end-of-lines and the end-of-image included) equal the full head's bit
+    for bit under greedy, top-k and top-p processing with CFG; greedy AR and seeded T = 1 speculative decoding (the
+    drafter's head too) give the same tokens, so the law is unchanged."""
+    img, full = load(tiny_dir, fam, "lean", "float32"), load(tiny_dir, fam, "lean", "float32", cfg_mode="batched")
+    full.image_head = False
+    lay = img.layout
+    lo, hi, extra = img.head_rows()
+    assert (lo, hi) == (lay.image_token_offset, lay.image_token_offset + lay.num_codes) and hi - lo < lay.vocab_size
+    assert extra == (tuple(sorted((lay.eol_token, lay.eoi_token))) if fam == "lumina_mgpt" else ())
+    assert img.head_span() == (lo, max((hi, *(t + 1 for t in extra)))) and full.head_rows() is None
+    inputs = img.encode_prompt(TEXT, cfg=True)
+    n = lay.num_gen_tokens - 1
+    chain = DraftTree(_ids(img, [5 * i + 3 for i in range(n)]), [-1, *range(n - 1)], drafted_depth=n - 1)
+    raws = []
+    for t in (img, full):
+        first = t.start(inputs, n).logits
+        raw, _ = t.verify_forward(chain.tokens, chain.ancestor_mask, chain.depth)
+        raws.append((first[:, None], raw))
+    reachable(img, raws[0][1])
+    gen = torch.cat([torch.zeros(1, dtype=torch.long), 1 + chain.depth])  # 0 … num_gen − 1: every forced position
+    for sp in (
+        SamplingParams(temperature=0.0, cfg_scale=3.0),
+        SamplingParams(temperature=1.0, top_k=5, cfg_scale=3.0),
+        SamplingParams(temperature=0.7, top_p=0.9, cfg_scale=4.0),
+        SamplingParams(temperature=1.0),
+    ):
+        a, b = (
+            torch.cat(
+                [
+                    process_logits(f[: 1 + sp.use_cfg], gen[:1], lay, sp),
+                    process_logits(r[: 1 + sp.use_cfg], gen[1:], lay, sp),
+                ]
+            )
+            for f, r in raws
+        )
+        assert torch.equal(a, b) and a.isfinite().sum() > 0 and not a.isnan().any(), sp
+    greedy, sampled = SamplingParams(temperature=0.0, cfg_scale=3.0), SamplingParams(temperature=1.0, cfg_scale=3.0)
+    ar = [decode_ar(t, inputs, greedy, None).tokens for t in (img, full)]
+    policy = Eagle2Policy(depth=3, top_k=4, total_tokens=12)
+    spec = [
+        generate(t, drafter_for(t), policy, inputs, sampled, torch.Generator().manual_seed(7)).tokens
+        for t in (img, full)
+    ]
+    assert ar[0] == ar[1] and spec[0] == spec[1]
 
 
 # --- 2. decoding ----------------------------------------------------------------------------------------------

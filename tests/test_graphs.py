@@ -1,11 +1,12 @@
 """Static-shape forwards (``models.graphs``), on the CPU: the bucketing and padding a CUDA graph replays.
 
 A target asked for static verifies (``request_static``) keeps one pinned KV cache for every image and runs every
-tree at its bucket's size over the whole capacity; an EAGLE drafter asked for static shapes does the same for its
-``expand`` levels and the decode loop's ``extend``. These tests check, in float64, that the real nodes / slots get
-exactly the variable-shape forward's outputs through a run of trees and non-prefix commits (padding is inert), that
+tree at its bucket's size over a capacity bucket of that cache; an EAGLE drafter asked for static shapes does the same
+for its ``expand`` levels and the decode loop's ``extend``. These tests check, in float64, that the real nodes / slots
+get exactly the variable-shape forward's outputs through a run of trees and non-prefix commits (padding is inert), that
 the pinned caches are reused across images, that a prompt too long for them falls back to variable shapes, and that
-greedy speculation through the buckets is AR greedy. The capture itself needs CUDA (``tests/test_gpu.py``)."""
+greedy speculation through the buckets is AR greedy; on the simulated device (``accel.simulate``) the graphs of every
+(node bucket, capacity bucket) pair replay to AR's tokens. Real captures need CUDA (``tests/test_gpu.py``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from conftest import tiny
 from omegaconf import OmegaConf
 
+from adtbench import accel
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
@@ -24,9 +26,15 @@ from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness import job
-from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of
+from adtbench.models import graphs
+from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of, capacity_buckets
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
+
+
+def fine_widths(capacity: int) -> tuple[int, ...]:
+    """Capacity buckets 4 columns apart (the tiny models' live lengths stay under the default step of 64 columns)."""
+    return capacity_buckets(capacity, count=capacity, align=4)
 
 
 def test_buckets_are_the_smallest_power_of_two_that_holds_the_tree() -> None:
@@ -34,24 +42,42 @@ def test_buckets_are_the_smallest_power_of_two_that_holds_the_tree() -> None:
     assert bucket_of(129) is None and BUCKETS[-1] == 128
 
 
+def test_capacity_buckets_are_equal_aligned_steps_ending_at_the_capacity() -> None:
+    assert capacity_buckets(1600) == (256, 512, 768, 1024, 1280, 1600)  # 1536 is less than half a step short
+    assert capacity_buckets(1536) == (192, 384, 576, 768, 960, 1152, 1344, 1536)
+    assert capacity_buckets(300) == (64, 128, 192, 256, 300) and capacity_buckets(50) == (50,)
+    assert fine_widths(14) == (4, 8, 12, 14)
+    assert capacity_buckets(529) == (128, 256, 384, 529)  # mini's pinned cache
+    for c in (1, 63, 64, 65, 529, 1000, 2925):
+        w = capacity_buckets(c)
+        inner = w[:-1]  # equal steps, aligned; the last width the capacity, at most 1.5 steps past them
+        assert w[-1] == c and len(w) <= graphs.CAPACITY_BUCKETS and all(x % 64 == 0 for x in inner)
+        assert all(x == (i + 1) * w[0] for i, x in enumerate(inner)) and (not inner or c - inner[-1] <= 1.5 * w[0])
+
+
+@pytest.mark.parametrize("widths", ["default", "fine"])
 @pytest.mark.parametrize("model", MODELS)
-def test_bucketed_verifies_equal_variable_shapes_through_commits(model: str) -> None:
+def test_bucketed_verifies_equal_variable_shapes_through_commits(model: str, widths: str) -> None:
     """Trees of 1 … 17 nodes, each verified at its bucket (1, 2, 4, 8, 16, 32) and then committed along a path that
-    is not a prefix: the real nodes' logits and features equal the variable-shape target's within 1e-10."""
+    is not a prefix: the real nodes' logits and features equal the variable-shape target's within 1e-10. Each verify
+    attends over the smallest capacity bucket holding its columns (``fine``: buckets 4 columns apart, so the width
+    changes from verify to verify), never over the whole pinned capacity."""
     plain, _ = tiny(model)
     static, _ = tiny(model)
     static.request_static(graphs=False)
-    used: list[int] = []
+    used: list[tuple[int, int, int]] = []
     run = StaticVerify.run
 
     def spy(self: StaticVerify) -> tuple[torch.Tensor, torch.Tensor]:
-        used.append(self.b)
+        used.append((self.b, self.width, int(self.write[0]) + self.b))  # bucket, width, columns needed
         return run(self)
 
     gen = torch.Generator().manual_seed(0)
     lay = plain.layout
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(StaticVerify, "run", spy)
+        if widths == "fine":
+            mp.setattr(graphs, "capacity_buckets", fine_widths)
         for t in (plain, static):
             t.start(t.encode_prompt("a red circle", cfg=True), 32)
         for n in (1, 3, 2, 5, 9, 17, 4):
@@ -62,7 +88,12 @@ def test_bucketed_verifies_equal_variable_shapes_through_commits(model: str) -> 
             path = torch.nonzero(mask[-1]).view(-1)  # the deepest-last node's root path: not a prefix in general
             for t in (plain, static):
                 t.commit(path)
-    assert used == [1, 4, 2, 8, 16, 32, 4]
+    assert [b for b, _, _ in used] == [1, 4, 2, 8, 16, 32, 4]
+    st = static.static
+    assert st.widths == (fine_widths if widths == "fine" else capacity_buckets)(st.capacity)
+    for _, width, need in used:  # the smallest width holding the columns, short of the whole capacity
+        assert width == min(w for w in st.widths if w >= need) < st.capacity
+    assert len({w for _, w, _ in used}) >= (4 if widths == "fine" else 1)
     assert static.cache is static.pinned
 
 
@@ -162,8 +193,10 @@ def test_bucketed_drafter_equals_variable_shapes_through_real_decodes(model: str
 
     def spy(self: StaticDraft) -> torch.Tensor:
         used.append(self.b)
+        widths.append((self.width, int(self.write[0]) + self.b))
         return run(self)
 
+    widths: list[tuple[int, int]] = []  # (width, columns needed) of every static drafter forward
     moved: list[bool] = []
     commit = type(target).commit
 
@@ -175,6 +208,7 @@ def test_bucketed_drafter_equals_variable_shapes_through_real_decodes(model: str
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(StaticDraft, "run", spy)
         mp.setattr(type(target), "commit", commit_spy)
+        mp.setattr(graphs, "capacity_buckets", fine_widths)
         sampled = SamplingParams(temperature=1.0, cfg_scale=3.0)
         inputs = target.encode_prompt("a red circle", cfg=True)
         gen = torch.Generator().manual_seed(0)
@@ -193,6 +227,10 @@ def test_bucketed_drafter_equals_variable_shapes_through_real_decodes(model: str
     assert {17, 9, 5, 3, 2, 1} <= set(expands) and 1 in extends and max(extends) >= 2
     # every expand and every decode-loop extend ran at its bucket; the prompts' extends did not
     assert sorted(used) == sorted(bucket_of(m) for m in expands + extends)
+    # each at the smallest capacity bucket holding its columns (fine buckets: many widths, never the whole capacity)
+    assert static.static is not None and static.static.widths == fine_widths(static.static.capacity)
+    assert all(w == min(x for x in static.static.widths if x >= need) for w, need in widths)
+    assert len({w for w, _ in widths}) >= 4 and max(w for w, _ in widths) < static.static.capacity
 
 
 @pytest.mark.parametrize("model", MODELS)
@@ -249,6 +287,39 @@ def test_a_fork_of_the_static_drafter_has_its_own_cache_at_variable_shapes() -> 
     spec = generate(target, fork, Eagle2Policy(depth=2, top_k=3, total_tokens=8), inputs, sp, None)
     assert spec.tokens == decode_ar(target, inputs, sp, None).tokens
     assert fork.cache is not drafter.pinned[0] and fork.static is None and drafter.static is not None
+
+
+def test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens() -> None:
+    """On the simulated device (the CUDA-graph stand-in: a replay must run the captured ops at the captured shapes and
+    read only captured storages) target and drafter capture one graph per (node bucket, capacity bucket ≥ it) — seven
+    widths 8 columns apart over the tiny model's live lengths, so the replays move through them — and greedy
+    speculation replays them to AR's tokens, image after image (the lean Chameleon; ``test_accel`` runs both models
+    at the default widths)."""
+    model = "tiny_chameleon"
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+
+    def few_widths(capacity: int) -> tuple[int, ...]:
+        return (*range(12, 60, 8), capacity)
+
+    with pytest.MonkeyPatch.context() as mp, accel.simulate() as sim:
+        mp.setattr(graphs, "capacity_buckets", few_widths)
+        target, drafter = tiny(model, dtype="float32", device="cuda")
+        target.request_static(graphs=True)
+        drafter.request_static(graphs=True)
+        for prompt in ("a red circle", "two blue squares on a striped floor"):
+            inputs = target.encode_prompt(prompt, cfg=True)
+            eager = decode_ar(target, inputs, sp, None).tokens  # through the graphs of node bucket 1 too
+            spec = generate(target, drafter, Eagle2Policy(depth=3, top_k=4, total_tokens=20), inputs, sp, None)
+            assert spec.tokens == eager
+        for st in (target.static, drafter.static):
+            assert st is not None and st.widths == few_widths(st.capacity)
+            assert st.captures == sum(len([w for w in st.widths if w >= b]) for b in st.buckets)
+            widths = [w for step in st.steps.values() for w, g in step.graphs.items() if g.replays]
+            assert len({w for w in widths if w < st.capacity}) >= 3
+        assert sim.counts["graph_captures"] == target.static.captures + drafter.static.captures
+    with accel.simulate():  # the same greedy tokens as the variable-shape path on the host
+        plain, _ = tiny(model, dtype="float32")
+        assert decode_ar(plain, plain.encode_prompt(prompt, cfg=True), sp, None).tokens == eager
 
 
 def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:

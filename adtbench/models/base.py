@@ -10,7 +10,8 @@ An adapter implements six model-specific pieces:
   (True = attend) by default; ``StaticGPTTarget`` overrides it to build the additive form (0 / −inf in the model
   dtype) once per forward, which its network uses in every layer as is;
 - ``_compact(start, keep)``: KV compaction after verification (entries ``start + keep`` → ``start..``);
-- ``embed_tokens`` / ``lm_head``: the drafter's shared embedding and head;
+- ``embed_tokens`` / ``lm_head``: the drafter's shared embedding and head (``full_lm_head``: the head over the whole
+  vocabulary, for training);
 - ``drafter_rope(head_dim)``: the positional scheme a drafter for this target uses.
 
 The base class owns the per-row state that makes CFG rows share one tree: ``length`` (committed KV
@@ -25,6 +26,12 @@ cache columns and new tokens an explicit ``allowed`` mask names; ``commit`` then
 cache columns are in feeding order; ``algorithm.raster.RasterCache`` tracks which slot each one holds.
 
 Features are the last-layer hidden states *after* the final norm (EAGLE's ``f_t``).
+
+Raw logits (``_forward``, ``forward_at``, the prefill's, ``lm_head``) are exact on every row the layout's
+constraint can let through — the image tokens and the forced tokens (``TokenLayout``) — and only there: a target may
+leave the other rows at the dtype's lowest finite value, which ``process_logits`` masks to −inf at every generation
+index (finite, not −inf, so that the CFG mix of two such rows is not NaN). ``StaticGPTTarget`` computes its LM head
+over those rows only (``logits_head``: 8,192 of Chameleon's 65,536).
 """
 
 from __future__ import annotations
@@ -107,6 +114,11 @@ class Target(ABC):
 
     @abstractmethod
     def lm_head(self, features: torch.Tensor) -> torch.Tensor: ...
+
+    def full_lm_head(self, features: torch.Tensor) -> torch.Tensor:
+        """The LM head over the whole vocabulary (``lm_head`` may leave unreachable rows unset: module docstring);
+        what training's soft cross-entropy over the vocabulary reads."""
+        return self.lm_head(features)
 
     @abstractmethod
     def drafter_rope(self, head_dim: int) -> Rope: ...
@@ -236,6 +248,8 @@ class StaticGPTTarget(Target):
     cache: Any = None
     key_bias: torch.Tensor | None = None
     static: Any = None  # ``graphs.StaticVerifier`` over the pinned cache, None: variable shapes
+    image_head = True  # the LM head over the rows the layout can emit only (``logits_head``); False: every row
+    _head_weight: tuple[Any, ...] | None = None  # (weight, (storage, dtype, span), its rows' transposed view)
     pinned: Any = None  # the one KV cache every image reuses under ``request_static``
     _pin: tuple[int, bool] | None = None  # (extra prompt columns, capture CUDA graphs): pin at the first prefill
     _warned_unpinned = False
@@ -290,10 +304,52 @@ class StaticGPTTarget(Target):
         self, tokens: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The static-shape forward (``models.graphs``): K/V written at columns ``write [b]``, attention over the
-        whole pinned cache with ``mask [R, 1, b, capacity]``."""
+        first K columns of the pinned cache (a capacity bucket) with ``mask [R, 1, b, K]``."""
         x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
         feats = self.net.forward_embeds(x, pos, mask, self.cache, write)
-        return self.net.output(feats), feats
+        return self.logits_head(feats), feats
+
+    def head_rows(self) -> tuple[int, int, tuple[int, ...]] | None:
+        """``(lo, hi, extra)``: the vocabulary rows the layout's constraint lets through at some generation index —
+        the image tokens ``lo … hi − 1`` and the forced tokens ``extra`` (Lumina-mGPT's end-of-line and end-of-image)
+        — or None where that is the whole vocabulary (LlamaGen, the mini model, AR-DTok: every token is an image
+        token) or ``image_head`` is off."""
+        lay = self.layout
+        lo, hi = lay.image_token_offset, lay.image_token_offset + lay.num_codes
+        extra = tuple(sorted({t for t in (lay.eol_token, lay.eoi_token) if t is not None and not lo <= t < hi}))
+        if not self.image_head or hi - lo + len(extra) >= lay.vocab_size:
+            return None
+        return lo, hi, extra
+
+    def head_span(self) -> tuple[int, int] | None:
+        """The contiguous rows ``lo … hi − 1`` of the vocabulary that hold every ``head_rows`` row: those
+        ``logits_head`` computes (None: every row)."""
+        rows = self.head_rows()
+        if rows is None:
+            return None
+        lo, hi, extra = rows
+        lo, hi = min((lo, *extra)), max((hi, *(t + 1 for t in extra)))
+        return None if hi - lo >= self.layout.vocab_size else (lo, hi)
+
+    def logits_head(self, feats: torch.Tensor) -> torch.Tensor:
+        """Raw logits ``[..., V]`` of features ``[..., D]`` (no grad): ``net.output`` over the contiguous rows that hold
+        the ``head_rows`` — one matrix product into those columns (Chameleon: the 8,192 image tokens; Lumina-mGPT:
+        up to its end-of-line and end-of-image tokens) — the other rows at the dtype's lowest finite value (module
+        docstring). ``process_logits`` then gives the processed logits of the full head, bit for bit where the
+        product's sums do not depend on how many rows it computes (float32 on this CPU library:
+        ``tests/test_chameleon_lean.py``). Every row under grad mode, or where the span is the whole vocabulary."""
+        span, head = self.head_span(), self.net.output
+        if span is None or head.bias is not None or torch.is_grad_enabled():
+            return head(feats)
+        (lo, hi), (V, D) = span, head.weight.shape
+        w, cached = head.weight, self._head_weight
+        key = (w.data_ptr(), w.dtype, span)  # a move (``to``) swaps the parameter's storage in place
+        if cached is None or cached[0] is not w or cached[1] != key:
+            cached = self._head_weight = (w, key, w.detach()[lo:hi].t())  # a view of its rows, no copy
+        h = feats.reshape(-1, D)
+        out = torch.full((h.shape[0], V), torch.finfo(feats.dtype).min, dtype=feats.dtype, device=feats.device)
+        torch.mm(h, cached[2], out=out[:, lo:hi])
+        return out.view(*feats.shape[:-1], V)
 
     def start(self, inputs: PromptInputs, max_tree_nodes: int) -> PrefillResult:
         res = super().start(inputs, max_tree_nodes)
@@ -329,7 +385,7 @@ class StaticGPTTarget(Target):
         assert self.cache is not None, "prefill first"
         x = self.net.tok_embeddings(tokens)[None].expand(self.rows, -1, -1)
         feats = self.net.forward_embeds(x, position_ids, mask, self.cache, self.length)
-        return self.net.output(feats), feats
+        return self.logits_head(feats), feats
 
     def compile_forward(self) -> None:
         """Run the network's inference layer stack through ``torch.compile`` (inductor, dynamic shapes: tree size
@@ -346,6 +402,9 @@ class StaticGPTTarget(Target):
         return self.net.tok_embeddings(ids.to(self.device))
 
     def lm_head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.logits_head(features)
+
+    def full_lm_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.net.output(features)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from adtbench.models import graphs
 from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
 from adtbench.models.graphs import BUCKETS, _Buckets, _Step, bucket_of
 
@@ -159,7 +160,7 @@ class BatchTarget:
         columns ``write [R, N]``, attending through ``mask [R, 1, N, width]``: raw logits and features."""
         x = self.target.net.tok_embeddings(tokens).repeat(self.c, 1, 1)
         feats = self.target.net.forward_embeds(x, pos, mask, self.cache, write)
-        return self.target.net.output(feats), feats
+        return self.target.logits_head(feats), feats
 
     def request_static(self, graphs: bool) -> None:
         """Verify through static-shape buckets over this batch's cache (``StaticBatchVerifier``), captured as CUDA
@@ -205,41 +206,45 @@ class BatchTarget:
 
 class StaticBatchVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
     """One bucket of b nodes per slot over a ``BatchTarget``'s cache: static tokens ``[B, b]``, positions and
-    written columns ``[R, b]``, the mask ``[R, 1, b, capacity]`` (the eager forward's, over every column); ``graph``
-    after ``capture``. Padding is the eager forward's (``pack_trees``): inert."""
+    written columns ``[R, b]``, the mask ``[R, 1, b, K]`` (the eager forward's, over the first K columns: the
+    smallest of the attention ``widths`` holding the longest slot's columns); ``graphs`` after ``capture``. Padding is
+    the eager forward's (``pack_trees``): inert."""
 
-    def __init__(self, bt: BatchTarget, b: int) -> None:
+    def __init__(self, bt: BatchTarget, b: int, widths: tuple[int, ...]) -> None:
+        super().__init__()
         dev = self.device = bt.device
         self.bt, self.b = bt, b
         self.tokens = torch.zeros(bt.B, b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(bt.rows, b, dtype=torch.long, device=dev)
         self.cols = torch.arange(b, device=dev)
         self.write = self.cols[None].repeat(bt.rows, 1)
-        pad = torch.full((b, b), float("-inf"), dtype=bt.dtype, device=dev).fill_diagonal_(0.0)
-        self.mask = torch.full((bt.rows, 1, b, bt.capacity), float("-inf"), dtype=bt.dtype, device=dev)
-        self.mask[:, :, :, :b] = pad  # before the first load: each row sees its own column (no NaN rows)
+        self._pad_block = torch.full((b, b), float("-inf"), dtype=bt.dtype, device=dev).fill_diagonal_(0.0)
+        self._init_masks(bt.rows, widths)  # before the first load: each row sees its own column (no NaN rows)
 
     def load(self, trees: list[SlotTree]) -> None:
         bt, b = self.bt, self.b
+        self.width = self._width_for(max(bt.length) + b)
         tokens, depth, block = pack_trees(trees, b, bt.device)
         self.tokens.copy_(tokens)
         torch.add(bt._len[:, None], self.cols[None], out=self.write)
         add = torch.where(block, 0.0, float("-inf")).to(bt.dtype).repeat(bt.c, 1, 1)
-        self.mask.copy_(row_mask(bt.key_bias, self.write, add, bt.capacity)[:, :, :, : bt.capacity])
+        self.masks[self.width].copy_(row_mask(bt.key_bias, self.write, add, self.width))
         self.pos.copy_(bt.next_pos[:, None] + depth.repeat(bt.c, 1))
 
-    def _forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.bt.static_forward(self.tokens, self.pos, self.write, self.mask)
+    def _forward_at(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.bt.static_forward(self.tokens, self.pos, self.write, self.masks[K])
 
 
 class StaticBatchVerifier(_Buckets):
-    """All buckets of one ``BatchTarget`` (``BatchTarget.request_static``): ``forward`` pads every slot's tree to the
-    bucket of the largest, runs it and returns the first N nodes' logits and features (copies)."""
+    """All buckets of one ``BatchTarget`` (``BatchTarget.request_static``), each at the attention widths of
+    ``graphs.capacity_buckets``: ``forward`` pads every slot's tree to the bucket of the largest, runs it and returns
+    the first N nodes' logits and features (copies)."""
 
     def __init__(self, bt: BatchTarget, buckets: tuple[int, ...] = BUCKETS) -> None:
         self.capacity = bt.capacity
         self.buckets = tuple(b for b in buckets if b <= bt.capacity)
-        self.steps = {b: StaticBatchVerify(bt, b) for b in self.buckets}
+        self.widths = graphs.capacity_buckets(bt.capacity)
+        self.steps = {b: StaticBatchVerify(bt, b, self.widths) for b in self.buckets}
 
     def fits(self, n: int, longest: int) -> bool:
         """The trees' largest size ``n`` has a bucket whose padding stays in every row's cache (``longest``: the

@@ -1,7 +1,9 @@
 """Chameleon-family adapter (Anole): vocabulary, prompt rows, the two targets and the builder from a ``model`` node.
 
-``model.impl`` picks the LM's implementation; both expose raw logits over the whole vocabulary (the image-token
-constraint is ``TokenLayout``'s) and share this module's vocabulary and prompt rows (``ChameleonVocab``):
+``model.impl`` picks the LM's implementation; both expose raw logits exact on every token the layout can emit (the
+image-token constraint is ``TokenLayout``'s; the lean target computes its head over those rows only,
+``StaticGPTTarget.logits_head``, the hf one over the whole vocabulary) and share this module's vocabulary and prompt
+rows (``ChameleonVocab``):
 
 - ``lean`` (default): ``LeanChameleonTarget``, the LM of ``chameleon_lean`` on the project's lean stack with a
   static KV cache (``StaticGPTTarget``'s tree bookkeeping, device-side compaction, ``compile_forward``);
@@ -255,7 +257,7 @@ class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
         x = self.net.tok_embeddings(ids)
         feats = self.net.forward_embeds(x, pos, prompt_mask(valid), self.cache, 0)
         return PrefillResult(
-            logits=self.net.output(feats[:, -1]), features=feats, input_embeds=x, positions=pos, valid=valid
+            logits=self.logits_head(feats[:, -1]), features=feats, input_embeds=x, positions=pos, valid=valid
         )
 
     def drafter_rope(self, head_dim: int) -> Rope:

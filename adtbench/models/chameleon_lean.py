@@ -7,9 +7,10 @@
     h = x + o(SDPA(rope(LN_q(q)), rope(LN_k(k)), v; mask)),  q|k|v = RMSNorm(x)·W_qkvᵀ
     x' = h + down(silu(gate) ⊙ up),                           gate|up = RMSNorm(h)·W_13ᵀ
 
-and after the last layer the final RMSNorm (the features) and ``lm_head`` (raw logits over the whole vocabulary:
-the image-token constraint is ``TokenLayout``'s, applied by ``process_logits``, exactly as on the HF path, which
-calls ``lm.model`` + ``lm.lm_head`` and never the ``forward`` that masks image logits).
+and after the last layer the final RMSNorm (the features) and ``lm_head`` (``output``: raw logits over the whole
+vocabulary; the image-token constraint is ``TokenLayout``'s, applied by ``process_logits``, exactly as on the HF path,
+which calls ``lm.model`` + ``lm.lm_head`` and never the ``forward`` that masks image logits). The target
+(``LeanChameleonTarget``) multiplies by the image-token rows of ``output`` only (``StaticGPTTarget.logits_head``).
 
 Numerics, chosen so that the lean path equals the HF path to float rounding in float32 and float64:
 
@@ -19,7 +20,10 @@ Numerics, chosen so that the lean path equals the HF path to float rounding in f
 - q/k norm: ``lean.HeadLayerNorm`` — LayerNorm over head_dim (eps 1e-5, no affine) then the per-head affine
   ``[heads, head_dim]``; checkpoints storing ``(d0, head_dim)`` (Lumina-mGPT) are expanded at load
   (``hf_checkpoint.expand_qk_norm``, models.md §1.4).
-- RoPE: ``Rope1D`` (θ from the config, HF ``rotate_half`` pairing), angles and cos/sin in float32 whatever the
+- RoPE: ``Rope1D`` (θ from the config, HF ``rotate_half`` pairing — stored interleaved: the q and k rows of
+  ``wqkv`` and the q/k norms' affine are reordered head by head so that pair i is dims 2i, 2i + 1, which changes no
+  attention score and makes the rotation one complex product, ``lean.interleave_pairs``; the K cache holds that
+  order), angles and cos/sin in float32 whatever the
   model dtype (HF's rotary embedding forces float32); a float64 model multiplies by those float32 values cast
   to float64, as HF does. Half models rotate in float32 (HF rounds cos/sin to the half type first: equal up to
   half-precision rounding).
@@ -50,8 +54,18 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.lean import HeadLayerNorm, InferenceWeights, LayerWeights, additive_mask, fold_t, stack_fn
-from adtbench.models.rope import Rope1D, qkv_tables
+from adtbench.models.lean import (
+    HeadLayerNorm,
+    InferenceWeights,
+    LayerWeights,
+    additive_mask,
+    fold_t,
+    interleave_pairs,
+    qk_affine,
+    stack_fn,
+    stack_memo,
+)
+from adtbench.models.rope import Rope1D, Rotary, rotary
 
 QK_NORM_EPS = 1e-5  # transformers' ChameleonLayerNorm hard-codes it
 NORM_DTYPE = torch.float32  # HF's RMSNorm and rotary tables are float32 whatever the model dtype
@@ -166,7 +180,7 @@ class ChameleonBlock(nn.Module):
         self.heads, self.kv_heads, self.head_dim = H, KV, hd
 
     def inference_weights(self) -> LayerWeights:
-        """``lean.decoder_layer``'s view of this layer (transposed views, no copies)."""
+        """``lean.decoder_layer``'s view of this layer (transposed views, no copies but the fused q|k norm affine)."""
         return LayerWeights(
             qkv=self.wqkv.t(),
             qkv_bias=None,
@@ -179,8 +193,7 @@ class ChameleonBlock(nn.Module):
             norm_in=True,
             eps_in=self.eps,
             eps_ffn=self.eps,
-            q_norm=self.q_norm,
-            k_norm=self.k_norm,
+            qk_norm=qk_affine(self.q_norm, self.k_norm),
             norm_dtype=NORM_DTYPE,
         )
 
@@ -200,7 +213,7 @@ class ChameleonLM(InferenceWeights, nn.Module):
         self.layers = nn.ModuleList(ChameleonBlock(arch) for _ in range(arch.num_layers))
         self.norm_weight = _frozen(arch.hidden_size)
         self.output = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
-        self.rope = Rope1D(arch.head_dim, arch.rope_theta, "half")
+        self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
         self.requires_grad_(False)
 
     def new_cache(self, rows: int, capacity: int) -> StaticKVCache:
@@ -210,14 +223,12 @@ class ChameleonLM(InferenceWeights, nn.Module):
     def _build_inference_weights(self) -> list[LayerWeights]:
         return [b.inference_weights() for b in self.layers]
 
-    def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rope.qkv_tables`` for the fused q|k|v heads at ``pos [R, n]``: computed in float32 (HF's rotary
+    def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
+        """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``: computed in float32 (HF's rotary
         embedding), cast to float64 for a float64 model (so the rotation runs in float64, as HF's)."""
         a = self.arch
-        C, S = qkv_tables(self.rope, pos, NORM_DTYPE, a.num_heads + a.num_kv_heads, a.num_kv_heads)
-        if dtype == torch.float64:
-            C, S = C.to(dtype), S.to(dtype)
-        return C, S
+        rot = rotary(self.rope, pos, NORM_DTYPE, a.num_heads + a.num_kv_heads, a.num_kv_heads)
+        return rot.to(dtype) if dtype == torch.float64 else rot
 
     def forward_embeds(
         self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor
@@ -226,9 +237,10 @@ class ChameleonLM(InferenceWeights, nn.Module):
         new K/V entries are written at ``start``. ``mask [R, 1, n, start + n]``: boolean (True = attend) or
         additive in x's dtype."""
         mask = additive_mask(mask, x.dtype)
-        tables = self.rope_tables(pos, x.dtype)
+        rot = self.rope_tables(pos, x.dtype)
         layers, eps = self.inference_weights(), self.arch.rms_norm_eps
-        return stack_fn(self)(layers, self.norm_weight, eps, x, tables, "half", mask, cache, start, NORM_DTYPE)
+        memo = stack_memo(self)
+        return stack_fn(self)(layers, self.norm_weight, eps, x, rot, mask, cache, start, NORM_DTYPE, memo=memo)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -262,17 +274,24 @@ def _fuse(
         w = torch.cat([t(k) for k in keys], 0)
         return fold_t(w, t(norm_key)).t().contiguous()  # [out, in]: W · diag(norm)
 
+    def interleaved(qkv: torch.Tensor) -> torch.Tensor:  # q and k rows in interleaved rotary pairs (module docstring)
+        qk = (H + KV) * arch.head_dim
+        return torch.cat([interleave_pairs(qkv[:qk], H + KV, arch.head_dim), qkv[qk:]], 0)
+
     sd: dict[str, torch.Tensor] = {}
     for i in range(arch.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        sd[q + "wqkv"] = folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
+        sd[q + "wqkv"] = interleaved(
+            folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
+        )
         gate_up = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
         sd[q + "w13"] = folded(gate_up, p + "post_attention_layernorm.weight")
         sd[q + "wo"] = t(p + "self_attn.o_proj.weight")
         sd[q + "w2"] = t(p + "mlp.down_proj.weight")
         for n, heads in (("q", H), ("k", KV)):
             for part in ("weight", "bias"):
-                sd[q + f"{n}_norm.{part}"] = norm(p + f"self_attn.{n}_norm.{part}", heads)
+                affine = norm(p + f"self_attn.{n}_norm.{part}", heads)
+                sd[q + f"{n}_norm.{part}"] = interleave_pairs(affine, 1, arch.head_dim, dim=1).contiguous()
         if layer_done is not None:
             layer_done(i)
     sd["norm_weight"] = t("model.norm.weight")

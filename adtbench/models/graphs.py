@@ -6,11 +6,21 @@ live in buffers that never move and never change shape:
 
 - the KV cache is allocated once per run at a fixed capacity C (``StaticGPTTarget.kv_cache`` at the first prefill
   after ``request_static``) and every image reuses it;
-- a forward over n tree nodes runs at the smallest *bucket* b ≥ n of ``BUCKETS`` (1, 2, 4, …, 128): nodes
+- a forward over n tree nodes runs at the smallest *node bucket* b ≥ n of ``BUCKETS`` (1, 2, 4, …, 128): nodes
   n … b − 1 are padding, and every input is copied into the bucket's static buffers — tokens ``[b]``, positions
-  ``[R, b]``, the KV columns written ``[b]`` and the additive mask ``[R, 1, b, C]`` over the whole capacity;
-- the layers write K/V with ``index_copy_`` at the written columns and attend over all C columns
-  (``lean.decoder_layer`` with a tensor ``start``); the mask admits the committed columns, then the tree block.
+  ``[R, b]``, the KV columns written ``[b]`` and the additive mask ``[R, 1, b, K]``;
+- it attends over the first K columns of the cache, K the smallest *capacity bucket* ≥ L + b (L the committed
+  length; ``capacity_buckets``: the capacity in ``CAPACITY_BUCKETS`` equal steps aligned to ``CAPACITY_ALIGN``
+  columns), not over the whole capacity C: the attention reads at most one step more than the live length. The
+  layers write K/V with ``index_copy_`` at the written columns (``lean.decoder_layer`` with a tensor ``start``); the
+  mask admits the committed columns, then the tree block, and nothing past L + b.
+
+One CUDA graph per (node bucket b, capacity bucket K ≥ b): at most 8 × ``CAPACITY_BUCKETS`` = 64 per model (fewer
+where a step is shorter than the largest node bucket). All the graphs of a node bucket share its input buffers and
+one mask storage of ``R·b·C`` elements (each K views the first ``R·b·K`` of it), so the static inputs take the memory
+they took with one graph per node bucket; what grows with the number of graphs is the capture time (each capture
+is three forwards: two warm-ups and the capture) and, on CUDA, each graph's private pool of intermediates (sharing
+one pool between them needs ``accel.capture`` to pass ``pool=`` to ``torch.cuda.graph``).
 
 Padding is inert: a padded node attends to itself only (its row of the block is the identity) and writes its K/V
 at columns L + n … L + b − 1, past the committed length L, where no later mask admits them until a commit
@@ -19,20 +29,21 @@ variable-shape forward computes (tested on the CPU in float64: ``tests/test_grap
 
 The EAGLE drafter does the same (``EagleDrafter.request_static``, ``StaticDrafter``): one pinned drafter cache (with
 its ``valid`` / additive ``bias``) for every image, pinned at the first ``reset``, and m new slots at bucket b ≥ m —
-feats and embeds ``[R, b, H]``, positions ``[R, b]``, the written columns ``[b]``, the mask ``[R, 1, b, C]``. One
-bucket serves ``expand`` (a tree level's scratch slots written after the S earlier ones, at L + S …, seeing the
-committed columns and the scratch slots the session's slot mask names) and the decode loop's ``extend`` (m committed
-slots at L …, causal among themselves); only the written columns and the mask differ, and both are loaded outside
-the graph. Padding is inert as for the target: a padded slot sees itself only and writes past the live slots, where
-the next level or ``extend`` overwrites it before any mask admits it. The prompt's ``extend`` (with a ``valid``
+feats and embeds ``[R, b, H]``, positions ``[R, b]``, the written columns ``[b]``, the mask ``[R, 1, b, K]`` over
+the first K columns (K the smallest capacity bucket past the last written column). One bucket serves ``expand`` (a
+tree level's scratch slots written after the S earlier ones, at L + S …, seeing the committed columns and the
+scratch slots the session's slot mask names) and the decode loop's ``extend`` (m committed slots at L …, causal
+among themselves); only the written columns and the mask differ, and both are loaded outside the graph. Padding is
+inert as for the target: a padded slot sees itself only and writes past the live slots, where the next level or
+``extend`` overwrites it before any mask admits it. The prompt's ``extend`` (with a ``valid``
 mask), calls past the largest bucket or the capacity, and an image whose reset needs more room than was pinned
 (logged once) run at variable shapes.
 
 On the CPU ``StaticVerify`` / ``StaticDraft`` run the same static shapes eagerly (what the tests check); on CUDA
-each bucket's forward is captured once (``capture``: the target's at the first prefill, the drafter's at its first
-reset) — outside the timed scope, its time reported — and replayed by every call of that bucket, the AR step
-(bucket 1) included, so the AR baseline and speculation get the same treatment. A captured graph reads the weights
-and caches of its capture: no parameter may change after it.
+each (node bucket, capacity bucket) forward is captured once (``capture``: the target's at the first prefill, the
+drafter's at its first reset) — outside the timed scope, its time reported — and replayed by every call of that
+pair, the AR step (node bucket 1) included, so the AR baseline and speculation get the same treatment. A captured
+graph reads the weights and caches of its capture: no parameter may change after it.
 """
 
 from __future__ import annotations
@@ -45,6 +56,8 @@ import torch
 from adtbench import accel
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+CAPACITY_BUCKETS = 8  # attention widths per node bucket: the pinned capacity in this many equal steps
+CAPACITY_ALIGN = 64  # a step is a multiple of this many columns
 _Out = TypeVar("_Out")
 
 
@@ -53,74 +66,134 @@ def bucket_of(n: int, buckets: tuple[int, ...] = BUCKETS) -> int | None:
     return next((b for b in buckets if b >= n), None)
 
 
+def capacity_buckets(capacity: int, count: int = CAPACITY_BUCKETS, align: int = CAPACITY_ALIGN) -> tuple[int, ...]:
+    """The attention widths of a pinned cache of ``capacity`` columns: multiples of one step (``capacity / count``
+    rounded up to a multiple of ``align``) short of the capacity by half a step or more, then the capacity itself — at
+    most ``count`` widths, the last at most 1.5 steps wide."""
+    step = -(-capacity // max(1, count))
+    step = -(-step // align) * align
+    return (*range(step, capacity - step // 2 + 1, step), capacity)
+
+
 class _Step(Generic[_Out]):
-    """One bucket's static-shape forward: ``run`` it eagerly, or ``capture`` it once as a CUDA graph (its stand-in
-    off a GPU: ``accel.capture``) and replay it; either way the outputs are static tensors the next ``run`` rewrites
-    (read them first)."""
+    """One node bucket's static-shape forwards, one per capacity bucket ``K`` (``widths``): ``run`` the one the last
+    ``load`` chose (``width``) eagerly, or ``capture`` each once as a CUDA graph (its stand-in off a GPU:
+    ``accel.capture``) and replay it; either way the outputs are static tensors the next ``run`` rewrites (read them
+    first). The widths share the node bucket's input buffers and one mask storage (``_mask_at``)."""
 
-    graph: accel.Graph | None = None
+    b: int
     device: torch.device
+    widths: tuple[int, ...]
+    width: int  # the capacity bucket the next ``run`` attends over
+    _mask_store: torch.Tensor  # R·b·C elements: the mask of every width is a view of its first R·b·K
+    _pad_block: torch.Tensor
 
-    def _forward(self) -> _Out:
+    def __init__(self) -> None:
+        self.graphs: dict[int, accel.Graph] = {}
+        self.masks: dict[int, torch.Tensor] = {}
+
+    def _init_masks(self, rows: int, widths: tuple[int, ...]) -> None:
+        """The mask views ``[R, 1, b, K]`` of every width K ≥ b (over one storage), each set to ``_initial_mask``."""
+        self.widths = tuple(w for w in widths if w >= self.b)
+        size = rows * self.b * self.widths[-1]
+        self._mask_store = torch.empty(size, dtype=self._pad_block.dtype, device=self.device)
+        for K in self.widths:
+            self.masks[K] = self._mask_store[: rows * self.b * K].view(rows, 1, self.b, K)
+        self.width = self.widths[-1]
+        self._reset_mask(self.width)
+
+    def _reset_mask(self, K: int) -> None:
+        _initial_mask(self._pad_block, self.masks[K])
+
+    def _width_for(self, end: int) -> int:
+        """The smallest width holding columns ``0 … end − 1``."""
+        return next(w for w in self.widths if w >= end)
+
+    def _forward_at(self, K: int) -> _Out:
         raise NotImplementedError
 
-    def run(self) -> _Out:
-        if self.graph is not None:
-            self.graph.replay()
-            out: _Out = self.graph.out
-            return out
-        return self._forward()
+    @property
+    def graph(self) -> accel.Graph | None:
+        """The captured graph of the current width (None before ``capture``)."""
+        return self.graphs.get(self.width)
 
-    def capture(self) -> None:
-        """Capture ``run``'s forward (``accel.capture``: two warm-up runs, then the capture)."""
-        self.graph = accel.capture(self._forward, self.device)
+    def run(self) -> _Out:
+        graph = self.graphs.get(self.width)
+        if graph is not None:
+            graph.replay()
+            out: _Out = graph.out
+            return out
+        return self._forward_at(self.width)
+
+    def capture(self) -> int:
+        """Capture the forward of every width (``accel.capture``: two warm-up runs, then the capture; the mask of the
+        width reset first, so no row is fully masked); returns the number of graphs."""
+        for K in self.widths:
+            self._reset_mask(K)
+            self.width = K
+            self.graphs[K] = accel.capture(lambda K=K: self._forward_at(K), self.device)
+        return len(self.widths)
 
 
 class StaticVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
-    """The static buffers and forward of one bucket of ``b`` nodes for a target with ``rows`` rows and a pinned
-    cache of ``capacity`` columns; ``graph`` after ``capture``."""
+    """The static buffers and forwards of one bucket of ``b`` nodes for a target with ``rows`` rows over a pinned
+    cache, at the attention ``widths`` (capacity buckets); ``graphs`` after ``capture``."""
 
-    def __init__(self, target: Any, b: int, rows: int, capacity: int) -> None:
+    def __init__(self, target: Any, b: int, rows: int, widths: tuple[int, ...]) -> None:
+        super().__init__()
         dev = self.device = target.device
-        self.target, self.b, self.capacity = target, b, capacity
+        self.target, self.b = target, b
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
         self.cols = torch.arange(b, device=dev)  # a bucket's columns after the committed length
         self.write = self.cols.clone()
         self._pad_block = _padded_block(b, target.dtype, dev)
-        self.mask = _initial_mask(self._pad_block, rows, capacity)
+        self._init_masks(rows, widths)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The mask of the current width ``[R, 1, b, K]``."""
+        return self.masks[self.width]
 
     def load(self, tokens: torch.Tensor, block: torch.Tensor, pos: torch.Tensor, length: int) -> None:
         """Copy n real nodes in: ``tokens [n]``, their additive tree block ``[n, n]``, positions ``[R, n]``; the
-        committed length ``length`` (L) places the block at columns L … L + b − 1 (``key_bias`` admits the rest)."""
+        committed length ``length`` (L) places the block at columns L … L + b − 1 (``key_bias`` admits the rest) and
+        picks the width: the smallest capacity bucket ≥ L + b."""
         n, b, L = tokens.numel(), self.b, length
+        self.width = self._width_for(L + b)
+        mask = self.masks[self.width]
         self.tokens[:n].copy_(tokens)
         self.pos[:, :n].copy_(pos)
         torch.add(self.cols, L, out=self.write)
-        self.mask.fill_(float("-inf"))
-        self.mask[:, :, :, :L] = self.target.key_bias[:, None, None, :L]
+        mask.fill_(float("-inf"))
+        mask[:, :, :, :L] = self.target.key_bias[:, None, None, :L]
         window = self._pad_block.clone() if n < b else block
         if n < b:
             window[:n, :n] = block
-        self.mask[:, :, :, L : L + b] = window
+        mask[:, :, :, L : L + b] = window
 
-    def _forward(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.target.static_forward(self.tokens, self.pos, self.write, self.mask)
+    def _forward_at(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.target.static_forward(self.tokens, self.pos, self.write, self.masks[K])
 
 
 class _Buckets:
-    """The buckets of one model's static forwards (``steps``: bucket size → step with ``capture``), each ≤ the pinned
-    capacity (a bucket past it could never run); ``capture_s`` after ``capture``."""
+    """The buckets of one model's static forwards (``steps``: node bucket → step with ``capture``), each ≤ the pinned
+    capacity (a bucket past it could never run), each at the attention ``widths`` (capacity buckets) ≥ its size;
+    ``capture_s`` and ``captures`` (the number of graphs) after ``capture``."""
 
     steps: dict[int, Any]
     buckets: tuple[int, ...]
+    widths: tuple[int, ...]
     capture_s = 0.0
+    captures = 0
 
     def capture(self) -> float:
-        """Capture every bucket (CUDA graphs, or their stand-in off a GPU); returns and records the seconds it took."""
+        """Capture every (node bucket, width) pair (CUDA graphs, or their stand-in off a GPU); returns and records the
+        seconds it took."""
         t = time.perf_counter()
+        self.captures = 0
         for step in self.steps.values():
-            step.capture()
+            self.captures += step.capture()
             accel.synchronize(step.device)
         self.capture_s = time.perf_counter() - t
         return self.capture_s
@@ -130,10 +203,19 @@ class StaticVerifier(_Buckets):
     """All buckets of one target (``StaticGPTTarget.kv_cache``): ``forward`` pads a verify to its bucket, runs it
     and returns the n real nodes' logits and features (copies: the buffers are reused by the next call)."""
 
-    def __init__(self, target: Any, rows: int, capacity: int, buckets: tuple[int, ...] = BUCKETS) -> None:
+    def __init__(
+        self,
+        target: Any,
+        rows: int,
+        capacity: int,
+        buckets: tuple[int, ...] = BUCKETS,
+        widths: tuple[int, ...] | None = None,
+    ) -> None:
         self.rows, self.capacity = rows, capacity
         self.buckets = tuple(b for b in buckets if b <= capacity)
-        self.steps = {b: StaticVerify(target, b, rows, capacity) for b in self.buckets}
+        self.widths = capacity_buckets(capacity) if widths is None else widths
+        assert self.widths[-1] == capacity, "the largest width is the pinned capacity"
+        self.steps = {b: StaticVerify(target, b, rows, self.widths) for b in self.buckets}
 
     def fits(self, n: int, length: int, rows: int) -> bool:
         b = bucket_of(n, self.buckets)
@@ -152,22 +234,36 @@ class StaticVerifier(_Buckets):
 
 
 class StaticDraft(_Step[torch.Tensor]):
-    """The static buffers and forward of one bucket of ``b`` drafter slots (``rows`` rows, hidden size ``hidden``, a
-    pinned cache of ``capacity`` columns); ``graph`` after ``capture``. One bucket serves both of the drafter's
-    static forwards: ``expand`` (new scratch slots after the earlier ones) and the decode loop's ``extend`` (new
-    committed slots, causal among themselves) differ only in the columns written and the mask, both loaded here."""
+    """The static buffers and forwards of one bucket of ``b`` drafter slots (``rows`` rows, hidden size ``hidden``)
+    over a pinned cache, at the attention ``widths`` (capacity buckets); ``graphs`` after ``capture``. One bucket
+    serves both of the drafter's static forwards: ``expand`` (new scratch slots after the earlier ones) and the
+    decode loop's ``extend`` (new committed slots, causal among themselves) differ only in the columns written and the
+    mask, both loaded here."""
 
     def __init__(
-        self, drafter: Any, b: int, rows: int, capacity: int, hidden: int, dtype: torch.dtype, device: torch.device
+        self,
+        drafter: Any,
+        b: int,
+        rows: int,
+        widths: tuple[int, ...],
+        hidden: int,
+        dtype: torch.dtype,
+        device: torch.device,
     ) -> None:
-        self.drafter, self.b, self.capacity, self.device = drafter, b, capacity, device
+        super().__init__()
+        self.drafter, self.b, self.device = drafter, b, device
         self.feats = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
         self.embeds = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=device)
         self.cols = torch.arange(b, device=device)
         self.write = self.cols.clone()
         self._pad_block = _padded_block(b, dtype, device)
-        self.mask = _initial_mask(self._pad_block, rows, capacity)
+        self._init_masks(rows, widths)
+
+    @property
+    def mask(self) -> torch.Tensor:
+        """The mask of the current width ``[R, 1, b, K]``."""
+        return self.masks[self.width]
 
     def load(
         self,
@@ -183,20 +279,22 @@ class StaticDraft(_Step[torch.Tensor]):
         ``start … start + m − 1``. Real slot i attends the committed columns ``< length`` through ``bias [R, ≥ length]``
         (additive) and columns ``length … start + m − 1`` through row i of ``block [m, start + m − length]``
         (additive: the earlier scratch slots, then the new ones). Padded slot i ≥ m writes at ``start + i`` and sees
-        that column only."""
+        that column only. The width: the smallest capacity bucket ≥ ``start + b``."""
         m, b = feats.shape[1], self.b
+        self.width = self._width_for(start + b)
+        mask = self.masks[self.width]
         self.feats[:, :m].copy_(feats)
         self.embeds[:, :m].copy_(embeds)
         self.pos[:, :m].copy_(pos)
         torch.add(self.cols, start, out=self.write)
-        self.mask.fill_(float("-inf"))
-        self.mask[:, :, :m, :length] = bias[:, None, None, :length]
-        self.mask[:, :, :m, length : start + m] = block
+        mask.fill_(float("-inf"))
+        mask[:, :, :m, :length] = bias[:, None, None, :length]
+        mask[:, :, :m, length : start + m] = block
         if m < b:
-            self.mask[:, :, m:, start + m : start + b] = self._pad_block[m:, m:]
+            mask[:, :, m:, start + m : start + b] = self._pad_block[m:, m:]
 
-    def _forward(self) -> torch.Tensor:
-        out: torch.Tensor = self.drafter.static_forward(self.feats, self.embeds, self.pos, self.write, self.mask)
+    def _forward_at(self, K: int) -> torch.Tensor:
+        out: torch.Tensor = self.drafter.static_forward(self.feats, self.embeds, self.pos, self.write, self.masks[K])
         return out
 
 
@@ -214,10 +312,13 @@ class StaticDrafter(_Buckets):
         dtype: torch.dtype,
         device: torch.device,
         buckets: tuple[int, ...] = BUCKETS,
+        widths: tuple[int, ...] | None = None,
     ) -> None:
         self.rows, self.capacity = rows, capacity
         self.buckets = tuple(b for b in buckets if b <= capacity)
-        self.steps = {b: StaticDraft(drafter, b, rows, capacity, hidden, dtype, device) for b in self.buckets}
+        self.widths = capacity_buckets(capacity) if widths is None else widths
+        assert self.widths[-1] == capacity, "the largest width is the pinned capacity"
+        self.steps = {b: StaticDraft(drafter, b, rows, self.widths, hidden, dtype, device) for b in self.buckets}
 
     def fits(self, m: int, start: int) -> bool:
         """m slots written from column ``start`` run at a bucket: one holds m and its padding stays in the cache."""
@@ -243,14 +344,13 @@ class StaticDrafter(_Buckets):
         return step.run()[:, :m].clone()
 
 
-def _initial_mask(pad_block: torch.Tensor, rows: int, capacity: int) -> torch.Tensor:
-    """A bucket's mask ``[R, 1, b, capacity]`` before its first ``load``: slot i sees column i only (its initial
-    write column), so the warm-up and capture runs have no fully masked row (an SDPA kernel may give NaN there, and
-    NaN K/V in the pinned cache would poison later forwards: masked columns still meet V as 0 · NaN)."""
+def _initial_mask(pad_block: torch.Tensor, mask: torch.Tensor) -> None:
+    """Set a bucket's mask ``[R, 1, b, K]`` as before its first ``load``: slot i sees column i only (its initial write
+    column), so the warm-up and capture runs have no fully masked row (an SDPA kernel may give NaN there, and NaN K/V
+    in the pinned cache would poison later forwards: masked columns still meet V as 0 · NaN)."""
     b = pad_block.shape[0]
-    mask = torch.full((rows, 1, b, capacity), float("-inf"), dtype=pad_block.dtype, device=pad_block.device)
+    mask.fill_(float("-inf"))
     mask[:, :, :, :b] = pad_block
-    return mask
 
 
 def _padded_block(b: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

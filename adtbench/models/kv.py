@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+WINDOWS = 16  # attention widths whose views a cache keeps
+
 
 class StaticKVCache:
     """One buffer ``buf [layers, R, 2·kv_heads, capacity, head_dim]`` (per layer: K heads, then V heads).
@@ -26,6 +28,18 @@ class StaticKVCache:
         self.k = [b[:, :kv_heads] for b in self.kv]
         self.v = [b[:, kv_heads:] for b in self.kv]
         self.kv_heads, self.capacity = kv_heads, capacity
+        self._windows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def window(self, layer: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The K and V views ``[R, kv_heads, width, d]`` of ``layer``'s first ``width`` columns; the views of the last
+        ``WINDOWS`` widths are kept (a static bucket's attention reads the same ones every call)."""
+        views = self._windows.pop(width, None)
+        if views is None:
+            views = [(k[:, :, :width], v[:, :, :width]) for k, v in zip(self.k, self.v, strict=True)]
+            while len(self._windows) >= WINDOWS:
+                self._windows.pop(next(iter(self._windows)))
+        self._windows[width] = views  # most recently used last
+        return views[layer]
 
     def write_kv(self, layer: int, start: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``kv [R, 2·kv_heads, n, d]`` (K heads then V heads, any strides) at ``start``; return the K and V

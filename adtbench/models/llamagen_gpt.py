@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, fold_t, rms, stack_fn
-from adtbench.models.rope import Rope2D, apply_rope, qkv_tables
+from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, fold_t, rms, stack_fn, stack_memo
+from adtbench.models.rope import Rope2D, apply_rope, rotary
 
 
 @dataclass
@@ -225,11 +225,11 @@ def run_blocks(
             x = layer(x, cos, sin, mask, cache, i, start)
         return net.norm(x)
     layers, norm_w, eps = net.inference_weights()
-    tables = None
+    rot = None
     if rope is not None:
         w0 = layers[0]
-        tables = qkv_tables(rope, pos, x.dtype, w0.heads + w0.kv_heads, w0.kv_heads)
-    return stack_fn(net)(layers, norm_w, eps, x, tables, "interleaved", mask, cache, start)
+        rot = rotary(rope, pos, x.dtype, w0.heads + w0.kv_heads, w0.kv_heads)
+    return stack_fn(net)(layers, norm_w, eps, x, rot, mask, cache, start, memo=stack_memo(net))
 
 
 class LlamaGenGPT(InferenceWeights, nn.Module):

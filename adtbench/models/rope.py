@@ -6,11 +6,12 @@ frequency pairs rotates with the grid row, the second half with the column; posi
 ``cls_len`` (the condition prefix) get cos = sin = 0, so their q and k are exactly zero — a quirk of
 LlamaGen's table that trained checkpoints depend on.
 
-Two ways to apply them: ``apply_rope`` (the reference: split into pairs, rotate, re-interleave) and the lean
-form the inference kernels use, ``rotate(x, C, S) = x·C + partner(x)·S`` with per-forward tables from
-``qkv_tables``: ``partner`` swaps the two members of each rotation pair (``flip`` of the pairs), ``C`` repeats cos
-over both members and ``S`` carries the sign (``−sin`` on the first member, ``+sin`` on the second). Per pair
-``(a, b)`` that is ``(a·c − b·s, b·c + a·s)``, the same products and sums as ``apply_rope``.
+Three ways to apply them: ``apply_rope`` (the reference: split into pairs, rotate, re-interleave), the lean
+stack's ``Rotary`` (one complex product for interleaved pairs, ``x·C + roll(x)·S`` for halves) and
+``rotate(x, C, S) = x·C + partner(x)·S`` with per-forward tables from ``qkv_tables`` (what ``Rotary`` is built
+from): ``partner`` swaps the two members of each rotation pair (``flip`` of the pairs), ``C`` repeats cos over both
+members and ``S`` carries the sign (``−sin`` on the first member, ``+sin`` on the second). Per pair ``(a, b)`` that
+is ``(a·c − b·s, b·c + a·s)``, the same products and sums as ``apply_rope``.
 """
 
 from __future__ import annotations
@@ -130,6 +131,41 @@ def qkv_tables(
     full = torch.cat([tab.expand(2, R, n, rot_heads, d), ident.expand(2, R, n, id_heads, d)], 3)
     C, S = full.unbind(0)
     return C, S
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """The rotary tables of one lean-stack forward over ``N = R·n`` tokens and a fused head axis (``rotary``), shared
+    by every layer: ``cos`` = C and ``sin`` = S ``[N, heads, d]`` of ``qkv_tables`` (``rotate``'s), and the forms
+    the lean layer applies them in. ``interleaved`` (pairs 2i, 2i + 1): one complex product ``x ⊙ complex()`` of x
+    viewed as complex; ``half`` (pairs i, i + d/2): ``x·C + roll(x, d/2)·S`` (``roll`` swaps the halves: the partner
+    of ``rotate``). Per pair ``(a, b)`` both are ``(a·c − b·s, b·c + a·s)``, the products and sums of ``apply_rope``;
+    identity heads (v) are multiplied by 1 + 0i or C = 1, S = 0: exact."""
+
+    style: str
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The real dtype the rotation is computed in."""
+        return self.cos.dtype
+
+    def complex(self) -> torch.Tensor:
+        """The interleaved style's table ``[N, heads, d/2]``: ``c + i·s`` per pair (the identity heads 1 + 0i)."""
+        return torch.complex(self.cos[..., 0::2], self.sin[..., 1::2])
+
+    def to(self, dtype: torch.dtype) -> Rotary:
+        """The same tables cast to ``dtype``."""
+        return Rotary(self.style, self.cos.to(dtype), self.sin.to(dtype))
+
+
+def rotary(rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id_heads: int) -> Rotary:
+    """``Rotary`` tables at ``pos [R, n]``: the first ``rot_heads`` heads rotated, the last ``id_heads`` identity, in
+    the dtype ``qkv_tables`` computes in (the same values)."""
+    C, S = qkv_tables(rope, pos, dtype, rot_heads, id_heads)  # [R, n, heads, d]
+    R, n, heads, d = C.shape
+    return Rotary(rope.style, C.reshape(R * n, heads, d), S.reshape(R * n, heads, d))
 
 
 def rotate(x: torch.Tensor, C: torch.Tensor, S: torch.Tensor, style: str) -> torch.Tensor:

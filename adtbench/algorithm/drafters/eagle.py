@@ -26,6 +26,7 @@ graphs on a GPU), computing for the real slots what the variable-shape path comp
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import asdict, dataclass
 from typing import cast
@@ -36,9 +37,19 @@ from torch import nn
 
 from adtbench.models.graphs import StaticDrafter
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.lean import InferenceWeights, LayerWeights, additive_mask, compile_stack, fold_t, stack_fn
+from adtbench.models.lean import (
+    InferenceWeights,
+    LayerWeights,
+    additive_mask,
+    compile_stack,
+    fold_t,
+    interleave_pairs,
+    qk_affine,
+    stack_fn,
+    stack_memo,
+)
 from adtbench.models.llamagen_gpt import RMSNorm
-from adtbench.models.rope import Rope, apply_rope, qkv_tables
+from adtbench.models.rope import Rope, apply_rope, rotary
 
 log = logging.getLogger("adtbench")
 
@@ -150,14 +161,24 @@ class EagleLayer(nn.Module):
         out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
         return out
 
-    def inference_weights(self) -> LayerWeights:
-        """This layer in ``lean.decoder_layer`` form (q|k|v and gate|up fused, RMSNorm weights folded)."""
+    def inference_weights(self, interleave: bool = False) -> LayerWeights:
+        """This layer in ``lean.decoder_layer`` form (q|k|v and gate|up fused, RMSNorm weights folded); ``interleave``:
+        the q and k rows (and their norms' affine) in interleaved rotary pairs (``lean.interleave_pairs``: a drafter
+        whose RoPE pairs halves rotates in one complex product)."""
         a, mlp, post = self.self_attn, self.mlp, self.post_attention_layernorm
         pre = getattr(self, "input_layernorm", None)
         qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight], 0)
         bias = None
         if a.q_proj.bias is not None:
             bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+        qk_norm = qk_affine(getattr(a, "q_norm", None), getattr(a, "k_norm", None))
+        if interleave:
+            qk, heads = (a.h + a.kv) * a.d, a.h + a.kv
+            qkv = torch.cat([interleave_pairs(qkv[:qk], heads, a.d), qkv[qk:]], 0)
+            if bias is not None:
+                bias = torch.cat([interleave_pairs(bias[:qk], heads, a.d), bias[qk:]])
+            if qk_norm is not None:
+                qk_norm = (*(interleave_pairs(t, 1, a.d, dim=1) for t in qk_norm[:2]), qk_norm[2])
         return LayerWeights(
             qkv=fold_t(qkv, None if pre is None else pre.weight),
             qkv_bias=bias,
@@ -170,8 +191,7 @@ class EagleLayer(nn.Module):
             norm_in=pre is not None,
             eps_in=0.0 if pre is None else pre.eps,
             eps_ffn=post.eps,
-            q_norm=getattr(a, "q_norm", None),
-            k_norm=getattr(a, "k_norm", None),
+            qk_norm=qk_norm,
         )
 
 
@@ -204,7 +224,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
 
         ``mask [R, 1, m, start + m]``: boolean (True = attend) or additive (0 / −inf in the drafter's dtype). Under
         ``no_grad`` ``start`` may also be a long tensor ``[m]`` of the columns written, the mask then additive over
-        the whole capacity (``static_forward``).
+        the first K columns of the cache (``static_forward``).
         """
         assert self.cache is not None
         mask = additive_mask(mask, embeds.dtype)
@@ -220,14 +240,16 @@ class EagleDrafter(InferenceWeights, nn.Module):
         x2 = x.view(R * m, -1)
         x = (torch.mm(x2, fc_t) if fc_b is None else torch.addmm(fc_b, x2, fc_t)).view(R, m, -1)
         c = self.config
-        tables = qkv_tables(self.rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
-        return cast(
-            torch.Tensor, stack_fn(self)(layers, None, 0.0, x, tables, self.rope.style, mask, self.cache, start)
-        )
+        rope = dataclasses.replace(self.rope, style="interleaved")  # the inference weights' pair order
+        rot = rotary(rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
+        out = stack_fn(self)(layers, None, 0.0, x, rot, mask, self.cache, start, memo=stack_memo(self))
+        return cast(torch.Tensor, out)
 
     def _build_inference_weights(self) -> tuple[torch.Tensor, torch.Tensor | None, list[LayerWeights]]:
         b = None if self.fc.bias is None else self.fc.bias.detach()
-        return fold_t(self.fc.weight), b, [cast(EagleLayer, layer).inference_weights() for layer in self.layers]
+        interleave = self.rope.style == "half"  # stored in interleaved pairs: one complex product (``forward``)
+        layers = [cast(EagleLayer, layer).inference_weights(interleave) for layer in self.layers]
+        return fold_t(self.fc.weight), b, layers
 
     def compile_forward(self) -> None:
         """Run the inference layer stack through ``torch.compile`` (inductor, dynamic shapes) from now on."""
@@ -237,8 +259,8 @@ class EagleDrafter(InferenceWeights, nn.Module):
         self, feats: torch.Tensor, embeds: torch.Tensor, pos: torch.Tensor, write: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         """The static-shape forward (``models.graphs.StaticDraft``): slots ``[R, b, H]`` written at columns
-        ``write [b]`` of the pinned cache, attention over its whole capacity with the additive ``mask [R, 1, b,
-        capacity]``; outputs ``[R, b, H]``."""
+        ``write [b]`` of the pinned cache, attention over its first K columns (a capacity bucket) with the additive
+        ``mask [R, 1, b, K]``; outputs ``[R, b, H]``."""
         with torch.no_grad():
             return self.forward(embeds, feats, pos, mask, write)
 

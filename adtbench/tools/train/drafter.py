@@ -1,7 +1,7 @@
 """Stage ``drafter``: train an EAGLE drafter against any target the engine supports.
 
 Model-generic by construction: the teacher step uses only the ``Target`` interface, the training step
-only the target's frozen ``embed_tokens`` / ``lm_head`` / ``drafter_rope`` and its sizes.
+only the target's frozen ``embed_tokens`` / ``full_lm_head`` / ``drafter_rope`` and its sizes.
 
 **Teacher step** (``teacher_sample``): for a prompt and a complete token sequence ``x_0 … x_{N−1}``
 (dataset images coded by the target's VQ, self-generated samples, or a file), run
@@ -387,7 +387,7 @@ def run(cfg: DictConfig) -> dict:
         idx = step_rng(seed, step).integers(len(train), size=bs)
         batch = collate([drafter_slots(train[int(i)], target.embed_tokens) for i in idx])
         g = drafter_forward(drafter, batch, noise)
-        loss, m = drafter_loss(g, batch, target.lm_head, p_w, cfg_w, scale)
+        loss, m = drafter_loss(g, batch, target.full_lm_head, p_w, cfg_w, scale)
         loss.backward()
         return m
 
@@ -421,7 +421,7 @@ def evaluate(cfg: DictConfig, drafter: EagleDrafter, target: Target, held: list[
     for i in range(0, len(held), 8):
         batch = collate([drafter_slots(s, target.embed_tokens) for s in held[i : i + 8]])
         g = drafter_forward(drafter, batch)
-        _, m = drafter_loss(g, batch, target.lm_head, float(cfg.p_w), float(cfg.cfg_w), float(cfg.cfg_scale))
+        _, m = drafter_loss(g, batch, target.full_lm_head, float(cfg.p_w), float(cfg.cfg_w), float(cfg.cfg_scale))
         for k, v in m.items():
             sums[k] = sums.get(k, 0.0) + v * len(held[i : i + 8])
     stats: dict[str, Any] = {f"heldout_{k}": v / max(1, len(held)) for k, v in sums.items()}
