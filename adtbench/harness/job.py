@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from adtbench import accel
 from adtbench.algorithm.engine import decode_ar, generate
@@ -65,34 +65,31 @@ class Job:
 
     @classmethod
     def build(cls, cfg: DictConfig, sp: SamplingParams, policy: Policy, prompts: list[Prompt] | None = None) -> Job:
-        """Build the job of a checked config (``sp`` and ``policy`` from the checks); ``prompts`` (optional): warn
-        about those longer than the model's text window."""
-        from adtbench.models.registry import build_target
-
-        if cfg.get("threads") is not None:
-            torch.set_num_threads(int(cfg.threads))
-        log.info("loading model=%s (family %s) on %s, %s", cfg.model.get("name"), cfg.model.family,
-                 cfg.model.device, cfg.model.dtype)  # fmt: skip
-        target = build_target(cfg.model)
-        sp = clamp_top_k(sp, target)
+        """Build the job of a checked config (``sp`` and ``policy`` from the checks): ``build_models``, then
+        ``Job.over`` them. ``prompts`` (optional): warn about those longer than the model's text window."""
+        target, models = build_models(cfg, policy)
         if prompts:
             warn_long_prompts(target, prompts, str(cfg.model.get("name")))
-        models = build_drafter(cfg.drafter, target) if policy.uses_drafter else build_loop_models(cfg, policy, target)
-        rule = build_rule(cfg, target)
-        compiled = engine_compile(cfg)
+        return cls.over(cfg, sp, policy, target, models)
+
+    @classmethod
+    def over(cls, cfg: DictConfig, sp: SamplingParams, policy: Policy, target: Any, models: Any) -> Job:
+        """The job over models ``build_models`` made (compiled already under ``engine.compile``): the sampling
+        parameters clamped to the target, the rule, where acceptance runs, the policy bound to the machine's cost
+        model (timed: ``bind_s``), the batched decoder under ``decode.batch_size > 1``."""
+        sp = clamp_top_k(sp, target)
         batch, window = decode_batch(cfg)
-        if compiled:  # one compiled target serves both sides; a loop policy's own models run as they are
-            compile_models(target, models if policy.uses_drafter else None, cfg, batched=batch > 1)
         t = time.perf_counter()
         cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.get("paths") and cfg.paths.get("cache_dir") else None
         policy.bind(cost_source(target, models, sp, cache_dir) if policy.uses_drafter and models is not None else None)
         bind_s = time.perf_counter() - t
         log.info("policy bind: %.1f s", bind_s)
-        job = cls(cfg, sp, policy, target, models, rule, engine_acceptance(cfg), compiled, batch, window, bind_s)
+        job = cls(cfg, sp, policy, target, models, build_rule(cfg, target), engine_acceptance(cfg),
+                  engine_compile(cfg), batch, window, bind_s)  # fmt: skip
         if batch > 1:
             from adtbench.harness.batched import BatchedDecoder
 
-            job.batched = BatchedDecoder(target, models, policy, job.sp, rule, job.acceptance, batch, job.use_cfg,
+            job.batched = BatchedDecoder(target, models, policy, job.sp, job.rule, job.acceptance, batch, job.use_cfg,
                                          job.gen_device, job.seed_of, bool(cfg.get("baseline", True)))  # fmt: skip
         return job
 
@@ -171,6 +168,30 @@ class Job:
             "batch_window": self.window if self.batch_size > 1 else None,
             "bind_s": self.bind_s,
         }
+
+
+def build_models(cfg: DictConfig, policy: Policy | None, eagle: bool = False) -> tuple[Any, Any]:
+    """The target (``model``; ``threads`` set first) and what runs beside it: the EAGLE drafter for a drafting
+    ``policy`` (or whenever ``eagle``: the measurement tools time drafter levels; a seeded random one when
+    ``drafter.kind`` is none), a loop policy's own models, or None; compiled under ``engine.compile``
+    (``compile_models``) — before any policy is bound, so a cost model is measured on what the run replays."""
+    from adtbench.models.registry import build_target
+
+    if cfg.get("threads") is not None:
+        torch.set_num_threads(int(cfg.threads))
+    log.info("loading model=%s (family %s) on %s, %s", cfg.model.get("name"), cfg.model.family,
+             cfg.model.device, cfg.model.dtype)  # fmt: skip
+    target = build_target(cfg.model)
+    drafting = eagle or (policy is not None and policy.uses_drafter)
+    if drafting:
+        node = cfg.drafter if str(cfg.drafter.get("kind")) == "eagle" else OmegaConf.merge(
+            cfg.drafter, {"kind": "eagle", "path": None})  # fmt: skip
+        models = build_drafter(node, target)
+    else:
+        models = None if policy is None else build_loop_models(cfg, policy, target)
+    if engine_compile(cfg):  # one compiled target serves both sides; a loop policy's own models run as they are
+        compile_models(target, models if drafting else None, cfg, batched=decode_batch(cfg)[0] > 1)
+    return target, models
 
 
 def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:

@@ -71,18 +71,14 @@ from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, 
     target_parameters,
 )
 from adtbench.errors import ConfigError
-from adtbench.harness.caches import cost_source
 from adtbench.harness.config import (
-    build_rule,
     build_sampling,
     compose_config,
-    engine_acceptance,
     engine_compile,
     register_resolvers,
     resolve_paths,
     validate,
 )
-from adtbench.harness.drafters import build_drafter
 from adtbench.io import atomic_write_json
 from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead_table
 
@@ -199,8 +195,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
     if target is None or drafter is None:
         job = Job.build(cfg, sp, policy)
-    else:
-        job = _job_over(cfg, sp, policy, target, drafter)
+    else:  # the models the caller built (and compiled) through ``build_models``
+        job = Job.over(cfg, sp, policy, target, drafter)
     if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
         job = dataclasses.replace(job, acceptance="device")
     target, drafter = job.target, job.models
@@ -255,22 +251,6 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         "explicit_syncs_per_image": timer.explicit / len(prompts),
         "sync_count": timer.source,
     }
-
-
-def _job_over(cfg: Any, sp: Any, policy: Any, target: Any, drafter: Any) -> Any:
-    """``Job.build``'s assembly over models already built (and compiled, when ``engine.compile`` is on): the clamped
-    top-k, the rule, where acceptance runs, the policy bound to their cost model."""
-    from adtbench.harness.job import Job, clamp_top_k
-
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-    sp = clamp_top_k(sp, target)
-    t = time.perf_counter()
-    cache_dir = cfg.get("paths", {}).get("cache_dir")
-    policy.bind(cost_source(target, drafter, sp, None if cache_dir is None else Path(str(cache_dir))))
-    compiled = engine_compile(cfg)
-    return Job(cfg, sp, policy, target, drafter, build_rule(cfg, target), engine_acceptance(cfg), compiled, 1, 1,
-               time.perf_counter() - t)  # fmt: skip
 
 
 def _timed_decodes(
@@ -349,7 +329,6 @@ def cost(cfg: Any) -> dict:
     from omegaconf import OmegaConf
 
     from adtbench.algorithm.cost import measure_cost
-    from adtbench.models.registry import build_target
 
     b = cfg.bench
     register_resolvers()
@@ -357,19 +336,13 @@ def cost(cfg: Any) -> dict:
     if not sizes or min(sizes) < 1:
         raise ConfigError("bench.tree_sizes", f"need positive tree sizes, got {sizes}")
     repeats = int(b.get("repeats", 20))
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-    target = build_target(cfg.model)
-    drafter = build_drafter(cfg.drafter, target) if str(cfg.drafter.get("kind")) == "eagle" else None
-    if drafter is None:
-        drafter = build_drafter(OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None}), target)
+    from adtbench.harness.job import build_models
+
+    # the app's models, an EAGLE drafter whatever the policy, compiled before anything measures (as the app binds)
+    target, drafter = build_models(cfg, None, eagle=True)
     sp = build_sampling(cfg.sampling)  # the composed sampling group (default: T = 1, CFG 3)
     if not target.supports_cfg:
         sp = dataclasses.replace(sp, cfg_scale=1.0)
-    if engine_compile(cfg):  # graphs on a GPU (the verifies below then replay them), torch.compile elsewhere
-        from adtbench.harness.job import compile_models
-
-        compile_models(target, drafter, cfg)  # as the app: before anything measures (bind, here measure_cost)
     from adtbench.tools.bench_cycle import CycleTimer
 
     with CycleTimer(target, drafter, calls=()) as counted:  # counts the static-shape runs and graph replays only

@@ -166,12 +166,8 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     from adtbench.algorithm.records import Clock
     from adtbench.harness.app import check_config
     from adtbench.harness.batched import BatchedDecoder
-    from adtbench.harness.caches import cost_source
-    from adtbench.harness.config import build_rule, engine_acceptance, engine_compile, prompt_seed
-    from adtbench.harness.drafters import build_drafter
-    from adtbench.harness.job import clamp_top_k, compile_models
+    from adtbench.harness.job import Job
     from adtbench.harness.stats import throughput
-    from adtbench.models.registry import build_target
     from adtbench.resources import cpus_available, load_average
 
     try:
@@ -183,21 +179,11 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     if len(prompts) < opts["prompts"]:
         raise ConfigError("bench.prompts", f"the dataset has {len(prompts)} prompts, fewer than {opts['prompts']}")
     prompts = prompts[: opts["prompts"]]
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-    target = build_target(cfg.model)
-    sp = clamp_top_k(sp, target)
-    drafter = build_drafter(cfg.drafter, target) if policy.uses_drafter else None
-    rule = build_rule(cfg, target)
-    if engine_compile(cfg):  # only with bench.sizes=[1] (B > 1 refuses it); before bind, as in the app (the cost
-        compile_models(target, drafter, cfg)  # model is measured on what the run replays); captured in the warm-up
-    cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.paths.get("cache_dir") else None
-    policy.bind(cost_source(target, drafter, sp, cache_dir) if drafter is not None else None)
-    acceptance = engine_acceptance(cfg)
-    use_cfg = sp.use_cfg and target.supports_cfg
-    gen_device = target.device if accel.is_cuda(target.device) else torch.device("cpu")  # draws where the model is
+    job = Job.build(cfg, sp, policy)  # the app's assembly: clamped top-k, rule, compile before bind, acceptance
+    target, drafter, policy, sp, rule, acceptance = job.target, job.models, job.policy, job.sp, job.rule, job.acceptance
+    use_cfg, gen_device = job.use_cfg, job.gen_device  # draws where the model is
     clock = Clock(target.device)
-    seeds = [prompt_seed(int(cfg.seed), p.prompt_id) for p in prompts]
+    seeds = [job.seed_of(p) for p in prompts]
     inputs = [target.encode_prompt(p.text, cfg=use_cfg) for p in prompts]  # B = 1: encoded outside the timed scope
     device = device_name(target.device)
 
@@ -232,8 +218,8 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
                     base, runs = timed[False][0], timed[True][0]
             load_after = load_average()
         else:
-            decoder = BatchedDecoder(target, drafter, policy, sp, rule, acceptance, B, use_cfg, gen_device,
-                                     lambda p: prompt_seed(int(cfg.seed), p.prompt_id), True)  # fmt: skip
+            decoder = BatchedDecoder(target, drafter, policy, sp, rule, acceptance, B, use_cfg, gen_device, job.seed_of,
+                                     True)  # fmt: skip
             decoder.window(prompts[:B], i)  # warm-up, untimed
             load_before = load_average()
             for rep in range(opts["repeats"]):

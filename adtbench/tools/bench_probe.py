@@ -137,11 +137,9 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     from adtbench.algorithm.cost import fill_cache_to, random_tree, target_parameters
     from adtbench.algorithm.sampling import SamplingParams
     from adtbench.harness.config import build_sampling, register_resolvers
-    from adtbench.harness.drafters import build_drafter
-    from adtbench.harness.job import compile_models
+    from adtbench.harness.job import build_models
     from adtbench.models.base import ar_step
     from adtbench.models.graphs import BUCKETS
-    from adtbench.models.registry import build_target
     from adtbench.tools.bench_cycle import device_bandwidth
 
     register_resolvers()
@@ -152,13 +150,8 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     repeats = int(b.get("repeats", 20))
     if repeats < 1:
         raise ConfigError("bench.repeats", f"must be positive, got {repeats}")
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-    target = build_target(cfg.model)
-    kind = str(cfg.drafter.get("kind"))
-    dcfg = cfg.drafter if kind == "eagle" else OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None})
-    drafter = build_drafter(dcfg, target)
-    compile_models(target, drafter, cfg)
+    # the app's models with an EAGLE drafter, compiled as ``engine.compile=true`` does (the probe's premise)
+    target, drafter = build_models(OmegaConf.merge(cfg, {"engine": {"compile": True}}), None, eagle=True)
     if getattr(target, "engine_mode", None) != "graphs":
         raise ConfigError("model.device", "the probe times CUDA graphs: a model with static verifies on a CUDA device "
                           f"(or ADTBENCH_SIMULATE_DEVICE=cuda), not {target.device}")  # fmt: skip

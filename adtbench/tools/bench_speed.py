@@ -299,23 +299,15 @@ def _main(opts: dict[str, Any], rest: list[str]) -> int:
 def machine_cost_model(common: list[str]) -> Any:
     """This machine's cost model for the rows' model (measured once, or read from ``paths.cache_dir``, the cache
     the ``budget: cost`` rows then use), under the rows' thread count."""
-    import torch
 
     from adtbench.harness.app import CONF_DIR
     from adtbench.harness.caches import load_or_measure
-    from adtbench.harness.config import compose_config, engine_compile, resolve_paths, validate
-    from adtbench.harness.drafters import build_drafter
-    from adtbench.harness.job import compile_models
-    from adtbench.models.registry import build_target
+    from adtbench.harness.config import compose_config, resolve_paths, validate
+    from adtbench.harness.job import build_models
 
     cfg = compose_config("config", [*common, "policy=adt"], CONF_DIR)
     resolve_paths(cfg)
-    sp, _ = validate(cfg)
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
-    target = build_target(cfg.model)
-    drafter = build_drafter(cfg.drafter, target)
-    if engine_compile(cfg):  # measured in the state the rows run (graphs at the pinned capacity), as the app does
-        compile_models(target, drafter, cfg)
+    sp, policy = validate(cfg)
+    target, drafter = build_models(cfg, policy)  # the app's models in the state the rows run (compiled before bind)
     cache = cfg.paths.get("cache_dir")
     return load_or_measure(target, drafter, sp, 64, 16, None if cache is None else Path(str(cache)))
