@@ -104,7 +104,7 @@ def is_cuda(device: torch.device | str | None) -> bool:
     """Does work on ``device`` run as on a CUDA device (a real one, or the simulated one)?"""
     if device is None:
         return False
-    dev = torch.device(device)
+    dev = device if isinstance(device, torch.device) else torch.device(device)
     return dev.type == "cuda" or (_active is not None and dev == SIM_DEVICE)
 
 

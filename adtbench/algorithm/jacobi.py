@@ -67,6 +67,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
 from adtbench.algorithm.tree import DraftTree
@@ -676,7 +677,7 @@ def generate_jacobi_batch(
     from adtbench.models.batch import BatchTarget, SlotTree
 
     clock, layout, dev = Clock(bt.device), bt.layout, bt.device
-    on_host = acceptance == "host" or (acceptance == "auto" and dev.type == "cpu")
+    on_host = acceptance == "host" or (acceptance == "auto" and not accel.is_cuda(dev))
     stream = iter(items)
     slots: list[_Slot | None] = [None] * bt.B
     zero = torch.zeros(1, dtype=torch.long, device=dev)

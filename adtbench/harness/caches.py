@@ -160,7 +160,7 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("window=cost: ignoring unreadable cache %s (%s)", path, e)
     t0 = time.perf_counter()
-    gen = torch.Generator(device=target.device if target.device.type == "cuda" else "cpu")
+    gen = torch.Generator(device=target.device if accel.is_cuda(target.device) else "cpu")
     inputs = [target.encode_prompt(text, cfg=use_cfg) for text in CALIBRATION_PROMPTS]
     lantern = cfg.get("lantern")
     rule: Any = EXACT

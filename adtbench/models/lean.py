@@ -67,7 +67,7 @@ def rms(
     type normalising in float32 is one fused kernel (``rms_norm`` of the half tensor accumulates and scales in float32
     and rounds once, the cast–normalise–cast of the rule in one kernel instead of three).
     """
-    if x.device.type == "cuda" and x.dtype in HALF and dtype in (None, torch.float32):
+    if x.dtype in HALF and dtype in (None, torch.float32) and accel.is_cuda(x.device):
         out = F.rms_norm(x, (x.shape[-1],), None, eps)
         return out if weight is None else out * weight
     if dtype is None and x.dtype in HALF:
