@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import ROOT, model_cfg, synthetic_cost_model, tiny
-from test_app import FAST, compose_app, kill_after, lines, run_cli
+from test_app import FAST, compose_app, kill_after, lines, run_app
 
 from adtbench.algorithm.batch import decode_ar_batch, generate_batch
 from adtbench.algorithm.cost import random_tree
@@ -232,7 +232,7 @@ def test_batched_speculation_has_the_ar_law_at_t1() -> None:
 def test_batched_run_records_throughput_and_resumes(tmp_path) -> None:
     out = tmp_path / "b"
     common = ["sampling=greedy", "decode.batch_size=3", "decode.window=1"]
-    run_cli(*common, "dataset.limit=4", f"hydra.run.dir={out}", *FAST)
+    run_app(*common, "dataset.limit=4", f"hydra.run.dir={out}", *FAST)
     recs = lines(out / "samples.jsonl")
     assert len(recs) == 4 and all(r["batch"]["size"] == 3 for r in recs)
     assert all(r["tokens_match_baseline"] for r in recs)  # greedy: batched speculation = batched AR, token for token
@@ -246,10 +246,10 @@ def test_batched_run_records_throughput_and_resumes(tmp_path) -> None:
         s["throughput_images_per_s"] / s["baseline_throughput_images_per_s"]
     )
     # the resume adds only the missing prompts
-    run_cli(*common, "dataset.limit=6", f"hydra.run.dir={out}", *FAST)
+    run_app(*common, "dataset.limit=6", f"hydra.run.dir={out}", *FAST)
     ids = [r["prompt_id"] for r in lines(out / "samples.jsonl")]
     assert len(ids) == 6 == len(set(ids)) and ids[:4] == [r["prompt_id"] for r in recs]
-    proc = run_cli("sampling=greedy", "decode.batch_size=2", "dataset.limit=6", f"hydra.run.dir={out}", *FAST,
+    proc = run_app("sampling=greedy", "decode.batch_size=2", "dataset.limit=6", f"hydra.run.dir={out}", *FAST,
                    check=False)  # fmt: skip
     assert proc.returncode == 2 and "decode" in proc.stderr
 
@@ -260,7 +260,7 @@ def test_kill_a_batched_run_then_resume_loses_and_duplicates_nothing(tmp_path) -
     samples = out / "samples.jsonl"
     n_killed = kill_after(["decode.batch_size=2", "decode.window=1"], out)
     assert 2 <= n_killed < 8 and n_killed % 2 == 0  # whole windows only
-    run_cli("decode.batch_size=2", "decode.window=1", f"hydra.run.dir={out}", *FAST)
+    run_app("decode.batch_size=2", "decode.window=1", f"hydra.run.dir={out}", *FAST)  # the resume, in this process
     ids = [r["prompt_id"] for r in lines(samples)]
     assert len(ids) == 8 == len(set(ids))
 

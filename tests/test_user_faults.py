@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, tiny
+from conftest import TINY_OVERRIDES, run_in_process, tiny
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -420,10 +420,9 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
     and the next job still runs (Hydra's launcher semantics: every job of the sweep runs, then the first failure
     is reported and the exit code is 1)."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "model=anole,tiny_llamagen", "drafter=eagle", "dataset=smoke",
-           "dataset.limit=1", "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = run_in_process("-m", "model=anole,tiny_llamagen", "drafter=eagle", "dataset=smoke", "dataset.limit=1",
+                          "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}",
+                          env={"HYDRA_FULL_ERROR": "0", "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "adtbench: config error: model.path:" in proc.stderr and "Traceback" not in proc.stderr
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
@@ -447,12 +446,12 @@ def test_ctrl_c_is_one_line_and_the_run_dir_resumes(tmp_path):
                                         f"command with hydra.run.dir={run_dir} to resume"]  # fmt: skip
     done = samples.read_text().count("\n")
     assert 1 <= done < 8
-    again = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+    # the resume and a refused resume: the same command line, in this process (the interrupted one was real)
+    again = run_in_process(*args, env={"HYDRA_FULL_ERROR": "0"})
     assert again.returncode == 0, again.stderr
     ids = [json.loads(x)["prompt_id"] for x in samples.read_text().splitlines()]
     assert len(ids) == 8 == len(set(ids))
-    other = run_cli("seed=1", f"hydra.run.dir={run_dir}")  # refused resume: the dir a previous run left stays
+    other = run_in_process(*args, "seed=1", env={"HYDRA_FULL_ERROR": "0"})  # the dir a previous run left stays
     assert other.returncode == 2 and "hydra.run.dir" in other.stderr
     assert samples.read_text().count("\n") == 8 and (run_dir / "summary.json").exists()
 
