@@ -271,13 +271,14 @@ def test_drafter_expand_stays_lean() -> None:
 def test_compiled_forward_matches_eager() -> None:
     """``compile_forward`` (inductor, dynamic shapes) = eager within 1e-5 in float32 over AR steps, trees of
     varying size, commits (the compiled graph mutates the real KV cache: the 2-layer target's per-layer caches are
-    views of one buffer) and drafter expansions of one and of several nodes; and the path is really compiled: the
-    stacks became inductor graphs with no graph break, and trees of 3 and 5 nodes share one graph.
+    views of one buffer) and drafter expansions; and the path is really compiled: both stacks became inductor graphs
+    with no graph break, and trees of 3 and 5 nodes (and the drafter's expansions of them) share one graph.
 
-    CI time: each graph costs ≈ 10 s of inductor compilation on the CPU, so only the decode loop's calls are
-    compiled (four graphs: the target's AR step and tree, the drafter's expansion of one node and of several). The
-    prompt's prefill runs eagerly before ``compile_forward`` — its two graphs (n = the prompt length, cache start 0)
-    took a third of the time — and the compiled graphs then read the KV cache that the eager prefill wrote."""
+    CI time: each graph costs 5–15 s of inductor compilation on the CPU, so the test compiles three, the decode
+    loop's: the target's AR step and tree, and the drafter's expansion of several nodes. The prompt's prefill runs
+    eagerly before ``compile_forward`` (the compiled graphs then read the KV cache it wrote), and the drafter does not
+    expand the AR step's single node: those three graphs (n = the prompt length at cache start 0, and n = 1) took
+    40 % of the time."""
     pytest.importorskip("torch._inductor")
     from torch._dynamo.utils import counters
 
@@ -305,18 +306,20 @@ def test_compiled_forward_matches_eager() -> None:
             logits, feats = t.verify_forward(toks, mask, depth)
             out += [logits, feats]
             t.commit(torch.tensor([0]))
-            with torch.no_grad():
-                m = feats.shape[1]
-                out.append(d.expand(feats, feats, t.next_pos[:, None].expand(-1, m), torch.eye(m, dtype=torch.bool)))
-            d.rollback()
+            m = feats.shape[1]
+            if m > 1:
+                with torch.no_grad():
+                    pos, slot = t.next_pos[:, None].expand(-1, m), torch.eye(m, dtype=torch.bool)
+                    out.append(d.expand(feats, feats, pos, slot))
+                d.rollback()
             if t is comp_t:
                 graphs.append(counters["stats"]["unique_graphs"])
         res.append(out)
     for a, b in zip(*res, strict=True):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
-    # compiled: the graphs so far after each step (AR, tree of 3, tree of 5, the three again): both stacks at the
-    # first AR step, at most one more per module for trees (torch 2.14 specialises n = 1: [2, 4, 4, 4, 4, 4]), none
-    # for another tree size or a step seen before; no graph break splits a stack
-    assert graphs[0] >= 2 and graphs[1] <= 4 and graphs[1:] == [graphs[1]] * 5, graphs
+    # compiled: the graphs so far after each step (AR, tree of 3, tree of 5, the three again): the target's at the
+    # AR step, the drafter's and at most one more of the target's at the first tree (torch 2.14 specialises n = 1:
+    # [1, 3, 3, 3, 3, 3]), none for another tree size or a step seen before; no graph break splits a stack
+    assert graphs[0] >= 1 and graphs[0] < graphs[1] <= 3 and graphs[1:] == [graphs[1]] * 5, graphs
     assert not counters["graph_break"], dict(counters["graph_break"])
     print(f"compile test: {time.perf_counter() - t0:.1f} s")
