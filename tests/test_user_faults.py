@@ -99,10 +99,18 @@ def test_default_run_and_sweep_dirs_differ_within_one_second():
         assert [t0.strftime(p) for p in patterns] != [t1.strftime(p) for p in patterns], raw
 
 
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """``run_cli``'s command line run in this process (``conftest.run_in_process``: no interpreter start-up); the
+    refusals checked this way are also checked once from a real process (the locked run dir, a bad override)."""
+    flags = [a for a in args if a.startswith("-")]
+    return run_in_process(*flags, *TINY_OVERRIDES, "warmup=0", "progress=false", *(a for a in args if a not in flags),
+                          env={"HYDRA_FULL_ERROR": "0"})  # fmt: skip
+
+
 def test_run_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
-    proc = run_cli(f"hydra.run.dir={f}")
+    proc = in_process(f"hydra.run.dir={f}")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
@@ -406,7 +414,7 @@ def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, 
 
 def test_a_multirun_checks_every_job_before_the_first_starts(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "policy.total_tokens=10,500,20", f"hydra.sweep.dir={sweep}")
+    proc = in_process("-m", "policy.total_tokens=10,500,20", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
     assert len(err.splitlines()) == 1 and err.startswith("adtbench: config error: policy.total_tokens:")
