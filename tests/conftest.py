@@ -22,6 +22,15 @@ from adtbench.models.registry import build_target
 ROOT = Path(__file__).resolve().parents[1]
 register_resolvers()
 torch.set_num_threads(1)  # tiny models: threading only adds overhead (and CI has 2 cores)
+# numpy's and scipy's OpenBLAS likewise: on 2 cores its second thread spin-waits whenever another process runs (FID's
+# 2048 × 2048 eigvals in tests/test_eval.py: 5 s on one thread, 15–85 s on two on a loaded machine). The variable is
+# read by the BLAS libraries loaded from now on (scipy's, and subprocesses'); threadpoolctl limits numpy's, loaded by
+# torch above.
+BLAS_THREADS = int(os.environ.setdefault("OPENBLAS_NUM_THREADS", "1"))
+with contextlib.suppress(ImportError):
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(BLAS_THREADS, user_api="blas")
 # App tests drive the tiny random vehicle, not the default run (the trained mini model, policy=adt: tests/test_mini.py)
 TINY_RUN = {"model": "tiny_llamagen", "drafter": "eagle", "dataset": "smoke", "policy": "eagle2"}
 TINY_OVERRIDES = [f"{k}={v}" for k, v in TINY_RUN.items()]
