@@ -2,7 +2,9 @@
 
 ``run_cli`` starts ``run.py`` in a new interpreter; ``run_app`` runs the same command line through the same entry
 function in this process (``conftest.run_in_process``: no interpreter, torch and Hydra start-up, ≈ 3 s a run).
-Real processes stay where a test needs one (a kill) and for the first run's printed line."""
+Real processes stay where a test needs one: the runs that are killed (here and in ``test_batch``), interrupted or
+checked for what a fresh interpreter prints (``test_user_faults``); ``test_mini`` and ``test_families`` run a whole
+documented command line as a process."""
 
 from __future__ import annotations
 
@@ -91,7 +93,7 @@ def test_every_option_composes(group, options):
 
 def test_run_writes_records_summary_trace_images(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("model=tiny_llamagen", "policy=eagle2", "dataset.limit=3", f"hydra.run.dir={out}", *FAST)
+    proc = run_app("model=tiny_llamagen", "policy=eagle2", "dataset.limit=3", f"hydra.run.dir={out}", *FAST)
     assert "speedup=" in proc.stdout and str(out) in proc.stdout
     assert " median=" in proc.stdout and "(CI over 3 < 5 prompts)" in proc.stdout
     recs = lines(out / "samples.jsonl")

@@ -402,10 +402,13 @@ def test_precheck_resolves_hydra_interpolations_as_the_job_will():
     assert ei.value.key == "logger.name"
 
 
-@pytest.mark.parametrize(("override", "key"), [("policy.bogus=1", "policy.bogus"), ("policy=foo", "policy")])
-def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, tmp_path):
+@pytest.mark.parametrize(
+    ("override", "key", "run"), [("policy.bogus=1", "policy.bogus", run_cli), ("policy=foo", "policy", in_process)]
+)
+def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, run, tmp_path):
+    """A schema key error from a real process, a composition error (no such option) in this process."""
     run_dir = tmp_path / "runs" / "r"
-    proc = run_cli(override, f"hydra.run.dir={run_dir}")
+    proc = run(override, f"hydra.run.dir={run_dir}")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith(f"adtbench: config error: {key}:")
