@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +24,15 @@ from adtbench.models.registry import build_target
 ROOT = Path(__file__).resolve().parents[1]
 register_resolvers()
 torch.set_num_threads(1)  # tiny models: threading only adds overhead (and CI has 2 cores)
+# numpy's and scipy's OpenBLAS likewise: on 2 cores its second thread spin-waits whenever another process runs (FID's
+# 2048 × 2048 eigvals in tests/test_eval.py: 5 s on one thread, 15–85 s on two on a loaded machine). The variable is
+# read by the BLAS libraries loaded from now on (scipy's, and subprocesses'); threadpoolctl limits numpy's, loaded by
+# torch above.
+BLAS_THREADS = int(os.environ.setdefault("OPENBLAS_NUM_THREADS", "1"))
+with contextlib.suppress(ImportError):
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(BLAS_THREADS, user_api="blas")
 # App tests drive the tiny random vehicle, not the default run (the trained mini model, policy=adt: tests/test_mini.py)
 TINY_RUN = {"model": "tiny_llamagen", "drafter": "eagle", "dataset": "smoke", "policy": "eagle2"}
 TINY_OVERRIDES = [f"{k}={v}" for k, v in TINY_RUN.items()]
@@ -69,6 +82,77 @@ def synthetic_cost_model():
 
     sizes = [1, 2, 4, 8, 16, 32, 64]
     return CostModel(sizes, [1.0 + 0.02 * n for n in sizes], [1, 4, 16], [0.02, 0.03, 0.04], 0.05)
+
+
+@contextlib.contextmanager
+def _logging_restored() -> Iterator[None]:
+    """Put every logger back as it was (level, handlers, propagate, disabled) and close the handlers added meanwhile:
+    Hydra's job runs ``logging.config.dictConfig`` on the root logger (a console and an ``app.log`` handler)."""
+
+    def loggers() -> list[logging.Logger]:
+        return [
+            logging.getLogger(),
+            *(x for x in logging.Logger.manager.loggerDict.values() if isinstance(x, logging.Logger)),
+        ]
+
+    saved = {id(lg): (lg.level, lg.handlers[:], lg.propagate, lg.disabled) for lg in loggers()}
+    disabled = logging.root.manager.disable
+    try:
+        yield
+    finally:
+        for lg in loggers():
+            level, handlers, propagate, off = saved.get(id(lg), (logging.NOTSET, [], True, False))
+            for h in lg.handlers:
+                if h not in handlers:
+                    h.close()
+            lg.setLevel(level)
+            lg.handlers[:] = handlers
+            lg.propagate, lg.disabled = propagate, off
+        logging.disable(disabled)
+
+
+def run_in_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python run.py *argv`` run in this process: the same entry function (``adtbench.cli.main``: the command-line
+    precheck, Hydra's app, the task) without an interpreter, torch and Hydra to start (≈ 3 s a run). Returns what
+    ``subprocess.run(..., capture_output=True, text=True)`` would: the exit status (``SystemExit``'s code) and the
+    text written to stdout and stderr. What a process exit does is undone: run-dir locks are released, the lock
+    module's record of created dirs, Hydra's global state, the logging setup, ``sys.argv`` and ``env`` (set for the
+    run) restored. Tests that kill a run, or check what a fresh interpreter prints, use a real process."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from adtbench.cli import main
+    from adtbench.harness import app, lock
+
+    out, err = io.StringIO(), io.StringIO()
+    argv0, environ = sys.argv, dict(os.environ)
+    locks, created, hydra_cfg = dict(lock._LOCKS), dict(lock._CREATED), HydraConfig.instance().cfg
+    code: int = 0
+    GlobalHydra.instance().clear()
+    with _logging_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        sys.argv = [str(ROOT / "run.py"), *argv]
+        os.environ.update(env or {})
+        try:
+            main()
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:  # as the interpreter does with a message
+                print(e.code, file=sys.stderr)
+                code = 1
+        finally:
+            sys.argv = argv0
+            os.environ.clear()
+            os.environ.update(environ)
+            for key, held in list(lock._LOCKS.items()):
+                if key not in locks:
+                    held.release()  # the kernel drops a process's flocks when it ends
+            lock._CREATED.clear()
+            lock._CREATED.update(created)
+            GlobalHydra.instance().clear()
+            HydraConfig.instance().cfg = hydra_cfg
+            app.RESUME.clear()
+    return subprocess.CompletedProcess(["run.py", *argv], code, out.getvalue(), err.getvalue())
 
 
 class FakeSession:

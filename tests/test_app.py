@@ -1,4 +1,10 @@
-"""The Hydra app from the command line: outputs, resume (incl. a kill), bad input, multirun."""
+"""The Hydra app from the command line: outputs, resume (incl. a kill), bad input, multirun.
+
+``run_cli`` starts ``run.py`` in a new interpreter; ``run_app`` runs the same command line through the same entry
+function in this process (``conftest.run_in_process``: no interpreter, torch and Hydra start-up, ≈ 3 s a run).
+Real processes stay where a test needs one: the runs that are killed (here and in ``test_batch``), interrupted or
+checked for what a fresh interpreter prints (``test_user_faults``); ``test_mini`` and ``test_families`` run a whole
+documented command line as a process."""
 
 from __future__ import annotations
 
@@ -11,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TINY_RUN
+from conftest import TINY_RUN, run_in_process
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
@@ -36,6 +42,14 @@ def run_cli(*args: str, check: bool = True, timeout: int = 300) -> subprocess.Co
         text=True,
         timeout=timeout,
     )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_app(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``run_cli``'s command line, run in this process (``conftest.run_in_process``)."""
+    proc = run_in_process(*with_tiny(args), env={"HYDRA_FULL_ERROR": "0"})
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -79,7 +93,7 @@ def test_every_option_composes(group, options):
 
 def test_run_writes_records_summary_trace_images(tmp_path):
     out = tmp_path / "run"
-    proc = run_cli("model=tiny_llamagen", "policy=eagle2", "dataset.limit=3", f"hydra.run.dir={out}", *FAST)
+    proc = run_app("model=tiny_llamagen", "policy=eagle2", "dataset.limit=3", f"hydra.run.dir={out}", *FAST)
     assert "speedup=" in proc.stdout and str(out) in proc.stdout
     assert " median=" in proc.stdout and "(CI over 3 < 5 prompts)" in proc.stdout
     recs = lines(out / "samples.jsonl")
@@ -128,7 +142,7 @@ def test_run_writes_records_summary_trace_images(tmp_path):
 @pytest.mark.slow
 def test_greedy_run_matches_baseline(tmp_path):
     out = tmp_path / "g"
-    run_cli(
+    run_app(
         "model=tiny_chameleon", "policy=static", "sampling=greedy", "dataset.limit=2", f"hydra.run.dir={out}", *FAST
     )
     s = json.loads((out / "summary.json").read_text())
@@ -138,13 +152,13 @@ def test_greedy_run_matches_baseline(tmp_path):
 @pytest.mark.slow
 def test_resume_skips_done_prompts_and_refuses_other_config(tmp_path):
     out = tmp_path / "r"
-    run_cli("policy=chain", "dataset.limit=2", f"hydra.run.dir={out}", *FAST)
+    run_app("policy=chain", "dataset.limit=2", f"hydra.run.dir={out}", *FAST)
     first = (out / "samples.jsonl").read_text().splitlines()
-    run_cli("policy=chain", "dataset.limit=4", f"hydra.run.dir={out}", *FAST)
+    run_app("policy=chain", "dataset.limit=4", f"hydra.run.dir={out}", *FAST)
     after = (out / "samples.jsonl").read_text().splitlines()
     assert after[:2] == first and len(after) == 4
     assert len({json.loads(x)["prompt_id"] for x in after}) == 4
-    proc = run_cli("policy=eagle2", "dataset.limit=4", f"hydra.run.dir={out}", *FAST, check=False)
+    proc = run_app("policy=eagle2", "dataset.limit=4", f"hydra.run.dir={out}", *FAST, check=False)
     assert proc.returncode == 2 and "hydra.run.dir" in proc.stderr and "policy" in proc.stderr
 
 
@@ -168,7 +182,7 @@ def test_kill_mid_run_then_resume_loses_and_duplicates_nothing(tmp_path):
     samples = out / "samples.jsonl"
     n_killed = kill_after(["policy=eagle2"], out)
     assert 2 <= n_killed < 8
-    run_cli("policy=eagle2", f"hydra.run.dir={out}", *FAST)
+    run_app("policy=eagle2", f"hydra.run.dir={out}", *FAST)  # the resume: the killed process was the real one
     ids = [r["prompt_id"] for r in lines(samples)]
     assert len(ids) == 8 == len(set(ids))
     assert sorted(p.name for p in (out / "images").iterdir()) == sorted(f"{i}.png" for i in ids)
@@ -215,7 +229,7 @@ def test_bad_input_names_the_key_before_loading(tmp_path, caplog, override, key)
 
 @pytest.mark.parametrize("override,key", [BAD_INPUT[2], BAD_INPUT[6]])
 def test_bad_input_from_the_command_line_is_one_line_exit_2(tmp_path, override, key):
-    proc = run_cli(override, f"hydra.run.dir={tmp_path / 'x'}", *FAST, check=False)
+    proc = run_app(override, f"hydra.run.dir={tmp_path / 'x'}", *FAST, check=False)
     assert proc.returncode == 2, proc.stderr
     assert key in proc.stderr and "adtbench: config error:" in proc.stderr
     assert "loading model" not in proc.stderr + proc.stdout
@@ -224,9 +238,9 @@ def test_bad_input_from_the_command_line_is_one_line_exit_2(tmp_path, override, 
 def test_empty_prompt_file_and_unknown_option(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("# nothing here\n\n")
-    proc = run_cli("dataset=text", f"dataset.path={empty}", f"hydra.run.dir={tmp_path / 'e'}", *FAST, check=False)
+    proc = run_app("dataset=text", f"dataset.path={empty}", f"hydra.run.dir={tmp_path / 'e'}", *FAST, check=False)
     assert proc.returncode == 2 and "dataset.path" in proc.stderr and str(empty) in proc.stderr
-    proc = run_cli("policy=nonexistent", check=False)
+    proc = run_app("policy=nonexistent", check=False)
     assert proc.returncode == 2 and "eagle2" in proc.stderr  # Hydra's message lists the available options
     assert proc.stderr.strip().startswith("adtbench: config error: policy:") and len(proc.stderr.splitlines()) == 1
 
@@ -234,8 +248,8 @@ def test_empty_prompt_file_and_unknown_option(tmp_path):
 @pytest.mark.slow
 def test_multirun_models_by_policies(tmp_path):
     sweep = tmp_path / "sweep"
-    run_cli("-m", "model=tiny_llamagen,tiny_chameleon", "policy=ar,chain,static,eagle2", "dataset.limit=1",
-            f"hydra.sweep.dir={sweep}", *FAST, timeout=600)  # fmt: skip
+    run_app("-m", "model=tiny_llamagen,tiny_chameleon", "policy=ar,chain,static,eagle2", "dataset.limit=1",
+            f"hydra.sweep.dir={sweep}", *FAST)  # fmt: skip
     summaries = [json.loads(p.read_text()) for p in sweep.glob("*/summary.json")]
     assert len(summaries) == 8
     assert {(s["model"], s["policy"]) for s in summaries} == {

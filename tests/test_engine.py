@@ -17,6 +17,7 @@ from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams, process_logits
 from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.verify import EXACT, AcceptanceRule
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
 POLICIES = {
@@ -120,6 +121,27 @@ def _exact_joint(target, inputs, sp, k):
     return probs
 
 
+LAW_N = 400
+
+
+def _law(policy, cfg_scale: float, where: str, rule: AcceptanceRule = EXACT, n: int = LAW_N) -> tuple[float, int]:
+    """T = 1, top-k 3, a 4-code vocabulary: χ² p-value of the first 3 image tokens of ``n`` generations against AR's
+    exact joint law, and the drafts accepted in all."""
+    arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}
+    target, drafter = tiny("tiny_llamagen", **arch)
+    sp = SamplingParams(temperature=1.0, top_k=3, cfg_scale=cfg_scale)
+    inputs = target.encode_prompt("a red circle", cfg=sp.use_cfg)
+    expected = _exact_joint(target, inputs, sp, 3)
+    assert abs(sum(expected.values()) - 1) < 1e-9
+    g = torch.Generator().manual_seed(0)
+    counts, accepted = Counter(), 0
+    for _ in range(n):
+        res = generate(target, drafter, policy(), inputs, sp, g, rule, acceptance=where)
+        counts[tuple(res.tokens[:3])] += 1
+        accepted += sum(c.accepted for c in res.cycles)
+    return pooled_chisquare(counts, expected, n)[0], accepted
+
+
 @pytest.mark.parametrize(
     "policy,cfg_scale",
     [
@@ -136,23 +158,42 @@ def _exact_joint(target, inputs, sp, k):
 )
 @pytest.mark.parametrize("where", ["device", "host"])
 def test_sampling_joint_distribution_matches_ar(policy, cfg_scale, where):
-    """T = 1 with top-k: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary), with acceptance
-    on the device (what a GPU runs) and as the host walk (the CPU default)."""
-    arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}
-    target, drafter = tiny("tiny_llamagen", **arch)
-    sp = SamplingParams(temperature=1.0, top_k=3, cfg_scale=cfg_scale)
-    inputs = target.encode_prompt("a red circle", cfg=sp.use_cfg)
-    expected = _exact_joint(target, inputs, sp, 3)
-    g = torch.Generator().manual_seed(0)
-    n = 800
-    counts, accepted = Counter(), 0
-    for _ in range(n):
-        res = generate(target, drafter, policy(), inputs, sp, g, acceptance=where)
-        counts[tuple(res.tokens[:3])] += 1
-        accepted += sum(c.accepted for c in res.cycles)
-    assert abs(sum(expected.values()) - 1) < 1e-9
-    assert accepted > n // 2  # drafts were accepted often enough to test the rejection path
-    assert pooled_chisquare(counts, expected, n)[0] > 1e-3
+    """T = 1 with top-k: the joint law of the first 3 image tokens equals AR's (χ² over 27 outcomes, ``LAW_N``
+    generations), with acceptance on the device (what a GPU runs) and as the host walk (the CPU default).
+
+    Power (CI time: 400 generations, was 800): χ² at α = 1e-3 over ≈ 26 degrees of freedom detects a law at Cohen's
+    w ≥ 0.34 from AR's with probability 0.9 (w ≥ 0.40: 0.99). The planted bug of the next test (w ≈ 0.38–0.77 here,
+    from its χ²) is rejected at p ≤ 4e-8 by 400 generations of each of three policies on both paths (at 200: once
+    only at p = 4e-3)."""
+    pvalue, accepted = _law(policy, cfg_scale, where)
+    assert accepted > LAW_N // 2  # drafts were accepted often enough to test the rejection path
+    assert pvalue > 1e-3
+
+
+class ResidualIgnored(AcceptanceRule):
+    """A planted bug: a rejected draft's residual is the target's p itself (the draft is not taken out of it, and
+    ``max(p − q, 0)`` is not formed), so rejected drafts come back too often."""
+
+    def point_mass_rows(self, p, x):
+        return p.gather(1, x[:, None])[:, 0], p
+
+    def proposal_rows(self, p, x, q, px, qx):
+        return (px / qx).clamp_max(1.0).nan_to_num(1.0), p
+
+
+@pytest.mark.parametrize(
+    "policy,where",
+    [
+        (lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "device"),
+        (lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9, draft_sampling="sample"), "host"),
+    ],
+    ids=["pointmass-device", "sampled-host"],
+)
+def test_the_law_test_rejects_a_planted_bug(policy, where):
+    """Negative control of the law test above, at its ``LAW_N``: the same χ² rejects engine output whose rejection
+    step ignores the residual (point-mass drafts on the device's rank loop, sampled drafts on the host walk)."""
+    pvalue, accepted = _law(policy, 3.0, where, ResidualIgnored())
+    assert accepted > LAW_N // 2 and pvalue < 1e-3, pvalue
 
 
 def _sequential_cache(target, inputs, tokens):

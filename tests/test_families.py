@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import run_in_process
 from omegaconf import OmegaConf
 
 from adtbench.algorithm.drafters.eagle import EagleConfig
@@ -638,17 +639,18 @@ def test_bench_cost_runs_on_cpu(capsys: pytest.CaptureFixture, tmp_path: Path) -
 
 @pytest.mark.slow
 def test_run_py_every_family(tiny, tmp_path: Path) -> None:
-    """``python run.py model=<family> model.path=<tiny dir> policy=eagle2`` for every family (one multirun)."""
+    """``python run.py model=<family> model.path=<tiny dir> policy=eagle2`` for every family (one multirun; run in
+    this process through the same entry function, ``conftest.run_in_process``: the literal command below is the
+    real process)."""
     root, _ = tiny
     sweep = tmp_path / "sweep"
-    cmd = [
-        sys.executable, str(ROOT / "run.py"), "-m", f"model={','.join(FAMILIES)}",
+    argv = [
+        "-m", f"model={','.join(FAMILIES)}",
         f"++model.path='{root}/${{model.name}}'", "policy=eagle2", "warmup=0", "dataset=inline",
         f"dataset.text='{TEXT}'", "model.device=cpu", "model.dtype=float32", "progress=false", "maps.per_run=false",
         f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}",
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "1"}
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_in_process(*argv, env={"HYDRA_FULL_ERROR": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     summaries = {json.loads(p.read_text())["model"]: json.loads(p.read_text()) for p in sweep.glob("*/summary.json")}
     assert set(summaries) == set(FAMILIES)

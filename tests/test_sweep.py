@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_in_process
 from PIL import Image
 
 from adtbench.harness.rundir import find_runs, read_summary
@@ -26,11 +27,12 @@ def summaries(root: Path) -> list[dict]:
 @pytest.mark.slow
 def test_four_job_sweep_and_table(tmp_path):
     sweep = tmp_path / "sweep"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "ADTBENCH_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
-    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "policy=adt,eagle2", "lantern=on,off", "model=tiny_llamagen",
-           "drafter=eagle", "dataset=smoke", "dataset.limit=2", "warmup=0", f"hydra.sweep.dir={sweep}",
-           "progress=false"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    env = {"ADTBENCH_ROOT": str(tmp_path), "HYDRA_FULL_ERROR": "1"}
+    # the sweep's command line, run in this process (conftest.run_in_process: no interpreter start-up); the table
+    # script below runs as its own process
+    proc = run_in_process("-m", "policy=adt,eagle2", "lantern=on,off", "model=tiny_llamagen", "drafter=eagle",
+                          "dataset=smoke", "dataset.limit=2", "warmup=0", f"hydra.sweep.dir={sweep}", "progress=false",
+                          env=env)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     jobs = summaries(sweep)
     assert sorted((s["policy"], s["choices"]["lantern"]) for s in jobs) == [
@@ -46,6 +48,7 @@ def test_four_job_sweep_and_table(tmp_path):
         if s["policy"] == "adt":
             assert {"alpha", "alpha_D", "N", "init", "D_policy"} <= set(trace[0])
     assert len(list((tmp_path / "outputs" / "cache" / "lantern").glob("*.npy"))) == 1  # shared by both on-jobs
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     out = subprocess.run([sys.executable, str(SCRIPT), str(sweep)], env=env, capture_output=True, text=True, check=True)
     lines = out.stdout.strip().splitlines()
     assert [c.strip() for c in lines[0].strip("|").split("|")][:3] == ["job", "policy", "lantern"]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, tiny
+from conftest import TINY_OVERRIDES, run_in_process, tiny
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
@@ -99,10 +99,18 @@ def test_default_run_and_sweep_dirs_differ_within_one_second():
         assert [t0.strftime(p) for p in patterns] != [t1.strftime(p) for p in patterns], raw
 
 
+def in_process(*args: str) -> subprocess.CompletedProcess:
+    """``run_cli``'s command line run in this process (``conftest.run_in_process``: no interpreter start-up); the
+    refusals checked this way are also checked once from a real process (the locked run dir, a bad override)."""
+    flags = [a for a in args if a.startswith("-")]
+    return run_in_process(*flags, *TINY_OVERRIDES, "warmup=0", "progress=false", *(a for a in args if a not in flags),
+                          env={"HYDRA_FULL_ERROR": "0"})  # fmt: skip
+
+
 def test_run_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
     f = tmp_path / "afile"
     f.write_text("x")
-    proc = run_cli(f"hydra.run.dir={f}")
+    proc = in_process(f"hydra.run.dir={f}")
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
@@ -394,10 +402,13 @@ def test_precheck_resolves_hydra_interpolations_as_the_job_will():
     assert ei.value.key == "logger.name"
 
 
-@pytest.mark.parametrize(("override", "key"), [("policy.bogus=1", "policy.bogus"), ("policy=foo", "policy")])
-def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, tmp_path):
+@pytest.mark.parametrize(
+    ("override", "key", "run"), [("policy.bogus=1", "policy.bogus", run_cli), ("policy=foo", "policy", in_process)]
+)
+def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, run, tmp_path):
+    """A schema key error from a real process, a composition error (no such option) in this process."""
     run_dir = tmp_path / "runs" / "r"
-    proc = run_cli(override, f"hydra.run.dir={run_dir}")
+    proc = run(override, f"hydra.run.dir={run_dir}")
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.splitlines() == [proc.stderr.strip()]
     assert proc.stderr.startswith(f"adtbench: config error: {key}:")
@@ -406,7 +417,7 @@ def test_a_bad_override_is_one_line_exit_2_and_leaves_no_run_dir(override, key, 
 
 def test_a_multirun_checks_every_job_before_the_first_starts(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = run_cli("-m", "policy.total_tokens=10,500,20", f"hydra.sweep.dir={sweep}")
+    proc = in_process("-m", "policy.total_tokens=10,500,20", f"hydra.sweep.dir={sweep}")
     assert proc.returncode == 2, proc.stderr
     err = proc.stderr.strip()
     assert len(err.splitlines()) == 1 and err.startswith("adtbench: config error: policy.total_tokens:")
@@ -420,10 +431,9 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
     and the next job still runs (Hydra's launcher semantics: every job of the sweep runs, then the first failure
     is reported and the exit code is 1)."""
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, str(ROOT / "run.py"), "-m", "model=anole,tiny_llamagen", "drafter=eagle", "dataset=smoke",
-           "dataset.limit=1", "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    proc = subprocess.run(cmd, cwd=ROOT, env={**ENV, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = run_in_process("-m", "model=anole,tiny_llamagen", "drafter=eagle", "dataset=smoke", "dataset.limit=1",
+                          "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}",
+                          env={"HYDRA_FULL_ERROR": "0", "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "adtbench: config error: model.path:" in proc.stderr and "Traceback" not in proc.stderr
     jobs = sorted(p.name for p in sweep.iterdir() if p.is_dir())
@@ -447,12 +457,12 @@ def test_ctrl_c_is_one_line_and_the_run_dir_resumes(tmp_path):
                                         f"command with hydra.run.dir={run_dir} to resume"]  # fmt: skip
     done = samples.read_text().count("\n")
     assert 1 <= done < 8
-    again = subprocess.run([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, capture_output=True,
-                           text=True, timeout=300)  # fmt: skip
+    # the resume and a refused resume: the same command line, in this process (the interrupted one was real)
+    again = run_in_process(*args, env={"HYDRA_FULL_ERROR": "0"})
     assert again.returncode == 0, again.stderr
     ids = [json.loads(x)["prompt_id"] for x in samples.read_text().splitlines()]
     assert len(ids) == 8 == len(set(ids))
-    other = run_cli("seed=1", f"hydra.run.dir={run_dir}")  # refused resume: the dir a previous run left stays
+    other = run_in_process(*args, "seed=1", env={"HYDRA_FULL_ERROR": "0"})  # the dir a previous run left stays
     assert other.returncode == 2 and "hydra.run.dir" in other.stderr
     assert samples.read_text().count("\n") == 8 and (run_dir / "summary.json").exists()
 
