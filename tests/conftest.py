@@ -6,6 +6,7 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import subprocess
 import sys
 from collections import Counter
@@ -111,13 +112,14 @@ def _logging_restored() -> Iterator[None]:
         logging.disable(disabled)
 
 
-def run_in_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_in_process(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python run.py *argv`` run in this process: the same entry function (``adtbench.cli.main``: the command-line
     precheck, Hydra's app, the task) without an interpreter, torch and Hydra to start (≈ 3 s a run). Returns what
     ``subprocess.run(..., capture_output=True, text=True)`` would: the exit status (``SystemExit``'s code) and the
     text written to stdout and stderr. What a process exit does is undone: run-dir locks are released, the lock
     module's record of created dirs, Hydra's global state, the logging setup, ``sys.argv`` and ``env`` (set for the
-    run) restored. Tests that kill a run, or check what a fresh interpreter prints, use a real process."""
+    run) restored; a run still going after ``timeout`` seconds is interrupted (``TimeoutError``: Hydra reports it,
+    exit 1). Tests that kill a run, or check what a fresh interpreter prints, use a real process."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -128,10 +130,16 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.
     argv0, environ = sys.argv, dict(os.environ)
     locks, created, hydra_cfg = dict(lock._LOCKS), dict(lock._CREATED), HydraConfig.instance().cfg
     code: int = 0
+
+    def expired(signum: int, frame: object) -> None:
+        raise TimeoutError(f"run.py {' '.join(argv)}: still running after {timeout} s (in process)")
+
     GlobalHydra.instance().clear()
+    alarm = signal.signal(signal.SIGALRM, expired)
     with _logging_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         sys.argv = [str(ROOT / "run.py"), *argv]
         os.environ.update(env or {})
+        signal.alarm(timeout)
         try:
             main()
         except SystemExit as e:
@@ -141,6 +149,8 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None) -> subprocess.
                 print(e.code, file=sys.stderr)
                 code = 1
         finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, alarm)
             sys.argv = argv0
             os.environ.clear()
             os.environ.update(environ)
