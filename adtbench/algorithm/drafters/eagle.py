@@ -178,7 +178,8 @@ class EagleLayer(nn.Module):
             if bias is not None:
                 bias = torch.cat([interleave_pairs(bias[:qk], heads, a.d), bias[qk:]])
             if qk_norm is not None:
-                qk_norm = (*(interleave_pairs(t, 1, a.d, dim=1) for t in qk_norm[:2]), qk_norm[2])
+                qn, kn, eps = qk_norm
+                qk_norm = (interleave_pairs(qn, 1, a.d, dim=1), interleave_pairs(kn, 1, a.d, dim=1), eps)
         return LayerWeights(
             qkv=fold_t(qkv, None if pre is None else pre.weight),
             qkv_bias=bias,
