@@ -87,6 +87,7 @@ class Eagle2Conf:
     total_tokens: int = 59
     budget: str = "fixed"
     calibrate: bool = True
+    rounds: str = "auto"  # budget: cost: when the level rule decides a round (auto | live | planned)
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8
@@ -112,6 +113,7 @@ class AdtConf:
     N_max: int = 58
     budget: str = "cost"
     calibrate: bool = True
+    rounds: str = "auto"  # budget: cost: when the level rule decides a round (auto | live | planned)
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8

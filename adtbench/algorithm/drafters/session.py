@@ -55,7 +55,9 @@ class DraftSession:
         on_host: bool = False,
     ) -> None:
         self.drafter, self.target, self.sp = drafter, target, sp
-        self.on_host = on_host  # decisions may read the device (the CPU; ``engine.acceptance``): policies may use it
+        # the cycle's decisions run on the host (``engine.acceptance``: auto on the CPU): EAGLE-2 and sampled trees are
+        # built on host copies of each level (numpy), the device path elsewhere — the same trees either way
+        self.on_host = on_host
         self.layout = target.layout
         self.root_token = root_token.view(1)  # [1] long, on the device
         self.root_gen, self.root_pos = root_gen, root_pos
