@@ -23,13 +23,14 @@ def build_sampled_tree(session, *args, **kwargs):
     return drive(sampled_steps(session, *args, **kwargs), session)
 
 
-def _session(gen_seed: int = 0):
+def _session(gen_seed: int = 0, prefill_seed: int | None = None):
     target, drafter = tiny("tiny_llamagen")
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
     inputs = target.encode_prompt("a red circle", cfg=True)
     from adtbench.algorithm.engine import prefill
 
-    root, _, out = prefill(target, drafter, inputs, sp, 64, 64, None)
+    first = None if prefill_seed is None else torch.Generator().manual_seed(prefill_seed)
+    root, _, out = prefill(target, drafter, inputs, sp, 64, 64, first)
     g = torch.Generator().manual_seed(gen_seed)
     return DraftSession(drafter, target, sp, root, 0, target.next_pos.clone(), out, g)
 
@@ -51,6 +52,29 @@ def test_tree_shape_invariants(budget):
                 assert u in out.entropy and float(t.proposal[u].sum()) == pytest.approx(1.0)
                 assert all(float(t.proposal[u][x]) > 0 for x in toks)
         assert t.max_depth <= t.drafted_depth <= 4
+
+
+@pytest.mark.parametrize("budget", [None, "cost"])
+def test_host_and_device_sampled_trees_are_the_same(budget):
+    """Built on host copies (``session.on_host``: the CPU's default) or on the drafter's device (what a GPU runs), a
+    sampled tree draws the same tokens from the same generator calls: the same tree, proposal rows and entropies,
+    level after level of a real drafter."""
+    for seed in range(4):
+        outs = []
+        for on_host in (False, True):
+            s = _session(seed, prefill_seed=seed)
+            s.on_host = on_host
+            b = TreeBudget(synthetic_cost_model()) if budget else None
+            outs.append(build_sampled_tree(s, depth=3, top_k=3, max_nodes=12, max_depth=8, budget=b,
+                                           model=AcceptanceModel()))  # fmt: skip
+            outs[-1].gen_state = s.generator.get_state()
+        dev, host = outs
+        assert dev.tree.tokens.tolist() == host.tree.tokens.tolist() and dev.tree.parent_list == host.tree.parent_list
+        assert dev.tree.drafted_depth == host.tree.drafted_depth and dev.tree.info == host.tree.info
+        assert torch.equal(dev.tree.proposal, host.tree.proposal)
+        assert dev.entropy.keys() == host.entropy.keys()
+        assert all(dev.entropy[u] == pytest.approx(host.entropy[u], rel=1e-12) for u in dev.entropy)
+        assert torch.equal(dev.gen_state, host.gen_state)  # the same draws consumed
 
 
 def test_max_depth_caps_the_levels():
