@@ -38,7 +38,7 @@ class DraftTree:
     def __init__(
         self,
         tokens: torch.Tensor,
-        parents: torch.Tensor | Sequence[int],
+        parents: torch.Tensor | Sequence[int] | np.ndarray,
         drafted_depth: int,
         width: int = 0,
         proposal: torch.Tensor | Mapping[int, torch.Tensor] | None = None,
@@ -60,7 +60,7 @@ class DraftTree:
             self.parents = parents.to(dev)
             host: np.ndarray | None = None
         else:  # host parents (tests, host-built trees): checked, and the static structure is derived on the host
-            host = np.asarray(list(parents), dtype=np.int64)
+            host = np.asarray(parents, dtype=np.int64)
             _check_parents(host, n)
             self.parents = torch.from_numpy(host).to(dev)
         if depth is None or ancestor_mask is None:
