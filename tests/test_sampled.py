@@ -77,6 +77,27 @@ def test_host_and_device_sampled_trees_are_the_same(budget):
         assert torch.equal(dev.gen_state, host.gen_state)  # the same draws consumed
 
 
+@pytest.mark.parametrize("on_host", [False, True], ids=["device", "host"])
+def test_a_budget_that_drafts_nothing_gives_the_root_alone(on_host):
+    """When not even one draft pays for itself (verifying a second node costs 1000 steps) the tree is the root alone,
+    without a proposal, and the engine verifies it as an AR step."""
+    from adtbench.algorithm.cost import CostModel
+
+    s = _session(0, prefill_seed=0)
+    s.on_host = on_host
+    b = TreeBudget(CostModel([1, 2, 64], [1.0, 1000.0, 1000.0], [1, 16], [0.01, 0.01], 0.0))
+    out = build_sampled_tree(s, depth=3, top_k=3, max_nodes=12, max_depth=8, budget=b, model=AcceptanceModel())
+    assert out.tree.size == 1 and out.tree.proposal is None and out.tree.drafted_depth == 0 and not out.entropy
+    from adtbench.algorithm.engine import generate
+
+    policy = ADTPolicy(budget="cost", draft_sampling="sample")
+    policy.cost.tree = b
+    target, drafter = s.target, s.drafter
+    res = generate(target, drafter, policy, target.encode_prompt("a", cfg=True), s.sp, torch.Generator().manual_seed(0),
+                   acceptance="host" if on_host else "device")  # fmt: skip
+    assert res.tau == 1.0 and len(res.tokens) == target.layout.num_gen_tokens
+
+
 def test_max_depth_caps_the_levels():
     out = build_sampled_tree(_session(), depth=5, top_k=2, max_nodes=40, max_depth=2, budget=None,
                              model=AcceptanceModel())  # fmt: skip

@@ -140,7 +140,8 @@ def sampled_steps(
     toks_h = np.zeros(cap, dtype=np.int64)  # host path: node tokens (the root's stays on the device)
     toks = [session.root_token]  # device path: device pieces in node order
     q_nodes: list[int] = []
-    q_rows: list[torch.Tensor] = []  # device: drafter log-prob rows; host: float64 probability rows
+    q_rows: list[torch.Tensor] = []  # device path: the drafter log-prob rows of the nodes given children
+    q_rows_h: list[np.ndarray] = []  # host path: their float64 probability rows (host copies)
     entropy: dict[int, float] = {}
     frontier = np.zeros(1, dtype=np.int64)
     lp = session.root_logprobs()[None]
@@ -149,8 +150,8 @@ def sampled_steps(
     for level in range(rounds + 1):
         if host:
             lp64 = lp.to(torch.float64)
-            q_lv = lp64.exp()
-            H, support = _entropy_support_host(lp64.cpu().numpy(), q_lv.cpu().numpy(), top_k)
+            q_h = lp64.exp().cpu().numpy()  # torch's exp: the device path's proposal rows, bit for bit
+            H, support = _entropy_support_host(lp64.cpu().numpy(), q_h, top_k)
         else:
             H, support = _entropy_support(lp, top_k).cpu().numpy()
         a = model.alpha(H)[:, None]
@@ -175,7 +176,7 @@ def sampled_steps(
             f, c = int(frontier[i]), int(counts[i])
             if host:
                 toks_h[n : n + c] = _largest_in_order(drawn_h[i], c)
-                q_rows.append(q_lv[i])
+                q_rows_h.append(q_h[i])
             else:
                 q_rows.append(lp[i])
             par[n : n + c] = f
@@ -198,14 +199,18 @@ def sampled_steps(
         frontier = cand
         if budget is not None:
             spent += budget.t_level(cand.size)
-    index = torch.tensor(q_nodes, device=dev)
+    proposal: torch.Tensor | None = None  # None: the root alone (no draft paid for itself)
     if host:
         tokens = torch.cat([session.root_token, torch.from_numpy(toks_h[1:n]).to(dev)])
-        q = torch.stack(q_rows)
+        if q_nodes:
+            rows = np.zeros((n, q_rows_h[0].size))
+            rows[q_nodes] = q_rows_h
+            proposal = torch.from_numpy(rows).to(dev)
     else:
         tokens = torch.cat(toks)
-        q = torch.stack(q_rows).to(torch.float64).exp()
-    proposal = q.new_zeros(n, q.shape[-1]).index_copy_(0, index, q)
+        if q_nodes:
+            q = torch.stack(q_rows).to(torch.float64).exp()
+            proposal = q.new_zeros(n, q.shape[-1]).index_copy_(0, torch.tensor(q_nodes, device=dev), q)
     tree = DraftTree(
         tokens,
         par[:n].tolist(),
