@@ -203,9 +203,9 @@ def sampled_steps(
     if host:
         tokens = torch.cat([session.root_token, torch.from_numpy(toks_h[1:n]).to(dev)])
         if q_nodes:
-            rows = np.zeros((n, q_rows_h[0].size))
-            rows[q_nodes] = q_rows_h
-            proposal = torch.from_numpy(rows).to(dev)
+            table = np.zeros((n, q_rows_h[0].size))
+            table[q_nodes] = q_rows_h
+            proposal = torch.from_numpy(table).to(dev)
     else:
         tokens = torch.cat(toks)
         if q_nodes:
