@@ -141,10 +141,15 @@ class TreeBudget:
 
     def best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float]:
         """(N, rate) maximising ``rate(N)`` over N = 0 … len(pi_sorted) (ties → the smaller N)."""
-        gain = 1.0 + self.c * np.concatenate([[0.0], np.cumsum(pi_sorted)])
-        rate = gain / (spent_ms + self._t_verify_upto(gain.size))
+        n, rate, _ = self._best(pi_sorted, spent_ms)
+        return n, rate
+
+    def _best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float, np.ndarray]:
+        """``best`` and the cumulative sums ``Σ_{i<N} π_i`` for N = 0 … len (the predicted drafts of each prefix)."""
+        cum = np.concatenate([[0.0], np.cumsum(pi_sorted)])
+        rate = (1.0 + self.c * cum) / (spent_ms + self._t_verify_upto(cum.size))
         n = int(np.argmax(rate))
-        return n, float(rate[n])
+        return n, float(rate[n]), cum
 
     def _t_level_upto(self, m: int) -> np.ndarray:
         """``t_level(1 … m)`` as an array (tabulated once, grown on demand)."""
@@ -277,9 +282,8 @@ class TreeBudget:
     ) -> tuple[int, float]:
         """``choose`` on host arrays: ``pi [M]`` every candidate's path probability (float64) in rerank order,
         ``level [M]`` the round that made it. The same rule, sums and ties (``np.argmax``: the first maximum)."""
-        cum = np.concatenate([[0.0], np.cumsum(pi[:max_n])])
         if not plan:
-            n, _ = self.best(pi[:max_n], self.spent_ms(level_sizes))
+            n, _, cum = self._best(pi[:max_n], self.spent_ms(level_sizes))
             return n, float(cum[n])
         L = len(level_sizes)
         rounds = np.arange(L + 1)[:, None]

@@ -64,7 +64,7 @@ class DraftSession:
         self.generator = generator
         self.device = root_out.device
         self.outputs = root_out[:, None]
-        self.slot_bias = torch.zeros(1, 0, dtype=root_out.dtype, device=self.device)
+        self.slot_bias = _no_slots(root_out.dtype, self.device)  # [1, 0]: the root has no slot
         self.num_nodes = 1
         self.levels: list[int] = []  # nodes expanded per drafter forward (level 1 first)
         self.forwards = 0  # drafter forward passes this cycle (the root's came from ``extend``)
@@ -156,6 +156,12 @@ def drive(steps: Generator[Expand, tuple[range, torch.Tensor], T], session: Draf
     except StopIteration as done:
         result: T = done.value
         return result
+
+
+@lru_cache(maxsize=64)
+def _no_slots(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The root's empty ``[1, 0]`` slot mask (cached, never written: ``prepare`` builds new tensors from it)."""
+    return torch.zeros(1, 0, dtype=dtype, device=device)
 
 
 @lru_cache(maxsize=256)

@@ -26,7 +26,7 @@ from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, stable_topk, top_k_stable, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
-from adtbench.algorithm.tree import DraftTree, ancestry_on_device, true_flag
+from adtbench.algorithm.tree import DraftTree, ancestry_on_device, host_ancestry, true_flag
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError, check_number
 
@@ -141,8 +141,9 @@ def eagle2_host_steps(
     (tested), in flat numpy arrays (a few dozen to a few hundred entries). The torch work per level is the drafter
     forward and one copy of its log-probs to the host, ranked there (``top_k_stable``: the order of a stable
     descending ``torch.sort``); scores stay in the drafter's float dtype, so sums round exactly as on the device, and
-    path probabilities are exponentiated by torch's own kernel (the budget's sums see the device path's values).
-    The tree's ancestry comes from the per-process cache of ``DraftTree`` (trees repeat their shapes)."""
+    path probabilities are exponentiated by torch's own kernel, once per candidate as it is made (the budget's sums
+    see the device path's values). The tree's ancestry comes from a per-process cache (``tree.host_ancestry``: trees
+    repeat their shapes)."""
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
     if budget is not None and not live:
@@ -157,13 +158,15 @@ def eagle2_host_steps(
     par = np.empty(cap, dtype=np.int64)
     level = np.empty(cap, dtype=np.int64)
     scores[:k0], toks[:k0], par[:k0], level[:k0] = lp0[t0], t0, -1, 0
+    pi = np.empty(cap if budget is not None else 0)  # path probabilities (float64) of the candidates, as made
+    if budget is not None:
+        pi[:k0] = _exp64(scores[:k0])
     f_cand, f_sess = np.arange(k0), np.zeros(k0, dtype=np.int64)
     count = k0
     for r in range(rounds):
         if live:
             assert budget is not None
-            pi = _exp64(np.concatenate([scores[:count], scores[f_cand]]))
-            if not _worth_a_round(budget, pi[:count], pi[count:], session.levels):
+            if not _worth_a_round(budget, pi[:count], pi[f_cand], session.levels):
                 break
         ids, lp_t = yield Expand(torch.from_numpy(f_sess).to(dev), torch.from_numpy(toks[f_cand]).to(dev), r + 1)
         lp = lp_t.cpu().numpy()
@@ -172,6 +175,8 @@ def eagle2_host_steps(
         end = count + cum.size
         scores[count:end], toks[count:end], level[count:end] = cum, kids.ravel(), r + 1
         par[count:end] = np.repeat(f_cand, kids.shape[1])
+        if budget is not None:
+            pi[count:end] = _exp64(cum)
         best = top_k_stable(cum, K)  # the next frontier: the K best new candidates
         f_sess = np.arange(ids.start, ids.stop)[best // kids.shape[1]]
         f_cand = count + best
@@ -181,19 +186,20 @@ def eagle2_host_steps(
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
     if budget is not None:
-        pi = _exp64(score[order])
-        keep, e_pred = budget.choose_host(pi, level[:count][order], keep, session.levels, K, plan=not live)
+        keep, e_pred = budget.choose_host(pi[order], level[:count][order], keep, session.levels, K, plan=not live)
         info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
     sel = np.sort(order[:keep])  # kept candidates in creation order: parents before children
     slot = np.full(count + 1, -1, dtype=np.int64)  # candidate → tree node; slot ``count`` = the root
     slot[sel] = np.arange(1, keep + 1)
     slot[count] = 0
     parents = np.concatenate([[-1], slot[np.where(par[sel] < 0, count, par[sel])]])
+    d, anc = host_ancestry(parents)  # parents precede children by construction: no check
     live_nodes = score[sel] > -np.inf
     alive = None if live_nodes.all() else torch.from_numpy(np.concatenate([[True], live_nodes])).to(dev)
     return DraftTree(
-        torch.cat([session.root_token, torch.from_numpy(toks[sel]).to(dev)]), parents,
-        drafted_depth=len(session.levels) + 1, width=K, info=info, alive=alive, max_children=K,
+        torch.cat([session.root_token, torch.from_numpy(toks[sel]).to(dev)]), torch.from_numpy(parents).to(dev),
+        drafted_depth=len(session.levels) + 1, width=K, info=info, alive=alive, depth=torch.from_numpy(d).to(dev),
+        ancestor_mask=torch.from_numpy(anc).to(dev), max_children=K,
     )  # fmt: skip
 
 
@@ -206,7 +212,7 @@ def _exp64(scores: np.ndarray) -> np.ndarray:
 def _worth_a_round(budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray, levels: list[int]) -> bool:
     """The level rule before a round (``TreeBudget.worth_expanding``) from the path probabilities of the candidates
     drafted so far and of the frontier it would expand (host arrays)."""
-    return budget.worth_expanding(-np.sort(-drafted), float(frontier.sum()), frontier.size, budget.spent_ms(levels))
+    return budget.worth_expanding(np.sort(drafted)[::-1], float(frontier.sum()), frontier.size, budget.spent_ms(levels))
 
 
 @lru_cache(maxsize=256)
