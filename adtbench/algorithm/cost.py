@@ -204,10 +204,10 @@ class TreeBudget:
     def live(self, device: torch.device) -> bool:
         """Is the level rule applied before each round from this cycle's candidates (``live``: one small read per
         round), rather than planned from the image's previous cycle (``planned``: no read while drafting)? ``auto``:
-        live where the drafter runs on the CPU (a read costs nothing there; the rule as designed), planned on other
-        devices. Where acceptance or tree building run (``engine.acceptance``) does not enter: they never change a
-        tree's shape."""
-        return self.rounds == "live" or (self.rounds == "auto" and device.type == "cpu")
+        planned on a CUDA device (``accel.is_cuda``: a real one or the simulated one), live elsewhere — the CPU, where
+        a read costs nothing (the rule as designed). Where acceptance or tree building run (``engine.acceptance``)
+        does not enter: they never change a tree's shape."""
+        return self.rounds == "live" or (self.rounds == "auto" and not accel.is_cuda(device))
 
     def plan_rounds(self, rounds: int) -> int:
         """Expansion rounds to draft this cycle, at most ``rounds`` (the policy's depth): what the level rule decided
