@@ -44,6 +44,11 @@ def test_verdicts_compare_the_median_speedups_against_the_noise() -> None:
     assert C.row_result("x", _jobs([1.00, 1.00], [1.10, 1.12]), noise=0.03)["verdict"] == "faster"
     wide = C.row_result("x", _jobs([1.00, 1.00], [0.80, 1.00]), noise=0.03)  # rounds disagree: no verdict
     assert wide["noise"] == pytest.approx(0.1) and wide["verdict"] == "≈"
+    other = C.row_result("x", [{**j, "tau": 2.2 if j["side"] == "new" else 2.0} for j in _jobs([1.0], [1.05])], 0.03)
+    assert (
+        other["ratio_equal_tau"] == pytest.approx(1.05 * 2.0 / 2.2)
+        and other["verdict"] == "SLOWER at equal τ (τ +10.0 %)"
+    )
     failed = C.row_result("x", [*_jobs([1.0], [1.0]), {"round": 1, "side": "old", "error": "exit 1"}], 0.03)
     assert failed["verdict"] == "FAILED (old)"
     assert "| x | 2.000 | 2.000 |" in C.table([slow, failed], "head")
