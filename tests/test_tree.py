@@ -166,34 +166,3 @@ def test_partial_top_k_is_the_stable_sort_prefix(seed, k, rows):
     x[torch.rand(shape, generator=g) < 0.2] = float("-inf")
     x = x.numpy().astype(np.float32)
     assert (top_k_stable(x, k) == desc_stable(x)[..., :k]).all()
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["topk", "sampled"])
-def test_static_trees_built_on_the_host_are_the_device_paths(temperature: float) -> None:
-    """A static tree built on host copies (``session.on_host``: the CPU's default) is the device path's: the same
-    ranks, or the same generator calls and Gumbel keys — tokens, liveness, proposal rows and the generator's state."""
-    from conftest import tiny
-
-    from adtbench.algorithm.drafters.session import DraftSession
-    from adtbench.algorithm.engine import prefill
-    from adtbench.algorithm.policies.static import MC_SIM_7B_63, StaticTreePolicy
-    from adtbench.algorithm.sampling import SamplingParams
-
-    target, drafter = tiny("tiny_llamagen", dtype="float32")
-    sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
-    first = torch.Generator().manual_seed(1)
-    root, _, out = prefill(target, drafter, target.encode_prompt("a red circle", cfg=True), sp, 64, 64, first)
-    for paths in (MC_SIM_7B_63, [[0], [0, 0], [0, 0, 0]], [[0], [1], [0, 0]]):
-        trees, states = [], []
-        for on_host in (False, True):
-            g = torch.Generator().manual_seed(7)
-            s = DraftSession(drafter, target, sp, root, 0, target.next_pos.clone(), out, g, on_host)
-            trees.append(StaticTreePolicy(paths, "sample").propose(s, 8))
-            states.append(g.get_state())
-            drafter.rollback()
-        dev, host = trees
-        assert dev.tokens.tolist() == host.tokens.tolist() and dev.alive.tolist() == host.alive.tolist()
-        assert (dev.proposal is None) == (host.proposal is None) == (temperature == 0.0)
-        if dev.proposal is not None:
-            assert torch.equal(dev.proposal, host.proposal)
-        assert torch.equal(states[0], states[1])

@@ -17,12 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, top_k_stable, with_gate
-from adtbench.algorithm.sampling import exponentials, gumbel_top_k
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
+from adtbench.algorithm.sampling import gumbel_top_k
 from adtbench.algorithm.tree import DraftTree, true_flag
 from adtbench.errors import check_choice, check_number
 
@@ -84,8 +83,7 @@ class _Level:
     ``row [m]``: the row of the level's log-prob block each node draws from (its parent's row); ``rank [m]``: its
     child rank; ``parents [m]``: its parent node; ``grow``: indices (into the level) of the nodes that have
     children; ``grow_parents``: the session ids of those nodes' parents (the session numbers nodes in expand
-    order: the root 0, then each level's grown nodes). ``host``: row, rank, parents and grow as host arrays (the
-    host path's gathers)."""
+    order: the root 0, then each level's grown nodes)."""
 
     row: torch.Tensor
     rank: torch.Tensor
@@ -93,7 +91,6 @@ class _Level:
     width: int  # draws per row (1 + the largest rank of the level)
     grow: torch.Tensor
     grow_parents: torch.Tensor
-    host: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,6 @@ class _Plan:
     proposal_nodes: torch.Tensor  # nodes with children, in level order (the rows of the stacked q)
     max_children: int
     child_ranks: torch.Tensor
-    proposal_nodes_host: np.ndarray
 
 
 class StaticTreePolicy(TreePolicy):
@@ -140,20 +136,20 @@ class StaticTreePolicy(TreePolicy):
             grow_parents = [sess[here[i][:-1]] for i in grow]
             for i in grow:
                 sess[here[i]] = len(sess)
-            row, rank = [prefixes.index(p[:-1]) for p in here], [p[-1] for p in here]
-            parents = [node[p[:-1]] for p in here]
             levels.append(_Level(
-                row=_long(row, device), rank=_long(rank, device), parents=_long(parents, device),
-                width=max(p[-1] for p in here) + 1, grow=_long(grow, device), grow_parents=_long(grow_parents, device),
-                host=(np.array(row), np.array(rank), np.array(parents), np.array(grow, dtype=np.int64)),
+                row=_long([prefixes.index(p[:-1]) for p in here], device),
+                rank=_long([p[-1] for p in here], device),
+                parents=_long([node[p[:-1]] for p in here], device),
+                width=max(p[-1] for p in here) + 1,
+                grow=_long(grow, device),
+                grow_parents=_long(grow_parents, device),
             ))  # fmt: skip
         par = [-1] + [node[p[:-1]] for p in paths]
         tree = DraftTree(torch.zeros(len(par), dtype=torch.long, device=device), par, drafted_depth=0)
         kids = [sum(1 for q in paths if q[:-1] == p) for p in [(), *paths]]
-        with_kids = [node[p] for p in [(), *paths] if p == () or p in inner]
         plan = self._plans[key] = _Plan(
-            levels, tree.parents, tree.depth, tree.ancestor_mask, _long(with_kids, device), max(kids),
-            tree.child_ranks, np.array(with_kids),
+            levels, tree.parents, tree.depth, tree.ancestor_mask,
+            _long([node[p] for p in [(), *paths] if p == () or p in inner], device), max(kids), tree.child_ranks,
         )  # fmt: skip
         return plan
 
@@ -162,8 +158,6 @@ class StaticTreePolicy(TreePolicy):
         of its parents' rows; the shape, the session ids and the masks come from the plan."""
         sample = self.draft_sampling == "sample" and not session.greedy
         plan = self._plan(min(max_depth, max(map(len, self.paths))), session.device)
-        if getattr(session, "on_host", False):
-            return (yield from self._host_steps(session, plan, sample))
         lp = session.root_logprobs()[None]  # [rows, V]: the level's parents' distributions
         tokens, alive, qs = [session.root_token], [true_flag(session.device)], []
         alive_all = alive[0]
@@ -189,53 +183,6 @@ class StaticTreePolicy(TreePolicy):
             alive=alive_all, depth=plan.depth, ancestor_mask=plan.ancestor_mask, max_children=plan.max_children,
             child_ranks=plan.child_ranks,
         )  # fmt: skip
-
-    def _host_steps(self, session: DraftSession, plan: _Plan, sample: bool) -> Steps:
-        """``propose_steps`` on host copies of each level's rows (the session decides on the host: the CPU): the same
-        ranks (``top_k_stable``: a stable sort's order) or the same generator calls and Gumbel keys as the device
-        path, so the same tree (tested), in a few torch calls per level instead of a dozen."""
-        dev = session.device
-        lp = session.root_logprobs()[None]
-        tokens, alive, qs = [], [np.ones(1, dtype=bool)], []
-        alive_all = alive[0]
-        for i, lv in enumerate(plan.levels):
-            row, rank, parents, grow = lv.host
-            if sample:
-                keys = (lp.to(torch.float64) - exponentials(tuple(lp.shape), session.generator, dev).log_()).cpu()
-                drawn = _largest_per_row(keys.numpy(), lv.width)  # gumbel_top_k's tokens, in draw order
-                ok = np.take_along_axis(keys.numpy(), drawn, -1) > -np.inf
-                qs.append(lp.exp().cpu().numpy())
-            else:
-                lp_h = lp.cpu().numpy()
-                drawn = top_k_stable(lp_h, lv.width)
-                ok = np.take_along_axis(lp_h, drawn, -1) > -np.inf
-            tok, live = drawn[row, rank], ok[row, rank] & alive_all[parents]
-            tokens.append(tok)
-            alive.append(live)
-            alive_all = np.concatenate(alive)
-            if grow.size:
-                _, lp = yield Expand(lv.grow_parents, torch.from_numpy(tok[grow]).to(dev), i + 1)
-        proposal = None
-        if sample:
-            q = np.concatenate(qs)
-            table = np.zeros((plan.parents.numel(), q.shape[-1]), dtype=q.dtype)
-            table[plan.proposal_nodes_host] = q
-            proposal = torch.from_numpy(table).to(dev)
-        return DraftTree(
-            torch.cat([session.root_token, torch.from_numpy(np.concatenate(tokens)).to(dev)]), plan.parents,
-            drafted_depth=len(plan.levels), width=self.width, proposal=proposal,
-            alive=torch.from_numpy(alive_all).to(dev), depth=plan.depth, ancestor_mask=plan.ancestor_mask,
-            max_children=plan.max_children, child_ranks=plan.child_ranks,
-        )  # fmt: skip
-
-
-def _largest_per_row(keys: np.ndarray, k: int) -> np.ndarray:
-    """``[m, k]``: each row's ``k`` largest entries of ``keys [m, V]``, largest first (``torch.topk``'s order; the keys
-    of a continuous draw never tie)."""
-    k = min(k, keys.shape[-1])
-    idx = np.argpartition(-keys, k - 1, axis=-1)[:, :k] if k < keys.shape[-1] else np.tile(np.arange(k), (len(keys), 1))
-    order = np.argsort(-np.take_along_axis(keys, idx, -1), axis=-1, kind="stable")
-    return np.take_along_axis(idx, order, -1)
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
