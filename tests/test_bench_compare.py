@@ -59,12 +59,16 @@ def test_one_cost_model_serves_both_sides(tmp_path: Path) -> None:
     cost.mkdir()
     model = {"verify_nodes": [1, 64], "verify_ms": [1.0, 2.0], "level_nodes": [1], "level_ms": [0.1], "fixed_ms": 0.1,
              "meta": {"load": 0.4, "measured_at": "t"}}  # fmt: skip
-    (cost / "new.json").write_text(json.dumps({"key": {"method": "b"}, "model": model}))
-    (cost / "old.json").write_text(json.dumps({"key": {"method": "a"}, "model": {**model, "verify_ms": [9.0, 9.0]}}))
-    line = C.share_cost_models(tmp_path, {cost / "new.json"})
+    mini, tiny = {"target": "Mini", "params": 10}, {"target": "Tiny", "params": 1}
+    (cost / "new.json").write_text(json.dumps({"key": {**mini, "method": "b"}, "model": model}))
+    big = {**model, "verify_nodes": [1, 128], "verify_ms": [5.0, 5.0]}  # another model: never shared into mini's
+    (cost / "tiny.json").write_text(json.dumps({"key": {**tiny, "method": "b"}, "model": big}))
+    (cost / "old.json").write_text(json.dumps({"key": {**mini, "method": "a"}, "model": {**model, "verify_ms": [9.0]}}))
+    line = C.share_cost_models(tmp_path, {cost / "new.json", cost / "tiny.json"})
     old = json.loads((cost / "old.json").read_text())
-    assert old["key"] == {"method": "a"} and old["model"]["verify_ms"] == [1.0, 2.0] and "new.json" in line
+    assert old["key"] == {**mini, "method": "a"} and old["model"]["verify_ms"] == [1.0, 2.0] and "load 0.4" in line
     assert old["model"]["meta"]["shared_from"] == "new.json"
+    assert json.loads((cost / "tiny.json").read_text())["model"] == big
 
 
 def test_base_commit_is_checked_out_into_a_temporary_worktree(tmp_path: Path) -> None:
@@ -91,8 +95,9 @@ def test_bad_rows_are_refused(capsys) -> None:
     with pytest.raises(SystemExit):
         C.parse(["HEAD", "no_such_row"])
     assert "no_such_row" in capsys.readouterr().err
-    ns = C.parse(["HEAD~1", "ar", "--rounds", "3", "--", "model=tiny_llamagen"])
+    ns = C.parse(["HEAD~1", "ar", "--rounds", "3", "--cost-from", ".cache", "--", "model=tiny_llamagen"])
     assert ns.rows == ["ar"] and ns.rounds == 3 and ns.overrides == ["model=tiny_llamagen"]
+    assert ns.cost_from == Path(".cache") and not ns.own_cost_models
     assert C.parse(["HEAD"]).rows == list(C.ROWS)
 
 

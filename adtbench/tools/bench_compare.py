@@ -19,7 +19,9 @@ measuring method). One cost model serves both sides: before the rows, each side 
 (``policy=adt``, one prompt, no baseline) that loads or measures its model into that cache, and the working tree's
 model is then written into BASE's cache file too (``share_cost_models``), so ``budget: cost`` rows differ by code,
 not by two measurements (a cost model measured during a load burst sizes trees differently for the whole
-comparison); ``--own-cost-models`` lets each side measure its own.
+comparison); ``--own-cost-models`` lets each side measure its own, ``--cost-from DIR`` starts from the cost models
+of a cache dir (one measured on a quiet machine: a model measured under load sizes every ``budget: cost`` tree of
+the comparison to contention's costs).
 
 The table (printed, and ``compare.md`` / ``compare.json`` in ``--out``): per row τ old/new and speedup old/new
 (medians over rounds), ``new/old`` (the ratio of the median speedups) with the range of the per-round paired
@@ -39,6 +41,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -71,6 +74,12 @@ def parse(args: list[str]) -> argparse.Namespace:
     p.add_argument("--noise", type=float, default=NOISE, help="the verdict's floor (relative)")
     p.add_argument("--out", type=Path, default=None, help="output dir (default outputs/compare/<time>)")
     p.add_argument("--own-cost-models", action="store_true", help="each side measures its own cost model")
+    p.add_argument(
+        "--cost-from",
+        type=Path,
+        default=None,
+        help="a cache dir (paths.cache_dir, e.g. .cache) whose cost models to start from instead of measuring now",
+    )
     argv = list(args)
     overrides: list[str] = []
     if "--" in argv:
@@ -149,22 +158,54 @@ def run_job(code: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
 PREPARE = ["policy=adt", "dataset.limit=1", "warmup=0", "baseline=false"]  # the largest tree of the default rows
 
 
+SHAPE_KEYS = (
+    "target",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "intermediate",
+    "params",
+    "drafter_layers",
+    "gen_tokens",
+    "vocab",
+    "device",
+    "dtype",
+    "threads",
+    "rows",
+)  # a cost key's model and machine (not its method)
+
+
 def share_cost_models(cache: Path, new_files: set[Path]) -> str:
-    """Write the working tree's cost model (the largest of ``new_files``, what its prepare job loaded or measured)
-    into every other cost-model file of ``cache`` (BASE's, under BASE's key); returns a line for the table header."""
+    """Write the working tree's cost models (``new_files``: what its prepare job loaded or measured) into BASE's cost
+    model files of ``cache`` — each into the file of the same model and machine (``SHAPE_KEYS`` of the cache key;
+    keys differ by measuring method or engine mode) — and return a line for the table header."""
     files = sorted((cache / "cost").glob("*.json"))
+    data = {f: json.loads(f.read_text()) for f in files}
+
+    def shape(d: dict[str, Any]) -> tuple[Any, ...]:
+        key = d.get("key") or d["model"].get("meta", {}).get("key") or {}
+        return tuple(key.get(k) for k in SHAPE_KEYS)
+
     mine = [f for f in files if f in new_files]
-    if not mine:
-        return "cost models: none measured"
-    src = max(mine, key=lambda f: max(json.loads(f.read_text())["model"]["verify_nodes"]))
-    model = json.loads(src.read_text())["model"]
+    used: list[Path] = []
     for f in files:
-        if f not in new_files:
-            data = json.loads(f.read_text())
-            data["model"] = {**model, "meta": {**model.get("meta", {}), "shared_from": src.name}}
-            atomic_write_json(f, data)
-    meta = model.get("meta", {})
-    return f"one cost model for both sides ({src.name}, measured {meta.get('measured_at')} at load {meta.get('load')})"
+        if f in new_files:
+            continue
+        same = [g for g in mine if shape(data[g]) == shape(data[f])]
+        if same:
+            src = max(same, key=lambda g: max(data[g]["model"]["verify_nodes"]))
+            model = data[src]["model"]
+            data[f]["model"] = {**model, "meta": {**model.get("meta", {}), "shared_from": src.name}}
+            atomic_write_json(f, data[f])
+            used.append(src)
+    if not used:
+        return "each side its own cost model (none to share)"
+    metas = [data[g]["model"].get("meta", {}) for g in dict.fromkeys(used)]
+    return (
+        "one cost model for both sides ("
+        + "; ".join(f"measured {m.get('measured_at')} at load {m.get('load')}" for m in metas)
+        + ")"
+    )
 
 
 def row_result(name: str, jobs: list[dict[str, Any]], noise: float) -> dict[str, Any]:
@@ -244,6 +285,10 @@ def main(args: list[str] | None = None) -> int:
     prompts = out / "prompts.txt"
     n = held_out_prompts(ROOT / PROMPTS_FILE, prompts, ns.offset, ns.prompts)
     common = [f"dataset.path={prompts}", "save_images=false", "progress=false", f"paths.cache_dir={out / 'cache'}"]
+    if ns.cost_from is not None:
+        (out / "cache" / "cost").mkdir(parents=True, exist_ok=True)
+        for f in sorted((ns.cost_from / "cost").glob("*.json")):
+            shutil.copyfile(f, out / "cache" / "cost" / f.name)
     if not any(o.startswith("dataset=") for o in ns.overrides):
         common.insert(0, "dataset=mini")
     results: list[dict[str, Any]] = []
