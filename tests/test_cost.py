@@ -10,7 +10,7 @@ from conftest import FakeSession, synthetic_cost_model, tiny
 from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import PRIOR, CostModel, TreeBudget
-from adtbench.algorithm.drafters.session import drive
+from adtbench.algorithm.drafters.session import DraftSession, drive
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy, eagle2_steps
 from adtbench.algorithm.sampling import SamplingParams
@@ -47,7 +47,7 @@ def test_round_plan_is_the_level_rule_in_hindsight():
     """``choose`` sets the next cycle's rounds to where the one-level look-ahead stops: never past the root when a
     level costs 100 ms, every round and one more when levels are free."""
     for level_ms, want in ((100.0, 0), (0.0, 3)):
-        b = TreeBudget(linear_model(0.01, level=level_ms), calibrate=False)
+        b = TreeBudget(linear_model(0.01, level=level_ms), calibrate=False, rounds="planned")
         assert b.plan_rounds(2) == 2  # an image's first cycle drafts the policy's depth
         build_eagle2_tree(session(), depth=2, top_k=3, total_tokens=13, max_depth=5, budget=b)
         assert b.next_rounds == want and b.plan_rounds(2) == min(2, want)
@@ -90,8 +90,9 @@ def test_budgeted_eagle2_tree_is_the_best_prefix_of_the_rerank(per_node):
 
 
 def test_expensive_levels_stop_drafting_after_the_root():
-    """The image's first cycle drafts every round; from the second on, expensive levels are not drafted."""
-    b = TreeBudget(linear_model(0.01, level=100.0), calibrate=False)
+    """Planned rounds: the image's first cycle drafts every round; from the second on, expensive levels are not
+    drafted."""
+    b = TreeBudget(linear_model(0.01, level=100.0), calibrate=False, rounds="planned")
     build_eagle2_tree(session(), depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
     s = session()
     tree = build_eagle2_tree(s, depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
@@ -196,12 +197,94 @@ def test_calibration_restarts_with_every_image():
     assert policy.cost.tree.c == 1.0
 
 
-def test_on_the_host_each_round_is_decided_before_it_runs():
-    """A session that decides on the host (the CPU) applies the level rule before every round of this cycle: with
-    expensive levels not even the image's first cycle expands, with free ones every round runs."""
+@pytest.mark.parametrize("on_host", [False, True], ids=["device", "host"])
+def test_live_rounds_are_decided_before_they_run(on_host):
+    """Live rounds (``rounds: auto`` on the CPU) apply the level rule before every round of this cycle, wherever the
+    tree is built: with expensive levels not even the image's first cycle expands, with free ones every round
+    runs."""
     for level_ms, rounds in ((100.0, 0), (0.0, 3)):
         b = TreeBudget(linear_model(0.01, level=level_ms), calibrate=False)
+        assert b.live(torch.device("cpu")) and not b.live(torch.device("cuda"))
         s = session()
-        s.on_host = True
+        s.on_host = on_host
         tree = build_eagle2_tree(s, depth=3, top_k=3, total_tokens=20, max_depth=5, budget=b)
-        assert len(s.expansions) == rounds and tree.drafted_depth == rounds + 1 and b.next_rounds is not None
+        assert len(s.expansions) == rounds and tree.drafted_depth == rounds + 1
+
+
+def test_the_rounds_knob_picks_the_rule_and_is_checked():
+    from adtbench import accel
+
+    with accel.simulate():  # the simulated CUDA device plans its rounds, as a GPU does
+        assert not TreeBudget(linear_model(0.1)).live(accel.SIM_DEVICE)
+    assert TreeBudget(linear_model(0.1), rounds="live").live(torch.device("cuda"))
+    assert not TreeBudget(linear_model(0.1), rounds="planned").live(torch.device("cpu"))
+    policy = ADTPolicy(rounds="planned")
+    policy.bind(lambda n, k: linear_model(0.1))
+    assert policy.cost.tree is not None and policy.cost.tree.rounds == "planned"
+    for make in (lambda: ADTPolicy(rounds="later"), lambda: Eagle2Policy(budget="cost", rounds="never")):
+        with pytest.raises(ConfigError, match=r"policy\.rounds"):
+            make()
+
+
+def _real_session(sp: SamplingParams, on_host: bool, target, drafter, out, root) -> DraftSession:
+    return DraftSession(drafter, target, sp, root, 0, target.next_pos.clone(), out, None, on_host)
+
+
+@pytest.mark.parametrize("rounds", [None, "live", "planned"], ids=["fixed", "live", "planned"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "T1"])
+def test_host_and_device_eagle2_trees_are_the_same(rounds, temperature):
+    """``eagle2_host_steps`` (numpy on host copies: the CPU's default) builds the tree ``eagle2_device_steps`` builds
+    (what a GPU runs) — tokens, parents, dead nodes, levels drafted, the budget's N, E_pred and round plan — cycle
+    after cycle of a real drafter, with and without a budget, live or planned rounds."""
+    from adtbench.algorithm.engine import prefill
+    from adtbench.algorithm.policies.eagle2 import eagle2_device_steps, eagle2_host_steps
+
+    target, drafter = tiny("tiny_llamagen", dtype="float32")
+    sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
+    root, _, out = prefill(target, drafter, target.encode_prompt("a red circle", cfg=True), sp, 64, 64, None)
+    budgets = [None if rounds is None else TreeBudget(synthetic_cost_model(), rounds=rounds) for _ in range(2)]
+    for cycle, (depth, k, total) in enumerate([(3, 4, 20), (3, 4, 30), (2, 6, 12), (4, 3, 40)]):
+        trees = []
+        for host, b in zip((False, True), budgets):
+            s = _real_session(sp, host, target, drafter, out, root)
+            steps = (eagle2_host_steps if host else eagle2_device_steps)(
+                s, depth, k, total, 5, b, rounds == "live"
+            )  # fmt: skip
+            trees.append(drive(steps, s))
+            drafter.rollback()
+        dev, host = trees
+        assert dev.tokens.tolist() == host.tokens.tolist() and dev.parent_list == host.parent_list, cycle
+        alive = [True] * host.size if host.alive is None else host.alive.tolist()
+        assert dev.alive is not None and dev.alive.tolist() == alive
+        assert dev.drafted_depth == host.drafted_depth and dev.depth.tolist() == host.depth.tolist()
+        assert torch.equal(dev.ancestor_mask, host.ancestor_mask)
+        assert dev.info.keys() == host.info.keys()
+        if rounds is not None:
+            assert dev.info["N_cost"] == host.info["N_cost"] and dev.info["E_pred"] == host.info["E_pred"]
+            assert budgets[0].next_rounds == budgets[1].next_rounds
+            for b, t in zip(budgets, trees):
+                b.observe(float(t.info["E_pred"]), 1)
+    if rounds == "planned":
+        assert budgets[0].next_rounds is not None
+
+
+def test_choose_on_the_host_is_choose_on_the_device():
+    """``TreeBudget.choose_host`` (numpy) returns ``choose``'s (torch) node count, E_pred and round plan, on random
+    rerank orders of several rounds, with and without the plan."""
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        L = int(rng.integers(0, 4))
+        sizes = [int(rng.integers(1, 6)) for _ in range(L)]
+        m = 3 + sum(sizes) * 3
+        level = rng.integers(0, L + 1, m)
+        score = np.sort(np.log(rng.uniform(1e-4, 1.0, m)))[::-1].copy()
+        pi = np.exp(score)
+        for plan in (False, True):
+            host, dev = TreeBudget(synthetic_cost_model()), TreeBudget(synthetic_cost_model())
+            seen = float(rng.uniform(0, 3))
+            for b in (host, dev):
+                b.observe(seen, trial % 3)  # a calibration c ≠ 1 too
+            max_n = int(rng.integers(1, m + 1))
+            got = host.choose_host(pi, level, max_n, sizes, 3, plan=plan)
+            want = dev.choose(torch.from_numpy(score), torch.from_numpy(level), max_n, sizes, 3, plan=plan)
+            assert got == want and host.next_rounds == dev.next_rounds, (trial, plan)

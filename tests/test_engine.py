@@ -61,6 +61,25 @@ def test_greedy_equals_ar_for_every_policy(model, cfg_scale):
             assert res.committed == len(ar.tokens) - 1  # the last token needs no forward
 
 
+@pytest.mark.parametrize("rounds", ["auto", "planned"])
+def test_where_acceptance_and_trees_run_does_not_change_the_trees(rounds):
+    """``engine.acceptance`` moves acceptance and tree building between the host and the device, never the trees:
+    greedy decodes of every tree policy draft the same trees, cycle by cycle, on both (budget: cost included, live or
+    planned rounds)."""
+    target, drafter = tiny("tiny_llamagen")
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    inputs = target.encode_prompt("two blue squares on a striped floor", cfg=True)
+    for name, make in POLICIES.items():
+        runs = []
+        for where in ("device", "host"):
+            policy = make()
+            if getattr(policy, "cost", None) is not None and policy.cost.tree is not None:
+                policy.cost.tree.rounds = rounds
+            res = generate(target, drafter, policy, inputs, sp, None, acceptance=where)
+            runs.append([(c.root_gen, c.nodes, c.drafted_depth, c.tree_depth, c.accepted, c.extra) for c in res.cycles])
+        assert runs[0] == runs[1], f"{name} rounds={rounds}"
+
+
 class OraclePolicy(TreePolicy):
     """Drafts the true AR continuation (depth 3) with a wrong sibling at every level: forces deep acceptance."""
 

@@ -23,13 +23,14 @@ def build_sampled_tree(session, *args, **kwargs):
     return drive(sampled_steps(session, *args, **kwargs), session)
 
 
-def _session(gen_seed: int = 0):
+def _session(gen_seed: int = 0, prefill_seed: int | None = None):
     target, drafter = tiny("tiny_llamagen")
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
     inputs = target.encode_prompt("a red circle", cfg=True)
     from adtbench.algorithm.engine import prefill
 
-    root, _, out = prefill(target, drafter, inputs, sp, 64, 64, None)
+    first = None if prefill_seed is None else torch.Generator().manual_seed(prefill_seed)
+    root, _, out = prefill(target, drafter, inputs, sp, 64, 64, first)
     g = torch.Generator().manual_seed(gen_seed)
     return DraftSession(drafter, target, sp, root, 0, target.next_pos.clone(), out, g)
 
@@ -51,6 +52,50 @@ def test_tree_shape_invariants(budget):
                 assert u in out.entropy and float(t.proposal[u].sum()) == pytest.approx(1.0)
                 assert all(float(t.proposal[u][x]) > 0 for x in toks)
         assert t.max_depth <= t.drafted_depth <= 4
+
+
+@pytest.mark.parametrize("budget", [None, "cost"])
+def test_host_and_device_sampled_trees_are_the_same(budget):
+    """Built on host copies (``session.on_host``: the CPU's default) or on the drafter's device (what a GPU runs), a
+    sampled tree draws the same tokens from the same generator calls: the same tree, proposal rows and entropies,
+    level after level of a real drafter."""
+    for seed in range(4):
+        outs = []
+        for on_host in (False, True):
+            s = _session(seed, prefill_seed=seed)
+            s.on_host = on_host
+            b = TreeBudget(synthetic_cost_model()) if budget else None
+            outs.append(build_sampled_tree(s, depth=3, top_k=3, max_nodes=12, max_depth=8, budget=b,
+                                           model=AcceptanceModel()))  # fmt: skip
+            outs[-1].gen_state = s.generator.get_state()
+        dev, host = outs
+        assert dev.tree.tokens.tolist() == host.tree.tokens.tolist() and dev.tree.parent_list == host.tree.parent_list
+        assert dev.tree.drafted_depth == host.tree.drafted_depth and dev.tree.info == host.tree.info
+        assert torch.equal(dev.tree.proposal, host.tree.proposal)
+        assert dev.entropy.keys() == host.entropy.keys()
+        assert all(dev.entropy[u] == pytest.approx(host.entropy[u], rel=1e-12) for u in dev.entropy)
+        assert torch.equal(dev.gen_state, host.gen_state)  # the same draws consumed
+
+
+@pytest.mark.parametrize("on_host", [False, True], ids=["device", "host"])
+def test_a_budget_that_drafts_nothing_gives_the_root_alone(on_host):
+    """When not even one draft pays for itself (verifying a second node costs 1000 steps) the tree is the root alone,
+    without a proposal, and the engine verifies it as an AR step."""
+    from adtbench.algorithm.cost import CostModel
+
+    s = _session(0, prefill_seed=0)
+    s.on_host = on_host
+    b = TreeBudget(CostModel([1, 2, 64], [1.0, 1000.0, 1000.0], [1, 16], [0.01, 0.01], 0.0))
+    out = build_sampled_tree(s, depth=3, top_k=3, max_nodes=12, max_depth=8, budget=b, model=AcceptanceModel())
+    assert out.tree.size == 1 and out.tree.proposal is None and out.tree.drafted_depth == 0 and not out.entropy
+    from adtbench.algorithm.engine import generate
+
+    policy = ADTPolicy(budget="cost", draft_sampling="sample")
+    policy.cost.tree = b
+    target, drafter = s.target, s.drafter
+    res = generate(target, drafter, policy, target.encode_prompt("a", cfg=True), s.sp, torch.Generator().manual_seed(0),
+                   acceptance="host" if on_host else "device")  # fmt: skip
+    assert res.tau == 1.0 and len(res.tokens) == target.layout.num_gen_tokens
 
 
 def test_max_depth_caps_the_levels():

@@ -91,6 +91,9 @@ POLICY_NODES = {  # the yaml of each tree policy, shrunk to the tiny model where
     "static_sampled": [],
     "eagle2": ["policy.total_tokens=12", "policy.top_k=3", "policy.depth=3"],
     "adt": ["policy.N_max=10", "policy.K0=3", "policy.K_min=2", "policy.K_max=4", "policy.D0=3"],
+    "adt_live": [  # budget: cost deciding its rounds live on the device (one read per round)
+        *["policy.N_max=10", "policy.K0=3", "policy.K_min=2", "policy.K_max=4", "policy.D0=3", "policy.rounds=live"]
+    ],
     "adt_sampled_gate": [
         *["policy.N_max=10", "policy.K0=3", "policy.K_min=2", "policy.K_max=4", "policy.D0=3"],
         *["policy.draft_sampling=sample", "policy.gate_tokens=2.0"],

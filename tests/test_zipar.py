@@ -389,3 +389,17 @@ def test_app_bad_config_names_the_key(tmp_path: Path, overrides: tuple[str, ...]
     with pytest.raises(ConfigError) as e:
         run(compose_run(*overrides), tmp_path / "x", {})
     assert e.value.key == key
+
+
+def test_a_forwards_draws_are_the_row_by_row_draws_of_the_ar_baseline() -> None:
+    """``draw`` samples every row of a forward in one exponential race; on a CPU generator these are the draws of
+    ``next_token_tensor`` row by row (the AR baseline's), token for token and to the generator's state after."""
+    from adtbench.algorithm.sampling import next_token_tensor
+    from adtbench.algorithm.zipar import draw
+
+    sp = SamplingParams(temperature=1.0)
+    for m in (1, 3, 8):
+        x = torch.randn(m, 64, generator=torch.Generator().manual_seed(m)) * 3
+        g, h = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+        assert draw(x, sp, g) == [int(next_token_tensor(row, sp, h)) for row in x]
+        assert torch.equal(g.get_state(), h.get_state())

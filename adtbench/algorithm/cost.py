@@ -19,11 +19,13 @@ its tokens) do not depend on the prompts decoded before it.
 Levels. Before an expansion round over frontier F the most a round can add is c · Σ_{f ∈ F} π_f (children's π sum
 to at most their parent's), for one drafter level t_level(|F|) plus at least |F| more nodes to verify; the round
 pays only if that optimistic rate beats the best rate without it (deeper rounds add at most as much for the same
-cost, so a one-level look-ahead decides them too). Where decisions are made on the host (the CPU: a read costs
-nothing) the rule runs before each round on this cycle's candidates (``worth_expanding``; sampled trees likewise,
-``best_frontier``). On a device the top-k trees plan their rounds instead: ``choose`` applies the rule in hindsight
-to the rounds a cycle drafted, and the image's next cycle drafts as many rounds as it would have run (``plan_rounds``;
-an image's first cycle drafts the policy's depth), so drafting reads nothing.
+cost, so a one-level look-ahead decides them too). When the rule runs is the policy's ``rounds`` knob
+(``TreeBudget.live``), never where acceptance or tree building run: ``live`` (``auto`` where the drafter runs on the
+CPU, where a read costs nothing) applies it before each round on this cycle's candidates (``worth_expanding``;
+sampled trees always do, ``best_frontier``); ``planned`` (``auto`` on other devices) lets the top-k trees plan their
+rounds instead: ``choose`` applies the rule in hindsight to the rounds a cycle drafted, and the image's next cycle
+drafts as many rounds as it would have run (``plan_rounds``; an image's first cycle drafts the policy's depth), so
+drafting reads nothing. On the CPU, live rounds commit more per cycle (τ) than planned ones at the same cost.
 
 Both choices only decide *which drafted nodes are verified*: acceptance is untouched, so the method stays
 lossless under an exact rule.
@@ -62,6 +64,7 @@ PRIOR = 8.0  # pseudo-count (predicted tokens at c = 1) of the online calibratio
 C_RANGE = (0.25, 4.0)
 VERIFY_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 LEVEL_SIZES = (1, 2, 4, 8, 16, 32)
+ROUNDS = ("auto", "live", "planned")  # ``policy.rounds``: when the level rule decides a round (``TreeBudget.live``)
 
 
 @dataclass
@@ -108,9 +111,10 @@ class CostModel:
 class TreeBudget:
     """Chooses how many drafted nodes to verify and whether to draft another level (module docstring)."""
 
-    def __init__(self, model: CostModel, calibrate: bool = True) -> None:
+    def __init__(self, model: CostModel, calibrate: bool = True, rounds: str = "auto") -> None:
         self.model = model
         self.calibrate = calibrate
+        self.rounds = rounds  # the level rule's timing (``live``): auto | live | planned
         self.predicted = 0.0
         self.accepted = 0.0
         self._tv = np.zeros(0)  # t_verify(1 … len) tabulated (grown on demand: one np.interp per size, not per call)
@@ -137,10 +141,15 @@ class TreeBudget:
 
     def best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float]:
         """(N, rate) maximising ``rate(N)`` over N = 0 … len(pi_sorted) (ties → the smaller N)."""
-        gain = 1.0 + self.c * np.concatenate([[0.0], np.cumsum(pi_sorted)])
-        rate = gain / (spent_ms + self._t_verify_upto(gain.size))
+        n, rate, _ = self._best(pi_sorted, spent_ms)
+        return n, rate
+
+    def _best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float, np.ndarray]:
+        """``best`` and the cumulative sums ``Σ_{i<N} π_i`` for N = 0 … len (the predicted drafts of each prefix)."""
+        cum = np.concatenate([[0.0], np.cumsum(pi_sorted)])
+        rate = (1.0 + self.c * cum) / (spent_ms + self._t_verify_upto(cum.size))
         n = int(np.argmax(rate))
-        return n, float(rate[n])
+        return n, float(rate[n]), cum
 
     def _t_level_upto(self, m: int) -> np.ndarray:
         """``t_level(1 … m)`` as an array (tabulated once, grown on demand)."""
@@ -192,6 +201,14 @@ class TreeBudget:
         t_more = spent_ms + self.t_level(frontier) + float(self._t_verify_upto(n + 1 + frontier)[-1])
         return (gain + self.c * frontier_pi) / t_more > rate
 
+    def live(self, device: torch.device) -> bool:
+        """Is the level rule applied before each round from this cycle's candidates (``live``: one small read per
+        round), rather than planned from the image's previous cycle (``planned``: no read while drafting)? ``auto``:
+        planned on a CUDA device (``accel.is_cuda``: a real one or the simulated one), live elsewhere — the CPU, where
+        a read costs nothing (the rule as designed). Where acceptance or tree building run (``engine.acceptance``)
+        does not enter: they never change a tree's shape."""
+        return self.rounds == "live" or (self.rounds == "auto" and not accel.is_cuda(device))
+
     def plan_rounds(self, rounds: int) -> int:
         """Expansion rounds to draft this cycle, at most ``rounds`` (the policy's depth): what the level rule decided
         in hindsight on the image's previous cycle (``choose``); all of them in an image's first cycle. Decided on
@@ -206,10 +223,16 @@ class TreeBudget:
         return t[:n]
 
     def choose(
-        self, ranked: torch.Tensor, level: torch.Tensor, max_n: int, level_sizes: list[int], frontier: int
+        self,
+        ranked: torch.Tensor,
+        level: torch.Tensor,
+        max_n: int,
+        level_sizes: list[int],
+        frontier: int,
+        plan: bool = True,
     ) -> tuple[int, float]:
-        """The node budget of a drafted top-k tree, on the device, with one host read; also sets the next cycle's
-        round plan.
+        """The node budget of a drafted top-k tree, on the device, with one host read; with ``plan`` (the planned
+        level rule) also the next cycle's round plan.
 
         ``ranked [M]``: every candidate's score (cumulative drafter log-prob) in rerank order (descending);
         ``level [M]``: the round that made it (0: the root's children); ``level_sizes``: the nodes expanded by each
@@ -218,9 +241,17 @@ class TreeBudget:
         accepted drafts ``Σ_{i<N} π_i``. The plan: for each l = 0 … L rounds, the candidates of rounds ≤ l give the
         best rate at the cost of l rounds, and one more round over the K best round-l candidates (mass Σπ_F) could
         at most add c·Σπ_F for ``t_level(K)`` and K more nodes (module docstring); the level rule stops at the first
-        l where that does not beat the rate without it, and the next cycle drafts that many rounds."""
+        l where that does not beat the rate without it, and the next cycle drafts that many rounds.
+        ``choose_host`` is the same on host arrays."""
         dev, L = ranked.device, len(level_sizes)
         pi = ranked.to(torch.float64).exp()
+        if not plan:  # the budget alone: the best prefix of the rerank at the cost of every round drafted
+            tv = self._t_verify_on(max_n + 1, dev)
+            cum = torch.nn.functional.pad(pi[:max_n].cumsum(0), (1, 0))
+            rate = (1.0 + self.c * cum) / (self.spent_ms(level_sizes) + tv)
+            n_one = rate.max(0).indices.view(1)  # first maximum; [1]: a 0-d index would be read to the host
+            n_keep, e_pred = torch.cat([n_one.to(torch.float64), cum.gather(0, n_one)]).tolist()
+            return int(n_keep), float(e_pred)
         rounds = torch.arange(L + 1, device=dev)[:, None]
         upto = torch.where(level[None] <= rounds, pi[None], 0.0).sort(-1, descending=True).values
         cum = torch.nn.functional.pad(upto[:, :max_n].cumsum(-1), (1, 0))  # [L + 1, max_n + 1]: Σπ of the best N
@@ -239,6 +270,36 @@ class TreeBudget:
         n_keep, e_pred, plan = out.tolist()
         self.next_rounds = int(plan)
         return int(n_keep), float(e_pred)
+
+    def choose_host(
+        self,
+        pi: np.ndarray,
+        level: np.ndarray,
+        max_n: int,
+        level_sizes: list[int],
+        frontier: int,
+        plan: bool = True,
+    ) -> tuple[int, float]:
+        """``choose`` on host arrays: ``pi [M]`` every candidate's path probability (float64) in rerank order,
+        ``level [M]`` the round that made it. The same rule, sums and ties (``np.argmax``: the first maximum)."""
+        if not plan:
+            n, _, cum = self._best(pi[:max_n], self.spent_ms(level_sizes))
+            return n, float(cum[n])
+        L = len(level_sizes)
+        rounds = np.arange(L + 1)[:, None]
+        upto = -np.sort(-np.where(level[None] <= rounds, pi[None], 0.0), axis=-1)
+        cums = np.concatenate([np.zeros((L + 1, 1)), np.cumsum(upto[:, :max_n], axis=-1)], axis=-1)
+        spent = np.array([self.spent_ms(level_sizes[:r]) for r in range(L + 1)])
+        tv = self._t_verify_upto(max_n + 1 + frontier)
+        rate = (1.0 + self.c * cums) / (spent[:, None] + tv[None, : max_n + 1])
+        n = rate.argmax(-1)
+        best = rate[np.arange(L + 1), n]
+        f_pi = -np.sort(-np.where(level[None] == rounds, pi[None], 0.0), axis=-1)[:, :frontier].sum(-1)
+        gain = 1.0 + self.c * cums[np.arange(L + 1), n]
+        t_more = spent + self.t_level(frontier) + tv[n + frontier]
+        stop = np.append((gain + self.c * f_pi) / t_more <= best, True)
+        self.next_rounds = int(stop.argmax())
+        return int(n[L]), float(cums[L, n[L]])
 
     def observe(self, predicted: float, accepted: int) -> None:
         """Online calibration: predicted Σπ of a verified tree vs the drafts it accepted."""
@@ -260,11 +321,12 @@ CostModelSource = Callable[[int, int], CostModel]
 class PolicyBudget:
     """A policy's ``budget`` option and, under ``budget: cost``, its ``TreeBudget`` (bound by ``bind``)."""
 
-    def __init__(self, budget: str, options: tuple[str, ...], calibrate: bool) -> None:
+    def __init__(self, budget: str, options: tuple[str, ...], calibrate: bool, rounds: str = "auto") -> None:
         from adtbench.errors import check_choice, check_flag
 
         self.budget = check_choice(budget, "policy.budget", options)
         self.calibrate = check_flag(calibrate, "policy.calibrate")
+        self.rounds = check_choice(rounds, "policy.rounds", ROUNDS)
         self.tree: TreeBudget | None = None
 
     @property
@@ -275,7 +337,7 @@ class PolicyBudget:
         """Under ``budget: cost``, take the cost model covering trees of ``max_nodes`` and levels of ``max_level``
         from ``source`` (the harness loads or measures it; None: no drafter, nothing to size)."""
         if self.enabled and source is not None:
-            self.tree = TreeBudget(source(max_nodes, max_level), self.calibrate)
+            self.tree = TreeBudget(source(max_nodes, max_level), self.calibrate, self.rounds)
 
     def tree_budget(self, policy: str) -> TreeBudget | None:
         if not self.enabled:

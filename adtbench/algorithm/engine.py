@@ -17,8 +17,10 @@ inputs are device tensors; the host learns once per cycle what it must know — 
 bonus token, the realised depth and live nodes (ADT-Tree, the records), the entropy of the bonus's distribution
 (the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
 count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. When the
-device is the CPU, acceptance runs as the float64 host walk by default (``verify.verify_cycle``, ``acceptance``):
-the same law, fewer and cheaper calls there.
+device is the CPU, the cycle's decisions run on the host by default (``acceptance``: ``auto``): acceptance as the
+float64 host walk (``verify.verify_cycle``), EAGLE-2 and sampled trees built on host copies of each drafter level
+(``DraftSession.on_host``) — the same trees and the same law, far fewer calls there (a torch op costs several
+numpy calls on the CPU, and a read costs nothing).
 
 The drafter consumes the committed slots (f_t, x_{t+1}) lazily: all those since its last forward enter it in one
 ``extend`` at the start of the next drafted cycle. A policy's draft gate (``algorithm.gate``) may replace a cycle by

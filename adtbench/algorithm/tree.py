@@ -38,7 +38,7 @@ class DraftTree:
     def __init__(
         self,
         tokens: torch.Tensor,
-        parents: torch.Tensor | Sequence[int],
+        parents: torch.Tensor | Sequence[int] | np.ndarray,
         drafted_depth: int,
         width: int = 0,
         proposal: torch.Tensor | Mapping[int, torch.Tensor] | None = None,
@@ -60,13 +60,13 @@ class DraftTree:
             self.parents = parents.to(dev)
             host: np.ndarray | None = None
         else:  # host parents (tests, host-built trees): checked, and the static structure is derived on the host
-            host = np.asarray(list(parents), dtype=np.int64)
+            host = np.asarray(parents, dtype=np.int64)
             _check_parents(host, n)
             self.parents = torch.from_numpy(host).to(dev)
         if depth is None or ancestor_mask is None:
             if host is None:
                 host = self.parents.cpu().numpy()
-            d, anc = _ancestry(host)
+            d, anc = host_ancestry(host)
             depth = torch.from_numpy(d).to(dev) if depth is None else depth
             ancestor_mask = torch.from_numpy(anc).to(dev) if ancestor_mask is None else ancestor_mask
         self.depth, self.ancestor_mask = depth, ancestor_mask
@@ -149,9 +149,10 @@ def _check_parents(par: np.ndarray, n: int) -> None:
         raise ValueError(f"node {j} has parent {int(par[j])}: parents must precede children")
 
 
-def _ancestry(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(depth [n], ancestor closure [n, n]) of a host parent array: from a bounded per-process cache (static trees
-    repeat their shape every cycle), else :func:`_ancestry_of`. Never written to."""
+def host_ancestry(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(depth [n], ancestor closure [n, n]) of a host parent array (int64, parents before children): from a bounded
+    per-process cache (trees repeat their shapes cycle after cycle), else :func:`_ancestry_of`. Never written to;
+    a builder that knows its parents are valid hands both to ``DraftTree`` (no check, no recomputation)."""
     key = par.tobytes()
     hit = _ANCESTRY.get(key)
     if hit is None:

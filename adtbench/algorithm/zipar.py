@@ -64,7 +64,7 @@ import torch
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import window_schedule
-from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits
+from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target, prefill_token
 
@@ -227,11 +227,13 @@ def zipar_plan(layout: TokenLayout, window: int, device: torch.device | None = N
 
 
 def draw(processed: torch.Tensor, sp: SamplingParams, generator: torch.Generator | None) -> list[int]:
-    """One token per row of processed logits ``[m, V]``, rows in order: ``next_token_tensor`` row by row (the AR
-    baseline's draws; greedy: one ``argmax`` over the rows, the first maximal index), read in one sync."""
+    """One token per row of processed logits ``[m, V]``, rows in order, read in one sync: greedy, one ``argmax`` over
+    the rows (the first maximal index); else one exponential race over all rows (``sample_rows``), the law of
+    ``next_token_tensor`` row by row — the AR baseline's draws — and on a CPU generator its very draws (it fills the
+    ``[m, V]`` block in row order: tested), in a handful of ops instead of a handful per token."""
     if sp.greedy:
         return [int(x) for x in processed.argmax(-1).tolist()]
-    return [int(x) for x in torch.stack([next_token_tensor(row, sp, generator) for row in processed]).tolist()]
+    return [int(x) for x in sample_rows(processed.softmax(-1), generator).tolist()]
 
 
 def zipar_forward(

@@ -88,6 +88,7 @@ class Eagle2Conf:
     total_tokens: int = 59
     budget: str = "fixed"
     calibrate: bool = True
+    rounds: str = "auto"  # budget: cost: when the level rule decides a round (auto | live | planned)
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8
@@ -113,6 +114,7 @@ class AdtConf:
     N_max: int = 58
     budget: str = "cost"
     calibrate: bool = True
+    rounds: str = "auto"  # budget: cost: when the level rule decides a round (auto | live | planned)
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8

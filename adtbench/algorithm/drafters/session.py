@@ -55,14 +55,16 @@ class DraftSession:
         on_host: bool = False,
     ) -> None:
         self.drafter, self.target, self.sp = drafter, target, sp
-        self.on_host = on_host  # decisions may read the device (the CPU; ``engine.acceptance``): policies may use it
+        # the cycle's decisions run on the host (``engine.acceptance``: auto on the CPU): EAGLE-2 and sampled trees are
+        # built on host copies of each level (numpy), the device path elsewhere — the same trees either way
+        self.on_host = on_host
         self.layout = target.layout
         self.root_token = root_token.view(1)  # [1] long, on the device
         self.root_gen, self.root_pos = root_gen, root_pos
         self.generator = generator
         self.device = root_out.device
         self.outputs = root_out[:, None]
-        self.slot_bias = torch.zeros(1, 0, dtype=root_out.dtype, device=self.device)
+        self.slot_bias = _no_slots(root_out.dtype, self.device)  # [1, 0]: the root has no slot
         self.num_nodes = 1
         self.levels: list[int] = []  # nodes expanded per drafter forward (level 1 first)
         self.forwards = 0  # drafter forward passes this cycle (the root's came from ``extend``)
@@ -154,6 +156,12 @@ def drive(steps: Generator[Expand, tuple[range, torch.Tensor], T], session: Draf
     except StopIteration as done:
         result: T = done.value
         return result
+
+
+@lru_cache(maxsize=64)
+def _no_slots(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The root's empty ``[1, 0]`` slot mask (cached, never written: ``prepare`` builds new tensors from it)."""
+    return torch.zeros(1, 0, dtype=dtype, device=device)
 
 
 @lru_cache(maxsize=256)

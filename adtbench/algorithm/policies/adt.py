@@ -24,7 +24,8 @@ end-of-line slot):
    rerank never keeps more than the candidates, so both rules draft the same tree; they differ in the logged N.
    ``budget: cost`` (``algorithm.cost``): D and K as above, but the drafter levels run only while another can pay
    for itself and N ≤ N_max maximises expected committed tokens per unit of measured time (lossless: it only
-   chooses which drafted nodes are verified; ``calibrate`` scales the drafter's estimate online).
+   chooses which drafted nodes are verified; ``calibrate`` scales the drafter's estimate online; ``rounds`` says
+   when the level rule decides a round: before it, or planned from the previous cycle, ``TreeBudget.live``).
 3. After verification with a accepted drafts, realised depth d and drafted depth D_dr (D capped by the image
    positions left): α = a/D_dr (``alpha: drafted``, default: the issue's "accepted drafts / depth drafted";
    it makes a deeper tree need more acceptance to keep growing, so D settles near a/β) or a/d (``alpha: realised``);
@@ -114,6 +115,7 @@ class ADTPolicy(TreePolicy):
         budget: str = "cost",
         calibrate: bool = True,
         draft_sampling: str = "topk",
+        rounds: str = "auto",
     ) -> None:
         def choice(key: str, value: str, options: tuple[str, ...]) -> str:
             return check_choice(value, f"policy.{key}", options)
@@ -125,7 +127,7 @@ class ADTPolicy(TreePolicy):
         self.read = choice("read", read, READS)
         self.alpha_def = choice("alpha", alpha, ALPHAS)
         self.budget = choice("budget", budget, BUDGETS)
-        self.cost = PolicyBudget(budget, BUDGETS, calibrate)
+        self.cost = PolicyBudget(budget, BUDGETS, calibrate, rounds)
         self.sampled = SampledDrafts(draft_sampling)
         self.adapt = check_flag(adapt, "policy.adapt")
         self.halve_on_flip = check_flag(halve_on_flip, "policy.halve_on_flip")

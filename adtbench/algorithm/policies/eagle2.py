@@ -19,13 +19,14 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
+import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
+from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, stable_topk, top_k_stable, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
-from adtbench.algorithm.tree import DraftTree, ancestry_on_device, true_flag
+from adtbench.algorithm.tree import DraftTree, ancestry_on_device, host_ancestry, true_flag
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError, check_number
 
@@ -43,22 +44,43 @@ def eagle2_steps(
     max_depth: int,
     budget: TreeBudget | None = None,
 ) -> Steps:
-    """EAGLE-2's tree (module docstring), built on the drafter's device (a coroutine: ``drafters.session.Steps``;
-    ``drive(eagle2_steps(session, …), session)`` builds it for one session). With a ``budget``
-    (``adtbench.algorithm.cost``) the rerank keeps the N best candidates that maximise the expected committed tokens
-    per unit of time instead of ``total_tokens − 1`` (N is the one value the host reads before the verify), and the
-    rounds drafted follow the budget's level rule: decided before each round from this cycle's candidates when the
-    session decides on the host (``session.on_host``: the CPU, where a read costs nothing), else planned from the
-    image's previous cycle (``TreeBudget.plan_rounds``: no read while drafting).
+    """EAGLE-2's tree (module docstring) as a coroutine (``drafters.session.Steps``; ``drive(eagle2_steps(session,
+    …), session)`` builds it for one session). With a ``budget`` (``adtbench.algorithm.cost``) the rerank keeps the N
+    best candidates that maximise the expected committed tokens per unit of time instead of ``total_tokens − 1``, and
+    the rounds drafted follow the budget's level rule (``TreeBudget.live``): decided before each round from this
+    cycle's candidates (``live``: the CPU, where a read costs nothing), or planned from the image's previous cycle
+    (``TreeBudget.plan_rounds``: no read while drafting; other devices).
+
+    Two implementations of one tree: on the drafter's device (``eagle2_device_steps``: what a GPU runs) or, when the
+    session decides on the host (``session.on_host``: ``engine.acceptance`` auto on the CPU), on host copies
+    (``eagle2_host_steps``: numpy's per-call cost is a fraction of a torch op's). Both draft the same levels and
+    build the same tree (tested)."""
+    live = budget is not None and budget.live(session.device)
+    if getattr(session, "on_host", False):
+        return (yield from eagle2_host_steps(session, depth, top_k, total_tokens, max_depth, budget, live))
+    return (yield from eagle2_device_steps(session, depth, top_k, total_tokens, max_depth, budget, live))
+
+
+def eagle2_device_steps(
+    session: DraftSession,
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+    max_depth: int,
+    budget: TreeBudget | None,
+    live: bool,
+) -> Steps:
+    """``eagle2_steps`` on the drafter's device. ``live``: the budget's level rule reads this cycle's candidates before
+    each round (one small read per round); otherwise the rounds are planned and building the tree reads nothing but
+    the budget's node count (``TreeBudget.choose``).
 
     Candidates are kept in creation order (level 0: the root's K best children; round r: K·K children of the K
     frontier nodes) with their cumulative drafter log-prob as score; a candidate the drafter gives probability 0
     keeps its place with score −inf: it ranks after every live one (never before its parent) and, if kept, is a
-    dead node (``DraftTree.alive``). Every shape is known on the host, so building the tree reads nothing.
+    dead node (``DraftTree.alive``). Every shape is known on the host.
     """
     K = top_k
     rounds = max(0, min(depth, max_depth - 1))
-    live = budget is not None and getattr(session, "on_host", False)  # decide each round now (reads are free)
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
     dev = session.device
@@ -70,9 +92,8 @@ def eagle2_steps(
     for r in range(rounds):
         if live:
             assert budget is not None
-            drafted = torch.cat(scores).to(torch.float64).exp().sort(descending=True).values.cpu().numpy()
-            f_pi = float(f_score.to(torch.float64).exp().sum())
-            if not budget.worth_expanding(drafted, f_pi, f_score.numel(), budget.spent_ms(session.levels)):
+            pi = torch.cat([*scores, f_score]).to(torch.float64).exp().cpu().numpy()  # one read: drafted, frontier
+            if not _worth_a_round(budget, pi[:count], pi[count:], session.levels):
                 break
         ids, lp = yield Expand(f_sess, f_tok, r + 1)
         vals, kids = stable_topk(lp, K)  # [f, K] per frontier row, ties toward the lower token id
@@ -90,7 +111,7 @@ def eagle2_steps(
     info: dict[str, float | int | str] = {}
     if budget is not None:
         level = torch.cat([torch.full((s.numel(),), i, device=dev) for i, s in enumerate(scores)])
-        keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K)
+        keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K, plan=not live)
         info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
     order = order[:keep]
     sel = order.sort().values  # kept candidates in creation order: parents before children
@@ -99,12 +120,99 @@ def eagle2_steps(
     slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
     tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
     parents = torch.cat([_const(-1, 1, dev), tree_par])
-    d, anc = ancestry_on_device(parents, rounds + 1)
+    d, anc = ancestry_on_device(parents, len(scores))
     return DraftTree(
         torch.cat([session.root_token, tok[sel]]), parents, drafted_depth=len(session.levels) + 1, width=K,
         info=info, alive=torch.cat([true_flag(dev), score[sel] > float("-inf")]), depth=d, ancestor_mask=anc,
         max_children=K,
     )  # fmt: skip
+
+
+def eagle2_host_steps(
+    session: DraftSession,
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+    max_depth: int,
+    budget: TreeBudget | None,
+    live: bool,
+) -> Steps:
+    """``eagle2_steps`` on host copies: the same candidates, rounds, rerank and tree as ``eagle2_device_steps``
+    (tested), in flat numpy arrays (a few dozen to a few hundred entries). The torch work per level is the drafter
+    forward and one copy of its log-probs to the host, ranked there (``top_k_stable``: the order of a stable
+    descending ``torch.sort``); scores stay in the drafter's float dtype, so sums round exactly as on the device, and
+    path probabilities are exponentiated by torch's own kernel, once per candidate as it is made (the budget's sums
+    see the device path's values). The tree's ancestry comes from a per-process cache (``tree.host_ancestry``: trees
+    repeat their shapes)."""
+    K = top_k
+    rounds = max(0, min(depth, max_depth - 1))
+    if budget is not None and not live:
+        rounds = budget.plan_rounds(rounds)
+    dev = session.device
+    lp0 = session.root_logprobs().cpu().numpy()
+    t0 = top_k_stable(lp0, K)
+    k0 = t0.size
+    cap = k0 + rounds * k0 * k0
+    scores = np.empty(cap, dtype=lp0.dtype)
+    toks = np.empty(cap, dtype=np.int64)
+    par = np.empty(cap, dtype=np.int64)
+    level = np.empty(cap, dtype=np.int64)
+    scores[:k0], toks[:k0], par[:k0], level[:k0] = lp0[t0], t0, -1, 0
+    pi = np.empty(cap if budget is not None else 0)  # path probabilities (float64) of the candidates, as made
+    if budget is not None:
+        pi[:k0] = _exp64(scores[:k0])
+    f_cand, f_sess = np.arange(k0), np.zeros(k0, dtype=np.int64)
+    count = k0
+    for r in range(rounds):
+        if live:
+            assert budget is not None
+            if not _worth_a_round(budget, pi[:count], pi[f_cand], session.levels):
+                break
+        ids, lp_t = yield Expand(torch.from_numpy(f_sess).to(dev), torch.from_numpy(toks[f_cand]).to(dev), r + 1)
+        lp = lp_t.cpu().numpy()
+        kids = top_k_stable(lp, K)  # [f, k] per frontier row, ties toward the lower token id
+        cum = (np.take_along_axis(lp, kids, -1) + scores[f_cand][:, None]).ravel()
+        end = count + cum.size
+        scores[count:end], toks[count:end], level[count:end] = cum, kids.ravel(), r + 1
+        par[count:end] = np.repeat(f_cand, kids.shape[1])
+        if budget is not None:
+            pi[count:end] = _exp64(cum)
+        best = top_k_stable(cum, K)  # the next frontier: the K best new candidates
+        f_sess = np.arange(ids.start, ids.stop)[best // kids.shape[1]]
+        f_cand = count + best
+        count = end
+    score = scores[:count]
+    order = desc_stable(score)  # the rerank order of every candidate
+    keep = min(total_tokens - 1, count)
+    info: dict[str, float | int | str] = {}
+    if budget is not None:
+        keep, e_pred = budget.choose_host(pi[order], level[:count][order], keep, session.levels, K, plan=not live)
+        info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
+    sel = np.sort(order[:keep])  # kept candidates in creation order: parents before children
+    slot = np.full(count + 1, -1, dtype=np.int64)  # candidate → tree node; slot ``count`` = the root
+    slot[sel] = np.arange(1, keep + 1)
+    slot[count] = 0
+    parents = np.concatenate([[-1], slot[np.where(par[sel] < 0, count, par[sel])]])
+    d, anc = host_ancestry(parents)  # parents precede children by construction: no check
+    live_nodes = score[sel] > -np.inf
+    alive = None if live_nodes.all() else torch.from_numpy(np.concatenate([[True], live_nodes])).to(dev)
+    return DraftTree(
+        torch.cat([session.root_token, torch.from_numpy(toks[sel]).to(dev)]), torch.from_numpy(parents).to(dev),
+        drafted_depth=len(session.levels) + 1, width=K, info=info, alive=alive, depth=torch.from_numpy(d).to(dev),
+        ancestor_mask=torch.from_numpy(anc).to(dev), max_children=K,
+    )  # fmt: skip
+
+
+def _exp64(scores: np.ndarray) -> np.ndarray:
+    """``exp`` of host scores in float64 by torch's kernel (the device path's on the CPU: equal sums there)."""
+    out: np.ndarray = torch.from_numpy(scores.astype(np.float64)).exp_().numpy()
+    return out
+
+
+def _worth_a_round(budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray, levels: list[int]) -> bool:
+    """The level rule before a round (``TreeBudget.worth_expanding``) from the path probabilities of the candidates
+    drafted so far and of the frontier it would expand (host arrays)."""
+    return budget.worth_expanding(np.sort(drafted)[::-1], float(frontier.sum()), frontier.size, budget.spent_ms(levels))
 
 
 @lru_cache(maxsize=256)
@@ -126,6 +234,7 @@ class Eagle2Policy(TreePolicy):
         budget: str = "fixed",
         calibrate: bool = True,
         draft_sampling: str = "topk",
+        rounds: str = "auto",
     ) -> None:
         depth = check_number(depth, "policy.depth", int, lo=1)
         top_k = check_number(top_k, "policy.top_k", int, lo=1)
@@ -137,7 +246,7 @@ class Eagle2Policy(TreePolicy):
                 f"a tree with depth={depth}, top_k={top_k} can have (K + depth·K²)",
             )
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
-        self.cost = PolicyBudget(budget, ("fixed", "cost"), calibrate)
+        self.cost = PolicyBudget(budget, ("fixed", "cost"), calibrate, rounds)
         self.sampled = SampledDrafts(draft_sampling)
 
     def max_nodes(self) -> int:
@@ -168,9 +277,9 @@ class Eagle2Policy(TreePolicy):
 @POLICIES.register("eagle2")
 def build_eagle2(node: Any) -> Eagle2Policy:
     """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``,
-    ``draft_sampling``, ``gate_tokens``, ``gate_explore``."""
+    ``draft_sampling``, ``rounds``, ``gate_tokens``, ``gate_explore``."""
     policy = Eagle2Policy(
         int(node["depth"]), int(node["top_k"]), int(node["total_tokens"]), str(node.get("budget", "fixed")),
-        node.get("calibrate", True), str(node.get("draft_sampling", "topk")),
+        node.get("calibrate", True), str(node.get("draft_sampling", "topk")), str(node.get("rounds", "auto")),
     )  # fmt: skip
     return with_gate(policy, node)

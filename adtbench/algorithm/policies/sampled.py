@@ -40,7 +40,7 @@ import torch
 
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
-from adtbench.algorithm.sampling import ENTROPY_EDGES, gumbel_top_k
+from adtbench.algorithm.sampling import ENTROPY_EDGES, exponentials, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import check_choice
@@ -124,25 +124,36 @@ def sampled_steps(
     children per node and frontier nodes per round, at most ``max_nodes`` nodes (root included).
 
     The sizing is host work on parent-level values (reach R, α(H)), so each level reads its frontier's entropies and
-    supports (one small read per level; the top-k trees read nothing while drafting); the draws (Gumbel-top-k on the
-    drafter's device), the tokens and the proposal rows stay on the device."""
+    supports (one small read per level; the top-k trees read nothing while drafting). Where the draws, tokens and
+    proposal rows live: on the drafter's device (the draws by Gumbel-top-k there), or, when the session decides on
+    the host (``session.on_host``: ``engine.acceptance`` auto on the CPU), on host copies of each level's rows —
+    fewer torch calls, the same generator calls and keys (``lp − log E``, E ~ Exp(1) of the frontier's shape), so
+    the same tokens and the same tree for a seed (tested)."""
     rounds = max(0, min(depth, max_depth - 1))
+    host = bool(getattr(session, "on_host", False))
     cap, dev = max_nodes, session.device
     par = np.empty(cap, dtype=np.int64)
     reach = np.empty(cap, dtype=np.float64)
     sess = np.full(cap, -1, dtype=np.int64)
     par[0], reach[0], sess[0] = -1, 1.0, 0
     n = 1
-    toks = [session.root_token]  # device pieces in node order
+    toks_h = np.zeros(cap, dtype=np.int64)  # host path: node tokens (the root's stays on the device)
+    toks = [session.root_token]  # device path: device pieces in node order
     q_nodes: list[int] = []
-    q_rows: list[torch.Tensor] = []
+    q_rows: list[torch.Tensor] = []  # device path: the drafter log-prob rows of the nodes given children
+    q_rows_h: list[np.ndarray] = []  # host path: their float64 probability rows (host copies)
     entropy: dict[int, float] = {}
     frontier = np.zeros(1, dtype=np.int64)
     lp = session.root_logprobs()[None]
     j = np.arange(top_k)
     spent = budget.spent_ms([]) if budget is not None else 0.0
     for level in range(rounds + 1):
-        H, support = _entropy_support(lp, top_k).cpu().numpy()
+        if host:
+            lp64 = lp.to(torch.float64)
+            q_h = lp64.exp().cpu().numpy()  # torch's exp: the device path's proposal rows, bit for bit
+            H, support = _entropy_support_host(lp64.cpu().numpy(), q_h, top_k)
+        else:
+            H, support = _entropy_support(lp, top_k).cpu().numpy()
         a = model.alpha(H)[:, None]
         values = np.where(j < support[:, None], reach[frontier][:, None] * a * (1.0 - a) ** j, -1.0).ravel()
         order = (-values).argsort(kind="stable")  # per parent a prefix in draw order: values fall with j
@@ -153,17 +164,24 @@ def sampled_steps(
         if order.size == 0:
             break
         counts = np.bincount(order // top_k, minlength=frontier.size)
-        drawn, _ = gumbel_top_k(lp, int(counts.max()), session.generator)  # [f, max count], draw order
-        rows = np.repeat(np.arange(frontier.size), counts)
-        ranks = np.concatenate([np.arange(c) for c in counts])
-        toks.append(drawn[torch.from_numpy(rows).to(dev), torch.from_numpy(ranks).to(dev)])
+        if host:
+            drawn_h = _gumbel_top_k_host(lp64, session.generator)  # [f, V] keys of every row, as the device draws
+        else:
+            drawn, _ = gumbel_top_k(lp, int(counts.max()), session.generator)  # [f, max count], draw order
+            rows = np.repeat(np.arange(frontier.size), counts)
+            ranks = np.concatenate([np.arange(c) for c in counts])
+            toks.append(drawn[torch.from_numpy(rows).to(dev), torch.from_numpy(ranks).to(dev)])
         m = int(counts.sum())
         for i in counts.nonzero()[0].tolist():
             f, c = int(frontier[i]), int(counts[i])
+            if host:
+                toks_h[n : n + c] = _largest_in_order(drawn_h[i], c)
+                q_rows_h.append(q_h[i])
+            else:
+                q_rows.append(lp[i])
             par[n : n + c] = f
             reach[n : n + c] = values[i * top_k : i * top_k + c]
             q_nodes.append(f)
-            q_rows.append(lp[i])
             entropy[f] = float(H[i])
             n += c
         new = np.arange(n - m, n)
@@ -174,17 +192,27 @@ def sampled_steps(
             cand = cand[: budget.best_frontier(1.0 + reach[1:n].sum(), n, reach[cand], spent)]
         if cand.size == 0:
             break
-        ids, lp = yield Expand(
-            torch.from_numpy(sess[par[cand]]).to(dev), torch.cat(toks)[torch.from_numpy(cand).to(dev)], level + 1
-        )
+        parents = torch.from_numpy(sess[par[cand]]).to(dev)
+        kids = torch.from_numpy(toks_h[cand]).to(dev) if host else torch.cat(toks)[torch.from_numpy(cand).to(dev)]
+        ids, lp = yield Expand(parents, kids, level + 1)
         sess[cand] = np.arange(ids.start, ids.stop)
         frontier = cand
         if budget is not None:
             spent += budget.t_level(cand.size)
-    q = torch.stack(q_rows).to(torch.float64).exp()
-    proposal = q.new_zeros(n, q.shape[-1]).index_copy_(0, torch.tensor(q_nodes, device=dev), q)
+    proposal: torch.Tensor | None = None  # None: the root alone (no draft paid for itself)
+    if host:
+        tokens = torch.cat([session.root_token, torch.from_numpy(toks_h[1:n]).to(dev)])
+        if q_nodes:
+            table = np.zeros((n, q_rows_h[0].size))
+            table[q_nodes] = q_rows_h
+            proposal = torch.from_numpy(table).to(dev)
+    else:
+        tokens = torch.cat(toks)
+        if q_nodes:
+            q = torch.stack(q_rows).to(torch.float64).exp()
+            proposal = q.new_zeros(n, q.shape[-1]).index_copy_(0, torch.tensor(q_nodes, device=dev), q)
     tree = DraftTree(
-        torch.cat(toks),
+        tokens,
         par[:n].tolist(),
         drafted_depth=len(session.levels) + (1 if n > 1 else 0),
         width=top_k,
@@ -192,6 +220,30 @@ def sampled_steps(
         info={"E_est": float(reach[1:n].sum())},
     )
     return SampledTree(tree, entropy)
+
+
+def _entropy_support_host(lp: np.ndarray, q: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``_entropy_support`` on host copies of a level's float64 log-probs and probabilities ``[m, V]``."""
+    pos = q > 0
+    H = -(q * np.where(pos, lp, 0.0)).sum(-1)
+    return H, np.minimum(pos.sum(-1), top_k).astype(np.float64)
+
+
+def _gumbel_top_k_host(lp64: torch.Tensor, generator: torch.Generator | None) -> np.ndarray:
+    """The Gumbel-top-k keys ``lp − log E`` of ``gumbel_top_k`` (the same draws of the generator, the same float64
+    arithmetic) for every row of ``lp64 [m, V]``, as a host array."""
+    e = exponentials(tuple(lp64.shape), generator, lp64.device).log_()
+    keys: np.ndarray = (lp64 - e).cpu().numpy()
+    return keys
+
+
+def _largest_in_order(keys: np.ndarray, c: int) -> np.ndarray:
+    """Indices of the ``c`` largest of ``keys [V]``, largest first (``torch.topk``'s order; keys of a continuous draw
+    never tie): one partition and a sort of c, or argmax for one."""
+    if c == 1:
+        return np.array([int(np.argmax(keys))])
+    idx = np.argpartition(-keys, c - 1)[:c] if c < keys.size else np.arange(keys.size)
+    return np.asarray(idx[np.argsort(-keys[idx], kind="stable")])
 
 
 class SampledDrafts:
