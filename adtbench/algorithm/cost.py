@@ -120,6 +120,7 @@ class TreeBudget:
         self._tv = np.zeros(0)  # t_verify(1 … len) tabulated (grown on demand: one np.interp per size, not per call)
         self._tl = np.zeros(0)  # t_level(1 … len), likewise
         self._tv_dev: dict[torch.device, torch.Tensor] = {}
+        self._spent_dev: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}  # (round plan, device)
         self.next_rounds: int | None = None  # ``plan_rounds``: set by ``choose``, None at an image's start
 
     def _t_verify_upto(self, n: int) -> np.ndarray:
@@ -222,6 +223,17 @@ class TreeBudget:
             t = self._tv_dev[device] = torch.from_numpy(self._t_verify_upto(max(n, 64)).copy()).to(device)
         return t[:n]
 
+    def _spent_on(self, level_sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """``spent_ms`` of the first r drafted rounds, r = 0 … len, as a float64 tensor on ``device``: copied there
+        once per distinct round plan (a policy drafts a handful), not once per cycle — a host→device copy
+        synchronises a CUDA stream."""
+        key = (level_sizes, device)
+        t = self._spent_dev.get(key)
+        if t is None:
+            spent = [self.spent_ms(list(level_sizes[:r])) for r in range(len(level_sizes) + 1)]
+            t = self._spent_dev[key] = torch.tensor(spent, dtype=torch.float64, device=device)
+        return t
+
     def choose(
         self,
         ranked: torch.Tensor,
@@ -255,8 +267,7 @@ class TreeBudget:
         rounds = torch.arange(L + 1, device=dev)[:, None]
         upto = torch.where(level[None] <= rounds, pi[None], 0.0).sort(-1, descending=True).values
         cum = torch.nn.functional.pad(upto[:, :max_n].cumsum(-1), (1, 0))  # [L + 1, max_n + 1]: Σπ of the best N
-        spent = [self.spent_ms(level_sizes[:r]) for r in range(L + 1)]
-        spent_t = torch.tensor(spent, dtype=torch.float64, device=dev)[:, None]
+        spent_t = self._spent_on(tuple(level_sizes), dev)[:, None]
         tv = self._t_verify_on(max_n + 1 + frontier, dev)
         rate = (1.0 + self.c * cum) / (spent_t + tv[None, : max_n + 1])
         best, n = rate.max(-1)  # first maximum: the smaller N on ties
