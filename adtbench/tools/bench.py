@@ -186,6 +186,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     ``target``/``drafter`` reuse already-built models (compiled already when ``engine.compile`` is on: ``cost`` and
     ``probe`` compile before they measure)."""
     register_resolvers()
+    if bool(cfg.bench.get("count", False)) and cfg.policy.get("rounds") == "auto":
+        cfg.policy.rounds = "planned"  # the count measures what a GPU runs: ``auto`` plans the rounds on CUDA
     sp, policy = validate(cfg)
     if not policy.uses_drafter:
         raise ConfigError("policy", "the overhead benchmark needs a drafting policy")
