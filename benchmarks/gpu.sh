@@ -49,7 +49,7 @@ OVERHEAD_PROMPTS=${OVERHEAD_PROMPTS:-1}
 SPEED_MODEL=${SPEED_MODEL:-mini}
 SPEED_MODES=${SPEED_MODES:-graphs}
 PROMPTS=${PROMPTS:-4}
-ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo,scd,sjd,gsd]}
+ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo,scd,scd_cost,sjd,gsd]}
 JACOBI_WINDOWS=${JACOBI_WINDOWS:-16 32 64}
 BATCH_SIZES=${BATCH_SIZES:-[1,4]}
 BATCH_PROMPTS=${BATCH_PROMPTS:-4}
@@ -188,7 +188,7 @@ stage_jacobi() {
     over_of "$SPEED_MODEL"
     for w in $JACOBI_WINDOWS; do variants+=(--variant "scd_$w" policy=scd "policy.window=$w"); done
     variants+=(--variant sjd_16 policy=sjd policy.window=16 --variant gsd_16 policy=gsd policy.window=16
-               --variant scd_cost policy=scd policy.window=cost --variant default policy=static_sampled)
+               --variant scd_cost policy=scd policy.window=cost --variant static_sampled policy=static_sampled)
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"

@@ -15,7 +15,14 @@ from conftest import static_runs, tiny
 from adtbench import accel
 from adtbench.tools.bench import main as bench_main
 
-TINY = ["model=tiny_llamagen", "drafter=eagle", "dataset=smoke", "model.device=cuda", "threads=1"]
+TINY = [
+    "model=tiny_llamagen",
+    "drafter=eagle",
+    "policy=static_sampled",
+    "dataset=smoke",
+    "model.device=cuda",
+    "threads=1",
+]
 SHRUNK_ANOLE = ["model=anole", "model.random_init=true", "model.arch.hidden_size=32", "model.arch.intermediate_size=64",
                 "model.arch.num_hidden_layers=1", "model.arch.num_attention_heads=2",
                 "model.arch.num_key_value_heads=2", "model.grid=[2,2]", "model.device=cuda"]  # fmt: skip
@@ -98,7 +105,8 @@ def test_bench_cost_and_probe_on_the_simulated_device(tmp_path: Path, capsys) ->
     eager logits up to bf16 rounding) and judges the synchronisation goal only; a host model is a key-named error."""
     with accel.simulate():
         out = tmp_path / "cost.json"
-        cost = ["cost", *SHRUNK_ANOLE, "engine.compile=true", "bench.tree_sizes=[1,2]", "bench.level_nodes=2"]
+        cost = ["cost", *SHRUNK_ANOLE, "engine.compile=true", "bench.tree_sizes=[1,2]", "bench.level_nodes=2",
+                "policy=static_sampled"]  # fmt: skip
         assert (
             bench_main([*cost, "bench.repeats=1", "bench.overhead_prompts=1", "dataset=smoke", f"bench.out={out}"]) == 0
         )
@@ -140,3 +148,16 @@ def test_bench_batch_and_versus_on_the_simulated_device(tmp_path: Path) -> None:
     # the draws are made by the device's generator: no host→device copy of random numbers (landed main: several per
     # cycle, ``sampling._draw`` copying a host generator's draws)
     assert not [site for site in sim.reads_by_op if " in _draw" in site]
+
+
+def test_a_jacobi_forward_reads_the_device_once(tmp_path: Path) -> None:
+    """The default run's loop (SCD) on the simulated device: one read per forward (the verdict) and one per image (its
+    statistics), the prefill's own reads outside the cycles."""
+    with accel.simulate():
+        out = tmp_path / "scd.json"
+        assert bench_main(["overhead", *TINY, "policy=scd", "bench.prompts=2", f"bench.out={out}"]) == 0
+    r = json.loads(out.read_text())
+    assert r["policy"] == "scd" and r["prefill_syncs_per_image"] > 0
+    per_image = r["cycles"] / r["prompts"]
+    assert r["syncs_per_cycle"] == pytest.approx(1.0 + 1.0 / per_image)
+    assert sorted(site.rsplit(" in ", 1)[1] for site in r["sync_sites_per_cycle"]) == ["read_verdicts", "stats"]

@@ -57,9 +57,10 @@ def test_bad_options_are_key_named_errors(tmp_path: Path, capsys) -> None:
 
 
 def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_path: Path, capsys) -> None:
-    """``adtbench bench overhead bench.phases=true`` (the default run's setting): exclusive phase times that sum,
-    with ``cycle (rest)``, to the cycle time; every phase the static sampled tree goes through is seen, the sampled
-    trees' draws are not; and every wrapped function, method and instance attribute is the original again."""
+    """``adtbench bench overhead bench.phases=true`` (``policy=static_sampled``, the former default run's setting):
+    exclusive phase times that sum, with ``cycle (rest)``, to the cycle time; every phase the static sampled tree goes
+    through is seen, the sampled trees' draws are not; and every wrapped function, method and instance attribute is
+    the original again."""
     import adtbench.algorithm.engine as E
     import adtbench.algorithm.verify as Vf
     from adtbench.algorithm.drafters.session import DraftSession
@@ -68,7 +69,15 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
 
     originals = (Vf.verify_tree, E.process_logits, DraftSession.expand, static.gumbel_top_k, sampled.gumbel_top_k)
     out = tmp_path / "phases.json"
-    assert bench_main(["overhead", "bench.phases=true", "bench.prompts=1", "threads=1", f"bench.out={out}"]) == 0
+    args = [
+        "overhead",
+        "bench.phases=true",
+        "bench.prompts=1",
+        "threads=1",
+        f"bench.out={out}",
+        "policy=static_sampled",
+    ]
+    assert bench_main(args) == 0
     r = json.loads(out.read_text())
     rows = {x["phase"]: x for x in r["phases"]}
     assert abs(sum(x["ms_per_cycle"] for x in r["phases"]) - r["cycle_ms"]) < 1e-9 and r["cycles"] > 10
@@ -90,11 +99,13 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
     assert "| target network (verify forward) |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("policy", [[], ["policy=eagle2"], ["policy=adt"], ["policy=adt", "policy.budget=fixed"]])
+@pytest.mark.parametrize(
+    "policy", [["policy=static_sampled"], ["policy=eagle2"], ["policy=adt"], ["policy=adt", "policy.budget=fixed"]]
+)
 def test_bench_count_reads_the_device_at_most_twice_per_cycle(tmp_path: Path, capsys, policy) -> None:
-    """``adtbench bench overhead bench.count=true``: the default policy, EAGLE-2 and ADT (both budgets) read the device
-    at most twice per cycle outside the networks (once for the tree's outcome; ``budget: cost`` once more for its node
-    count), the counts by phase add up, and the wrapped functions are restored."""
+    """``adtbench bench overhead bench.count=true``: a static sampled tree, EAGLE-2 and ADT (both budgets) read the
+    device at most twice per cycle outside the networks (once for the tree's outcome; ``budget: cost`` once more for its
+    node count), the counts by phase add up, and the wrapped functions are restored."""
     import adtbench.algorithm.verify as Vf
     from adtbench.tools.bench import main as bench_main
 
@@ -109,3 +120,20 @@ def test_bench_count_reads_the_device_at_most_twice_per_cycle(tmp_path: Path, ca
     assert r["read_sites"] and all("adtbench/" in x["site"] for x in r["read_sites"])
     assert Vf.accept is original
     assert "host reads" in capsys.readouterr().out
+
+
+def test_bench_overhead_of_a_jacobi_loop(tmp_path: Path, capsys) -> None:
+    """``adtbench bench overhead`` of the default run (SCD, no drafter): every forward is a cycle, the drafter's share
+    is 0 and the overhead is the cycle's time outside the target's verifies; the phase split and the count, which
+    follow a drafting policy's phases, are key-named errors for it."""
+    from adtbench.tools.bench import main as bench_main
+
+    out = tmp_path / "scd.json"
+    assert bench_main(["overhead", "bench.prompts=1", "threads=1", f"bench.out={out}"]) == 0
+    r = json.loads(out.read_text())
+    assert r["policy"] == "scd" and r["cycles"] > 10 and r["drafter_ms"] == 0.0
+    assert 0.0 < r["target_forward_ms"] < r["cycle_ms"] and 0.0 < r["overhead_frac"] < 1.0
+    capsys.readouterr()
+    assert bench_main(["overhead", "bench.prompts=1", "bench.phases=true"]) == 2
+    got = capsys.readouterr()
+    assert "policy: bench.phases" in got.out + got.err

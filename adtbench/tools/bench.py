@@ -189,19 +189,29 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     if bool(cfg.bench.get("count", False)) and cfg.policy.get("rounds") == "auto":
         cfg.policy.rounds = "planned"  # the count measures what a GPU runs: ``auto`` plans the rounds on CUDA
     sp, policy = validate(cfg)
-    if not policy.uses_drafter:
-        raise ConfigError("policy", "the overhead benchmark needs a drafting policy")
+    breakdown = bool(cfg.bench.get("count", False)) or bool(cfg.bench.get("phases", False))
+    if not policy.uses_drafter and (breakdown or policy.name not in ("sjd", "scd", "gsd")):
+        why = (
+            f"bench.phases and bench.count split a drafting policy's cycle; policy={policy.name} drafts nothing"
+            if breakdown
+            else "the overhead benchmark needs a drafting policy or a Jacobi loop (sjd, scd, gsd)"
+        )
+        raise ConfigError("policy", why)
     from adtbench.harness.app import load_dataset
     from adtbench.harness.job import Job
+    from adtbench.harness.loops import build_loop_models
 
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
     if target is None or drafter is None:
         job = Job.build(cfg, sp, policy)
-    else:  # the models the caller built (and compiled) through ``build_models``
-        job = Job.over(cfg, sp, policy, target, drafter)
+    else:  # the models the caller built (and compiled) through ``build_models``; a loop policy's own models
+        job = Job.over(
+            cfg, sp, policy, target, drafter if policy.uses_drafter else build_loop_models(cfg, policy, target)
+        )
     if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
         job = dataclasses.replace(job, acceptance="device")
-    target, drafter = job.target, job.models
+    target = job.target
+    drafter = job.models if policy.uses_drafter else getattr(job.models, "drafter", None)  # Jacobi: init=drafter's
     device = target.device
     sync = device.type == "cuda"  # the phase split synchronises a real GPU around every phase
 

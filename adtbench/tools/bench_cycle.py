@@ -48,7 +48,11 @@ MODEL_CALLS: tuple[tuple[str, str, str], ...] = (
     ("target", "lm_head", DRAFTER_HEAD),
 )
 """(owner, attribute, label): the public calls every model forward of a cycle goes through, eager or graphed."""
-_PREFILL: tuple[tuple[str, str], ...] = (("adtbench.algorithm.engine", "prefill"), ("target", "encode_prompt"))
+_PREFILL: tuple[tuple[str, str], ...] = (
+    ("adtbench.algorithm.engine", "prefill"),
+    ("adtbench.algorithm.jacobi", "prefill_token"),  # the Jacobi loop's prefill (no drafter prefix pass)
+    ("target", "encode_prompt"),
+)
 SYNC_WARNING = "synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")'s message
 SIM_SOURCE = "simulated device counts (host reads + blocking host→device copies)"
 CUDA_SOURCE = "torch.cuda.set_sync_debug_mode('warn') warnings (host reads + blocking copies)"
