@@ -40,10 +40,10 @@ def test_wheel_ships_conf_and_composes_outside_a_checkout(tmp_path: Path) -> Non
         "register_resolvers()\n"
         "with initialize_config_dir(version_base='1.3', config_dir=str(conf_dir())):\n"
         "    cfg = compose('config')\n"
-        "print(conf_dir(), cfg.model.name, cfg.policy.name, cfg.policy.draft_sampling)\n"
+        "print(conf_dir(), cfg.model.name, cfg.policy.name, cfg.policy.window)\n"
     )
     out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
-    conf, model, policy, drafts = out.stdout.split()
-    assert Path(conf) == site / "adtbench" / "conf" and (model, policy, drafts) == ("mini", "static", "sample")
+    conf, model, policy, window = out.stdout.split()
+    assert Path(conf) == site / "adtbench" / "conf" and (model, policy, window) == ("mini", "scd", "cost")

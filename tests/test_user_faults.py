@@ -144,7 +144,7 @@ def test_truncated_drafter_weights_name_drafter_path(tmp_path):
     d = tmp_path / "drafter"
     shutil.copytree(MINI / "drafter", d)
     truncate(d / "model.safetensors")
-    cfg = cfg_of(f"drafter.path={d}")
+    cfg = cfg_of("policy=static_sampled", f"drafter.path={d}")  # a drafting policy: the drafter is checked
     with pytest.raises(ConfigError, match="corrupt") as ei:
         validate(cfg)
     assert ei.value.key == "drafter.path" and str(d / "model.safetensors") in str(ei.value)
