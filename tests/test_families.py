@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from conftest import run_in_process
 from omegaconf import OmegaConf
 
+from adtbench.algorithm.ar import ar_tokens
 from adtbench.algorithm.drafters.eagle import EagleConfig
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
@@ -65,7 +66,7 @@ _CACHE: dict[tuple, object] = {}
 def load(fam: str, path: Path, **over):
     key = (fam, str(path), tuple(sorted(over.items())))
     if key not in _CACHE:
-        _CACHE[key] = build_target(model_cfg(fam, path, **over))
+        _CACHE[key] = build_target(model_cfg(fam, path, **over), plain_decode=ar_tokens)
     return _CACHE[key]
 
 
@@ -323,6 +324,27 @@ def test_tar_lm_stage(tiny) -> None:
     tokens = check_greedy_eagle2_equals_ar(t, 1.0)  # no CFG at the LM level
     img = t.decode_image(t.layout.tokens_to_codes(tokens))  # TA-Tok → AR-DTok (4×4) → VQ (×2)
     assert img.shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize("stage", ["lm", "detok"])
+def test_tar_runs_its_other_stage_through_the_loop_it_is_handed(tiny, stage: str) -> None:
+    """The models import nothing of the algorithm layer: Tar's unspeculated stage runs through the ``plain_decode``
+    its builder was handed (``algorithm.ar.ar_tokens``); built without one, it says so when that stage runs."""
+    root, _ = tiny
+    calls = []
+
+    def decode(target, inputs, sp, generator):
+        calls.append(type(target).__name__)
+        return ar_tokens(target, inputs, sp, generator)
+
+    over = {"stage": stage, "detok.file": "ar_dtok_lp_256px.pth"}
+    t = build_target(model_cfg("tar", root / "tar", **over), plain_decode=decode)
+    codes = torch.zeros(t.layout.grid_h, t.layout.grid_w, dtype=torch.long)
+    t.decode_image(codes) if stage == "lm" else t.encode_prompt(TEXT, cfg=True)
+    assert calls == ["ARDTokTarget" if stage == "lm" else "TarLMTarget"]
+    bare = build_target(model_cfg("tar", root / "tar", **over))
+    with pytest.raises(RuntimeError, match="plain_decode"):
+        bare.decode_image(codes) if stage == "lm" else bare.encode_prompt(TEXT, cfg=True)
 
 
 @pytest.mark.parametrize("res,px", [(256, 8), (512, 16)])

@@ -175,13 +175,14 @@ def build_models(cfg: DictConfig, policy: Policy | None, eagle: bool = False) ->
     ``policy`` (or whenever ``eagle``: the measurement tools time drafter levels; a seeded random one when
     ``drafter.kind`` is none), a loop policy's own models, or None; compiled under ``engine.compile``
     (``compile_models``) — before any policy is bound, so a cost model is measured on what the run replays."""
+    from adtbench.algorithm.ar import ar_tokens
     from adtbench.models.registry import build_target
 
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     log.info("loading model=%s (family %s) on %s, %s", cfg.model.get("name"), cfg.model.family,
              cfg.model.device, cfg.model.dtype)  # fmt: skip
-    target = build_target(cfg.model)
+    target = build_target(cfg.model, plain_decode=ar_tokens)
     drafting = eagle or (policy is not None and policy.uses_drafter)
     if drafting:
         node = cfg.drafter if str(cfg.drafter.get("kind")) == "eagle" else OmegaConf.merge(

@@ -365,10 +365,11 @@ def build_student(cfg: DictConfig, target: Target) -> EagleDrafter:
 
 
 def run(cfg: DictConfig) -> dict:
+    from adtbench.algorithm.ar import ar_tokens
     from adtbench.models.registry import build_target
 
     out = stage_dir(cfg)
-    target = build_target(cfg.model)
+    target = build_target(cfg.model, plain_decode=ar_tokens)
     freeze(target)
     t0 = time.perf_counter()
     train = build_teacher(cfg, target, out, "train", int(cfg.teacher.count))
