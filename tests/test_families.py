@@ -364,6 +364,60 @@ def test_tar_detok_stage(tiny, res: int, px: int) -> None:
     assert t.decode_image(t.layout.tokens_to_codes(tokens)).shape == (px, px, 3)
 
 
+CAPABILITY_CASES = [  # every registered family (``models.registry.FAMILIES``), each implementation and Tar stage
+    ("anole", {}),
+    ("anole", {"impl": "hf"}),
+    ("lumina_mgpt", {}),
+    ("lumina_mgpt", {"impl": "hf"}),
+    ("llamagen_t2i", {}),
+    ("llamagen_c2i", {}),
+    ("tar", {}),
+    ("tar", {"stage": "detok"}),
+    ("mini", None),  # shipped weights: conf/model/mini.yaml as it is
+]
+
+
+def test_the_capability_cases_cover_every_family() -> None:
+    from adtbench.models.registry import FAMILIES
+
+    fams = {str(OmegaConf.load(ROOT / "conf" / "model" / f"{f}.yaml").family) for f, _ in CAPABILITY_CASES}
+    assert fams == set(FAMILIES.names()) - {"anole"}  # family anole is the chameleon adapter under another name
+
+
+@pytest.mark.parametrize("fam,over", CAPABILITY_CASES, ids=lambda x: str(x) if isinstance(x, str) else None)
+def test_every_target_declares_its_capabilities_and_they_hold(tiny, fam: str, over: dict | None) -> None:
+    """A target declares what it offers (``Capabilities``, on its class) and the harness reads the declaration
+    instead of probing: a declared static cache pins and verifies through static buckets, a declared compile has
+    ``compile_forward``, a declared batch target runs under ``BatchTarget`` (and an undeclared one is refused), and
+    the config check's batched families declare batch."""
+    from adtbench.harness.config import BATCHED_FAMILIES
+    from adtbench.models.base import Capabilities, StaticGPTTarget
+    from adtbench.models.batch import BatchTarget
+
+    root, _ = tiny
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "mini.yaml") if over is None else model_cfg(fam, root / fam, **over)
+    t = build_target(cfg, plain_decode=ar_tokens)  # fresh: pinning must not leak into the shared cache
+    caps = type(t).capabilities
+    assert isinstance(caps, Capabilities) and t.capabilities is caps
+    assert caps.static_cache == callable(getattr(t, "request_static", None)) == isinstance(t, StaticGPTTarget)
+    assert caps.compile == callable(getattr(t, "compile_forward", None))
+    assert not caps.graphs or caps.static_cache  # graphs are captures of the static buckets
+    inputs = t.encode_prompt(TEXT, cfg=t.supports_cfg)
+    if caps.static_cache:
+        t.request_static(graphs=False)
+        t.start(inputs, 4)
+        assert t.static is not None and t.cache is t.pinned
+    if caps.batch:
+        bt = BatchTarget(t, 2, inputs.cfg, t.prompt_length(inputs) + t.layout.num_gen_tokens + 4)
+        res = bt.admit(0, inputs)
+        assert res.logits.shape[-1] == t.layout.vocab_size
+    else:
+        with pytest.raises(TypeError, match="declares batch"):
+            BatchTarget(t, 2, inputs.cfg, 64)
+    if str(cfg.family) in BATCHED_FAMILIES and str(cfg.get("impl", "lean")) == "lean":
+        assert caps.batch
+
+
 # ---------------------------------------------------------------------------------------------------------
 # LANTERN neighbourhoods: every family exposes its codebook (row c = code c)
 # ---------------------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -71,8 +71,23 @@ class PrefillResult:
     valid: torch.Tensor  # [R, P] bool: real tokens (False on padding)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a target offers beyond the ``Target`` interface: declared by its class (``Target.capabilities``), read by
+    the harness (``job.compile_models``, ``harness.batched``) — never probed with ``getattr``. Each family's
+    declaration is checked against its behaviour (``tests/test_families.py``)."""
+
+    static_cache: bool = False  # ``request_static``: one pinned KV cache, verifies through static-shape buckets
+    graphs: bool = False  # those buckets capture as CUDA graphs (``engine.compile`` on a GPU; ``models.graphs``)
+    compile: bool = False  # ``compile_forward``: the network's layer stack through ``torch.compile``
+    batch: bool = False  # ``models.batch.BatchTarget`` decodes B prompts per forward over its network
+
+
 class Target(ABC):
     """A verifiable AR image model (see module docstring)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities()  # a target declares what it offers (``Capabilities``)
+    engine_mode: str = "eager"  # what its forwards run as: eager | compiled | graphs (``job.compile_models`` sets it)
 
     layout: TokenLayout
     hidden_size: int
@@ -259,6 +274,8 @@ class StaticGPTTarget(Target):
 
     Masks are additive (0 / −inf, model dtype): ``key_bias [R, capacity]`` holds the committed columns' term (kept up
     to date by ``start`` and ``commit``), so a verify mask is one ``cat`` of it with the tree's block."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities(static_cache=True, graphs=True, compile=True, batch=True)
 
     net: Any
     cache: Any = None

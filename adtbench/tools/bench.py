@@ -242,7 +242,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         **per,
         "timing": "CUDA events" if device.type == "cuda" else "perf_counter marks",
         "engine_compile": job.compiled,
-        "engine_mode": getattr(target, "engine_mode", "eager"),  # graphs | compiled | eager
+        "engine_mode": target.engine_mode,  # graphs | compiled | eager
         "graph_replays_per_cycle": timer.replays / cycles,
         "static_runs_per_cycle": timer.static_runs / cycles,
         "model_calls_per_cycle": {k: v / cycles for k, v in timer.calls.items()},

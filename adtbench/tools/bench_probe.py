@@ -152,7 +152,7 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
         raise ConfigError("bench.repeats", f"must be positive, got {repeats}")
     # the app's models with an EAGLE drafter, compiled as ``engine.compile=true`` does (the probe's premise)
     target, drafter = build_models(OmegaConf.merge(cfg, {"engine": {"compile": True}}), None, eagle=True)
-    if getattr(target, "engine_mode", None) != "graphs":
+    if target.engine_mode != "graphs":
         raise ConfigError("model.device", "the probe times CUDA graphs: a model with static verifies on a CUDA device "
                           f"(or ADTBENCH_SIMULATE_DEVICE=cuda), not {target.device}")  # fmt: skip
     sp = build_sampling(cfg.sampling)
