@@ -181,7 +181,7 @@ def test_lumina_qk_norm_trap(tiny) -> None:
 
 
 def test_lumina_layout_and_prompt(tiny) -> None:
-    from adtbench.models.lumina import EOL_NAME, size_token_name
+    from adtbench.models.chameleon.lumina import EOL_NAME, size_token_name
 
     root, _ = tiny
     t = load("lumina_mgpt", root / "lumina_mgpt")
@@ -245,7 +245,7 @@ def test_lumina_temperature_sampling_runs(tiny) -> None:
 
 @pytest.mark.parametrize("layout", ["official", "bare", "lantern"])
 def test_llamagen_checkpoint_layouts(tiny, layout: str) -> None:
-    from adtbench.models.llamagen_gpt import load_gpt_state_dict
+    from adtbench.models.llamagen.gpt import load_gpt_state_dict
 
     root, refs = tiny
     d = root / ("llamagen_t2i" if layout == "official" else f"llamagen_t2i_{layout}")
@@ -298,7 +298,7 @@ def test_llamagen_c2i_prompts(tiny) -> None:
 
 
 def test_tar_loads_llava_checkpoint(tiny) -> None:
-    from adtbench.models.tar import TarLMTarget
+    from adtbench.models.tar.target import TarLMTarget
 
     root, refs = tiny
     cfg = json.loads((root / "tar" / "config.json").read_text())
@@ -349,7 +349,7 @@ def test_tar_runs_its_other_stage_through_the_loop_it_is_handed(tiny, stage: str
 
 @pytest.mark.parametrize("res,px", [(256, 8), (512, 16)])
 def test_tar_detok_stage(tiny, res: int, px: int) -> None:
-    from adtbench.models.tar_ardtok import ARDTokTarget
+    from adtbench.models.tar.ardtok import ARDTokTarget
 
     root, refs = tiny
     t = load("tar", root / "tar", stage="detok", **{"detok.file": f"ar_dtok_lp_{res}px.pth"})
@@ -449,7 +449,7 @@ def test_codebooks_for_lantern(tiny) -> None:
 
 
 def test_missing_paths_name_key_and_file(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import adtbench.models.chameleon as cham
+    import adtbench.models.chameleon.target as cham
 
     root, _ = tiny
     with pytest.raises(ConfigError, match=r"config.json") as e:
@@ -756,7 +756,7 @@ def test_tar_stage_sampling_reads_its_node() -> None:
     ``build_sampling``), and errors name the stage's key."""
     from adtbench.algorithm.sampling import SamplingParams
     from adtbench.errors import ConfigError
-    from adtbench.models.tar import _sampling
+    from adtbench.models.tar.target import _sampling
 
     got = _sampling({"temperature": 0.5, "top_k": 7}, SamplingParams(cfg_scale=2.0), "model.lm_sampling")
     assert got == SamplingParams(temperature=0.5, top_k=7, top_p=1.0, cfg_scale=2.0)

@@ -158,7 +158,7 @@ def check_mulo_config(cfg: DictConfig) -> None:
 def _tar_drafter(node: DictConfig, target: Any) -> Any:
     """The AR-DTok of the drafter node's ``detok.file`` as a ``Target`` on the target's VQ, device and dtype."""
     from adtbench.models.registry import get, resolve_dir, resolve_file
-    from adtbench.models.tar_ardtok import ARDTokTarget, load_ardtok
+    from adtbench.models.tar.ardtok import ARDTokTarget, load_ardtok
 
     try:
         base = resolve_dir("model.path", get(node, "path"), ["config.json"])

@@ -39,8 +39,8 @@ FAMILIES: Registry[Target] = Registry("model.family")
 """``model.family`` → the adapter's ``build_target(model_cfg)``, registered lazily by dotted path so that
 selecting one family never imports another's dependencies (transformers, sentencepiece …)."""
 for _family, _module in (
-    ("llamagen", "llamagen"), ("chameleon", "chameleon"), ("anole", "chameleon"), ("lumina", "lumina"),
-    ("tar", "tar"), ("mini", "mini"),
+    ("llamagen", "llamagen.target"), ("chameleon", "chameleon.target"), ("anole", "chameleon.target"),
+    ("lumina", "chameleon.lumina"), ("tar", "tar.target"), ("mini", "mini.target"),
 ):  # fmt: skip
     FAMILIES.register(_family, f"adtbench.models.{_module}:build_target")
 

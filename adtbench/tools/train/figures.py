@@ -149,7 +149,7 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0, device: str | None = None)
 
     from adtbench.algorithm.engine import decode_ar, generate
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-    from adtbench.models.mini_evaluator import load_mini_evaluator
+    from adtbench.models.mini.evaluator import load_mini_evaluator
     from adtbench.scenes import iter_split, render
 
     target, drafter = load_models(device=device)

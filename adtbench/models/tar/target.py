@@ -13,7 +13,7 @@ Stages (``model.stage`` chooses which one is speculated; the other runs plainly,
   reference regex-parses ``<I(\\d+)>`` out of free text and pads/truncates). Official LM sampling: T 1.0,
   top-p 0.95, top-k 1200. ``decode_image`` runs TA-Tok decode → AR-DTok (plain AR, ``model.detok_sampling``)
   → VQ.
-- ``detok``: the AR de-tokenizer (``tar_ardtok``) is speculated: its condition is the TA-Tok features of the LM
+- ``detok``: the AR de-tokenizer (``tar.ardtok``) is speculated: its condition is the TA-Tok features of the LM
   codes, produced in ``encode_prompt`` by a plain AR run of the LM (``model.lm_sampling``, seeded from
   ``model.seed`` and the prompt) — the path MuLo-SD uses. CFG batched with all-zero uncond features
   (official CFG 4.0). ``decode_image`` = VQ decode of the code grid.
@@ -38,7 +38,7 @@ from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PlainDecode, PromptInputs
 from adtbench.models.hf_causal import HFCausalTarget, common_options
-from adtbench.models.tar_ardtok import ARDTokTarget
+from adtbench.models.tar.ardtok import ARDTokTarget
 from adtbench.sampling_params import SamplingParams, build_sampling
 
 SYSTEM_PROMPT = "You are a helpful assistant."
@@ -181,10 +181,10 @@ def build_target(cfg: Any, plain_decode: PlainDecode | None = None) -> TarLMTarg
     ``decode_image`` and the AR-DTok stage's ``encode_prompt`` call it, and raise without it."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+    from adtbench.models.llamagen.vq import LlamaGenVQConfig, load_llamagen_vq
     from adtbench.models.registry import get, plain, resolve_dir, resolve_file
-    from adtbench.models.tar_ardtok import load_ardtok
-    from adtbench.models.tar_tatok import load_tatok
-    from adtbench.models.vq_llamagen import LlamaGenVQConfig, load_llamagen_vq
+    from adtbench.models.tar.ardtok import load_ardtok
+    from adtbench.models.tar.tatok import load_tatok
 
     stage = str(get(cfg, "stage", "lm"))
     if stage not in ("lm", "detok"):
