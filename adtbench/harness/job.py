@@ -159,7 +159,7 @@ class Job:
 
     def run_info(self) -> dict[str, Any]:
         """What a summary records of the built job: compile mode, graph capture times, batching, bind time."""
-        static = getattr(self.batched.bt if self.batched and self.batched.bt else self.target, "static", None)
+        static = (self.batched.bt if self.batched and self.batched.bt else self.target).static
         return {
             "engine_compile": self.compiled,
             "graph_capture_s": getattr(static, "capture_s", None),

@@ -205,7 +205,7 @@ def build_mulo_models(cfg: DictConfig, target: Any) -> MuloModels:
         )
     up, down = str(cfg.policy.get("upsampler", "learned")), str(cfg.policy.get("downsampler", "learned"))
     path = _upsampler_path(cfg)
-    resampler = build_resampler(up, down, getattr(target, "vq", None), r, None if path is None else str(path))
+    resampler = build_resampler(up, down, target.vq, r, None if path is None else str(path))
     neighbours = None
     if params.k > 0:
         k = min(params.k, lt.num_codes - 1)

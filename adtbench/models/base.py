@@ -88,6 +88,8 @@ class Target(ABC):
 
     capabilities: ClassVar[Capabilities] = Capabilities()  # a target declares what it offers (``Capabilities``)
     engine_mode: str = "eager"  # what its forwards run as: eager | compiled | graphs (``job.compile_models`` sets it)
+    vq: Any = None  # the VQ image decoder of ``decode_image`` and ``codebook``; None: none (or another route: Tar LM)
+    static: Any = None  # the static-shape verifier over the pinned cache (``capabilities.static_cache``); None: off
 
     layout: TokenLayout
     hidden_size: int
@@ -143,7 +145,7 @@ class Target(ABC):
         """VQ codes ``[grid_h, grid_w]`` → uint8 image ``[H, W, 3]`` through ``self.vq`` (override for other paths)."""
         from adtbench.models.vq_common import to_uint8_images
 
-        vq = getattr(self, "vq", None)
+        vq = self.vq
         if vq is None:
             raise RuntimeError(f"{type(self).__name__}: no VQ decoder configured (model.vq)")
         h, w = codes.shape
@@ -178,7 +180,7 @@ class Target(ABC):
 
     def codebook(self) -> torch.Tensor:
         """The VQ codebook ``[num_codes, d]`` (row c = code c; token id = c + layout.image_token_offset)."""
-        vq = getattr(self, "vq", None)
+        vq = self.vq
         if vq is None:
             raise RuntimeError(f"{type(self).__name__} has no VQ model: no codebook for LANTERN neighbourhoods")
         return vq.codebook()
@@ -280,7 +282,6 @@ class StaticGPTTarget(Target):
     net: Any
     cache: Any = None
     key_bias: torch.Tensor | None = None
-    static: Any = None  # ``graphs.StaticVerifier`` over the pinned cache, None: variable shapes
     image_head = True  # the LM head over the rows the layout can emit only (``logits_head``); False: every row
     _head_weight: tuple[Any, ...] | None = None  # (weight, (storage, dtype, span), its rows' transposed view)
     pinned: Any = None  # the one KV cache every image reuses under ``request_static``

@@ -352,7 +352,7 @@ def cost(cfg: Any) -> dict:
     cuda = target.device.type == "cuda"  # a real GPU: its bandwidth (never a simulated device's)
     weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
     bandwidth = device_bandwidth(target.device) if cuda else None
-    t_static, d_static = getattr(target, "static", None), getattr(drafter, "static", None)
+    t_static, d_static = target.static, getattr(drafter, "static", None)
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
         "device": accel.device_name(target.device)

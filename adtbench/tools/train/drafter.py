@@ -242,7 +242,7 @@ def scene_sequences(target: Target, seed: int, split: str, count: int, size: int
     """(caption, tokens) of procedural scenes coded by the target's own VQ (raster layouts only)."""
     from adtbench.scenes import to_tensor_range
 
-    vq = getattr(target, "vq", None)
+    vq = target.vq
     lay = target.layout
     if vq is None or not hasattr(vq, "encode"):
         raise ValueError("teacher.source=scenes needs a target whose VQ has an encoder (e.g. model=mini)")
