@@ -86,7 +86,7 @@ def scene_set(split: str, n: int, seed: int = 0) -> list[S.Scene]:
 def load_vq_model(path: str | Path | None = None) -> Any:
     """The shipped tokenizer (``adtbench/weights/mini/vq``) or the one at ``path`` (a stage's ``final/``), eval mode,
     CPU."""
-    from adtbench.models.mini import load_vq
+    from adtbench.models.mini.target import load_vq
 
     return load_vq(Path(path) if path is not None else WEIGHTS / "vq")
 
@@ -526,7 +526,7 @@ def token_diagnosis(n: int = 256, train_n: int = 4000) -> dict:
 
 def load_ar_model(name: str = "ar16", path: str | Path | None = None) -> Any:
     """``ARModel`` (GPT + text encoder, the training forward) of the shipped weights (or of ``path``), eval mode."""
-    from adtbench.models.mini import load_ar
+    from adtbench.models.mini.target import load_ar
     from adtbench.tools.train.ar import ARModel
 
     gpt, text = load_ar(WEIGHTS / name if path is None else Path(path))

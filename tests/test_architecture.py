@@ -13,14 +13,13 @@ from pathlib import Path
 PKG = Path(__file__).resolve().parents[1] / "adtbench"
 
 LAYERS: dict[str, int] = {  # module or folder under adtbench (longest prefix wins) → layer (0 = foundation)
-    **dict.fromkeys(["errors", "registry", "layout", "io", "scenes", "resources", "accel"], 0),
-    **dict.fromkeys(["algorithm.tree", "algorithm.sampling", "algorithm.verify", "algorithm.regions"], 1),
-    "models": 2,
-    "algorithm": 3,  # engine, decode loops, policies, drafters, lantern, cost
-    "harness": 4,
-    "cli": 4,
-    "reporting": 5,
-    "tools": 6,
+    **dict.fromkeys(["errors", "registry", "layout", "sampling_params", "io", "scenes", "resources", "accel"], 0),
+    "models": 1,  # targets: forward, commit, decode images — no token choice (that is the algorithm's)
+    "algorithm": 2,  # the AR steps, sampling law, trees, verification, engine, loops, policies, drafters, cost
+    "harness": 3,
+    "cli": 3,
+    "reporting": 4,
+    "tools": 5,
 }
 ALGORITHM_FORBIDDEN_IMPORTS = ("hydra", "omegaconf", "adtbench.io", "adtbench.harness")
 FILE_CALLS = {"open", "read_text", "write_text", "read_bytes", "write_bytes", "save", "load", "mkdir"}
@@ -138,6 +137,16 @@ def test_every_module_has_a_layer_and_imports_point_down() -> None:
     assert len(edges) > 60  # the walk sees the package
     up = upward(edges)
     assert not up, "imports into a higher layer:\n" + "\n".join(up)
+
+
+def test_models_import_nothing_of_the_algorithm() -> None:
+    """gpt-fast's rule: the model layer is the network and its cache; decoding (the AR steps, the sampling law) is the
+    algorithm's. A target that runs a stage plainly (Tar) is handed the loop (``models.base.PlainDecode``)."""
+    edges = import_graph()
+    bad = sorted(f"{a} → {b}" for a, bs in edges.items() if a.startswith("adtbench.models") for b in bs
+                 if b.startswith("adtbench.algorithm"))  # fmt: skip
+    assert not bad, bad
+    assert layer("adtbench.models.base") < layer("adtbench.algorithm.sampling") < layer("adtbench.harness.job")
 
 
 def test_no_import_cycles() -> None:

@@ -22,7 +22,7 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
-from adtbench.models.chameleon import (
+from adtbench.models.chameleon.target import (
     ChameleonTarget,
     build_target,
     image_code_of,
@@ -119,7 +119,7 @@ def test_random_init_anole_with_its_full_vocabulary_builds_and_decodes() -> None
 
     from adtbench.algorithm.engine import decode_ar
     from adtbench.algorithm.sampling import SamplingParams
-    from adtbench.models.chameleon import FILLER_PREFIX
+    from adtbench.models.chameleon.target import FILLER_PREFIX
     from adtbench.resources import conf_dir
 
     node = OmegaConf.load(conf_dir() / "model" / "anole.yaml")

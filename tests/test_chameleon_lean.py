@@ -1,4 +1,4 @@
-"""The lean Chameleon target (``model.impl: lean``, ``models/chameleon_lean.py``) against the transformers path.
+"""The lean Chameleon target (``model.impl: lean``, ``models/chameleon/lean.py``) against the transformers path.
 
 On the tiny real-layout Anole and Lumina-mGPT checkpoints (``make-tiny``: sharded safetensors, Lumina's (1, d)
 q/k-norms): the lean logits and features equal the HF path's within 1e-5 in float32 and 1e-10 in float64 — the
@@ -156,8 +156,8 @@ def test_random_init_is_the_hf_model(kv_heads: int) -> None:
     """``random_init`` (``model=tiny_chameleon``, the cost model's 7B shape): the lean path converts the HF path's
     seeded model, so both decode the same weights (also with grouped K/V heads); the conversion empties the HF
     layers as it goes."""
-    from adtbench.models.chameleon import random_chameleon
-    from adtbench.models.chameleon_lean import lean_from_hf
+    from adtbench.models.chameleon.lean import lean_from_hf
+    from adtbench.models.chameleon.target import random_chameleon
 
     over = {"dtype": "float64", "arch.num_key_value_heads": kv_heads}
     hf = build_target(model_cfg("tiny_chameleon", impl="hf", attn_implementation="sdpa", **over))
@@ -284,8 +284,8 @@ def test_impl_selects_the_path_and_bad_values_name_the_key(tiny_dir: Path) -> No
 
     from adtbench.harness import schema
     from adtbench.harness.config import register_resolvers
-    from adtbench.models.chameleon import ChameleonTarget
-    from adtbench.models.lumina import LeanLuminaTarget, LuminaTarget
+    from adtbench.models.chameleon.lumina import LeanLuminaTarget, LuminaTarget
+    from adtbench.models.chameleon.target import ChameleonTarget
 
     assert isinstance(load(tiny_dir, "anole", "hf", "float64"), ChameleonTarget)
     assert isinstance(load(tiny_dir, "lumina_mgpt", "hf", "float64"), LuminaTarget)

@@ -164,7 +164,7 @@ def test_vq_diagnosis_of_another_tokenizer(tmp_path) -> None:
 
     from safetensors.torch import save_file
 
-    from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
+    from adtbench.models.llamagen.vq import LlamaGenVQConfig, LlamaGenVQModel
 
     cfg = json.loads((D.WEIGHTS / "vq" / "config.json").read_text()) | {"encoder": "local"}
     model = LlamaGenVQModel.tiny_random(LlamaGenVQConfig(**cfg), 0)

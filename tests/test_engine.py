@@ -42,7 +42,7 @@ def with_cost(policy):
 
 def _skip_missing(name):
     if name == "tiny_chameleon":
-        pytest.importorskip("adtbench.models.chameleon")
+        pytest.importorskip("adtbench.models.chameleon.target")
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -317,7 +317,7 @@ def test_eval_mini_with_injected_stand_in(tmp_path):
 def test_eval_mini_with_the_real_module(tmp_path):
     """The shipped mini evaluator on ground-truth scene renders: correct pairs agree more than shuffled ones.
     Module and weights are shipped: their absence is a packaging failure, not a skip."""
-    from adtbench.models import mini_evaluator
+    from adtbench.models.mini import evaluator as mini_evaluator
     from adtbench.scenes import iter_split, render
 
     assert (Path(mini_evaluator.DEFAULT_PATH) / "model.safetensors").is_file(), "the shipped evaluator weights"

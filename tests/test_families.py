@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from conftest import run_in_process
 from omegaconf import OmegaConf
 
+from adtbench.algorithm.ar import ar_tokens
 from adtbench.algorithm.drafters.eagle import EagleConfig
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
@@ -65,7 +66,7 @@ _CACHE: dict[tuple, object] = {}
 def load(fam: str, path: Path, **over):
     key = (fam, str(path), tuple(sorted(over.items())))
     if key not in _CACHE:
-        _CACHE[key] = build_target(model_cfg(fam, path, **over))
+        _CACHE[key] = build_target(model_cfg(fam, path, **over), plain_decode=ar_tokens)
     return _CACHE[key]
 
 
@@ -180,7 +181,7 @@ def test_lumina_qk_norm_trap(tiny) -> None:
 
 
 def test_lumina_layout_and_prompt(tiny) -> None:
-    from adtbench.models.lumina import EOL_NAME, size_token_name
+    from adtbench.models.chameleon.lumina import EOL_NAME, size_token_name
 
     root, _ = tiny
     t = load("lumina_mgpt", root / "lumina_mgpt")
@@ -244,7 +245,7 @@ def test_lumina_temperature_sampling_runs(tiny) -> None:
 
 @pytest.mark.parametrize("layout", ["official", "bare", "lantern"])
 def test_llamagen_checkpoint_layouts(tiny, layout: str) -> None:
-    from adtbench.models.llamagen_gpt import load_gpt_state_dict
+    from adtbench.models.llamagen.gpt import load_gpt_state_dict
 
     root, refs = tiny
     d = root / ("llamagen_t2i" if layout == "official" else f"llamagen_t2i_{layout}")
@@ -297,7 +298,7 @@ def test_llamagen_c2i_prompts(tiny) -> None:
 
 
 def test_tar_loads_llava_checkpoint(tiny) -> None:
-    from adtbench.models.tar import TarLMTarget
+    from adtbench.models.tar.target import TarLMTarget
 
     root, refs = tiny
     cfg = json.loads((root / "tar" / "config.json").read_text())
@@ -325,9 +326,30 @@ def test_tar_lm_stage(tiny) -> None:
     assert img.shape == (8, 8, 3)
 
 
+@pytest.mark.parametrize("stage", ["lm", "detok"])
+def test_tar_runs_its_other_stage_through_the_loop_it_is_handed(tiny, stage: str) -> None:
+    """The models import nothing of the algorithm layer: Tar's unspeculated stage runs through the ``plain_decode``
+    its builder was handed (``algorithm.ar.ar_tokens``); built without one, it says so when that stage runs."""
+    root, _ = tiny
+    calls = []
+
+    def decode(target, inputs, sp, generator):
+        calls.append(type(target).__name__)
+        return ar_tokens(target, inputs, sp, generator)
+
+    over = {"stage": stage, "detok.file": "ar_dtok_lp_256px.pth"}
+    t = build_target(model_cfg("tar", root / "tar", **over), plain_decode=decode)
+    codes = torch.zeros(t.layout.grid_h, t.layout.grid_w, dtype=torch.long)
+    t.decode_image(codes) if stage == "lm" else t.encode_prompt(TEXT, cfg=True)
+    assert calls == ["ARDTokTarget" if stage == "lm" else "TarLMTarget"]
+    bare = build_target(model_cfg("tar", root / "tar", **over))
+    with pytest.raises(RuntimeError, match="plain_decode"):
+        bare.decode_image(codes) if stage == "lm" else bare.encode_prompt(TEXT, cfg=True)
+
+
 @pytest.mark.parametrize("res,px", [(256, 8), (512, 16)])
 def test_tar_detok_stage(tiny, res: int, px: int) -> None:
-    from adtbench.models.tar_ardtok import ARDTokTarget
+    from adtbench.models.tar.ardtok import ARDTokTarget
 
     root, refs = tiny
     t = load("tar", root / "tar", stage="detok", **{"detok.file": f"ar_dtok_lp_{res}px.pth"})
@@ -340,6 +362,60 @@ def test_tar_detok_stage(tiny, res: int, px: int) -> None:
     check_tree_matches_sequential(t)
     tokens = check_greedy_eagle2_equals_ar(t, 4.0)
     assert t.decode_image(t.layout.tokens_to_codes(tokens)).shape == (px, px, 3)
+
+
+CAPABILITY_CASES = [  # every registered family (``models.registry.FAMILIES``), each implementation and Tar stage
+    ("anole", {}),
+    ("anole", {"impl": "hf"}),
+    ("lumina_mgpt", {}),
+    ("lumina_mgpt", {"impl": "hf"}),
+    ("llamagen_t2i", {}),
+    ("llamagen_c2i", {}),
+    ("tar", {}),
+    ("tar", {"stage": "detok"}),
+    ("mini", None),  # shipped weights: conf/model/mini.yaml as it is
+]
+
+
+def test_the_capability_cases_cover_every_family() -> None:
+    from adtbench.models.registry import FAMILIES
+
+    fams = {str(OmegaConf.load(ROOT / "conf" / "model" / f"{f}.yaml").family) for f, _ in CAPABILITY_CASES}
+    assert fams == set(FAMILIES.names()) - {"anole"}  # family anole is the chameleon adapter under another name
+
+
+@pytest.mark.parametrize("fam,over", CAPABILITY_CASES, ids=lambda x: str(x) if isinstance(x, str) else None)
+def test_every_target_declares_its_capabilities_and_they_hold(tiny, fam: str, over: dict | None) -> None:
+    """A target declares what it offers (``Capabilities``, on its class) and the harness reads the declaration
+    instead of probing: a declared static cache pins and verifies through static buckets, a declared compile has
+    ``compile_forward``, a declared batch target runs under ``BatchTarget`` (and an undeclared one is refused), and
+    the config check's batched families declare batch."""
+    from adtbench.harness.config import BATCHED_FAMILIES
+    from adtbench.models.base import Capabilities, StaticGPTTarget
+    from adtbench.models.batch import BatchTarget
+
+    root, _ = tiny
+    cfg = OmegaConf.load(ROOT / "conf" / "model" / "mini.yaml") if over is None else model_cfg(fam, root / fam, **over)
+    t = build_target(cfg, plain_decode=ar_tokens)  # fresh: pinning must not leak into the shared cache
+    caps = type(t).capabilities
+    assert isinstance(caps, Capabilities) and t.capabilities is caps
+    assert caps.static_cache == callable(getattr(t, "request_static", None)) == isinstance(t, StaticGPTTarget)
+    assert caps.compile == callable(getattr(t, "compile_forward", None))
+    assert not caps.graphs or caps.static_cache  # graphs are captures of the static buckets
+    inputs = t.encode_prompt(TEXT, cfg=t.supports_cfg)
+    if caps.static_cache:
+        t.request_static(graphs=False)
+        t.start(inputs, 4)
+        assert t.static is not None and t.cache is t.pinned
+    if caps.batch:
+        bt = BatchTarget(t, 2, inputs.cfg, t.prompt_length(inputs) + t.layout.num_gen_tokens + 4)
+        res = bt.admit(0, inputs)
+        assert res.logits.shape[-1] == t.layout.vocab_size
+    else:
+        with pytest.raises(TypeError, match="declares batch"):
+            BatchTarget(t, 2, inputs.cfg, 64)
+    if str(cfg.family) in BATCHED_FAMILIES and str(cfg.get("impl", "lean")) == "lean":
+        assert caps.batch
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -373,7 +449,7 @@ def test_codebooks_for_lantern(tiny) -> None:
 
 
 def test_missing_paths_name_key_and_file(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import adtbench.models.chameleon as cham
+    import adtbench.models.chameleon.target as cham
 
     root, _ = tiny
     with pytest.raises(ConfigError, match=r"config.json") as e:
@@ -680,7 +756,7 @@ def test_tar_stage_sampling_reads_its_node() -> None:
     ``build_sampling``), and errors name the stage's key."""
     from adtbench.algorithm.sampling import SamplingParams
     from adtbench.errors import ConfigError
-    from adtbench.models.tar import _sampling
+    from adtbench.models.tar.target import _sampling
 
     got = _sampling({"temperature": 0.5, "top_k": 7}, SamplingParams(cfg_scale=2.0), "model.lm_sampling")
     assert got == SamplingParams(temperature=0.5, top_k=7, top_p=1.0, cfg_scale=2.0)

@@ -27,6 +27,7 @@ from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness import job
 from adtbench.models import graphs
+from adtbench.models.base import Capabilities
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of, capacity_buckets
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
@@ -330,6 +331,7 @@ def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
 
     def fake(name: str, static: bool) -> SimpleNamespace:
         obj = SimpleNamespace(device=torch.device("cuda"), compile_forward=lambda: calls.append((name, "compile")))
+        obj.capabilities = Capabilities(static_cache=static, graphs=static, compile=True)
         if static:
             obj.request_static = lambda graphs: calls.append((name, graphs))
         return obj

@@ -18,7 +18,7 @@ from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
+from adtbench.models.llamagen.gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.rope import Rope1D, Rope2D, _direct_tables, apply_rope, qkv_tables, rotary, rotate
 
 ONE = torch.ones(1, 1, dtype=torch.bool)

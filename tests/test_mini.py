@@ -88,7 +88,7 @@ def test_sampled_generation_is_valid(mini):
 
 
 def test_evaluator_agrees_with_ground_truth():
-    from adtbench.models.mini_evaluator import load_mini_evaluator
+    from adtbench.models.mini.evaluator import load_mini_evaluator
     from adtbench.scenes import iter_split, render
 
     ev = load_mini_evaluator()

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 
 from adtbench.errors import ConfigError
-from adtbench.models.mini import load_vq
+from adtbench.models.mini.target import load_vq
 from adtbench.models.resample import (
     BicubicResampler,
     LearnedResampler,
@@ -239,7 +239,7 @@ def test_config_errors(vq, tmp_path):
         build_resampler("learned", "learned", vq, 3, SHIPPED)
     assert e.value.key == "policy.upsampler_path"
     # another codebook size / latent dim (the tiny LlamaGen VQ: 64 × 8)
-    from adtbench.models.vq_llamagen import make_tiny_llamagen_vq
+    from adtbench.models.llamagen.vq import make_tiny_llamagen_vq
 
     with pytest.raises(ConfigError, match="64 × 8") as e:
         build_resampler("learned", "nearest", make_tiny_llamagen_vq(0, with_encoder=True), R, SHIPPED)
@@ -253,7 +253,7 @@ def test_config_errors(vq, tmp_path):
         build_resampler("learned", "nearest", other, R, SHIPPED)
     assert e.value.key == "policy.upsampler_path"
     # bicubic needs an encoder
-    from adtbench.models.vq_llamagen import make_tiny_llamagen_vq as tiny_vq
+    from adtbench.models.llamagen.vq import make_tiny_llamagen_vq as tiny_vq
 
     with pytest.raises(ConfigError) as e:
         build_resampler("nearest", "bicubic", tiny_vq(0, with_encoder=False), R, None)

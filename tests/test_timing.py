@@ -23,6 +23,7 @@ import adtbench.harness.job as job
 from adtbench.errors import ConfigError
 from adtbench.harness.config import validate
 from adtbench.harness.stats import bootstrap_ci, ratio_of_totals_ci, summarize
+from adtbench.models.base import Capabilities
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false", "save_images=false"]
@@ -274,12 +275,15 @@ def test_engine_compile_before_warmup(tmp_path: Path, monkeypatch) -> None:
 def test_compile_models_needs_the_method() -> None:
     cfg = config()
     called = []
-    ok = SimpleNamespace(compile_forward=lambda: called.append("x"))
+    compiles = Capabilities(compile=True)
+    ok = SimpleNamespace(compile_forward=lambda: called.append("x"), capabilities=compiles, device="cpu")
     job.compile_models(ok, ok, cfg)
     job.compile_models(ok, None, cfg)
     assert called == ["x"] * 3
     with pytest.raises(ConfigError, match="model family llamagen does not support compile"):
-        job.compile_models(SimpleNamespace(), ok, cfg)
+        job.compile_models(SimpleNamespace(capabilities=Capabilities(), device="cpu"), ok, cfg)
+    with pytest.raises(ConfigError, match="model family llamagen does not support compile"):  # declared, not probed
+        job.compile_models(SimpleNamespace(compile_forward=ok.compile_forward, capabilities=Capabilities()), ok, cfg)
     with pytest.raises(ConfigError, match=r"^engine\.compile: the eagle drafter of llamagen"):
         job.compile_models(ok, SimpleNamespace(), cfg)
 

@@ -99,7 +99,7 @@ def test_vq_and_ar_outputs_load_and_generate(stack):
 
 
 def test_text_encoder_batch_equals_single(stack):
-    from adtbench.models.mini import load_ar, right_align
+    from adtbench.models.mini.target import load_ar, right_align
 
     gpt, text = load_ar(stack["ar"])
     caps = ["a large red circle left of a small blue square on a striped green background", "a small red circle"]
@@ -223,7 +223,7 @@ def test_evaluator_stage(stack, tmp_path):
     over = ["steps=3", "batch_size=4", "eval_count=4", "arch.width=8", "arch.feature_dim=16", "progress=false"]
     info = _run("evaluator", tmp_path / "e", f"vq_path={stack['vq']}", *over)
     assert 0.0 <= info["agreement_true"] <= 1.0 and "agreement_vq_recon" in info
-    from adtbench.models.mini_evaluator import load_mini_evaluator
+    from adtbench.models.mini.evaluator import load_mini_evaluator
 
     ev = load_mini_evaluator(tmp_path / "e" / "final")
     imgs = torch.zeros(2, 64, 64, 3, dtype=torch.uint8)

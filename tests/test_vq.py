@@ -10,16 +10,7 @@ import torch
 from PIL import Image
 
 from adtbench.io import save_png
-from adtbench.models.vq_common import AttnBlock, VQDecoder, to_uint8_images
-from adtbench.models.vq_llamagen import (
-    LlamaGenVQConfig,
-    LlamaGenVQModel,
-    load_llamagen_vq,
-    make_tiny_llamagen_vq,
-    save_llamagen_vq,
-    tiny_llamagen_vq_config,
-)
-from adtbench.models.vq_taming import (
+from adtbench.models.chameleon.vq import (
     TamingVQConfig,
     TamingVQModel,
     load_taming_vqgan,
@@ -27,6 +18,15 @@ from adtbench.models.vq_taming import (
     save_taming_vqgan,
     tiny_taming_vq_config,
 )
+from adtbench.models.llamagen.vq import (
+    LlamaGenVQConfig,
+    LlamaGenVQModel,
+    load_llamagen_vq,
+    make_tiny_llamagen_vq,
+    save_llamagen_vq,
+    tiny_llamagen_vq_config,
+)
+from adtbench.models.vq_common import AttnBlock, VQDecoder, to_uint8_images
 
 GRID = 4  # 4×4 code grid
 
@@ -326,7 +326,7 @@ def test_taming_pickled_extras_raise_clear_error(tmp_path: Path) -> None:
 def test_local_encoder_codes_a_flat_image_with_one_code_whatever_the_weights() -> None:
     """``encoder: local`` (mini-model diagnosis: the official encoder's attention, GroupNorm and zero padding make a
     flat colour many position-dependent codes): no image-wide path, so a flat image is one code everywhere."""
-    from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
+    from adtbench.models.llamagen.vq import LlamaGenVQConfig, LlamaGenVQModel
 
     kw = dict(codebook_size=64, codebook_embed_dim=4, z_channels=32, ch=32, ch_mult=(1, 2), num_res_blocks=1,
               with_encoder=True)  # fmt: skip

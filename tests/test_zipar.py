@@ -21,6 +21,7 @@ from conftest import TINY_OVERRIDES, model_cfg, tiny
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from adtbench.algorithm.ar import ar_tokens
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES, LoopPolicy
 from adtbench.algorithm.policies.zipar import ZipARPolicy
@@ -211,7 +212,7 @@ def load(fam: str, path: Path, **over):
     cfg.path, cfg.device, cfg.dtype = str(path), "cpu", "float64"
     for k, v in over.items():
         OmegaConf.update(cfg, k, v, merge=True)
-    return build_target(cfg)
+    return build_target(cfg, plain_decode=ar_tokens)
 
 
 FAMILY_CASES = [

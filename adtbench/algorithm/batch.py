@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from adtbench import accel
+from adtbench.algorithm.ar import first_token
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
@@ -45,7 +46,7 @@ from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits, sample_rows
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, Verdict, accept, read_verdicts
-from adtbench.models.base import PromptInputs, first_token
+from adtbench.models.base import PromptInputs
 from adtbench.models.batch import BatchTarget, SlotTree
 
 Item = tuple[Any, PromptInputs, torch.Generator | None]  # (the caller's key, the encoded prompt, its generator)

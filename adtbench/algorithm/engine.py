@@ -40,6 +40,7 @@ from typing import Any
 import torch
 
 from adtbench import accel
+from adtbench.algorithm.ar import ar_step, ar_tokens, prefill_token
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.gate import DraftGate
@@ -48,7 +49,7 @@ from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
-from adtbench.models.base import PrefillResult, PromptInputs, Target, ar_step, ar_tokens, prefill_token
+from adtbench.models.base import PrefillResult, PromptInputs, Target
 
 
 def prefill(

@@ -68,13 +68,14 @@ import numpy as np
 import torch
 
 from adtbench import accel
+from adtbench.algorithm.ar import prefill_token
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.errors import ConfigError, check_choice, check_number
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PromptInputs, Target, prefill_token
+from adtbench.models.base import PromptInputs, Target
 
 INITS = ("random", "left", "up", "drafter")
 REDRAWS = ("independent", "coupled")
@@ -673,7 +674,7 @@ def generate_jacobi_batch(
     (ragged) — never the batch minimum, as the SJD reference does. A slot makes the calls and the draws of a B = 1
     decode of its prompt (``decode_jacobi``), in the same order, so its tokens are B = 1's up to the float rounding
     of the batched forward. ``init: drafter`` is not batched (refused by the harness)."""
-    from adtbench.models.base import first_token
+    from adtbench.algorithm.ar import first_token
     from adtbench.models.batch import BatchTarget, SlotTree
 
     clock, layout, dev = Clock(bt.device), bt.layout, bt.device

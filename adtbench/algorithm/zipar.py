@@ -61,12 +61,13 @@ from functools import lru_cache
 
 import torch
 
+from adtbench.algorithm.ar import prefill_token
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import window_schedule
 from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PromptInputs, Target, prefill_token
+from adtbench.models.base import PromptInputs, Target
 
 EOL_INPUT = -1  # ``ForwardPlan.src`` value: the fed token is the layout's end-of-line token
 

@@ -59,7 +59,7 @@ class BatchedDecoder:
     def batch_target(self, inputs: list[Any]) -> BatchTarget:
         """The job's ``BatchTarget``, reallocated only when a prompt needs more columns than it has."""
         t = self.target
-        graphs = getattr(t, "engine_mode", "eager") == "graphs"  # engine.compile on a GPU: the batch's own graphs
+        graphs = t.engine_mode == "graphs"  # engine.compile on a GPU: the batch's own graphs
         nodes = (bucket_of(self.nodes) or self.nodes) if graphs else self.nodes  # room for a bucket's padding
         need = max(t.prompt_length(x) for x in inputs) + t.layout.num_gen_tokens + nodes + 1
         if self.bt is None or self.bt.capacity < need:

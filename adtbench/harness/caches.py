@@ -53,7 +53,7 @@ def cost_key(target: Any, drafter: Any, rows: int) -> dict[str, Any]:
         "device": accel.device_name(dev) if accel.is_cuda(dev) else f"cpu:{_cpu_name()}",
         "dtype": str(target.dtype).replace("torch.", ""),
         "threads": None if accel.is_cuda(dev) else torch.get_num_threads(),
-        "engine": getattr(target, "engine_mode", "eager"),  # eager | compiled | graphs: what the decode will run
+        "engine": target.engine_mode,  # eager | compiled | graphs: what the decode will run
         "rows": int(rows),
         "torch": torch.__version__,
         "method": MEASURE_METHOD if drafter is not None else VERIFY_ONLY_METHOD,

@@ -159,7 +159,7 @@ class Job:
 
     def run_info(self) -> dict[str, Any]:
         """What a summary records of the built job: compile mode, graph capture times, batching, bind time."""
-        static = getattr(self.batched.bt if self.batched and self.batched.bt else self.target, "static", None)
+        static = (self.batched.bt if self.batched and self.batched.bt else self.target).static
         return {
             "engine_compile": self.compiled,
             "graph_capture_s": getattr(static, "capture_s", None),
@@ -175,13 +175,14 @@ def build_models(cfg: DictConfig, policy: Policy | None, eagle: bool = False) ->
     ``policy`` (or whenever ``eagle``: the measurement tools time drafter levels; a seeded random one when
     ``drafter.kind`` is none), a loop policy's own models, or None; compiled under ``engine.compile``
     (``compile_models``) — before any policy is bound, so a cost model is measured on what the run replays."""
+    from adtbench.algorithm.ar import ar_tokens
     from adtbench.models.registry import build_target
 
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
     log.info("loading model=%s (family %s) on %s, %s", cfg.model.get("name"), cfg.model.family,
              cfg.model.device, cfg.model.dtype)  # fmt: skip
-    target = build_target(cfg.model)
+    target = build_target(cfg.model, plain_decode=ar_tokens)
     drafting = eagle or (policy is not None and policy.uses_drafter)
     if drafting:
         node = cfg.drafter if str(cfg.drafter.get("kind")) == "eagle" else OmegaConf.merge(
@@ -209,8 +210,7 @@ def prompt_overflow(target: Any, text: str) -> tuple[int, int, str] | None:
     """``(length, limit, unit)`` when ``text`` is longer than the target's text window, else ``None`` (the target's
     ``text_window()``: word-level encoders count words, tokenizer encoders tokens; targets that take the whole prompt
     into their context have none)."""
-    window = getattr(target, "text_window", None)
-    spec = window() if callable(window) else None
+    spec = target.text_window()
     if spec is None:
         return None
     limit, unit, count = spec
@@ -230,7 +230,7 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
 
 def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:
     """``engine.compile``: on a GPU (and on the simulated one, ``accel``: through the graphs' stand-in), a target with
-    static-shape verifies (``supports_static``: the in-project lean GPTs — LlamaGen, mini, the lean Chameleon) pins
+    static-shape verifies (``capabilities.graphs``: the in-project lean GPTs — LlamaGen, mini, the lean Chameleon) pins
     its KV cache and captures its verify forwards as CUDA graphs at its first prefill, and a drafter with static
     shapes (EAGLE) its ``extend`` / ``expand`` at its first reset (``models.graphs``; both capture times are
     reported); otherwise compile the target's (and the drafter's) forward with ``torch.compile`` and the warm-up
@@ -239,13 +239,8 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = F
     (``BatchTarget.request_static``, captured per batch cache by ``harness.batched``; the batched drafter runs
     eagerly). Sets ``target.engine_mode`` (``graphs`` | ``compiled``; the cost model's cache key and the batched
     decoder read it)."""
-    family = str(cfg.model.family)
-    device = getattr(target, "device", None)
-    graphs = (
-        isinstance(device, torch.device)
-        and accel.graphs_supported(device)
-        and callable(getattr(target, "request_static", None))
-    )
+    family, caps = str(cfg.model.family), target.capabilities
+    graphs = caps.graphs and isinstance(target.device, torch.device) and accel.graphs_supported(target.device)
     drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
     target.engine_mode = "graphs" if graphs else "compiled"
     if graphs and batched:
@@ -260,7 +255,7 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = F
     for name, obj in (("target", target), ("drafter", drafter)):
         if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
             continue
-        fn = getattr(obj, "compile_forward", None)
+        fn = getattr(obj, "compile_forward", None) if name == "drafter" or caps.compile else None
         if not callable(fn):
             what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
             raise ConfigError("engine.compile", f"{what} does not support compile")

@@ -158,7 +158,7 @@ def check_mulo_config(cfg: DictConfig) -> None:
 def _tar_drafter(node: DictConfig, target: Any) -> Any:
     """The AR-DTok of the drafter node's ``detok.file`` as a ``Target`` on the target's VQ, device and dtype."""
     from adtbench.models.registry import get, resolve_dir, resolve_file
-    from adtbench.models.tar_ardtok import ARDTokTarget, load_ardtok
+    from adtbench.models.tar.ardtok import ARDTokTarget, load_ardtok
 
     try:
         base = resolve_dir("model.path", get(node, "path"), ["config.json"])
@@ -205,7 +205,7 @@ def build_mulo_models(cfg: DictConfig, target: Any) -> MuloModels:
         )
     up, down = str(cfg.policy.get("upsampler", "learned")), str(cfg.policy.get("downsampler", "learned"))
     path = _upsampler_path(cfg)
-    resampler = build_resampler(up, down, getattr(target, "vq", None), r, None if path is None else str(path))
+    resampler = build_resampler(up, down, target.vq, r, None if path is None else str(path))
     neighbours = None
     if params.k > 0:
         k = min(params.k, lt.num_codes - 1)

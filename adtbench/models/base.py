@@ -41,15 +41,14 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits
 from adtbench.layout import TokenLayout
 from adtbench.models.rope import Rope
+from adtbench.sampling_params import SamplingParams
 
 log = logging.getLogger("adtbench")
 
@@ -72,8 +71,25 @@ class PrefillResult:
     valid: torch.Tensor  # [R, P] bool: real tokens (False on padding)
 
 
+@dataclass(frozen=True)
+class Capabilities:
+    """What a target offers beyond the ``Target`` interface: declared by its class (``Target.capabilities``), read by
+    the harness (``job.compile_models``, ``harness.batched``) — never probed with ``getattr``. Each family's
+    declaration is checked against its behaviour (``tests/test_families.py``)."""
+
+    static_cache: bool = False  # ``request_static``: one pinned KV cache, verifies through static-shape buckets
+    graphs: bool = False  # those buckets capture as CUDA graphs (``engine.compile`` on a GPU; ``models.graphs``)
+    compile: bool = False  # ``compile_forward``: the network's layer stack through ``torch.compile``
+    batch: bool = False  # ``models.batch.BatchTarget`` decodes B prompts per forward over its network
+
+
 class Target(ABC):
     """A verifiable AR image model (see module docstring)."""
+
+    capabilities: ClassVar[Capabilities] = Capabilities()  # a target declares what it offers (``Capabilities``)
+    engine_mode: str = "eager"  # what its forwards run as: eager | compiled | graphs (``job.compile_models`` sets it)
+    vq: Any = None  # the VQ image decoder of ``decode_image`` and ``codebook``; None: none (or another route: Tar LM)
+    static: Any = None  # the static-shape verifier over the pinned cache (``capabilities.static_cache``); None: off
 
     layout: TokenLayout
     hidden_size: int
@@ -84,6 +100,7 @@ class Target(ABC):
     supports_cfg: bool = True
     device: torch.device
     dtype: torch.dtype
+    plain_decode: PlainDecode | None = None  # the plain AR loop its own unspeculated stage runs (Tar): see PlainDecode
 
     def __init__(self) -> None:
         self.length = 0
@@ -128,7 +145,7 @@ class Target(ABC):
         """VQ codes ``[grid_h, grid_w]`` → uint8 image ``[H, W, 3]`` through ``self.vq`` (override for other paths)."""
         from adtbench.models.vq_common import to_uint8_images
 
-        vq = getattr(self, "vq", None)
+        vq = self.vq
         if vq is None:
             raise RuntimeError(f"{type(self).__name__}: no VQ decoder configured (model.vq)")
         h, w = codes.shape
@@ -152,9 +169,18 @@ class Target(ABC):
             return limit, "tokens", lambda text: len(tok(text, add_special_tokens=True)["input_ids"])
         return None
 
+    def plain_decoder(self) -> PlainDecode:
+        """``plain_decode``, or a RuntimeError saying who hands it over (a target running a stage plainly needs it)."""
+        if self.plain_decode is None:
+            raise RuntimeError(
+                f"{type(self).__name__} runs a stage plainly: build it with a plain AR loop "
+                "(models.registry.build_target(cfg, plain_decode=algorithm.ar.ar_tokens))"
+            )
+        return self.plain_decode
+
     def codebook(self) -> torch.Tensor:
         """The VQ codebook ``[num_codes, d]`` (row c = code c; token id = c + layout.image_token_offset)."""
-        vq = getattr(self, "vq", None)
+        vq = self.vq
         if vq is None:
             raise RuntimeError(f"{type(self).__name__} has no VQ model: no codebook for LANTERN neighbourhoods")
         return vq.codebook()
@@ -237,6 +263,13 @@ class Target(ABC):
         self.valid[:, start : start + k] = True
 
 
+PlainDecode = Callable[[Target, PromptInputs, SamplingParams, "torch.Generator | None"], list[int]]
+"""A plain AR loop ``(target, inputs, sampling, generator) → the generated token ids`` — ``algorithm.ar.ar_tokens``.
+A target whose adapter runs one of its stages unspeculated (Tar: the LM pass before a speculated AR-DTok, the AR-DTok
+pass after a speculated LM) is handed one by its builder (``registry.build_target(cfg, plain_decode=...)``): the
+models import nothing of the algorithm layer, whose sampling law chooses the tokens."""
+
+
 class StaticGPTTarget(Target):
     """Target hooks shared by in-project GPTs (LlamaGen, AR-DTok): ``self.net`` exposes ``tok_embeddings``,
     ``output`` and ``forward_embeds(x, pos, mask, cache, start)``; K/V live in a ``StaticKVCache``.
@@ -244,10 +277,11 @@ class StaticGPTTarget(Target):
     Masks are additive (0 / −inf, model dtype): ``key_bias [R, capacity]`` holds the committed columns' term (kept up
     to date by ``start`` and ``commit``), so a verify mask is one ``cat`` of it with the tree's block."""
 
+    capabilities: ClassVar[Capabilities] = Capabilities(static_cache=True, graphs=True, compile=True, batch=True)
+
     net: Any
     cache: Any = None
     key_bias: torch.Tensor | None = None
-    static: Any = None  # ``graphs.StaticVerifier`` over the pinned cache, None: variable shapes
     image_head = True  # the LM head over the rows the layout can emit only (``logits_head``); False: every row
     _head_weight: tuple[Any, ...] | None = None  # (weight, (storage, dtype, span), its rows' transposed view)
     pinned: Any = None  # the one KV cache every image reuses under ``request_static``
@@ -406,67 +440,3 @@ class StaticGPTTarget(Target):
 
     def full_lm_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.net.output(features)
-
-
-def prefill_token(
-    target: Target, inputs: PromptInputs, sp: SamplingParams, max_tree_nodes: int, generator: torch.Generator | None
-) -> tuple[torch.Tensor, PrefillResult]:
-    """Run the prompt and choose the first image token; returns (that token ``[]`` on the device, ``PrefillResult``)."""
-    res = target.start(inputs, max_tree_nodes)
-    return first_token(res, target.layout, sp, generator), res
-
-
-def first_token(
-    res: PrefillResult, layout: TokenLayout, sp: SamplingParams, generator: torch.Generator | None
-) -> torch.Tensor:
-    """The first image token (``[]`` on the device) from a prompt's prefill: its logits processed at generation
-    index 0, then argmax or one draw."""
-    processed = process_logits(res.logits[:, None], 0, layout, sp)[0]
-    return next_token_tensor(processed, sp, generator)
-
-
-@lru_cache(maxsize=16)
-def one_node(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ancestor mask ``[1, 1]``, depth ``[1]``) of a one-node tree on ``device``; its depth is also the node ``commit``
-    keeps. Cached, never written."""
-    return torch.ones(1, 1, dtype=torch.bool, device=device), torch.zeros(1, dtype=torch.long, device=device)
-
-
-def ar_step(
-    target: Target, token: torch.Tensor, gen_idx: int, sp: SamplingParams, generator: torch.Generator | None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One plain AR step: forward ``token`` (``[]`` or ``[1]`` on the device) alone (a one-node tree), commit it,
-    choose the token at generation index ``gen_idx``. Returns (that token ``[]`` on the device, the processed logits
-    ``[V]`` it was chosen from, the features ``[R, 1, H]``); nothing is read. The AR baseline's step and the
-    speculative loop's gated step (``engine.generate``) alike."""
-    mask, first = one_node(target.valid.device)
-    raw, feats = target.verify_forward(token.view(1), mask, first)
-    processed = process_logits(raw, gen_idx, target.layout, sp)[0]
-    target.commit(first, in_place=True)
-    return next_token_tensor(processed, sp, generator), processed, feats
-
-
-@torch.no_grad()
-def ar_tokens(
-    target: Target,
-    inputs: PromptInputs,
-    sp: SamplingParams,
-    generator: torch.Generator | None,
-    on_prefill: Callable[[], None] | None = None,
-) -> list[int]:
-    """Plain AR decoding over the ``Target`` interface: ``layout.num_gen_tokens`` generated token ids.
-
-    The prefill samples token 0; each further step is an ``ar_step``. The tokens stay on the device until the image
-    is complete (one host read per image, gpt-fast's loop). Invariant: the same calls and random draws as
-    ``engine.decode_ar``, so a seeded ``generator`` gives the same tokens. ``on_prefill`` is called once, right after
-    the first token is sampled (a timing hook). The model layer's own plain passes (Tar's other stage) run through
-    this.
-    """
-    token, _ = prefill_token(target, inputs, sp, 1, generator)
-    if on_prefill is not None:
-        on_prefill()
-    tokens = [token]
-    for g in range(1, target.layout.num_gen_tokens):
-        token = ar_step(target, token, g, sp, generator)[0]
-        tokens.append(token)
-    return [int(t) for t in torch.stack(tokens).tolist()]

@@ -88,8 +88,8 @@ class BatchTarget:
     ``capacity``: cache columns per row (the longest prompt + the image + one tree)."""
 
     def __init__(self, target: StaticGPTTarget, slots: int, cfg: bool, capacity: int) -> None:
-        if not isinstance(target, StaticGPTTarget):
-            raise TypeError(f"{type(target).__name__}: batched decoding needs a static-cache target")
+        if not target.capabilities.batch:
+            raise TypeError(f"{type(target).__name__}: batched decoding needs a target that declares batch")
         self.target, self.B, self.c, self.capacity = target, slots, (2 if cfg else 1), capacity
         self.rows = self.B * self.c
         self.device, self.dtype, self.layout = target.device, target.dtype, target.layout

@@ -4,7 +4,7 @@
 q/k-norm tensors stored as ``(d0, head_dim)`` with ``d0`` < heads (Lumina-mGPT's pre-release layout, models.md
 §1.4) are expanded with ``repeat_interleave`` to ``(heads, head_dim)``; every other shape must match, and only
 ``model.vqmodel.*`` (the unused VQ encoder) may be missing. ``open_chameleon_checkpoint`` (file checks, config,
-shapes) and ``shape_mismatches`` are shared with the lean loader (``chameleon_lean.load_chameleon_net``).
+shapes) and ``shape_mismatches`` are shared with the lean loader (``chameleon.lean.load_chameleon_net``).
 Tokenizers: ``HFTokenizer`` (a transformers tokenizer folder) and ``HashTokenizer`` (the stand-in over a tiny
 vocabulary's filler ids).
 """
@@ -67,7 +67,7 @@ def open_chameleon_checkpoint(
 
     Checks (``ConfigError(key, …)``): at least one safetensors shard, each structurally whole (``check_weights``),
     and a ``config.json`` with a ``vocabulary_map``. Both loaders (``load_chameleon_lm``, the lean
-    ``chameleon_lean.load_chameleon_net``) start here.
+    ``chameleon.lean.load_chameleon_net``) start here.
     """
     from transformers import ChameleonConfig
 

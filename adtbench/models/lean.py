@@ -1,6 +1,6 @@
 """Lean inference kernels shared by the in-project GPTs and the EAGLE drafter (the CPU per-op-overhead regime).
 
-The modules (``llamagen_gpt.Block``, ``eagle.EagleLayer``) stay the specification and the autograd (training)
+The modules (``llamagen.gpt.Block``, ``eagle.EagleLayer``) stay the specification and the autograd (training)
 path. ``decoder_layer`` computes the same function under ``no_grad`` with fewer aten ops and no ``nn.Module``
 dispatch:
 

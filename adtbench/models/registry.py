@@ -32,15 +32,15 @@ import torch
 
 from adtbench import accel
 from adtbench.errors import ConfigError
-from adtbench.models.base import Target
+from adtbench.models.base import PlainDecode, Target
 from adtbench.registry import Registry
 
 FAMILIES: Registry[Target] = Registry("model.family")
 """``model.family`` → the adapter's ``build_target(model_cfg)``, registered lazily by dotted path so that
 selecting one family never imports another's dependencies (transformers, sentencepiece …)."""
 for _family, _module in (
-    ("llamagen", "llamagen"), ("chameleon", "chameleon"), ("anole", "chameleon"), ("lumina", "lumina"),
-    ("tar", "tar"), ("mini", "mini"),
+    ("llamagen", "llamagen.target"), ("chameleon", "chameleon.target"), ("anole", "chameleon.target"),
+    ("lumina", "chameleon.lumina"), ("tar", "tar.target"), ("mini", "mini.target"),
 ):  # fmt: skip
     FAMILIES.register(_family, f"adtbench.models.{_module}:build_target")
 
@@ -62,12 +62,19 @@ def model_impl(cfg: Any) -> str:
     return impl
 
 
-def build_target(cfg: Any) -> Target:
+PLAIN_STAGE_FAMILIES = frozenset({"tar"})
+"""Families whose adapter runs a stage of its own plainly: their builder takes ``plain_decode`` (``PlainDecode``)."""
+
+
+def build_target(cfg: Any, plain_decode: PlainDecode | None = None) -> Target:
     """The target of the model node ``cfg`` (its checkpoint's sidecar merged in first); unknown families are a
-    ConfigError naming ``model.family``."""
-    builder = FAMILIES.get(str(cfg.family))
+    ConfigError naming ``model.family``. ``plain_decode``: the plain AR loop (``algorithm.ar.ar_tokens``) a family
+    that runs a stage plainly (``PLAIN_STAGE_FAMILIES``: Tar) is built with; the models import nothing of the
+    algorithm layer, so whoever builds a target hands it over (the harness's ``job.build_models`` does)."""
+    family = str(cfg.family)
+    builder = FAMILIES.get(family)
     apply_sidecar(cfg)
-    return builder(cfg)
+    return builder(cfg, plain_decode=plain_decode) if family in PLAIN_STAGE_FAMILIES else builder(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -252,7 +252,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         **per,
         "timing": "CUDA events" if device.type == "cuda" else "perf_counter marks",
         "engine_compile": job.compiled,
-        "engine_mode": getattr(target, "engine_mode", "eager"),  # graphs | compiled | eager
+        "engine_mode": target.engine_mode,  # graphs | compiled | eager
         "graph_replays_per_cycle": timer.replays / cycles,
         "static_runs_per_cycle": timer.static_runs / cycles,
         "model_calls_per_cycle": {k: v / cycles for k, v in timer.calls.items()},
@@ -362,7 +362,7 @@ def cost(cfg: Any) -> dict:
     cuda = target.device.type == "cuda"  # a real GPU: its bandwidth (never a simulated device's)
     weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
     bandwidth = device_bandwidth(target.device) if cuda else None
-    t_static, d_static = getattr(target, "static", None), getattr(drafter, "static", None)
+    t_static, d_static = target.static, getattr(drafter, "static", None)
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
         "device": accel.device_name(target.device)

@@ -259,16 +259,16 @@ def _head_call(target: Any) -> tuple[Any, str]:
 @torch.no_grad()
 def step_ops(target: Any, sp: Any, nodes: int = 1, static: bool = False, fill: float = 0.5) -> dict:
     """The aten ops of one step of ``target`` by phase (``STEP_PHASES``; module docstring): an AR step (``nodes`` 1:
-    ``base.ar_step``, forward + processing + token choice + commit) or a verify of a chain of ``nodes`` tokens
+    ``ar.ar_step``, forward + processing + token choice + commit) or a verify of a chain of ``nodes`` tokens
     (forward + processing of every node). ``static``: through the static-shape buckets (``request_static``, no
     capture: the forward a CUDA graph captures) on a fresh prefill, after ``fill`` of the image was committed (random
     tokens: ``cost.fill_cache_to``, as the cost model measures). The second of two identical steps is counted (the first
     builds the per-device caches). Returns per phase ``ops`` / ``views`` / ``kernels`` / matmul MFLOP, the per-layer
     figures and the key columns each layer's attention reads against the live KV length.
     """
+    from adtbench.algorithm import ar
     from adtbench.algorithm.cost import fill_cache_to
     from adtbench.algorithm.sampling import process_logits
-    from adtbench.models import base
 
     if static:
         target.request_static(graphs=False)
@@ -281,7 +281,7 @@ def step_ops(target: Any, sp: Any, nodes: int = 1, static: bool = False, fill: f
 
     def step() -> None:
         if nodes == 1:
-            base.ar_step(target, token, 1, sp, None)
+            ar.ar_step(target, token, 1, sp, None)
             return
         raw, _ = target.verify_forward(token.expand(nodes).clone(), chain, depth)
         process_logits(raw, depth + 1, lay, sp)
@@ -292,8 +292,8 @@ def step_ops(target: Any, sp: Any, nodes: int = 1, static: bool = False, fill: f
         ("adtbench.models.lean", "decoder_layer", LAYERS),
         (*_head_call(target), HEAD),
         (target, "verify_forward", NET_REST),
-        (base, "process_logits", PROCESSING),
-        (base, "next_token_tensor", PROCESSING),
+        (ar, "process_logits", PROCESSING),
+        (ar, "next_token_tensor", PROCESSING),
         (target, "commit", COMMIT),
     ]
     live = target.length
@@ -348,6 +348,7 @@ def count_table(model: str, rows: list[dict]) -> str:
 
 def main(args: list[str]) -> int:
     """``adtbench bench count [overrides]`` (module docstring): one fresh target per (path, nodes)."""
+    from adtbench.algorithm.ar import ar_tokens
     from adtbench.algorithm.sampling import build_sampling
     from adtbench.errors import ConfigError
     from adtbench.harness.config import compose_config, resolve_paths
@@ -364,7 +365,7 @@ def main(args: list[str]) -> int:
             if str(path) not in ("eager", "static"):
                 raise ConfigError("bench.paths", f"paths are eager or static, got {path!r}")
             for n in cfg.bench.nodes:
-                target = build_target(cfg.model)
+                target = build_target(cfg.model, plain_decode=ar_tokens)
                 rows.append(step_ops(target, sp, int(n), str(path) == "static", float(cfg.bench.fill)))
     except ConfigError as e:
         print(f"adtbench: config error: {e}")

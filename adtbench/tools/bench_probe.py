@@ -20,7 +20,7 @@ KV length), then, per verify bucket b (1 … 128 nodes):
 - ``max_abs_diff`` / ``rel_diff`` / ``argmax_agree``: the graphed verify's logits against the eager variable-shape
   forward of the same tree at the same KV state (max |Δ|, ‖Δ‖ / ‖eager‖, the share of nodes whose argmax agrees).
 
-The drafter's buckets get ``replay_ms`` too. Per AR step (``models.base.ar_step``: the root verified alone, its
+The drafter's buckets get ``replay_ms`` too. Per AR step (``algorithm.ar.ar_step``: the root verified alone, its
 logits processed, a token chosen, committed), graphed and eager (the variable-shape forward): its time (``bench.
 repeats`` steps back to back between two marks) and its device work — on CUDA ``torch.profiler``'s count of kernels
 run, of kernel launches (``cudaLaunchKernel`` …) and of graph launches (``cudaGraphLaunch``) per step; on the
@@ -134,11 +134,11 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     passes it: the overhead run is that command's), called as ``overhead(cfg, target=…, drafter=…)``; None skips it."""
     from omegaconf import OmegaConf
 
+    from adtbench.algorithm.ar import ar_step
     from adtbench.algorithm.cost import fill_cache_to, random_tree, target_parameters
     from adtbench.algorithm.sampling import SamplingParams
     from adtbench.harness.config import build_sampling, register_resolvers
     from adtbench.harness.job import build_models
-    from adtbench.models.base import ar_step
     from adtbench.models.graphs import BUCKETS
     from adtbench.tools.bench_cycle import device_bandwidth
 
@@ -152,7 +152,7 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
         raise ConfigError("bench.repeats", f"must be positive, got {repeats}")
     # the app's models with an EAGLE drafter, compiled as ``engine.compile=true`` does (the probe's premise)
     target, drafter = build_models(OmegaConf.merge(cfg, {"engine": {"compile": True}}), None, eagle=True)
-    if getattr(target, "engine_mode", None) != "graphs":
+    if target.engine_mode != "graphs":
         raise ConfigError("model.device", "the probe times CUDA graphs: a model with static verifies on a CUDA device "
                           f"(or ADTBENCH_SIMULATE_DEVICE=cuda), not {target.device}")  # fmt: skip
     sp = build_sampling(cfg.sampling)

@@ -7,8 +7,8 @@ hyper-parameters) go into the ``adtbench.json`` sidecar (``registry`` convention
 folder is. Then ``python run.py model=<family> model.path=DIR policy=eagle2`` runs end to end.
 
 Families and their writers (each beside the loader it must mirror; the module docstrings list the layouts):
-``anole``, ``lumina_mgpt`` → ``models/chameleon_tiny.py``; ``llamagen_t2i``, ``llamagen_c2i`` (``layout=official|
-bare|lantern``) → ``models/llamagen_tiny.py``; ``tar`` → ``models/tar_tiny.py``. Shared helpers (sizes, tokenizers,
+``anole``, ``lumina_mgpt`` → ``models/chameleon/tiny.py``; ``llamagen_t2i``, ``llamagen_c2i`` (``layout=official|
+bare|lantern``) → ``models/llamagen/tiny.py``; ``tar`` → ``models/tar/tiny.py``. Shared helpers (sizes, tokenizers,
 sidecar): ``models/tiny_common.py``. This module only dispatches (``Registry`` over lazy dotted paths, so
 writing one family imports no other's writer) and parses the CLI.
 """
@@ -21,16 +21,16 @@ from typing import Any
 
 import torch
 
-from adtbench.models.llamagen_tiny import LAYOUTS
+from adtbench.models.llamagen.tiny import LAYOUTS
 from adtbench.models.tiny_common import run_command
 from adtbench.registry import Registry
 
 _WRITER_PATHS = {
-    "anole": "adtbench.models.chameleon_tiny:write_tiny_anole",
-    "lumina_mgpt": "adtbench.models.chameleon_tiny:write_tiny_lumina",
-    "llamagen_t2i": "adtbench.models.llamagen_tiny:write_tiny_t2i",
-    "llamagen_c2i": "adtbench.models.llamagen_tiny:write_tiny_c2i",
-    "tar": "adtbench.models.tar_tiny:write_tiny",
+    "anole": "adtbench.models.chameleon.tiny:write_tiny_anole",
+    "lumina_mgpt": "adtbench.models.chameleon.tiny:write_tiny_lumina",
+    "llamagen_t2i": "adtbench.models.llamagen.tiny:write_tiny_t2i",
+    "llamagen_c2i": "adtbench.models.llamagen.tiny:write_tiny_c2i",
+    "tar": "adtbench.models.tar.tiny:write_tiny",
 }
 WRITERS: Registry[dict[str, Any]] = Registry("model")  # make-tiny's ``model=`` argument
 for _name, _path in _WRITER_PATHS.items():

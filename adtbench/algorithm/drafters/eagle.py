@@ -48,7 +48,7 @@ from adtbench.models.lean import (
     stack_fn,
     stack_memo,
 )
-from adtbench.models.llamagen_gpt import RMSNorm
+from adtbench.models.llamagen.gpt import RMSNorm
 from adtbench.models.rope import Rope, apply_rope, rotary
 
 log = logging.getLogger("adtbench")

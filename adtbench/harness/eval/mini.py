@@ -1,6 +1,6 @@
 """The mini evaluator: the CPU default for real quality numbers on a machine with no external weights.
 
-Contract with ``adtbench.models.mini_evaluator`` (loaded through ``eval.mini.loader`` = ``"module:function"``,
+Contract with ``adtbench.models.mini.evaluator`` (loaded through ``eval.mini.loader`` = ``"module:function"``,
 called as ``function(path)`` when ``eval.mini.path`` is set, else ``function()`` — the module's shipped weights,
 ``DEFAULT_PATH``) — the returned object has
 

@@ -17,7 +17,7 @@ from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import file_sha256, node_get
 from adtbench.harness.eval.context import EvalContext
 
-DEFAULT_LOADER = "adtbench.models.mini_evaluator:load_mini_evaluator"
+DEFAULT_LOADER = "adtbench.models.mini.evaluator:load_mini_evaluator"
 
 
 def _resolve_loader(spec: str) -> tuple[Any, Any]:

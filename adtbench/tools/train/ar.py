@@ -44,8 +44,8 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.io import atomic_write_json, save_png
-from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
-from adtbench.models.mini import MiniTextEncoder, TextEncoderConfig, ar_config_dict, load_vq, right_align
+from adtbench.models.llamagen.gpt import GPTConfig, LlamaGenGPT
+from adtbench.models.mini.target import MiniTextEncoder, TextEncoderConfig, ar_config_dict, load_vq, right_align
 from adtbench.models.registry import resolve_device
 from adtbench.scenes import ATTRIBUTES, VOCAB, parse_caption, to_tensor_range
 from adtbench.tools.train.common import (
@@ -272,7 +272,7 @@ def sample_grid(cfg: DictConfig, model: ARModel, vq, captions: list[str], dev: t
 
     from adtbench.algorithm.engine import decode_ar
     from adtbench.harness.config import build_sampling
-    from adtbench.models.llamagen import LlamaGenTarget
+    from adtbench.models.llamagen.target import LlamaGenTarget
 
     target = LlamaGenTarget(model.gpt, vq, model.text.encode, device=dev)
     sp = build_sampling(cfg.sampling)
@@ -287,7 +287,7 @@ def sample_grid(cfg: DictConfig, model: ARModel, vq, captions: list[str], dev: t
     save_png(grid, out / "samples.png")
     stats: dict = {"sample_captions": captions}
     try:
-        from adtbench.models.mini_evaluator import load_mini_evaluator
+        from adtbench.models.mini.evaluator import load_mini_evaluator
 
         ev = load_mini_evaluator()
         stats["sample_agreement"] = float(np.mean(ev.score(np.stack(imgs), captions)))

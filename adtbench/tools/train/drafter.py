@@ -242,7 +242,7 @@ def scene_sequences(target: Target, seed: int, split: str, count: int, size: int
     """(caption, tokens) of procedural scenes coded by the target's own VQ (raster layouts only)."""
     from adtbench.scenes import to_tensor_range
 
-    vq = getattr(target, "vq", None)
+    vq = target.vq
     lay = target.layout
     if vq is None or not hasattr(vq, "encode"):
         raise ValueError("teacher.source=scenes needs a target whose VQ has an encoder (e.g. model=mini)")
@@ -365,10 +365,11 @@ def build_student(cfg: DictConfig, target: Target) -> EagleDrafter:
 
 
 def run(cfg: DictConfig) -> dict:
+    from adtbench.algorithm.ar import ar_tokens
     from adtbench.models.registry import build_target
 
     out = stage_dir(cfg)
-    target = build_target(cfg.model)
+    target = build_target(cfg.model, plain_decode=ar_tokens)
     freeze(target)
     t0 = time.perf_counter()
     train = build_teacher(cfg, target, out, "train", int(cfg.teacher.count))

@@ -1,4 +1,4 @@
-"""Stage ``evaluator``: train the mini evaluator (``adtbench.models.mini_evaluator``) on scene ground truth.
+"""Stage ``evaluator``: train the mini evaluator (``adtbench.models.mini.evaluator``) on scene ground truth.
 
 Each step renders ``batch_size`` fresh train-split scenes at ``arch.image_size`` px (scene ``i`` of stream
 ``data.seed``, indices drawn from the step generator; held-out captions are skipped), applies light augmentation
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench.io import atomic_write_json
-from adtbench.models.mini_evaluator import EvaluatorConfig, MiniEvaluator, config_dict
+from adtbench.models.mini.evaluator import EvaluatorConfig, MiniEvaluator, config_dict
 from adtbench.models.registry import resolve_device
 from adtbench.resources import PACKAGE_DIR
 from adtbench.scenes import ATTRIBUTES, attributes, caption_split, iter_split, render, sample_scene, to_tensor_range
@@ -124,7 +124,7 @@ def evaluate(model: MiniEvaluator, cfg: DictConfig) -> dict:
     }
     vq_path = cfg.get("vq_path")
     if vq_path and (Path(str(vq_path)) / "model.safetensors").exists():
-        from adtbench.models.mini import load_vq
+        from adtbench.models.mini.target import load_vq
 
         vq = load_vq(str(vq_path))
         x = to_tensor_range(imgs64)
@@ -144,7 +144,7 @@ def rescore(weights: Path, vq_path: Path) -> dict:
     for a shipped one — and its weights hash)."""
     import hashlib
 
-    from adtbench.models.mini_evaluator import load_mini_evaluator
+    from adtbench.models.mini.evaluator import load_mini_evaluator
 
     info_path = weights / "train_info.json"
     info = json.loads(info_path.read_text())

@@ -48,6 +48,7 @@ def _sampling_params(name: str = "default") -> Any:
 
 def load_models(model: str = "mini", drafter: str = "mini", device: str | None = None) -> tuple[Any, Any]:
     """The target ``conf/model/<model>.yaml`` (on ``device`` when given, e.g. ``cuda``) and its drafter."""
+    from adtbench.algorithm.ar import ar_tokens
     from adtbench.harness.config import register_resolvers
     from adtbench.harness.drafters import build_drafter
     from adtbench.models.registry import build_target
@@ -56,7 +57,7 @@ def load_models(model: str = "mini", drafter: str = "mini", device: str | None =
     cfg = OmegaConf.load(conf_dir() / "model" / f"{model}.yaml")
     if device is not None:
         cfg.device = device
-    target = build_target(cfg)
+    target = build_target(cfg, plain_decode=ar_tokens)
     d = build_drafter(OmegaConf.load(conf_dir() / "drafter" / f"{drafter}.yaml"), target)
     return target, d
 
@@ -148,7 +149,7 @@ def sample_grid(out: Path, n: int = 8, seed: int = 0, device: str | None = None)
 
     from adtbench.algorithm.engine import decode_ar, generate
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-    from adtbench.models.mini_evaluator import load_mini_evaluator
+    from adtbench.models.mini.evaluator import load_mini_evaluator
     from adtbench.scenes import iter_split, render
 
     target, drafter = load_models(device=device)

@@ -125,7 +125,7 @@ def scene_batch(seed: int, data_seed: int, step: int, n: int, sizes: tuple[int, 
 
 
 def run(cfg: DictConfig) -> dict:
-    from adtbench.models.mini import load_vq
+    from adtbench.models.mini.target import load_vq
 
     out = stage_dir(cfg)
     dev = resolve_device(cfg.device, "device")

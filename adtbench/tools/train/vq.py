@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from omegaconf import DictConfig
 
 from adtbench.io import atomic_write_json, save_png
+from adtbench.models.llamagen.vq import LlamaGenVQConfig, LlamaGenVQModel
 from adtbench.models.registry import resolve_device
-from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
 from adtbench.scenes import to_tensor_range
 from adtbench.tools.train.common import (
     export_dir,

@@ -25,9 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adtbench.models.llamagen import LlamaGenTarget
-from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
-from adtbench.models.vq_llamagen import LlamaGenVQConfig, LlamaGenVQModel
+from adtbench.models.llamagen.gpt import GPTConfig, LlamaGenGPT
+from adtbench.models.llamagen.target import LlamaGenTarget
+from adtbench.models.llamagen.vq import LlamaGenVQConfig, LlamaGenVQModel
 
 PAD, UNK = "<pad>", "<unk>"
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -34,7 +34,7 @@ import torch
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
 from adtbench.models.kv import StaticKVCache
-from adtbench.models.llamagen_gpt import LlamaGenGPT
+from adtbench.models.llamagen.gpt import LlamaGenGPT
 from adtbench.models.rope import Rope, Rope2D
 
 
@@ -132,7 +132,7 @@ def build_target(cfg: Any) -> LlamaGenTarget:
     is checked before any weights are read.
     """
     from adtbench.errors import ConfigError
-    from adtbench.models.llamagen_gpt import load_gpt, load_gpt_state_dict
+    from adtbench.models.llamagen.gpt import load_gpt, load_gpt_state_dict
     from adtbench.models.registry import get, resolve_device, resolve_dtype
 
     device = resolve_device(get(cfg, "device", "cpu"))
@@ -174,7 +174,7 @@ def build_target(cfg: Any) -> LlamaGenTarget:
 def _arch(cfg: Any) -> Any:
     """``GPTConfig`` from ``gpt_model`` (preset) + ``image_size`` (→ ``block_size``) + ``arch`` overrides."""
     from adtbench.errors import ConfigError
-    from adtbench.models.llamagen_gpt import GPTConfig, gpt_config_fields, preset_config
+    from adtbench.models.llamagen.gpt import GPTConfig, gpt_config_fields, preset_config
     from adtbench.models.registry import get, plain
 
     arch = dict(plain(get(cfg, "arch", None)) or {})
@@ -217,8 +217,8 @@ def _vq_path(cfg: Any, base: Path | None) -> Path | None:
 def _vq(cfg: Any, arch: Any, base: Path | None) -> Any:
     """``model.vq.kind``: ``llamagen`` (checkpoint), ``tiny`` (random, seed + 1) or ``none``."""
     from adtbench.errors import ConfigError
+    from adtbench.models.llamagen.vq import LlamaGenVQConfig, load_llamagen_vq, make_tiny_llamagen_vq
     from adtbench.models.registry import get, plain
-    from adtbench.models.vq_llamagen import LlamaGenVQConfig, load_llamagen_vq, make_tiny_llamagen_vq
 
     kind = str(get(cfg, "vq.kind", "none"))
     if kind == "none":

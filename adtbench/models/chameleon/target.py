@@ -5,14 +5,14 @@ image-token constraint is ``TokenLayout``'s; the lean target computes its head o
 ``StaticGPTTarget.logits_head``, the hf one over the whole vocabulary) and share this module's vocabulary and prompt
 rows (``ChameleonVocab``):
 
-- ``lean`` (default): ``LeanChameleonTarget``, the LM of ``chameleon_lean`` on the project's lean stack with a
+- ``lean`` (default): ``LeanChameleonTarget``, the LM of ``chameleon.lean`` on the project's lean stack with a
   static KV cache (``StaticGPTTarget``'s tree bookkeeping, device-side compaction, ``compile_forward``);
 - ``hf``: ``ChameleonTarget``, the generic transformers target (``hf_causal.HFCausalTarget``) through
   ``lm.model`` + ``lm.lm_head``, never ``ChameleonForConditionalGeneration.forward``, which sets every
   image-token logit to ``finfo.min``: the reference the lean path is tested against.
 
 Checkpoints and tokenizers are read by ``hf_checkpoint`` (the q/k-norm fix of models.md §1.4;
-``load_chameleon_lm`` for hf, ``chameleon_lean.load_chameleon_net`` for lean).
+``load_chameleon_lm`` for hf, ``chameleon.lean.load_chameleon_net`` for lean).
 
 Vocabulary: image tokens are the ``IMGIMG<letters>Z`` entries of ``config.vocabulary_map`` (letters A–J
 spell the decimal VQ code); their id range is derived from the map and asserted contiguous,
@@ -42,7 +42,7 @@ from torch import nn
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
-from adtbench.models.chameleon_lean import lean_from_hf, load_chameleon_net
+from adtbench.models.chameleon.lean import lean_from_hf, load_chameleon_net
 from adtbench.models.hf_causal import CFG_MODES, HFCausalTarget, common_options, prompt_mask, spread_init_
 from adtbench.models.hf_checkpoint import HashTokenizer, HFTokenizer, load_chameleon_lm
 from adtbench.models.kv import StaticKVCache
@@ -218,9 +218,9 @@ class ChameleonTarget(ChameleonVocab, HFCausalTarget):
 
 
 class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
-    """Anole-style Chameleon target on the lean stack (``model.impl: lean``, the default; ``chameleon_lean``).
+    """Anole-style Chameleon target on the lean stack (``model.impl: lean``, the default; ``chameleon.lean``).
 
-    Same constructor and prompt rows as ``ChameleonTarget``, with ``lm`` a ``chameleon_lean.ChameleonLM``. The CFG
+    Same constructor and prompt rows as ``ChameleonTarget``, with ``lm`` a ``chameleon.lean.ChameleonLM``. The CFG
     rows always run batched in one preallocated ``StaticKVCache`` (the uncond row left-padded, its pad columns
     never attended: ``valid``); ``cfg_mode`` is validated and kept for the record — ``sequential`` (the HF path's
     one cache per row) is the same function, so the lean path computes it batched. Tree verification, the
@@ -311,11 +311,11 @@ def make_vq(cfg: Any, seed: int, base: Path | None = None) -> Any:
     vq_cfg = plain(get(cfg, "vq", None)) or {}
     kind = vq_cfg.get("kind", "none")
     if kind == "tiny":
-        from adtbench.models.vq_taming import make_tiny_taming_vq
+        from adtbench.models.chameleon.vq import make_tiny_taming_vq
 
         return make_tiny_taming_vq(seed + 1)
     if kind == "taming":
-        from adtbench.models.vq_taming import load_taming_vqgan
+        from adtbench.models.chameleon.vq import load_taming_vqgan
 
         ckpt = resolve_file("model.vq.ckpt", vq_cfg.get("ckpt"), "vqgan.ckpt (Chameleon VQGAN weights)", base)
         yml = resolve_file("model.vq.yaml", vq_cfg.get("yaml"), "vqgan.yaml (Chameleon VQGAN config)", base)
@@ -367,7 +367,7 @@ def random_chameleon(cfg: Any, num_codes: int, extra_names: tuple[str, ...] = ()
 def build_parts(cfg: Any, extra_names: tuple[str, ...] = ()) -> tuple[Any, Any, Any]:
     """``(lm, vq, tokenizer)`` of a Chameleon-family ``model`` node (Anole, Lumina-mGPT).
 
-    ``lm`` follows ``model.impl``: ``lean`` (default) a ``chameleon_lean.ChameleonLM``, ``hf`` a transformers
+    ``lm`` follows ``model.impl``: ``lean`` (default) a ``chameleon.lean.ChameleonLM``, ``hf`` a transformers
     ``ChameleonForConditionalGeneration``; both carry the checkpoint's ``ChameleonConfig`` as ``.config``.
     ``random_init: true``: ``random_chameleon`` (tiny vocabulary plus ``extra_names`` unless ``arch`` carries its
     own ``vocabulary_map``; the lean path converts it, so both paths get the same seeded weights) and a tiny VQ only

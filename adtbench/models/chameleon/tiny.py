@@ -8,7 +8,7 @@
   config with ``mask_image_logits``/``dropout``/``z_loss_weight``, q/k-norms saved as ``(1, head_dim)``, no
   ``model.vqmodel.*``, EOL and size tokens in the vocabulary; same VQGAN files.
 
-The loaders these mirror: ``hf_checkpoint.load_chameleon_lm`` and ``vq_taming.load_taming_vqgan``.
+The loaders these mirror: ``hf_checkpoint.load_chameleon_lm`` and ``chameleon.vq.load_taming_vqgan``.
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def write_chameleon_tiny(out: Path, seed: int, lumina: bool) -> dict[str, Any]:
     """Write the tiny Anole (``lumina=False``) or Lumina-mGPT folder; returns the in-memory reference modules."""
     from transformers import ChameleonConfig, ChameleonForConditionalGeneration
 
-    from adtbench.models.chameleon import FILLER_PREFIX, tiny_vocabulary_map
-    from adtbench.models.lumina import lumina_extra_names
-    from adtbench.models.vq_taming import make_tiny_taming_vq, save_taming_vqgan
+    from adtbench.models.chameleon.lumina import lumina_extra_names
+    from adtbench.models.chameleon.target import FILLER_PREFIX, tiny_vocabulary_map
+    from adtbench.models.chameleon.vq import make_tiny_taming_vq, save_taming_vqgan
 
     extra = lumina_extra_names((GRID, GRID)) if lumina else ()
     vm = tiny_vocabulary_map(CHAMELEON_ARCH["vocab_size"], K_CODES, extra)

@@ -3,8 +3,8 @@
 ``csuhan/Tar-1.5B`` layout (``model_type: llava_qwen``, ids in ``config.json``, tied embeddings, extra
 ``model.vision_tower.*`` weights, Qwen chat template), ``ta_tok.pth`` (``{"model": {"args", "sd"}}``),
 ``ar_dtok_lp_256px.pth`` / ``ar_dtok_lp_512px.pth`` (``{"model": {"name", "args", "sd"}}``; 4×4 and 8×8 code
-grids) and ``vq_ds16_t2i.pt``. The loaders these mirror: ``tar.build_target``, ``tar_tatok.load_tatok``,
-``tar_ardtok.load_ardtok`` and ``vq_llamagen.load_llamagen_vq``.
+grids) and ``vq_ds16_t2i.pt``. The loaders these mirror: ``tar.target.build_target``, ``tar.tatok.load_tatok``,
+``tar.ardtok.load_ardtok`` and ``llamagen.vq.load_llamagen_vq``.
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def write_tiny(out: Path, seed: int = 0, layout: str = "official") -> dict[str, 
     from safetensors.torch import load_file, save_file
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from adtbench.models.llamagen_tiny import tiny_vq_sidecar
-    from adtbench.models.tar_ardtok import ARDTok, ARDTokConfig, save_ardtok
-    from adtbench.models.tar_tatok import TATokDecoder, save_tatok
-    from adtbench.models.vq_llamagen import make_tiny_llamagen_vq, save_llamagen_vq
+    from adtbench.models.llamagen.tiny import tiny_vq_sidecar
+    from adtbench.models.llamagen.vq import make_tiny_llamagen_vq, save_llamagen_vq
+    from adtbench.models.tar.ardtok import ARDTok, ARDTokConfig, save_ardtok
+    from adtbench.models.tar.tatok import TATokDecoder, save_tatok
 
     ids = tar_ids()
     vocab = ids["image_end_token_id"] + 1

@@ -36,7 +36,7 @@ from typing import Any
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs
-from adtbench.models.chameleon import (
+from adtbench.models.chameleon.target import (
     ChameleonTarget,
     ChameleonVocab,
     LeanChameleonTarget,

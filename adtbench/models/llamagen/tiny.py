@@ -4,7 +4,7 @@
 ``{"model": sd}``; ``layout=bare``: the bare dict, as the FSDP releases; ``layout=lantern``: LANTERN's HF folder
 ``config.json`` + ``model.safetensors`` with Llama names), ``vq_ds16_{t2i,c2i}.pt`` (``{"model": sd}`` incl.
 ``codebook_used``), and for t2i a FLAN-T5 folder ``google/flan-t5-xl/``. The loaders these mirror:
-``llamagen_gpt`` (official and LANTERN key layouts), ``vq_llamagen.load_llamagen_vq`` and ``t5``.
+``llamagen.gpt`` (official and LANTERN key layouts), ``llamagen.vq.load_llamagen_vq`` and ``t5``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ LAYOUTS = ("official", "bare", "lantern")
 
 def tiny_vq_sidecar() -> dict[str, Any]:
     """The sidecar ``vq.config`` of the tiny LlamaGen VQ (the sizes a ``vq_ds16_*.pt`` file does not record)."""
-    from adtbench.models.vq_llamagen import tiny_llamagen_vq_config
+    from adtbench.models.llamagen.vq import tiny_llamagen_vq_config
 
     vc = tiny_llamagen_vq_config()
     cfg: dict[str, Any] = {f: getattr(vc, f) for f in ("codebook_size", "codebook_embed_dim", "z_channels", "ch")}
@@ -45,7 +45,7 @@ def llamagen_arch(kind: str) -> dict[str, Any]:
 
 
 def official_to_lantern(sd: dict[str, torch.Tensor], n_head: int, n_kv: int, dim: int) -> dict[str, torch.Tensor]:
-    """Official keys → LANTERN HF keys (inverse of ``llamagen_gpt.lantern_to_official``)."""
+    """Official keys → LANTERN HF keys (inverse of ``llamagen.gpt.lantern_to_official``)."""
     out: dict[str, torch.Tensor] = {}
     hd = dim // n_head
     inv = {
@@ -103,8 +103,8 @@ def write_llamagen_tiny(out: Path, seed: int, kind: str, layout: str) -> dict[st
     from safetensors.torch import save_file
 
     from adtbench.io import atomic_torch_save
-    from adtbench.models.llamagen_gpt import GPTConfig, LlamaGenGPT
-    from adtbench.models.vq_llamagen import make_tiny_llamagen_vq, save_llamagen_vq
+    from adtbench.models.llamagen.gpt import GPTConfig, LlamaGenGPT
+    from adtbench.models.llamagen.vq import make_tiny_llamagen_vq, save_llamagen_vq
 
     arch = llamagen_arch(kind)
     cfg = GPTConfig(**arch)

@@ -31,7 +31,7 @@ from adtbench.layout import TokenLayout
 from adtbench.models.base import PrefillResult, PromptInputs, StaticGPTTarget
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.lean import InferenceWeights, LayerWeights
-from adtbench.models.llamagen_gpt import Block, GPTConfig, RMSNorm, blocks_inference_weights, run_blocks
+from adtbench.models.llamagen.gpt import Block, GPTConfig, RMSNorm, blocks_inference_weights, run_blocks
 from adtbench.models.rope import Rope, Rope1D
 
 # ``llama-abs-*`` presets: (n_layer, n_head, dim)
@@ -173,7 +173,7 @@ class ARDTokTarget(StaticGPTTarget):
     """AR-DTok behind ``Target``: condition = TA-Tok features ``[cls_token_num, cond_dim]``; CFG row = zeros.
 
     ``encode_prompt(text, cfg)`` needs a ``feature_source(text) → [cls, cond_dim]`` (the Tar LM + TA-Tok, see
-    ``adtbench.models.tar``); ``encode_features`` takes features directly.
+    ``adtbench.models.tar.target``); ``encode_features`` takes features directly.
     """
 
     def __init__(

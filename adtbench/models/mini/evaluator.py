@@ -29,7 +29,7 @@ from torch import nn
 
 from adtbench.scenes import ATTRIBUTES, parse_caption
 
-DEFAULT_PATH = Path(__file__).resolve().parents[1] / "weights" / "mini" / "evaluator"
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "weights" / "mini" / "evaluator"
 
 
 @dataclass

@@ -13,7 +13,7 @@ Stages (``model.stage`` chooses which one is speculated; the other runs plainly,
   reference regex-parses ``<I(\\d+)>`` out of free text and pads/truncates). Official LM sampling: T 1.0,
   top-p 0.95, top-k 1200. ``decode_image`` runs TA-Tok decode → AR-DTok (plain AR, ``model.detok_sampling``)
   → VQ.
-- ``detok``: the AR de-tokenizer (``tar_ardtok``) is speculated: its condition is the TA-Tok features of the LM
+- ``detok``: the AR de-tokenizer (``tar.ardtok``) is speculated: its condition is the TA-Tok features of the LM
   codes, produced in ``encode_prompt`` by a plain AR run of the LM (``model.lm_sampling``, seeded from
   ``model.seed`` and the prompt) — the path MuLo-SD uses. CFG batched with all-zero uncond features
   (official CFG 4.0). ``decode_image`` = VQ decode of the code grid.
@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from adtbench.algorithm.sampling import SamplingParams, build_sampling
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
-from adtbench.models.base import PromptInputs, ar_tokens
+from adtbench.models.base import PlainDecode, PromptInputs
 from adtbench.models.hf_causal import HFCausalTarget, common_options
-from adtbench.models.tar_ardtok import ARDTokTarget
+from adtbench.models.tar.ardtok import ARDTokTarget
+from adtbench.sampling_params import SamplingParams, build_sampling
 
 SYSTEM_PROMPT = "You are a helpful assistant."
 QWEN_CHAT = "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
@@ -87,8 +87,10 @@ class TarLMTarget(HFCausalTarget):
         detok: ARDTokTarget | None = None,
         detok_sampling: SamplingParams | None = None,
         seed: int = 0,
+        plain_decode: PlainDecode | None = None,
     ) -> None:
         super().__init__(lm, device, dtype, "batched")
+        self.plain_decode = plain_decode
         self.ids = TarIds.from_config(lm.config)
         if not 0 <= scale <= 2:
             raise ConfigError("model.scale", f"Tar has scale tokens <S0>..<S2>, got {scale}")
@@ -138,21 +140,24 @@ class TarLMTarget(HFCausalTarget):
             raise RuntimeError("no TA-Tok decoder configured (model.tatok)")
         return self.tatok.decode(codes.reshape(1, -1).to(self.device))[0]
 
-    def generate_codes(self, text: str, sp: SamplingParams) -> torch.Tensor:
-        """Plain AR LM run → TA-Tok code grid ``[p, p]`` (seeded from ``seed`` and ``text``)."""
+    def generate_codes(self, text: str, sp: SamplingParams, decode: PlainDecode | None = None) -> torch.Tensor:
+        """Plain AR LM run (``decode``, else ``plain_decode``) → TA-Tok code grid ``[p, p]`` (seeded from ``seed`` and
+        ``text``)."""
+        decode = decode or self.plain_decoder()
         g = torch.Generator(device=self.device).manual_seed(self.seed ^ zlib.crc32(text.encode()))
-        return self.layout.tokens_to_codes(ar_tokens(self, self.encode_prompt(text, False), sp, g))
+        return self.layout.tokens_to_codes(decode(self, self.encode_prompt(text, False), sp, g))
 
     @torch.no_grad()
     def decode_image(self, codes: torch.Tensor) -> np.ndarray:
         """TA-Tok decode → AR-DTok (plain AR, ``detok_sampling``) → VQ-16 → uint8 ``[H, W, 3]``."""
         if self.detok is None:
             raise RuntimeError("no AR-DTok de-tokenizer configured (model.detok)")
+        decode = self.plain_decoder()
         feats = self.features(codes)
         sp = self.detok_sampling
         inputs = self.detok.encode_features("", feats, sp.use_cfg)
         g = torch.Generator(device=self.detok.device).manual_seed(self.seed)
-        tokens = ar_tokens(self.detok, inputs, sp, g)
+        tokens = decode(self.detok, inputs, sp, g)
         return self.detok.decode_image(self.detok.layout.tokens_to_codes(tokens))
 
 
@@ -170,14 +175,16 @@ OFFICIAL_LM_SAMPLING = SamplingParams(temperature=1.0, top_k=1200, top_p=0.95, c
 OFFICIAL_DETOK_SAMPLING = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, cfg_scale=4.0)
 
 
-def build_target(cfg: Any) -> TarLMTarget | ARDTokTarget:
-    """Build the stage ``model.stage`` (``lm`` | ``detok``) from ``conf/model/tar.yaml`` (module docstring)."""
+def build_target(cfg: Any, plain_decode: PlainDecode | None = None) -> TarLMTarget | ARDTokTarget:
+    """Build the stage ``model.stage`` (``lm`` | ``detok``) from ``conf/model/tar.yaml`` (module docstring). The other
+    stage runs through ``plain_decode`` (``algorithm.ar.ar_tokens``; the registry hands it over): the LM stage's
+    ``decode_image`` and the AR-DTok stage's ``encode_prompt`` call it, and raise without it."""
     from transformers import AutoTokenizer, Qwen2ForCausalLM
 
+    from adtbench.models.llamagen.vq import LlamaGenVQConfig, load_llamagen_vq
     from adtbench.models.registry import get, plain, resolve_dir, resolve_file
-    from adtbench.models.tar_ardtok import load_ardtok
-    from adtbench.models.tar_tatok import load_tatok
-    from adtbench.models.vq_llamagen import LlamaGenVQConfig, load_llamagen_vq
+    from adtbench.models.tar.ardtok import load_ardtok
+    from adtbench.models.tar.tatok import load_tatok
 
     stage = str(get(cfg, "stage", "lm"))
     if stage not in ("lm", "detok"):
@@ -234,9 +241,7 @@ def build_target(cfg: Any) -> TarLMTarget | ARDTokTarget:
     detok_sp = _sampling(get(cfg, "detok_sampling"), OFFICIAL_DETOK_SAMPLING, "model.detok_sampling")
     lm_sp = _sampling(get(cfg, "lm_sampling"), OFFICIAL_LM_SAMPLING, "model.lm_sampling")
     detok = ARDTokTarget(ardtok, vq, None, device=device, dtype=dtype)
-    lm_target = TarLMTarget(
-        lm, tokenizer, scale, base_grid, device, dtype, tatok=tatok, detok=detok, detok_sampling=detok_sp, seed=seed
-    )
+    lm_target = TarLMTarget(lm, tokenizer, scale, base_grid, device, dtype, tatok, detok, detok_sp, seed, plain_decode)
     if tatok.codebook_size != lm_target.ids.num_image_tokens:
         raise ConfigError(
             "model.tatok.path", f"TA-Tok codebook {tatok.codebook_size} ≠ {lm_target.ids.num_image_tokens} LM image ids"
@@ -245,9 +250,9 @@ def build_target(cfg: Any) -> TarLMTarget | ARDTokTarget:
         return lm_target
 
     def feature_source(text: str) -> torch.Tensor:
-        return lm_target.features(lm_target.generate_codes(text, lm_sp))
+        return lm_target.features(lm_target.generate_codes(text, lm_sp, detok.plain_decoder()))
 
-    detok.feature_source = feature_source
+    detok.plain_decode, detok.feature_source = plain_decode, feature_source
     detok.lm_target = lm_target  # type: ignore[attr-defined]  # kept for inspection (codes of the LM pass)
     return detok
 
