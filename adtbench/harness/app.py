@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from adtbench import accel
-from adtbench.algorithm.engine import GenerationResult
 from adtbench.algorithm.policies import Policy
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
@@ -39,12 +37,12 @@ from adtbench.harness.config import (
     timing_repeats,
     validate,
 )
-from adtbench.harness.data.prompts import Prompt, load_prompts
+from adtbench.harness.data.prompts import Prompt, load_dataset
 from adtbench.harness.job import Job
 from adtbench.harness.lock import RunDirGuard, RunDirLock, discard_new_run_dir, held_lock, refuse  # noqa: F401 (¹)
 from adtbench.harness.records import SampleRecord, Summary, slim, trace_record
 from adtbench.harness.rundir import ResultStore, check_resume
-from adtbench.harness.timing import LoadWatch, environment, machine, timed_prompt
+from adtbench.harness.timing import LoadWatch, environment, machine, timed_results
 from adtbench.resources import conf_dir
 
 # (¹) RunDirGuard stays importable from here: the .hydra/hydra.yaml of runs made before it moved names this module.
@@ -53,18 +51,6 @@ log = logging.getLogger("adtbench")
 register_resolvers()
 
 SUMMARY_EVERY_S = 10.0  # summary.json refresh interval during a run (always written at the end)
-
-
-def load_dataset(cfg: DictConfig) -> list[Prompt]:
-    d = cfg.dataset
-    return load_prompts(
-        str(d.kind),
-        None if d.get("path") is None else str(d.path),
-        d.get("limit"),
-        d.get("shard"),
-        caption=str(d.get("caption", "first")),
-        text=None if d.get("text") is None else str(d.text),
-    )
 
 
 def check_config(cfg: DictConfig) -> tuple[SamplingParams, Policy, list[Prompt]]:
@@ -188,7 +174,7 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
                                           f"torch thread(s), {run_info['cpus_available']} core(s)")}  # fmt: skip
     last_summary = time.perf_counter()
     bar = tqdm(total=len(todo), desc=str(cfg.policy.name), disable=not cfg.progress, file=sys.stderr)
-    for p, seed, runs, bases, batch in _decoded(ctx, todo, repeats):
+    for p, seed, runs, bases, batch in timed_results(ctx.job, todo, repeats, bool(cfg.baseline)):
         bar.update()
         res = runs[0]
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
@@ -215,29 +201,6 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
         write_run_maps(run_dir, store.traces(), target.layout)
     tracker.log_summary(summary.to_json())
     return summary
-
-
-def _decoded(
-    ctx: RunContext, todo: list[Prompt], repeats: int
-) -> Iterator[tuple[Prompt, int, list[GenerationResult], list[GenerationResult], dict[str, Any] | None]]:
-    """Per unfinished prompt, in order: (prompt, seed, method runs, baseline runs, the record's ``batch`` field).
-    One prompt at a time (:func:`~adtbench.harness.timing.timed_prompt`), or a window of ``decode.batch_size ×
-    decode.window`` prompts at a time (``harness.batched``): a window's prompts come out once both sides are done."""
-    job = ctx.job
-    if job.batched is None:
-
-        def decode(p: Prompt, seed: int, method: bool) -> GenerationResult:
-            return job.decode(p, method, seed)
-
-        for i, p in enumerate(todo):
-            seed = job.seed_of(p)
-            runs, bases = timed_prompt(decode, p, seed, repeats, bool(ctx.cfg.baseline), i * repeats)
-            yield p, seed, runs, bases, None
-        return
-    size = job.batch_size * job.window
-    for w, i in enumerate(range(0, len(todo), size)):
-        for p, seed, run, base, batch in job.decode_window(todo[i : i + size], w):
-            yield p, seed, [run], [] if base is None else [base], batch
 
 
 CONF_DIR = str(conf_dir())  # the checkout's conf/, or the copy shipped in the wheel (adtbench.resources)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import platform
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from adtbench import accel
 from adtbench.algorithm.records import GenerationResult
 from adtbench.resources import cpus_available, load_average
 
-__all__ = ["LoadWatch", "environment", "load_peak", "load_warning", "machine", "timed_prompt"]
+__all__ = ["LoadWatch", "environment", "load_peak", "load_warning", "machine", "timed_prompt", "timed_results"]
 
 log = logging.getLogger("adtbench")
 
@@ -55,6 +55,29 @@ def timed_prompt(
                     f"the same seed {seed}; timing.repeats needs a deterministic decode"
                 )
     return runs, bases
+
+
+def timed_results(
+    job: Any, todo: list[Any], repeats: int, baseline: bool
+) -> Iterator[tuple[Any, int, list[GenerationResult], list[GenerationResult], dict[str, Any] | None]]:
+    """Per prompt of ``todo``, in order, decoded by ``job`` (a ``harness.job.Job``): (prompt, seed, method runs,
+    baseline runs, the record's ``batch`` field). One prompt at a time (:func:`timed_prompt`), or a window of
+    ``decode.batch_size × decode.window`` prompts at a time (``harness.batched``): a window's prompts come out once
+    both of its sides are done."""
+    if job.batched is None:
+
+        def decode(p: Any, seed: int, method: bool) -> GenerationResult:
+            return job.decode(p, method, seed)  # type: ignore[no-any-return]
+
+        for i, p in enumerate(todo):
+            seed = job.seed_of(p)
+            runs, bases = timed_prompt(decode, p, seed, repeats, baseline, i * repeats)
+            yield p, seed, runs, bases, None
+        return
+    size = job.batch_size * job.window
+    for w, i in enumerate(range(0, len(todo), size)):
+        for p, seed, run, base, batch in job.decode_window(todo[i : i + size], w):
+            yield p, seed, [run], [] if base is None else [base], batch
 
 
 def load_peak(before: float | None, after: float | None) -> float | None:
