@@ -77,12 +77,14 @@ __all__ = [
     "check_resume",
     "count_sample_lines",
     "dumps_line",
+    "export_dir",
     "find_runs",
     "has_samples",
     "has_summary",
     "is_merged_run",
     "is_plumbing",
     "lantern_choice",
+    "map_file",
     "merged_sources",
     "natural_key",
     "read_eval",
@@ -91,7 +93,6 @@ __all__ = [
     "read_jsonl",
     "read_override_list",
     "read_overrides",
-    "read_records",
     "read_run_config",
     "read_run_maps",
     "read_samples",
@@ -462,10 +463,21 @@ def write_maps(
 ) -> list[Path]:
     """``maps/<stem>_<name>.png`` per ``pngs`` entry (an image and its text chunks) and ``maps/<stem>_maps.json``
     (``doc``); returns the PNG paths."""
-    out = Path(run_dir) / MAPS_DIR
-    paths = [save_png(img, out / f"{stem}_{name}.png", text) for name, (img, text) in pngs.items()]
-    atomic_write_json(out / f"{stem}_maps.json", doc, indent=None, newline=False)
+    paths = [save_png(img, map_file(run_dir, stem, name), text) for name, (img, text) in pngs.items()]
+    atomic_write_json(Path(run_dir) / MAPS_DIR / f"{stem}_maps.json", doc, indent=None, newline=False)
     return paths
+
+
+def map_file(run_dir: str | os.PathLike[str], stem: str, kind: str) -> Path:
+    """Where a map picture of the run is: ``maps/<stem>_<kind>.png`` (``stem`` ``run`` or a prompt's
+    :func:`safe_stem`; it may not exist)."""
+    return Path(run_dir) / MAPS_DIR / f"{stem}_{kind}.png"
+
+
+def export_dir(run_dir: str | os.PathLike[str], name: str) -> Path:
+    """The default folder of an evaluation export inside the run dir (``export/<name>``: GenEval / DPG layouts,
+    written by ``harness.eval.export`` in the layout those benchmarks read)."""
+    return Path(run_dir) / "export" / name
 
 
 def update_tracking(run_dir: str | os.PathLike[str], entry: dict[str, Any]) -> None:
@@ -574,11 +586,6 @@ def sample_dirs(root: str | os.PathLike[str]) -> list[Path]:
 def has_samples(run_dir: str | os.PathLike[str]) -> bool:
     """Whether ``run_dir`` holds a ``samples.jsonl`` (a run dir, finished or not)."""
     return (Path(run_dir) / SAMPLES_FILE).exists()
-
-
-def read_records(run_dir: str | os.PathLike[str], name: str = SAMPLES_FILE) -> list[dict[str, Any]]:
-    """The complete lines of the run's ``name`` (``samples.jsonl``, ``trace.jsonl``, ``eval_samples.jsonl``)."""
-    return read_jsonl(Path(run_dir) / name)
 
 
 def read_samples(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from adtbench.harness.rundir import MAPS_DIR, count_sample_lines, safe_stem, update_tracking
+from adtbench.harness.rundir import count_sample_lines, map_file, safe_stem, update_tracking
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class WandbLogger:
             if self.log_images and image is not None and self.images < self.max_images:
                 data["media/image"] = self.wandb.Image(image, caption=caption)
                 self.images += 1
-                amap = self.run_dir / MAPS_DIR / f"{safe_stem(str(record.get('prompt_id')))}_accept.png"
+                amap = map_file(self.run_dir, safe_stem(str(record.get("prompt_id"))), "accept")
                 if amap.exists():  # per-image acceptance map (maps.per_image=true)
                     data["media/accept_map"] = self.wandb.Image(str(amap), caption=caption)
             self.run.log(data, step=self.first_step + self.n)
@@ -137,7 +137,7 @@ class WandbLogger:
             media = {
                 f"media/run_{kind}_map": self.wandb.Image(str(p))
                 for kind in ("accept", "depth", "width")
-                if (p := self.run_dir / "maps" / f"run_{kind}.png").exists()
+                if (p := map_file(self.run_dir, "run", kind)).exists()
             }
             if self.rows:
                 media["samples"] = self.wandb.Table(columns=TABLE_COLUMNS, data=self.rows)

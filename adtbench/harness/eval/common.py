@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from adtbench.errors import ConfigError
-from adtbench.harness.rundir import ResultStore, has_samples, samples_path
+from adtbench.harness.rundir import ResultStore, has_samples
 from adtbench.io import atomic_write_json
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -52,7 +52,7 @@ def load_run_samples(run_dir: str | os.PathLike[str]) -> list[EvalSample]:
     """
     run = Path(run_dir)
     if not has_samples(run):
-        raise ConfigError("eval", f"{run} holds no {samples_path(run).name}: nothing to evaluate")
+        raise ConfigError("eval", f"{run} holds no samples.jsonl: nothing to evaluate")
     out = []
     for rec in ResultStore(run).records():
         pid = rec["prompt_id"]

@@ -126,7 +126,7 @@ def main(args: list[str]) -> int:
         return 2
     runs = find_run_dirs(root)
     if not runs:
-        print(f"adtbench eval: no run dir (with {samples_path(Path())}) at or under {root}", file=sys.stderr)
+        print(f"adtbench eval: no run dir (with samples.jsonl) at or under {root}", file=sys.stderr)
         return 1
     try:
         if not validate(cfg):
