@@ -319,10 +319,6 @@ class Summary:
                 parts["run" if seen_context else "stats"][k] = v
         return cls(**parts, merge=merge or None)
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """A JSON field by name (as ``summary.json`` spells it)."""
-        return self.to_json().get(key, default)
-
     def line(self) -> str:
         """The one-line result a run prints: model, policy, LANTERN on/off (:func:`lantern_part`), n, τ, d̄,
         latency, the speedup with its CI, eval scores and the timing warnings."""

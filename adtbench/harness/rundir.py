@@ -383,7 +383,7 @@ class ResultStore:
                 another prompt, or the image has an unsupported dtype/shape.
         """
         typed = isinstance(record, SampleRecord)
-        rec = record.to_json() if isinstance(record, SampleRecord) else dict(record)
+        rec = record.to_json() if isinstance(record, SampleRecord) else dict(record)  # the caller's stays as it is
         pid = rec.get("prompt_id")
         if not isinstance(pid, str) or not pid:
             raise ValueError(f"record needs a non-empty string 'prompt_id', got {pid!r}")
