@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from adtbench.harness.rundir import SUMMARY_FILE, is_plumbing, read_run_config, read_run_maps, read_summary
+from adtbench.harness.rundir import has_summary, is_plumbing, read_run_config, read_run_maps, read_summary
 from adtbench.io import atomic_write_with
 from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
 
@@ -82,7 +82,7 @@ def config_labels(run_dir: str | Path, row: Mapping[str, Any] | None = None) -> 
     excluded). Read from ``run_config.json`` and ``summary.json`` (missing files: fewer entries)."""
     d = Path(run_dir)
     cfg = read_run_config(d) or {}
-    summ: dict[str, Any] = dict(read_summary(d)) if (d / SUMMARY_FILE).exists() else {}
+    summ: dict[str, Any] = dict(read_summary(d)) if has_summary(d) else {}
     choices = summ.get("choices") or {}
     pol = cfg.get("policy") or summ.get("policy_params") or {}
     lan = {**(cfg.get("lantern") or {}), **(summ.get("lantern_params") or {})}  # the values used win (k clipped)

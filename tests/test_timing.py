@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 
 import adtbench.harness.app as app
 import adtbench.harness.job as job
+import adtbench.harness.timing as timing
 from adtbench.errors import ConfigError
 from adtbench.harness.config import validate
 from adtbench.harness.stats import bootstrap_ci, ratio_of_totals_ci, summarize
@@ -187,13 +188,13 @@ def test_repeats_alternate_abba_and_must_agree() -> None:
         return SimpleNamespace(tokens=[1, 2, 3], latency_s=1.0)
 
     p = SimpleNamespace(prompt_id="x")
-    runs, bases = app.timed_prompt(decode, p, 5, 2, True, 0)
+    runs, bases = timing.timed_prompt(decode, p, 5, 2, True, 0)
     assert calls == ["B", "M", "M", "B"] and len(runs) == len(bases) == 2
     calls.clear()
-    app.timed_prompt(decode, p, 5, 1, True, 1)
+    timing.timed_prompt(decode, p, 5, 1, True, 1)
     assert calls == ["M", "B"]  # prompt 1 with one repeat: method first, as before repeats existed
     calls.clear()
-    app.timed_prompt(decode, p, 5, 3, False, 0)
+    timing.timed_prompt(decode, p, 5, 3, False, 0)
     assert calls == ["M", "M", "M"]
 
     n = iter(range(10))
@@ -202,7 +203,7 @@ def test_repeats_alternate_abba_and_must_agree() -> None:
         return SimpleNamespace(tokens=[next(n)] if method else [0], latency_s=1.0)
 
     with pytest.raises(RuntimeError, match="repeat 1 of the method"):
-        app.timed_prompt(drifting, p, 5, 2, True, 0)
+        timing.timed_prompt(drifting, p, 5, 2, True, 0)
 
 
 def test_repeats_stored_and_medians_used(tmp_path: Path, capsys) -> None:
@@ -240,15 +241,15 @@ def test_load_above_cores_is_flagged(tmp_path: Path, monkeypatch, capsys, caplog
 
 
 def test_load_warning_rule(monkeypatch) -> None:
-    assert app.load_warning(1.9, 2.0, 2) is None  # at most the cores: fine
-    assert "2.10 exceeded the 2 available core(s)" in app.load_warning(0.5, 2.1, 2)
-    assert app.load_warning(None, None, 2) is None and app.load_peak(None, 3.0) == 3.0
+    assert timing.load_warning(1.9, 2.0, 2) is None  # at most the cores: fine
+    assert "2.10 exceeded the 2 available core(s)" in timing.load_warning(0.5, 2.1, 2)
+    assert timing.load_warning(None, None, 2) is None and timing.load_peak(None, 3.0) == 3.0
 
     def no_loadavg():
         raise OSError("no load average here")
 
     monkeypatch.setattr(os, "getloadavg", no_loadavg)
-    assert app.load_average() is None
+    assert timing.load_average() is None
 
 
 def test_bind_gets_the_cache_dir_and_is_timed(tmp_path: Path, monkeypatch) -> None:

@@ -319,7 +319,7 @@ def test_relative_paths_resolve_against_root_dir(tmp_path, monkeypatch):
 
 
 def test_summary_line_shows_eval_scores():
-    from adtbench.harness.app import summary_line
+    from adtbench.harness.records import summary_line
 
     s = {"model": "mini", "policy": "adt", "n_samples": 4, "tau": 2.0, "d_bar": 2.9, "latency_s": 1.0}
     assert "eval" not in summary_line(s)
@@ -486,7 +486,7 @@ def test_discard_new_run_dir_removes_only_what_this_process_created(tmp_path):
 
 
 def test_summary_line_says_whether_lantern_was_on():
-    from adtbench.harness.app import summary_line
+    from adtbench.harness.records import summary_line
 
     s = {"model": "mini", "policy": "adt", "n_samples": 4, "tau": 2.0, "d_bar": 2.9, "latency_s": 1.0}
     assert " lantern=off " in summary_line(s)

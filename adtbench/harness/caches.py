@@ -277,3 +277,13 @@ def build_lantern_rule(node: Any, target: Any) -> LanternRule:
         reference_residual=params.reference_residual,
     )
     return rule
+
+
+def lantern_used(cfg: Any, rule: Any) -> dict[str, Any] | None:
+    """The LANTERN values a job decodes with (the summary's ``lantern_params``) — ``k`` as used (clipped to the
+    model's codebook size − 1, :func:`build_lantern_rule`), not as configured; None when the rule is exact."""
+    if getattr(rule, "name", "exact") != "lantern":
+        return None
+    p = lantern_params(cfg.lantern)
+    return {"k": int(rule.k), "delta": p.delta, "lam": p.lam, "normalize": p.normalize,
+            "reference_residual": p.reference_residual}  # fmt: skip

@@ -23,7 +23,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from adtbench.errors import ConfigError
-from adtbench.harness.rundir import LOCK_FILE, SAMPLES_FILE, read_jsonl
+from adtbench.harness.rundir import LOCK_FILE, read_samples
 
 __all__ = ["RunDirGuard", "RunDirLock", "discard_new_run_dir", "held_lock", "refuse"]
 
@@ -98,7 +98,7 @@ def discard_new_run_dir(run_dir: str | os.PathLike[str]) -> bool:
     key = os.path.abspath(run_dir)
     top = _CREATED.get(key)
     path = Path(key)
-    if top is None or not path.is_dir() or read_jsonl(path / SAMPLES_FILE):
+    if top is None or not path.is_dir() or read_samples(path):
         return False
     lock = _LOCKS.get(key)
     if lock is not None:

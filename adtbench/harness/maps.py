@@ -16,8 +16,9 @@ stay NaN (drawn grey). Per run, maps are the NaN-mean over prompts.
 Pictures: a fixed 5-anchor blue→green→yellow colormap over [min, max] of the map (the range is written
 into the PNG's text chunks ``vmin``/``vmax``), nearest-neighbour upscaling to ≥ ``MIN_SIDE`` px. The raw
 grids go to a JSON sidecar. Files: ``run_dir/maps/<prompt>_{accept,depth,width}.png`` and
-``run_dir/maps/run_{accept,depth,width}.png`` (+ ``run_maps.json``: :data:`adtbench.harness.rundir.RUN_MAPS_FILE`), each
-written atomically (:mod:`adtbench.io`); ``<prompt>`` is :func:`adtbench.harness.rundir.safe_stem` of the prompt id.
+``run_dir/maps/run_{accept,depth,width}.png`` (+ ``run_maps.json``: :data:`adtbench.harness.rundir.RUN_MAPS_FILE`),
+each written atomically by :func:`adtbench.harness.rundir.write_maps`; ``<prompt>`` is
+:func:`adtbench.harness.rundir.safe_stem` of the prompt id.
 """
 
 from __future__ import annotations
@@ -30,16 +31,15 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from adtbench.harness.rundir import MAPS_DIR, safe_stem
-from adtbench.io import atomic_write_json, save_png
+from adtbench.harness.rundir import safe_stem, write_maps
 from adtbench.layout import TokenLayout
 
 __all__ = [
     "colorize",
     "position_grids",
+    "render_map",
     "run_grids",
     "safe_stem",
-    "save_map",
     "write_run_maps",
     "write_sample_maps",
 ]
@@ -88,8 +88,8 @@ def colorize(grid: np.ndarray, vmin: float | None = None, vmax: float | None = N
     return np.rint(rgb).astype(np.uint8)
 
 
-def save_map(path: Path, grid: np.ndarray) -> Path:
-    """Write ``grid`` as an upscaled heatmap PNG (nearest); the value range goes into text chunks."""
+def render_map(grid: np.ndarray) -> tuple[Image.Image, dict[str, str]]:
+    """``grid`` as an upscaled heatmap image (nearest) and the PNG text chunks with its value range."""
     finite = grid[np.isfinite(grid)]
     rgb = colorize(grid)
     h, w = grid.shape
@@ -100,20 +100,18 @@ def save_map(path: Path, grid: np.ndarray) -> Path:
         "vmax": f"{finite.max():.6g}" if finite.size else "nan",
         "grid": f"{h}x{w}",
     }
-    return save_png(img, path, text)
+    return img, text
 
 
-def _write(out: Path, stem: str, grids: dict[str, np.ndarray], extra: dict[str, Any]) -> list[Path]:
-    paths = [save_map(out / f"{stem}_{kind}.png", grids[kind]) for kind in KINDS]
+def _write(run_dir: str | Path, stem: str, grids: dict[str, np.ndarray], extra: dict[str, Any]) -> list[Path]:
     side = {kind: [[None if not np.isfinite(v) else float(v) for v in row] for row in grids[kind]] for kind in KINDS}
-    atomic_write_json(out / f"{stem}_maps.json", {**extra, **side}, indent=None, newline=False)
-    return paths
+    return write_maps(run_dir, stem, {kind: render_map(grids[kind]) for kind in KINDS}, {**extra, **side})
 
 
 def write_sample_maps(run_dir: str | Path, trace: dict[str, Any], layout: TokenLayout) -> list[Path]:
     """``maps/<prompt>_{accept,depth,width}.png`` (+ ``_maps.json``) for one prompt's trace."""
     pid = str(trace.get("prompt_id", "sample"))
-    return _write(Path(run_dir) / MAPS_DIR, safe_stem(pid), position_grids(trace, layout), {"prompt_id": pid})
+    return _write(run_dir, safe_stem(pid), position_grids(trace, layout), {"prompt_id": pid})
 
 
 def run_grids(traces: Sequence[dict[str, Any]], layout: TokenLayout) -> dict[str, np.ndarray]:
@@ -130,4 +128,4 @@ def run_grids(traces: Sequence[dict[str, Any]], layout: TokenLayout) -> dict[str
 
 def write_run_maps(run_dir: str | Path, traces: Sequence[dict[str, Any]], layout: TokenLayout) -> list[Path]:
     """``maps/run_{accept,depth,width}.png`` (+ ``run_maps.json``): per-position means over the run's prompts."""
-    return _write(Path(run_dir) / MAPS_DIR, "run", run_grids(traces, layout), {"n_prompts": len(traces)})
+    return _write(run_dir, "run", run_grids(traces, layout), {"n_prompts": len(traces)})

@@ -1,5 +1,7 @@
-"""The run directory: its file names, its records, the crash-safe store that writes them, the walker that finds
-runs. Every module that reads or writes a run dir goes through here.
+"""The run directory: its file names, the crash-safe store and the one writer of every file in it, the walker
+that finds runs and the readers. Every module that reads or writes a run dir goes through here; the records
+themselves (:class:`SampleRecord`, :class:`TraceRecord`, :class:`Summary`) are typed in
+:mod:`adtbench.harness.records`.
 
 Layout of a job directory (one Hydra job; docs/outputs.md documents every field)::
 
@@ -16,8 +18,10 @@ Crash safety. :meth:`ResultStore.commit` writes (1) the image atomically (:func:
 ``os.write`` on an ``O_APPEND`` descriptor followed by ``fsync``). A prompt is *done* iff its samples line is
 complete, so a kill at any point leaves at worst an orphan image (overwritten on rerun), an orphan trace line or
 a torn last line; all of these are repaired when the store is reopened. Nothing is ever written twice for a done
-prompt. Readers (:func:`read_records`, :func:`find_runs`, :func:`read_summary`, ...) only read: a JSONL line
-counts iff it is complete (newline-terminated) and a JSON object with a string ``prompt_id``.
+prompt. The other files are written whole and atomically (:func:`write_summary`, :func:`check_resume` for
+``run_config.json``, :func:`write_eval`, :func:`write_maps`, :func:`update_tracking`, :func:`write_merged_run`).
+Readers (:func:`read_samples`, :func:`read_traces`, :func:`find_runs`, :func:`read_summary`, ...) only read: a
+JSONL line counts iff it is complete (newline-terminated) and a JSON object with a string ``prompt_id``.
 
 The statistics computed from the records (``summarize`` and the one bootstrap) are in
 :mod:`adtbench.harness.stats`.
@@ -31,13 +35,23 @@ import logging
 import math
 import os
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, overload
 
 import numpy as np
 
-from adtbench.io import append_line_fsync, atomic_write_bytes, atomic_write_json, encode_png
+from adtbench.errors import ConfigError
+from adtbench.harness.records import SampleRecord, Summary, TraceRecord, migrate_run_config
+from adtbench.io import (
+    append_line_fsync,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_with,
+    encode_png,
+    save_png,
+)
 
 __all__ = [
     "EVAL_FILE",
@@ -60,21 +74,41 @@ __all__ = [
     "SampleRecord",
     "Summary",
     "TraceRecord",
+    "check_resume",
+    "count_sample_lines",
     "dumps_line",
+    "export_dir",
     "find_runs",
+    "has_samples",
+    "has_summary",
+    "is_merged_run",
     "is_plumbing",
     "lantern_choice",
+    "map_file",
     "merged_sources",
     "natural_key",
+    "read_eval",
+    "read_eval_samples",
+    "read_hydra_config",
     "read_jsonl",
     "read_override_list",
     "read_overrides",
-    "read_records",
     "read_run_config",
     "read_run_maps",
+    "read_samples",
     "read_summary",
+    "read_traces",
+    "run_config_dirs",
     "safe_stem",
+    "sample_dirs",
+    "samples_path",
+    "summary_time",
     "to_jsonable",
+    "update_tracking",
+    "write_eval",
+    "write_maps",
+    "write_merged_run",
+    "write_summary",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,115 +151,6 @@ def is_plumbing(key: str, *, pooled: bool = False) -> bool:
     also a :data:`POOLED_KEYS` one): ``paths.out`` is under ``paths``."""
     keys = PLUMBING_KEYS + POOLED_KEYS if pooled else PLUMBING_KEYS
     return any(key == k or key.startswith(k + ".") for k in keys)
-
-
-# ----------------------------------------------------------------------------------------------------
-# records (the JSON of today's files, typed; docs/outputs.md)
-# ----------------------------------------------------------------------------------------------------
-
-
-class SampleRecord(TypedDict, total=False):
-    """One ``samples.jsonl`` line. Required by :func:`summarize`: ``prompt_id``, ``cycles``, ``committed``,
-    ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``; ``image`` is set by :meth:`ResultStore.commit`."""
-
-    prompt_id: str
-    prompt: str
-    meta: dict[str, Any]
-    seed: int
-    tokens: list[int]
-    cycles: int
-    committed: int
-    tau: float | None
-    d_bar: float | None
-    d_bar_tree: float | None
-    drafted_depth_sum: int
-    tree_depth_sum: int
-    target_forwards: int
-    drafter_forwards: int
-    latency_s: float
-    prefill_s: float
-    draft_s: float | None
-    verify_s: float | None
-    baseline_latency_s: float | None
-    baseline_target_forwards: int | None
-    speedup: float | None
-    tokens_match_baseline: bool | None
-    latency_repeats_s: list[float]
-    baseline_latency_repeats_s: list[float]
-    encode_s: float | None
-    baseline_encode_s: float | None
-    stats: dict[str, Any]
-    image: str | None
-
-
-class TraceRecord(TypedDict, total=False):
-    """One ``trace.jsonl`` line: the per-cycle trace as parallel lists (plus policy-specific fields)."""
-
-    prompt_id: str
-    pos: list[int]
-    nodes: list[int]
-    D: list[int]
-    d: list[int]
-    K: list[int]
-    a: list[int]
-
-
-class Summary(TypedDict, total=False):
-    """``summary.json``: the keys of :func:`summarize` first, then the run's context (app, merge, eval)."""
-
-    n_samples: int
-    cycles_total: int
-    committed_total: int
-    tau: float | None
-    tau_per_prompt_mean: float | None
-    d_bar: float | None
-    d_bar_tree: float | None
-    latency_s: float | None
-    latency_median_s: float | None
-    latency_std_s: float | None
-    latency_total_s: float
-    baseline_latency_s: float | None
-    baseline_latency_median_s: float | None
-    baseline_latency_std_s: float | None
-    speedup: float | None
-    speedup_median: float | None
-    speedup_ci: list[float] | None
-    speedup_per_prompt: dict[str, float | None] | None
-    speedup_aggregation: str
-    speedup_n: int
-    speedup_ci_level: float
-    speedup_ci_method: str
-    encode_s: float | None
-    speedup_with_encode: float | None
-    speedup_ci_caveat: str | None
-    timing_repeats: list[int] | None
-    timing_spread: float | None
-    timing_warning: str | None
-    draft_s_total: float | None
-    verify_s_total: float | None
-    draft_frac: float | None
-    verify_frac: float | None
-    target_forwards_mean: float | None
-    # the run's context (written by the app / merge / eval, not by summarize)
-    n_prompts: int
-    complete: bool
-    model: str
-    drafter: str
-    policy: str
-    dataset: str
-    sampling: str
-    lantern: Any
-    choices: dict[str, Any]
-    policy_params: dict[str, Any]
-    sampling_params: dict[str, Any]
-    greedy_matches_baseline: bool | None
-    acceptance_rule: str
-    timing_scope: str
-    env: dict[str, Any] | None
-    envs: list[dict[str, Any]]
-    env_consistent: bool
-    merged_from: list[dict[str, Any]]
-    eval: dict[str, Any]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -430,21 +355,25 @@ class ResultStore:
 
     # -- writes -------------------------------------------------------------------------------------
 
+    @overload
+    def commit(self, record: SampleRecord, trace: dict[str, Any] | None, image: Any) -> SampleRecord: ...
+    @overload
+    def commit(self, record: dict[str, Any], trace: dict[str, Any] | None, image: Any) -> dict[str, Any]: ...
     def commit(
         self,
-        record: dict[str, Any],
+        record: SampleRecord | dict[str, Any],
         trace: dict[str, Any] | None,
         image: np.ndarray | None,
-    ) -> None:
-        """Durably store one finished prompt.
+    ) -> SampleRecord | dict[str, Any]:
+        """Durably store one finished prompt; returns the record as written (with its ``image``).
 
         Order: (0) serialise both lines (so bad values fail before anything is written), (1) write the image
         atomically if given, (2) append the trace line if given, (3) append the samples line LAST: it is the
         commit marker. The written samples record gets ``"image"`` = ``"images/<safe id>.png"`` (or ``None``
-        without an image); the caller's dict is not modified. The trace line gets the record's ``prompt_id``.
+        without an image); the caller's record is not modified. The trace line gets the record's ``prompt_id``.
 
         Args:
-            record: per-prompt metrics; must contain a string ``prompt_id``.
+            record: per-prompt metrics (a :class:`SampleRecord`, or its JSON); must have a string ``prompt_id``.
             trace: compact per-cycle trace, or ``None``.
             image: ``uint8`` array of shape (H, W), (H, W, 1), (H, W, 3) or (H, W, 4) (a PIL image is also
                 accepted), or ``None``.
@@ -453,14 +382,15 @@ class ResultStore:
             ValueError: if the prompt is already done, the record has no ``prompt_id``, the trace names
                 another prompt, or the image has an unsupported dtype/shape.
         """
-        pid = record.get("prompt_id")
+        typed = isinstance(record, SampleRecord)
+        rec = record.to_json() if isinstance(record, SampleRecord) else dict(record)  # the caller's stays as it is
+        pid = rec.get("prompt_id")
         if not isinstance(pid, str) or not pid:
             raise ValueError(f"record needs a non-empty string 'prompt_id', got {pid!r}")
         if pid in self._done:
             raise ValueError(f"prompt {pid!r} is already committed in {self.samples_path}")
 
         img_path = self.image_path(pid)
-        rec = dict(record)
         rec["image"] = img_path.relative_to(self.run_dir).as_posix() if image is not None else None
         sample_line = dumps_line(rec)
         trace_line = None
@@ -476,11 +406,134 @@ class ResultStore:
             append_line_fsync(self.trace_path, trace_line)
         append_line_fsync(self.samples_path, sample_line)
         self._done.add(pid)
+        return SampleRecord.from_json(rec) if typed else rec
 
-    def write_summary(self, summary: dict[str, Any]) -> Path:
-        """Write ``summary.json`` atomically (indent=2, key order kept); return its path."""
-        atomic_write_json(self.summary_path, to_jsonable(summary), indent=2, ensure_ascii=False, allow_nan=False)
-        return self.summary_path
+    def write_summary(self, summary: Summary | dict[str, Any]) -> Path:
+        """Write ``summary.json`` atomically (:func:`write_summary`); return its path."""
+        return write_summary(self.run_dir, summary)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the other writes (every file of a run dir is written here)
+# ----------------------------------------------------------------------------------------------------
+
+
+def write_summary(run_dir: str | os.PathLike[str], summary: Summary | dict[str, Any]) -> Path:
+    """Write the run's ``summary.json`` atomically (:meth:`Summary.to_json`; indent=2, key order kept, strict
+    JSON); return its path."""
+    path = Path(run_dir) / SUMMARY_FILE
+    doc = summary.to_json() if isinstance(summary, Summary) else summary
+    atomic_write_json(path, to_jsonable(doc), indent=2, ensure_ascii=False, allow_nan=False)
+    return path
+
+
+def check_resume(run_dir: str | os.PathLike[str], fingerprint: dict[str, Any]) -> None:
+    """Open ``run_dir`` for a job whose config has ``fingerprint`` (``config.config_fingerprint``): a new dir gets
+    it as ``run_config.json``; a dir holding one of another config is refused (``ConfigError``), the saved config
+    of an older run read as today's fingerprint would read it (:func:`~adtbench.harness.records.migrate_run_config`)."""
+    run = Path(run_dir)
+    saved = read_run_config(run)
+    if saved is not None:
+        old = migrate_run_config(saved)
+        if old != fingerprint:
+            diff = sorted(k for k in set(old) | set(fingerprint) if old.get(k) != fingerprint.get(k))
+            raise ConfigError(
+                "hydra.run.dir", f"{run} holds results of a different config (differs in: {', '.join(diff)})"
+            )
+    else:
+        run.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run / RUN_CONFIG_FILE, fingerprint, indent=2, newline=False)
+
+
+def write_eval(
+    run_dir: str | os.PathLike[str], block: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]
+) -> dict[str, Any]:
+    """Write an evaluation: its per-prompt ``rows`` (``eval_samples.jsonl``), the ``block`` (``eval.json``) and
+    ``summary`` with the block as its ``eval`` (``summary.json``); returns that summary."""
+    run = Path(run_dir)
+    summary = {**summary, "eval": block}
+    _write_jsonl(run / EVAL_SAMPLES_FILE, rows, ensure_ascii=True)
+    atomic_write_json(run / EVAL_FILE, to_jsonable(block), indent=2)
+    write_summary(run, summary)
+    return summary
+
+
+def write_maps(
+    run_dir: str | os.PathLike[str], stem: str, pngs: dict[str, tuple[Any, dict[str, str]]], doc: dict[str, Any]
+) -> list[Path]:
+    """``maps/<stem>_<name>.png`` per ``pngs`` entry (an image and its text chunks) and ``maps/<stem>_maps.json``
+    (``doc``); returns the PNG paths."""
+    paths = [save_png(img, map_file(run_dir, stem, name), text) for name, (img, text) in pngs.items()]
+    atomic_write_json(Path(run_dir) / MAPS_DIR / f"{stem}_maps.json", doc, indent=None, newline=False)
+    return paths
+
+
+def map_file(run_dir: str | os.PathLike[str], stem: str, kind: str) -> Path:
+    """Where a map picture of the run is: ``maps/<stem>_<kind>.png`` (``stem`` ``run`` or a prompt's
+    :func:`safe_stem`; it may not exist)."""
+    return Path(run_dir) / MAPS_DIR / f"{stem}_{kind}.png"
+
+
+def export_dir(run_dir: str | os.PathLike[str], name: str) -> Path:
+    """The default folder of an evaluation export inside the run dir (``export/<name>``: GenEval / DPG layouts,
+    written by ``harness.eval.export`` in the layout those benchmarks read)."""
+    return Path(run_dir) / "export" / name
+
+
+def update_tracking(run_dir: str | os.PathLike[str], entry: dict[str, Any]) -> None:
+    """Add or replace (by ``started``) this job's entry in the run's ``tracking.json``."""
+    path = Path(run_dir) / TRACKING_FILE
+    doc = json.loads(path.read_text()) if path.exists() else {"runs": []}
+    runs = [r for r in doc.get("runs", []) if r.get("started") != entry.get("started")]
+    doc["runs"] = [*runs, entry]
+    atomic_write_json(path, doc, indent=2, default=str, newline=False)
+
+
+def write_merged_run(
+    out: str | os.PathLike[str],
+    records: list[tuple[Path, dict[str, Any]]],
+    traces: list[dict[str, Any]],
+    run_config: dict[str, Any],
+    summary: Summary,
+    info: dict[str, Any],
+) -> None:
+    """Write a merged run into ``out``: each ``(source run dir, record)``'s image (a hard link where possible),
+    ``trace.jsonl`` and ``samples.jsonl`` (in the given order, replacing any), ``run_config.json``,
+    ``summary.json`` and ``merge.json`` (``info``)."""
+    run = Path(out)
+    run.mkdir(parents=True, exist_ok=True)
+    for name in (SAMPLES_FILE, TRACE_FILE):
+        (run / name).unlink(missing_ok=True)
+    ResultStore(run)  # creates images/, clears leftovers
+    for src, rec in records:
+        if rec.get("image"):
+            _link_or_copy(src / rec["image"], run / rec["image"])
+    _write_jsonl(run / TRACE_FILE, traces)
+    _write_jsonl(run / SAMPLES_FILE, [rec for _, rec in records])
+    atomic_write_json(run / RUN_CONFIG_FILE, run_config, indent=2, newline=False)
+    write_summary(run, summary)
+    atomic_write_json(run / MERGE_FILE, to_jsonable(info), indent=2, newline=False)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        dst.unlink()
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]], ensure_ascii: bool = False) -> None:
+    """``rows`` as a JSONL file, written atomically (streamed: a merged run may hold many samples)."""
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps(to_jsonable(r), ensure_ascii=ensure_ascii) + "\n")
+
+    atomic_write_with(path, write)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -504,14 +557,59 @@ def find_runs(root: str | os.PathLike[str]) -> list[Path]:
     return sorted(set(dirs), key=natural_key)
 
 
-def read_summary(run_dir: str | os.PathLike[str]) -> Summary:
-    """The run's ``summary.json``."""
+def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The run's ``summary.json`` as JSON (:meth:`Summary.from_json` types it)."""
     return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())  # type: ignore[no-any-return]
 
 
-def read_records(run_dir: str | os.PathLike[str], name: str = SAMPLES_FILE) -> list[dict[str, Any]]:
-    """The complete lines of the run's ``name`` (``samples.jsonl``, ``trace.jsonl``, ``eval_samples.jsonl``)."""
-    return read_jsonl(Path(run_dir) / name)
+def has_summary(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``run_dir`` holds a ``summary.json`` (a job dir: :func:`find_runs`)."""
+    return (Path(run_dir) / SUMMARY_FILE).is_file()
+
+
+def summary_time(run_dir: str | os.PathLike[str]) -> float | None:
+    """When the run's ``summary.json`` was last written (seconds since the epoch; None without one)."""
+    path = Path(run_dir) / SUMMARY_FILE
+    return path.stat().st_mtime if path.is_file() else None
+
+
+def samples_path(run_dir: str | os.PathLike[str]) -> Path:
+    """Where the run's ``samples.jsonl`` is (to name it in a message; read it with :func:`read_samples`)."""
+    return Path(run_dir) / SAMPLES_FILE
+
+
+def sample_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Every dir at or under ``root`` holding a ``samples.jsonl`` (finished or not), sorted by path."""
+    return sorted(p.parent for p in Path(root).rglob(SAMPLES_FILE))
+
+
+def has_samples(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``run_dir`` holds a ``samples.jsonl`` (a run dir, finished or not)."""
+    return (Path(run_dir) / SAMPLES_FILE).exists()
+
+
+def read_samples(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The run's ``samples.jsonl`` lines, in commit order (:meth:`SampleRecord.from_json` types one)."""
+    return read_jsonl(Path(run_dir) / SAMPLES_FILE)
+
+
+def read_traces(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The run's ``trace.jsonl`` lines."""
+    return read_jsonl(Path(run_dir) / TRACE_FILE)
+
+
+def read_eval_samples(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The run's ``eval_samples.jsonl`` lines (the per-prompt metrics of an evaluation; [] without one)."""
+    return read_jsonl(Path(run_dir) / EVAL_SAMPLES_FILE)
+
+
+def count_sample_lines(run_dir: str | os.PathLike[str]) -> int:
+    """Newline-terminated lines of ``samples.jsonl``, read as bytes (0 if absent or unreadable)."""
+    path = Path(run_dir) / SAMPLES_FILE
+    try:
+        return path.read_bytes().count(b"\n") if path.exists() else 0
+    except OSError:
+        return 0
 
 
 def _json_or_none(path: Path) -> Any:
@@ -521,6 +619,26 @@ def _json_or_none(path: Path) -> Any:
 def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The run's ``run_config.json`` (None when absent)."""
     return _json_or_none(Path(run_dir) / RUN_CONFIG_FILE)  # type: ignore[no-any-return]
+
+
+def run_config_dirs(root: str | os.PathLike[str]) -> list[Path]:
+    """Every dir at or under ``root`` holding a ``run_config.json`` (a job's dir, decoded or merged), sorted."""
+    return sorted(q.parent for q in Path(root).rglob(RUN_CONFIG_FILE))
+
+
+def is_merged_run(run_dir: str | os.PathLike[str]) -> bool:
+    """Whether ``run_dir`` is a merged run (``adtbench merge`` wrote a ``merge.json`` there)."""
+    return (Path(run_dir) / MERGE_FILE).exists()
+
+
+def read_hydra_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The job's composed config as Hydra recorded it (``.hydra/config.yaml``; None when absent)."""
+    path = Path(run_dir) / HYDRA_CONFIG_FILE
+    if not path.exists():
+        return None
+    import yaml
+
+    return dict(yaml.safe_load(path.read_text()) or {})
 
 
 def read_override_list(run_dir: str | os.PathLike[str]) -> list[str]:
@@ -542,12 +660,17 @@ def read_overrides(run_dir: str | os.PathLike[str]) -> dict[str, str]:
     return out
 
 
-def lantern_choice(s: Summary | dict[str, Any]) -> str:
+def lantern_choice(s: dict[str, Any]) -> str:
     """The ``lantern`` option of a run's ``summary.json`` (its Hydra choice; older summaries: the bool)."""
     choice = (s.get("choices") or {}).get("lantern")
     if choice is not None:
         return str(choice)
     return "on" if s.get("lantern") else "off"
+
+
+def read_eval(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The run's ``eval.json`` (the last evaluation's block; None without one)."""
+    return _json_or_none(Path(run_dir) / EVAL_FILE)  # type: ignore[no-any-return]
 
 
 def read_run_maps(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

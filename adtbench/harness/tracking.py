@@ -31,7 +31,6 @@ tracker turns itself off; decoding and the local records continue untouched.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from collections.abc import Sequence
@@ -39,8 +38,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from adtbench.harness.rundir import MAPS_DIR, SAMPLES_FILE, TRACKING_FILE, safe_stem
-from adtbench.io import atomic_write_json
+from adtbench.harness.rundir import count_sample_lines, map_file, safe_stem, update_tracking
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +58,10 @@ class NullLogger:
 
 def _record(run_dir: Path, entry: dict[str, Any]) -> None:
     """Append/update this job's entry (by ``started``) in ``tracking.json``; never raises."""
-    path = run_dir / TRACKING_FILE
     try:
-        doc = json.loads(path.read_text()) if path.exists() else {"runs": []}
-        runs = [r for r in doc.get("runs", []) if r.get("started") != entry.get("started")]
-        doc["runs"] = [*runs, entry]
-        atomic_write_json(path, doc, indent=2, default=str, newline=False)
+        update_tracking(run_dir, entry)
     except Exception as e:  # the tracker's bookkeeping must not fail a job either
-        log.warning("could not write %s: %s", path, e)
+        log.warning("could not record this job in %s: %s", run_dir, e)
 
 
 def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -123,7 +117,7 @@ class WandbLogger:
             if self.log_images and image is not None and self.images < self.max_images:
                 data["media/image"] = self.wandb.Image(image, caption=caption)
                 self.images += 1
-                amap = self.run_dir / MAPS_DIR / f"{safe_stem(str(record.get('prompt_id')))}_accept.png"
+                amap = map_file(self.run_dir, safe_stem(str(record.get("prompt_id"))), "accept")
                 if amap.exists():  # per-image acceptance map (maps.per_image=true)
                     data["media/accept_map"] = self.wandb.Image(str(amap), caption=caption)
             self.run.log(data, step=self.first_step + self.n)
@@ -143,7 +137,7 @@ class WandbLogger:
             media = {
                 f"media/run_{kind}_map": self.wandb.Image(str(p))
                 for kind in ("accept", "depth", "width")
-                if (p := self.run_dir / "maps" / f"run_{kind}.png").exists()
+                if (p := map_file(self.run_dir, "run", kind)).exists()
             }
             if self.rows:
                 media["samples"] = self.wandb.Table(columns=TABLE_COLUMNS, data=self.rows)
@@ -202,11 +196,7 @@ def stable_run_id(run_dir: str | os.PathLike[str], job_type: str) -> str:
 
 def _samples_done(run_dir: Path) -> int:
     """Complete lines of ``samples.jsonl`` (the samples earlier attempts already logged); 0 if absent."""
-    path = run_dir / SAMPLES_FILE
-    try:
-        return path.read_bytes().count(b"\n") if path.exists() else 0
-    except OSError:
-        return 0
+    return count_sample_lines(run_dir)
 
 
 def _hydra_context(run_dir: Path, cfg: Any) -> tuple[str | None, str]:

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,24 +31,18 @@ from typing import Any
 from adtbench.errors import ConfigError
 from adtbench.harness.config import config_diff
 from adtbench.harness.data.prompts import load_prompts, parse_shard, shard_prompts
+from adtbench.harness.records import Summary
 from adtbench.harness.rundir import (
-    HYDRA_CONFIG_FILE,
-    MERGE_FILE,
-    SAMPLES_FILE,
-    SUMMARY_FILE,
-    TRACE_FILE,
     ResultStore,
+    has_samples,
+    has_summary,
+    is_merged_run,
+    read_hydra_config,
     read_run_config,
     read_summary,
-    to_jsonable,
+    run_config_dirs,
+    write_merged_run,
 )
-from adtbench.harness.rundir import RUN_CONFIG_FILE as RUN_CONFIG
-from adtbench.harness.stats import summarize
-from adtbench.io import atomic_write_json, atomic_write_with
-
-# summary fields that describe the config (identical across shards), copied from the first shard
-CONFIG_FIELDS = ("lantern", "model", "drafter", "policy", "dataset", "sampling", "choices", "policy_params",
-                 "sampling_params", "acceptance_rule", "timing_scope")  # fmt: skip
 
 
 class MergeError(ValueError):
@@ -61,10 +53,10 @@ def find_shard_dirs(paths: list[Path]) -> list[Path]:
     """Each path that holds ``run_config.json``, else every such dir below it (sorted)."""
     out: list[Path] = []
     for p in paths:
-        if (p / RUN_CONFIG).exists():
+        if read_run_config(p) is not None:
             out.append(p)
         else:
-            out += sorted(q.parent for q in p.rglob(RUN_CONFIG) if not (q.parent / MERGE_FILE).exists())
+            out += [d for d in run_config_dirs(p) if not is_merged_run(d)]
     return out
 
 
@@ -78,12 +70,10 @@ def _without_shard(cfg: dict[str, Any]) -> dict[str, Any]:
 def _recorded_limit(d: Path) -> tuple[bool, Any]:
     """``dataset.limit`` of a shard run from Hydra's ``.hydra/config.yaml`` (run_config.json omits it: a resume
     may extend the limit). Returns (found, value)."""
-    path = d / HYDRA_CONFIG_FILE
-    if not path.exists():
+    composed = read_hydra_config(d)
+    if composed is None:
         return False, None
-    import yaml
-
-    ds = (yaml.safe_load(path.read_text()) or {}).get("dataset") or {}
+    ds = composed.get("dataset") or {}
     return ("limit" in ds), ds.get("limit")
 
 
@@ -126,16 +116,6 @@ def _expected_prompts(
     return ids, "passed"
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    if dst.exists():
-        dst.unlink()
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, force: bool = False) -> dict[str, Any]:
     """Merge ``shard_dirs`` into ``out`` (module docstring); return the merged summary.
 
@@ -145,13 +125,13 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     """
     if not shard_dirs:
         raise MergeError("no shard run dirs (with run_config.json) given")
-    if (out / SAMPLES_FILE).exists() and not force:
+    if has_samples(out) and not force:
         raise MergeError(f"{out} already holds a run; pass --force to overwrite")
     cfgs = []
     for d in shard_dirs:
         cfg = read_run_config(d)
         if cfg is None:
-            raise MergeError(f"{d} holds no {RUN_CONFIG}: not an adtbench run dir")
+            raise MergeError(f"{d} holds no run_config.json: not an adtbench run dir")
         cfgs.append(cfg)
     base = _without_shard(cfgs[0])
     for d, c in zip(shard_dirs[1:], cfgs[1:]):
@@ -172,7 +152,7 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
         raise MergeError(f"missing shard(s) {missing_shards} of {n} (--allow-partial merges the rest)")
 
     shard_summaries: dict[int, dict[str, Any]] = {
-        i: dict(read_summary(d)) if (d / SUMMARY_FILE).exists() else {} for i, d in by_index.items()
+        i: dict(read_summary(d)) if has_summary(d) else {} for i, d in by_index.items()
     }
     sizes = {i: int(s["n_prompts"]) for i, s in shard_summaries.items() if isinstance(s.get("n_prompts"), int)}
     expected, check = _expected_prompts(cfgs[0], by_index, n, sizes)
@@ -210,49 +190,25 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     if not order:
         raise MergeError("the shards hold no samples")
 
-    out.mkdir(parents=True, exist_ok=True)
-    for name in (SAMPLES_FILE, TRACE_FILE):
-        (out / name).unlink(missing_ok=True)
-    merged_store = ResultStore(out)  # creates images/
-    for pid in order:
-        rec = records[pid]
-        if rec.get("image"):
-            _link_or_copy(owner[pid] / rec["image"], out / rec["image"])
-    _write_lines(out / TRACE_FILE, [traces[pid] for pid in order if pid in traces])
-    _write_lines(out / SAMPLES_FILE, [records[pid] for pid in order])
-    merged_cfg = _without_shard(cfgs[0])
-    atomic_write_json(out / RUN_CONFIG, merged_cfg, indent=2, newline=False)
-
     recs = [records[pid] for pid in order]
-    summary = summarize(recs)
-    first = next((s["summary"] for s in summaries if s["summary"]), {})
-    summary |= {k: first[k] for k in CONFIG_FIELDS if k in first}
+    merged_cfg = _without_shard(cfgs[0])
     greedy = float((merged_cfg.get("sampling") or {}).get("temperature", 1.0)) == 0.0
-    matches = [r["tokens_match_baseline"] for r in recs if r.get("tokens_match_baseline") is not None]
-    envs = [s["summary"].get("env") for s in summaries if s["summary"].get("env")]
-    distinct = [json.loads(e) for e in sorted({json.dumps(e, sort_keys=True) for e in envs})]
     n_prompts = len(expected) if expected is not None else sum(s["summary"].get("n_prompts", 0) for s in summaries)
-    summary |= {
-        "greedy_matches_baseline": (all(matches) if matches else None) if greedy else None,
-        "n_prompts": n_prompts,
-        "complete": len(recs) == n_prompts and not missing_shards,
-        "env": distinct[0] if len(distinct) == 1 else None,
-        "envs": distinct,
-        "env_consistent": len(distinct) <= 1,
-        "merged_from": [{k: s[k] for k in ("dir", "shard", "n_samples")} for s in summaries],
-    }
-    merged_store.write_summary(summary)
+    sources = [{k: s[k] for k in ("dir", "shard", "n_samples")} for s in summaries]
+    summary = Summary.merged(recs, [s["summary"] for s in summaries], sources, greedy, n_prompts,
+                             complete=len(recs) == n_prompts and not missing_shards)  # fmt: skip
     info = {
         "shards": n,
         "merged": sorted(by_index),
         "missing_shards": missing_shards,
-        "sources": summary["merged_from"],
+        "sources": sources,
         "n_samples": len(recs),
         "missing_prompts": lost,
         "dataset_check": check,
     }
-    atomic_write_json(out / MERGE_FILE, to_jsonable(info), indent=2, newline=False)
-    return summary
+    traced = [traces[pid] for pid in order if pid in traces]
+    write_merged_run(out, [(owner[pid], records[pid]) for pid in order], traced, merged_cfg, summary, info)
+    return summary.to_json()
 
 
 class _P:
@@ -260,17 +216,6 @@ class _P:
 
     def __init__(self, prompt_id: str) -> None:
         self.prompt_id = prompt_id
-
-
-def _write_lines(path: Path, rows: list[dict[str, Any]]) -> None:
-    """``rows`` as a JSONL file, written atomically (streamed: a merged run may hold many samples)."""
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps(to_jsonable(r), ensure_ascii=False) + "\n")
-
-    atomic_write_with(path, write)
 
 
 def main(args: list[str]) -> int:

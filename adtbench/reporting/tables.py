@@ -51,19 +51,18 @@ from typing import Any
 import numpy as np
 
 from adtbench.harness.rundir import (
-    EVAL_FILE,
-    EVAL_SAMPLES_FILE,
-    MERGE_FILE,
     PLUMBING_KEYS,
     POOLED_KEYS,
-    SAMPLES_FILE,
     find_runs,
+    is_merged_run,
     is_plumbing,
     lantern_choice,
     merged_sources,
-    read_jsonl,
+    read_eval,
+    read_eval_samples,
     read_overrides,
     read_run_config,
+    read_samples,
     read_summary,
 )
 from adtbench.harness.stats import SPEEDUP_CI_MIN_PROMPTS, bootstrap_distribution, percentile_interval
@@ -135,8 +134,8 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
         s = read_summary(d)
         cid = _config_id(d, s)
         ev = s.get("eval") or {}
-        if not ev and (d / EVAL_FILE).exists():  # summary rewritten by a resume: the eval block, if still current
-            ev = json.loads((d / EVAL_FILE).read_text())
+        if not ev:  # summary rewritten by a resume: the eval block of eval.json, if still current
+            ev = read_eval(d) or {}
             if ev.get("n_images") != s.get("n_samples"):
                 ev = {}
         row: dict[str, Any] = {
@@ -145,7 +144,7 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
             "config_id": cid,
             **{c: s.get(c) if c != "lantern" else lantern_choice(s) for c in CHOICE_COLUMNS},
             "shard": ((s.get("choices") or {}).get("dataset.shard")) or _shard_of(d),
-            "merged": (d / MERGE_FILE).exists(),
+            "merged": is_merged_run(d),
             **{k: s.get(k) for k in ("n_samples", "n_prompts", "complete", "tau", "d_bar", "d_bar_tree")},
             **{k: s.get(k) for k in ("speedup", "latency_s", "baseline_latency_s")},
             "device": (s.get("env") or {}).get("gpu") or (s.get("env") or {}).get("device"),
@@ -153,8 +152,8 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
         }
         row |= {f"ov.{k}": v for k, v in read_overrides(d).items()}
         run_rows.append(row)
-        per_prompt = {r["prompt_id"]: r for r in read_jsonl(d / EVAL_SAMPLES_FILE)}
-        for rec in read_jsonl(d / SAMPLES_FILE):
+        per_prompt = {r["prompt_id"]: r for r in read_eval_samples(d)}
+        for rec in read_samples(d):
             srow = {"run_dir": str(d), "config_id": cid, "prompt_id": rec["prompt_id"]}
             for k in ("seed", "committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s",
                       "baseline_latency_s", "tau", "speedup"):  # fmt: skip

@@ -197,7 +197,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
             else "the overhead benchmark needs a drafting policy or a Jacobi loop (sjd, scd, gsd)"
         )
         raise ConfigError("policy", why)
-    from adtbench.harness.app import load_dataset
+    from adtbench.harness.data.prompts import load_dataset
     from adtbench.harness.job import Job
     from adtbench.harness.loops import build_loop_models
 

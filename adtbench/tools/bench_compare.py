@@ -150,7 +150,9 @@ def run_job(code: Path, overrides: list[str], run_dir: Path) -> dict[str, Any]:
     proc = subprocess.run(cmd, cwd=code, env=env, text=True, capture_output=True)
     if proc.returncode != 0:
         return {"error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
-    s = json.loads((run_dir / "summary.json").read_text())
+    from adtbench.harness.rundir import read_summary
+
+    s = read_summary(run_dir)
     keys = ("tau", "speedup", "latency_s", "baseline_latency_s", "load_before", "load_after", "n_samples")
     return {k: s.get(k) for k in keys}
 

@@ -146,11 +146,11 @@ def run_row(name: str, overrides: list[str], common: list[str], out: Path) -> Pa
 
 def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
     """Figures of one job (module docstring); ``model`` is the machine's ``CostModel``."""
-    from adtbench.harness.rundir import TRACE_FILE, read_records, read_summary
+    from adtbench.harness.rundir import read_samples, read_summary, read_traces
 
     s = read_summary(run_dir)
-    traces = read_records(run_dir, TRACE_FILE)
-    records = read_records(run_dir)
+    traces = read_traces(run_dir)
+    records = read_samples(run_dir)
     nodes = np.concatenate([np.asarray(t["nodes"], dtype=float) for t in traces]) if traces else np.zeros(0)
     D = np.concatenate([np.asarray(t["D"], dtype=float) for t in traces]) if traces else np.zeros(0)
     K = np.concatenate([np.asarray(t["K"], dtype=float) for t in traces]) if traces else np.zeros(0)
@@ -264,6 +264,8 @@ def main(args: list[str]) -> int:
 
 
 def _main(opts: dict[str, Any], rest: list[str]) -> int:
+    from adtbench.harness.rundir import summary_time
+
     common = [f"dataset.limit={opts['prompts']}", "save_images=false", "progress=false", *rest]
     if not any(a.startswith("timing.repeats=") for a in rest):  # job-to-job drift is ±3 % at 1 repeat
         common.insert(0, f"timing.repeats={DEFAULT_REPEATS}")
@@ -278,10 +280,11 @@ def _main(opts: dict[str, Any], rest: list[str]) -> int:
         label, overrides = ROWS[name]
         if opts["reuse"]:  # re-render the table from the jobs already in ``out`` (no decoding)
             run_dir = out / name
-            if not (run_dir / "summary.json").is_file():
+            written = summary_time(run_dir)
+            if written is None:
                 print(f"adtbench: config error: bench.reuse: {run_dir} holds no finished job", file=sys.stderr)
                 return 2
-            measured = time.strftime("%Y-%m-%d", time.localtime((run_dir / "summary.json").stat().st_mtime))
+            measured = time.strftime("%Y-%m-%d", time.localtime(written))
         else:
             run_dir = run_row(name, overrides, common, out)
         results.append((label, {"row": name, **row_figures(run_dir, model)}))

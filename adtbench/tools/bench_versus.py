@@ -106,8 +106,8 @@ def _ratio(x: np.ndarray) -> float:
 
 def run(args: list[str]) -> dict[str, Any]:
     """Compose, build once, time every variant and AR interleaved (module docstring); returns the result dict."""
-    from adtbench.harness.app import load_dataset
     from adtbench.harness.config import validate
+    from adtbench.harness.data.prompts import load_dataset
     from adtbench.harness.job import Job
     from adtbench.harness.stats import bootstrap_ci
     from adtbench.resources import load_average

@@ -34,6 +34,7 @@ from typing import Any
 from adtbench.errors import ConfigError
 
 __all__ = [
+    "load_dataset",
     "CAPTION_RULES",
     "KINDS",
     "PARTI_HEADER",
@@ -356,3 +357,17 @@ def load_prompts(
     if n_limit is not None:
         prompts = prompts[:n_limit]
     return shard_prompts(prompts, shard_i, shard_n)
+
+
+def load_dataset(cfg: Any) -> list[Prompt]:
+    """A job's prompts: :func:`load_prompts` of its config's ``dataset`` node (``kind``, ``path``, ``limit``,
+    ``shard``, ``caption``, ``text``)."""
+    d = cfg.dataset
+    return load_prompts(
+        str(d.kind),
+        None if d.get("path") is None else str(d.path),
+        d.get("limit"),
+        d.get("shard"),
+        caption=str(d.get("caption", "first")),
+        text=None if d.get("text") is None else str(d.text),
+    )

@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from adtbench.errors import ConfigError
-from adtbench.harness.rundir import SAMPLES_FILE, ResultStore
+from adtbench.harness.rundir import ResultStore, has_samples
 from adtbench.io import atomic_write_json
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
@@ -51,8 +51,8 @@ def load_run_samples(run_dir: str | os.PathLike[str]) -> list[EvalSample]:
         ConfigError: no ``samples.jsonl``, a record without an image (``save_images=false``) or a missing file.
     """
     run = Path(run_dir)
-    if not (run / SAMPLES_FILE).exists():
-        raise ConfigError("eval", f"{run} holds no {SAMPLES_FILE}: nothing to evaluate")
+    if not has_samples(run):
+        raise ConfigError("eval", f"{run} holds no samples.jsonl: nothing to evaluate")
     out = []
     for rec in ResultStore(run).records():
         pid = rec["prompt_id"]
@@ -213,7 +213,7 @@ def reference_files(ref: Any, key: str = "eval.reference.dir") -> list[Path]:
     ``ref.dir`` may also be an adtbench run dir (it holds ``samples.jsonl``): its images, in commit order.
     """
     root = require_dir(node_get(ref, "dir"), key, "a folder of reference images (e.g. COCO val2017) or a run dir")
-    if (root / SAMPLES_FILE).exists():
+    if has_samples(root):
         files = [s.image_path for s in load_run_samples(root)]
     else:
         files = sorted((p for p in root.rglob("*") if p.suffix.lower() in IMAGE_EXTS), key=lambda p: str(p))

@@ -26,6 +26,7 @@ from PIL import Image
 from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import EvalSample, load_run_samples, node_get, open_rgb, require_dir, require_file
 from adtbench.harness.eval.context import EvalContext, MetricOutput
+from adtbench.harness.rundir import export_dir
 from adtbench.io import atomic_write_text, save_png
 
 
@@ -40,7 +41,7 @@ def _sample_sets(node: Any, ctx: EvalContext, key: str) -> list[dict[str, EvalSa
 
 def _out_dir(node: Any, ctx: EvalContext, name: str) -> Path:
     out = node_get(node, "out")
-    return Path(str(out)).expanduser() if out is not None else ctx.run_dir / "export" / name
+    return Path(str(out)).expanduser() if out is not None else export_dir(ctx.run_dir, name)
 
 
 def validate_geneval(ecfg: Any) -> None:

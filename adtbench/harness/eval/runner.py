@@ -4,7 +4,6 @@ results go to ``eval.json``, ``eval_samples.jsonl`` and ``summary.json["eval"]``
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -16,8 +15,7 @@ from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import load_run_samples, node_get, pick_device, prompt_ids_digest
 from adtbench.harness.eval.context import EvalContext
 from adtbench.harness.eval.metrics import METRICS, validate
-from adtbench.harness.rundir import EVAL_FILE, EVAL_SAMPLES_FILE, SAMPLES_FILE, SUMMARY_FILE, to_jsonable
-from adtbench.io import atomic_write_text
+from adtbench.harness.rundir import has_samples, has_summary, read_summary, sample_dirs, samples_path, write_eval
 
 log = logging.getLogger("adtbench.harness.eval")
 
@@ -28,9 +26,10 @@ def run_eval(
     target: Any = None,
     inject: dict[str, Any] | None = None,
     shared: dict[Any, Any] | None = None,
+    summary: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Evaluate the run in ``run_dir`` with ``cfg.eval``; write ``eval.json``, ``eval_samples.jsonl`` and the
-    ``eval`` block of ``summary.json``; return the updated summary.
+    ``eval`` block of ``summary.json`` (``rundir.write_eval``); return the updated summary.
 
     Args:
         cfg: the composed config (``cfg.eval`` is used; ``paths`` only through interpolations).
@@ -38,12 +37,13 @@ def run_eval(
         target: the decoded target (its CUDA device is reused with ``eval.device=auto``).
         inject: stand-in modules instead of loading weights (see :class:`EvalContext`).
         shared: a dict reused across calls to keep loaded models (several run dirs in one process).
+        summary: the run's summary JSON as the caller just wrote it (the app); else read from the run dir.
     """
     run = Path(run_dir)
     names = validate(cfg, inject)
     ecfg = cfg.eval
-    summary_path = run / SUMMARY_FILE
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    if summary is None:
+        summary = read_summary(run) if has_summary(run) else {}
     if not names:
         return summary
     samples = load_run_samples(run)
@@ -88,13 +88,10 @@ def run_eval(
             for pid, v in vals.items():
                 per_prompt.setdefault(pid, {})[col] = v
     if not samples:
-        block["skipped"] = f"no samples in {run / SAMPLES_FILE}"
+        block["skipped"] = f"no samples in {samples_path(run)}"
     block["complete"] = error is None and bool(samples)
-    summary["eval"] = block
     rows = [{"prompt_id": s.prompt_id, **per_prompt[s.prompt_id]} for s in samples if s.prompt_id in per_prompt]
-    atomic_write_text(run / EVAL_SAMPLES_FILE, "".join(json.dumps(to_jsonable(r)) + "\n" for r in rows))
-    atomic_write_text(run / EVAL_FILE, json.dumps(to_jsonable(block), indent=2) + "\n")
-    atomic_write_text(summary_path, json.dumps(to_jsonable(summary), indent=2, ensure_ascii=False) + "\n")
+    summary = write_eval(run, block, rows, summary)
     if error is not None:
         raise error
     return summary
@@ -109,9 +106,9 @@ def eval_line(summary: dict[str, Any]) -> str:
 
 def find_run_dirs(root: Path) -> list[Path]:
     """``root`` if it is a run dir, else every run dir (holding ``samples.jsonl``) below it, sorted."""
-    if (root / SAMPLES_FILE).exists():
+    if has_samples(root):
         return [root]
-    return sorted(p.parent for p in root.rglob(SAMPLES_FILE) if "export" not in p.parts)
+    return [d for d in sample_dirs(root) if "export" not in d.parts]
 
 
 def main(args: list[str]) -> int:
@@ -129,7 +126,7 @@ def main(args: list[str]) -> int:
         return 2
     runs = find_run_dirs(root)
     if not runs:
-        print(f"adtbench eval: no run dir (with {SAMPLES_FILE}) at or under {root}", file=sys.stderr)
+        print(f"adtbench eval: no run dir (with samples.jsonl) at or under {root}", file=sys.stderr)
         return 1
     try:
         if not validate(cfg):
