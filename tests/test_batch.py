@@ -35,6 +35,11 @@ def _gen(i: int) -> torch.Generator:
     return torch.Generator().manual_seed(1000 + i)
 
 
+def _generate_batch(bt, drafter, policy, inputs, sp, on_done, *args, **kwargs) -> None:
+    """``generate_batch`` over ``inputs``, prompt i keyed i with generator ``_gen(i)``."""
+    generate_batch(bt, drafter, policy, [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp, on_done, *args, **kwargs)
+
+
 def _capacity(target, inputs, nodes: int) -> int:
     return max(target.prompt_length(x) for x in inputs) + target.layout.num_gen_tokens + nodes + 1
 
@@ -93,14 +98,7 @@ def test_tiny_batched_tokens_equal_one_prompt_at_a_time(model: str, temperature:
     assert [r.tokens for r in ar_b] == ar
     got: dict[int, list[int]] = {}
     order: list[int] = []
-    generate_batch(
-        bt,
-        drafter,
-        policy,
-        [(i, x, _gen(i)) for i, x in enumerate(inputs)],
-        sp,
-        lambda k, r: (got.__setitem__(k, r.tokens), order.append(k)),
-    )
+    _generate_batch(bt, drafter, policy, inputs, sp, lambda k, r: (got.__setitem__(k, r.tokens), order.append(k)))
     assert [got[i] for i in range(len(PROMPTS))] == spec and sorted(order) == list(range(len(PROMPTS)))
     if temperature == 0.0:
         assert spec == ar
@@ -137,14 +135,8 @@ def test_device_acceptance_reads_every_slot_at_once_and_keeps_the_tokens(gated: 
     got: dict[int, list[int]] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("adtbench.algorithm.slot.read_verdicts", spy)
-        generate_batch(
-            bt,
-            drafter,
-            policy(),
-            [(i, x, _gen(i)) for i, x in enumerate(inputs)],
-            sp,
-            lambda k, r: got.__setitem__(k, r.tokens),
-            acceptance="device",
+        _generate_batch(
+            bt, drafter, policy(), inputs, sp, lambda k, r: got.__setitem__(k, r.tokens), acceptance="device"
         )
     assert [got[i] for i in range(len(PROMPTS))] == alone
     assert max(calls) == 3  # three slots' verdicts in one read
@@ -192,15 +184,7 @@ def test_mini_batched_speculation_equals_one_prompt_at_a_time(mini64, overrides,
     alone = [generate(target, drafter, policy, x, sp, _gen(i), rule) for i, x in enumerate(inputs)]
     bt = BatchTarget(target, 2, True, _capacity(target, inputs, max(policy.max_nodes(), policy.max_draft_slots())))
     got: dict[int, list[int]] = {}
-    generate_batch(
-        bt,
-        drafter,
-        policy,
-        [(i, x, _gen(i)) for i, x in enumerate(inputs)],
-        sp,
-        lambda k, r: got.__setitem__(k, r.tokens),
-        rule,
-    )
+    _generate_batch(bt, drafter, policy, inputs, sp, lambda k, r: got.__setitem__(k, r.tokens), rule)
     assert [got[i] for i in range(len(inputs))] == [r.tokens for r in alone]
     accepted = [c.accepted for r in alone for c in r.cycles]
     assert max(accepted) >= 2 and len(set(accepted)) >= 3  # long, ragged commits were exercised
