@@ -35,6 +35,11 @@ def _gen(i: int) -> torch.Generator:
     return torch.Generator().manual_seed(1000 + i)
 
 
+def _generate_batch(bt, drafter, policy, inputs, sp, on_done, *args, **kwargs) -> None:
+    """``generate_batch`` over ``inputs``, prompt i keyed i with generator ``_gen(i)``."""
+    generate_batch(bt, drafter, policy, [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp, on_done, *args, **kwargs)
+
+
 def _capacity(target, inputs, nodes: int) -> int:
     return max(target.prompt_length(x) for x in inputs) + target.layout.num_gen_tokens + nodes + 1
 
@@ -93,8 +98,7 @@ def test_tiny_batched_tokens_equal_one_prompt_at_a_time(model: str, temperature:
     assert [r.tokens for r in ar_b] == ar
     got: dict[int, list[int]] = {}
     order: list[int] = []
-    generate_batch(bt, drafter, policy, [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp,
-                   lambda k, r: (got.__setitem__(k, r.tokens), order.append(k)))  # fmt: skip
+    _generate_batch(bt, drafter, policy, inputs, sp, lambda k, r: (got.__setitem__(k, r.tokens), order.append(k)))
     assert [got[i] for i in range(len(PROMPTS))] == spec and sorted(order) == list(range(len(PROMPTS)))
     if temperature == 0.0:
         assert spec == ar
@@ -117,8 +121,9 @@ def test_device_acceptance_reads_every_slot_at_once_and_keeps_the_tokens(gated: 
         p.gate = DraftGate(1.05, 2) if gated else None
         return p
 
-    alone = [generate(target, drafter, policy(), x, sp, _gen(i), acceptance="device").tokens
-             for i, x in enumerate(inputs)]  # fmt: skip
+    alone = [
+        generate(target, drafter, policy(), x, sp, _gen(i), acceptance="device").tokens for i, x in enumerate(inputs)
+    ]
     bt = BatchTarget(target, 3, True, _capacity(target, inputs, 16))
     calls: list[int] = []
     real = verify.read_verdicts
@@ -129,9 +134,10 @@ def test_device_acceptance_reads_every_slot_at_once_and_keeps_the_tokens(gated: 
 
     got: dict[int, list[int]] = {}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("adtbench.algorithm.batch.read_verdicts", spy)
-        generate_batch(bt, drafter, policy(), [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp,
-                       lambda k, r: got.__setitem__(k, r.tokens), acceptance="device")  # fmt: skip
+        mp.setattr("adtbench.algorithm.slot.read_verdicts", spy)
+        _generate_batch(
+            bt, drafter, policy(), inputs, sp, lambda k, r: got.__setitem__(k, r.tokens), acceptance="device"
+        )
     assert [got[i] for i in range(len(PROMPTS))] == alone
     assert max(calls) == 3  # three slots' verdicts in one read
 
@@ -178,8 +184,7 @@ def test_mini_batched_speculation_equals_one_prompt_at_a_time(mini64, overrides,
     alone = [generate(target, drafter, policy, x, sp, _gen(i), rule) for i, x in enumerate(inputs)]
     bt = BatchTarget(target, 2, True, _capacity(target, inputs, max(policy.max_nodes(), policy.max_draft_slots())))
     got: dict[int, list[int]] = {}
-    generate_batch(bt, drafter, policy, [(i, x, _gen(i)) for i, x in enumerate(inputs)], sp,
-                   lambda k, r: got.__setitem__(k, r.tokens), rule)  # fmt: skip
+    _generate_batch(bt, drafter, policy, inputs, sp, lambda k, r: got.__setitem__(k, r.tokens), rule)
     assert [got[i] for i in range(len(inputs))] == [r.tokens for r in alone]
     accepted = [c.accepted for r in alone for c in r.cycles]
     assert max(accepted) >= 2 and len(set(accepted)) >= 3  # long, ragged commits were exercised
@@ -249,8 +254,9 @@ def test_batched_run_records_throughput_and_resumes(tmp_path) -> None:
     run_app(*common, "dataset.limit=6", f"hydra.run.dir={out}", *FAST)
     ids = [r["prompt_id"] for r in lines(out / "samples.jsonl")]
     assert len(ids) == 6 == len(set(ids)) and ids[:4] == [r["prompt_id"] for r in recs]
-    proc = run_app("sampling=greedy", "decode.batch_size=2", "dataset.limit=6", f"hydra.run.dir={out}", *FAST,
-                   check=False)  # fmt: skip
+    proc = run_app(
+        "sampling=greedy", "decode.batch_size=2", "dataset.limit=6", f"hydra.run.dir={out}", *FAST, check=False
+    )
     assert proc.returncode == 2 and "decode" in proc.stderr
 
 

@@ -103,8 +103,11 @@ class CostModel:
         lines += [f"| {n} | {t:.2f} | {t / s:.2f} |" for n, t in zip(self.verify_nodes, self.verify_ms)]
         lines += ["", "| drafter level, nodes | ms | × AR step |", "|---:|---:|---:|"]
         lines += [f"| {m} | {t:.2f} | {t / s:.2f} |" for m, t in zip(self.level_nodes, self.level_ms)]
-        lines += ["", f"fixed per-cycle work (drafter extend + root scoring): {self.fixed_ms:.2f} ms "
-                  f"({self.fixed_ms / s:.2f} steps)"]  # fmt: skip
+        lines += [
+            "",
+            f"fixed per-cycle work (drafter extend + root scoring): {self.fixed_ms:.2f} ms "
+            f"({self.fixed_ms / s:.2f} steps)",
+        ]
         return "\n".join(lines)
 
 

@@ -3,9 +3,11 @@
     prefill            prompt → first image token (the root of cycle 1) and the drafter's prefix
     decode_ar          the AR baseline: one target forward per token
     speculative_cycle  draft a tree (policy × drafter) → verify it (one target forward) → commit a + 1 tokens
+    ar_cycle           the root verified alone (a gated cycle, or no room for drafts)
     generate           prefill, then cycles until the image is complete
 
-Bookkeeping per cycle (algorithms.md §1): the root is the last chosen token (not yet in the target's KV cache); the
+Bookkeeping per cycle (algorithms.md §1) lives in ``slot.DecodeState``, which the batched loop
+(``algorithm.batch``) drives per slot too: the root is the last chosen token (not yet in the target's KV cache); the
 target commits root + a accepted drafts and picks the bonus token, which becomes the next root. τ = committed /
 cycles counts the bonus (AR: τ = 1). The tree depth is capped by the image positions left, minus one, so the last
 token is always a bonus and no cycle overshoots the image (a cycle with no room for drafts verifies the root alone;
@@ -33,20 +35,18 @@ prefill / draft / verify comes from CUDA events (``records.Clock``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 import torch
 
-from adtbench import accel
 from adtbench.algorithm.ar import ar_step, ar_tokens, prefill_token
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.gate import DraftGate
-from adtbench.algorithm.policies.base import LoopPolicy, Policy, TreePolicy
+from adtbench.algorithm.policies.base import LoopPolicy, Policy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.slot import DecodeState, Mark, Timing, decides_on_host, root_alone
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.models.base import PrefillResult, PromptInputs, Target
@@ -79,21 +79,23 @@ def prefill_drafter(
     return drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
 
 
-def catch_up(target: Target, drafter: Drafter, pending: list[CycleOutcome]) -> torch.Tensor:
-    """The drafter consumes (f_t, x_{t+1}) of every position committed since its last forward, in one ``extend``;
-    returns its output at the new root ``[R, H]``."""
-    return drafter.extend(*pending_slots(target, pending))
+def catch_up(target: Target, drafter: Drafter, st: DecodeState) -> None:
+    """The drafter consumes (f_t, x_{t+1}) of every position ``st`` committed since its last forward, in one
+    ``extend``; its output at the new root goes to ``st.out``."""
+    st.caught_up(drafter.extend(*pending_slots(target, st.pending)))
 
 
-def pending_slots(target: Target, pending: list[CycleOutcome]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The drafter's committed slots of ``pending`` cycles: (features, embeddings of the next tokens ``[R, m, H]``,
-    positions ``[R, m]``)."""
+def pending_slots(
+    target: Target, pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The drafter's committed slots of ``pending`` cycles (``DecodeState.pending``): (features, embeddings of the
+    next tokens ``[R, m, H]``, positions ``[R, m]``)."""
     if len(pending) == 1:
-        feats, positions, nxt = pending[0].features, pending[0].positions, pending[0].next_tokens
+        feats, positions, nxt = pending[0]
     else:
-        feats = torch.cat([c.features for c in pending], 1)
-        positions = torch.cat([c.positions for c in pending], 1)
-        nxt = torch.cat([c.next_tokens for c in pending])
+        feats = torch.cat([f for f, _, _ in pending], 1)
+        positions = torch.cat([p for _, p, _ in pending], 1)
+        nxt = torch.cat([x for _, _, x in pending])
     embeds = target.embed_tokens(nxt)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
     return feats, embeds, positions
 
@@ -110,51 +112,35 @@ def decode_ar(
     latency = clock.now() - t0
     t_prefill = clock.seconds(start, marks[0])
     cycles = [
-        CycleRecord(g, nodes=1, drafted_depth=0, tree_depth=0, width=0, accepted=0) for g in range(len(tokens) - 1)
+        CycleRecord(root_gen=g, nodes=1, drafted_depth=0, tree_depth=0, width=0, accepted=0)
+        for g in range(len(tokens) - 1)
     ]
     return GenerationResult(tokens, cycles, latency, t_prefill, 0.0, latency - t_prefill, target.forwards, 0)
 
 
-@dataclass
-class CycleOutcome:
-    """What one cycle hands the loop: host values (read once) and the device tensors the drafter consumes next."""
-
-    root: int  # the root's token (read with the cycle)
-    tokens: list[int]  # committed after the root: the accepted drafts, then the bonus token
-    record: CycleRecord
-    features: torch.Tensor  # [R, a+1, H] target features of the committed tokens (root first)
-    positions: torch.Tensor  # [R, a+1] their position ids
-    next_tokens: torch.Tensor  # [a+1] the token after each (accepted drafts, then the bonus): the drafter's x_{t+1}
-    entropy: float | None  # H of the bonus's distribution (read only for a draft gate)
-    marks: tuple[Any, Any, Any]  # clock marks: drafted, verified, done
-    drafter_forwards: int
-
-
 def speculative_cycle(
     target: Target,
+    st: DecodeState,
     session: DraftSession,
-    policy: TreePolicy,
     sp: SamplingParams,
     rule: AcceptanceRule,
-    generator: torch.Generator | None,
-    max_depth: int,
     clock: Clock,
-    entropy: bool = False,
     acceptance: str = "auto",
-) -> CycleOutcome:
-    """Draft a tree, verify it in one target forward, commit root + accepted drafts, tell the policy. ``entropy``:
-    read the entropy of the bonus's distribution too (a draft gate); ``acceptance``: where acceptance runs
-    (``verify.verify_cycle``)."""
-    tree = policy.propose(session, max_depth)
+) -> tuple[Mark, Mark, Mark]:
+    """Draft a tree (``st.policy`` on ``session``), verify it in one target forward, commit root + accepted drafts,
+    advance ``st`` (``DecodeState.advance``: the policy and the gate learn how the tree fared). ``acceptance``: where
+    acceptance runs (``verify.verify_cycle``). Returns the clock marks drafted, verified, done."""
+    tree = st.policy.propose(session, st.room)
     session.drafter.rollback()
     drafted = clock.mark()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
     processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
-    read = judge(tree, processed, sp, rule, generator, entropy, acceptance)
+    read = judge(tree, processed, sp, rule, st.generator, st.gate is not None, acceptance)
     next_pos = target.next_pos
     target.commit(read.keep, in_place=read.acceptance.path[-1] == read.acceptance.accepted)
-    verified = clock.mark()
-    return outcome(read, tree, feats, next_pos, policy, session, (drafted, verified, clock.mark()))
+    marks = (drafted, clock.mark(), clock.mark())
+    st.advance(read, feats, next_pos, tree, session)
+    return marks
 
 
 def judge(
@@ -172,65 +158,17 @@ def judge(
     return verify_cycle(tree, processed, sp.greedy, generator, rule, extra, acceptance)
 
 
-def outcome(
-    read: CycleRead,
-    tree: DraftTree,
-    feats: torch.Tensor,
-    next_pos: torch.Tensor,
-    policy: TreePolicy,
-    session: DraftSession,
-    marks: tuple[Any, Any, Any],
-) -> CycleOutcome:
-    """A verified cycle's ``CycleOutcome`` (``feats [R, n, H]``: the tree's target features; ``next_pos [R]``: the
-    root's positions, read before the commit); tells the policy how the tree fared."""
-    acc, keep = read.acceptance, read.keep
-    a = acc.accepted
-    positions = next_pos[:, None] + _arange(a + 1, keep.device)[None]
-    if tree.size > 1:
-        policy.observe(tree, acc, session.root_gen)
-    rec = CycleRecord(session.root_gen, acc.nodes, tree.drafted_depth, acc.tree_depth, tree.width, a, dict(tree.info))
-    return CycleOutcome(
-        read.root, read.tokens, rec, feats.index_select(1, keep), positions, read.next_tokens,
-        read.extra[0] if read.extra else None, marks, session.forwards,
-    )  # fmt: skip
-
-
-def ar_cycle(
-    target: Target,
-    root: torch.Tensor,
-    g: int,
-    sp: SamplingParams,
-    generator: torch.Generator | None,
-    clock: Clock,
-    entropy: bool = False,
-) -> CycleOutcome:
+def ar_cycle(target: Target, st: DecodeState, sp: SamplingParams, clock: Clock) -> tuple[Mark, Mark, Mark]:
     """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``models.base.ar_step``);
-    its token and the root's (and the entropy for a gate) are read at once."""
+    its token and the root's (and the entropy for a gate) are read at once (``slot.root_alone``). Returns the clock
+    marks started, verified, done."""
     start = clock.mark()
     next_pos = target.next_pos
-    bonus, last, feats = ar_step(target, root, g + 1, sp, generator)
+    bonus, processed, feats = ar_step(target, st.root, st.g + 1, sp, st.generator)
     done = clock.mark()
-    return ar_outcome(root, bonus, last, feats, next_pos, g, entropy, (start, done, done))
-
-
-def ar_outcome(
-    root: torch.Tensor,
-    bonus: torch.Tensor,
-    processed: torch.Tensor,
-    feats: torch.Tensor,
-    next_pos: torch.Tensor,
-    g: int,
-    entropy: bool,
-    marks: tuple[Any, Any, Any],
-) -> CycleOutcome:
-    """A cycle without drafts: the root (generation index ``g``, at positions ``next_pos [R]``) and the ``bonus``
-    chosen from ``processed [V]``, read at once (with the entropy for a gate)."""
-    head = [root.view(()), bonus] + ([DraftGate.entropy(processed)] if entropy else [])
-    values = torch.stack([x.to(torch.float64) for x in head]).tolist()
-    return CycleOutcome(
-        int(values[0]), [int(values[1])], CycleRecord(g, 1, 0, 0, 0, 0), feats, next_pos[:, None], bonus.view(1),
-        values[2] if entropy else None, marks, 0,
-    )  # fmt: skip
+    extra = [DraftGate.entropy(processed)] if st.gate is not None else []
+    st.advance(root_alone(st.root, bonus, extra), feats, next_pos)
+    return start, done, done
 
 
 @torch.no_grad()
@@ -252,63 +190,19 @@ def generate(
         return policy.generate(target, drafter, inputs, sp, generator, rule, acceptance)
     if not policy.uses_drafter or drafter is None:
         return decode_ar(target, inputs, sp, generator)
-    policy.reset()
-    gate = policy.gate
-    if gate is not None:
-        gate.reset()
     clock, n_gen = Clock(target.device), target.layout.num_gen_tokens
-    on_host = acceptance == "host" or (acceptance == "auto" and not accel.is_cuda(target.device))
     t0 = clock.now()
     begin = clock.mark()
     root, _, out = prefill(target, drafter, inputs, sp, policy.max_nodes(), policy.max_draft_slots(), generator)
-    prefilled = clock.mark()
-    tokens: list[int] = [-1]  # the root's value is read with the first cycle (its tokens follow it)
-    root_t = root.view(1)
-    cycles: list[CycleRecord] = []
-    marks: list[tuple[Any, Any, Any, Any]] = []  # per cycle: start, drafted, verified, done
-    drafter_forwards = 1
-    pending: list[CycleOutcome] = []  # committed slots the drafter has not seen (f_t, positions, x_{t+1})
-    b: int | None = None  # the gate's entropy bin of the next root (None: unknown)
-    while len(tokens) < n_gen:
-        g = len(tokens) - 1
-        room = n_gen - len(tokens) - 1  # drafts stop one short of the image end: the last token is a bonus
+    timing = Timing(t0, (begin, clock.mark()))
+    st = DecodeState.start(policy, generator, n_gen, root, out, decides_on_host(acceptance, target.device))
+    while not st.done:
         start = clock.mark()
-        if room >= 1 and (gate is None or gate.draft(b)):
-            if pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
-                out = catch_up(target, drafter, pending)
-                pending, drafter_forwards = [], drafter_forwards + 1
-            session = DraftSession(drafter, target, sp, root_t, g, target.next_pos, out, generator, on_host)
-            c = speculative_cycle(
-                target, session, policy, sp, rule, generator, room, clock, gate is not None, acceptance
-            )
-            if gate is not None:
-                gate.observe(b, len(c.tokens))
+        if st.drafts():
+            if st.pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
+                catch_up(target, drafter, st)
+            session = st.session(drafter, target, sp, target.next_pos)
+            timing.cycle(start, *speculative_cycle(target, st, session, sp, rule, clock, acceptance))
         else:
-            c = ar_cycle(target, root_t, g, sp, generator, clock, gate is not None)
-        if tokens[0] < 0:
-            tokens[0] = c.root
-        tokens += c.tokens
-        cycles.append(c.record)
-        marks.append((start, *c.marks))
-        root_t = c.next_tokens[-1:]
-        if gate is not None:
-            b = gate.bin_of_entropy(c.entropy) if c.entropy is not None else None
-        if len(tokens) < n_gen:
-            pending.append(c)
-        drafter_forwards += c.drafter_forwards
-    latency = clock.now() - t0
-    if tokens[0] < 0:  # a one-token image: no cycle read the root
-        tokens[0] = int(root)
-    t_prefill = clock.seconds(begin, prefilled)
-    draft_s = sum(clock.seconds(s, d) + clock.seconds(v, e) for s, d, v, e in marks)
-    verify_s = sum(clock.seconds(d, v) for _, d, v, _ in marks)
-    stats = {} if gate is None else {"gated_steps": gate.skips}
-    return GenerationResult(
-        tokens[:n_gen], cycles, latency, t_prefill, draft_s, verify_s, target.forwards, drafter_forwards, stats
-    )
-
-
-@lru_cache(maxsize=256)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device`` (cached, never written)."""
-    return torch.arange(n, device=device)
+            timing.cycle(start, *ar_cycle(target, st, sp, clock))
+    return st.result(clock, timing, target.forwards)

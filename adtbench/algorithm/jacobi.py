@@ -67,10 +67,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from adtbench import accel
 from adtbench.algorithm.ar import prefill_token
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
+from adtbench.algorithm.slot import SlotStream, Timing, decides_on_host, verify_slots
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.errors import ConfigError, check_choice, check_number
@@ -200,8 +200,9 @@ class AdaptiveWindow(FixedWindow):
 def make_sizer(params: JacobiParams, layout: TokenLayout, window: int | None = None) -> FixedWindow:
     """The window sizer of ``params``; ``window``: L chosen for ``window: cost`` (``calibrate_window``)."""
     if params.window == "adaptive":
-        return AdaptiveWindow(params.window_min, params.window_max, params.adapt_margin, layout.row_len,
-                              layout.num_gen_tokens)  # fmt: skip
+        return AdaptiveWindow(
+            params.window_min, params.window_max, params.adapt_margin, layout.row_len, layout.num_gen_tokens
+        )
     if params.window == "cost":
         if window is None:
             raise RuntimeError("policy.window=cost needs its calibrated L (jacobi.calibrate_window; harness.loops)")
@@ -237,8 +238,15 @@ class LayoutTables:
 
 def layout_tables(layout: TokenLayout, device: torch.device, dtype: torch.dtype, pad: int) -> LayoutTables:
     """The ``LayoutTables`` of ``layout`` (cached per layout shape, device, dtype and padding; never written)."""
-    key = (layout.vocab_size, layout.image_token_offset, layout.num_codes, layout.grid_h, layout.grid_w,
-           layout.eol_token, layout.eoi_token)  # fmt: skip
+    key = (
+        layout.vocab_size,
+        layout.image_token_offset,
+        layout.num_codes,
+        layout.grid_h,
+        layout.grid_w,
+        layout.eol_token,
+        layout.eoi_token,
+    )
     return _tables(key, device, dtype, pad)
 
 
@@ -407,8 +415,9 @@ class JacobiState:
                 tok, q = drafter.draft(self, s, t)
                 self.levels = drafter.levels
             else:
-                tok, q = init_drafts(self.params.init, self.seq, s, t, self.layout, self.tables, self.generator,
-                                     self.greedy)  # fmt: skip
+                tok, q = init_drafts(
+                    self.params.init, self.seq, s, t, self.layout, self.tables, self.generator, self.greedy
+                )
             self.seq[s : s + t] = tok
             if self.q is not None and q is not None:
                 self.q = torch.cat([self.q[: self.held], q, self.q[self.held :]])
@@ -421,9 +430,17 @@ class JacobiState:
         n = self.m + 1
         parents, depth, mask, ranks = _chain(n, self.seq.device)
         q = None if self.q is None else self.q[:n]
-        return DraftTree(self.seq[self.g : self.g + n].clone(), parents, self.m, 1 if self.m else 0, q,
-                         depth=depth, ancestor_mask=mask, max_children=1 if self.m else 0,
-                         child_ranks=ranks)  # fmt: skip
+        return DraftTree(
+            self.seq[self.g : self.g + n].clone(),
+            parents,
+            self.m,
+            1 if self.m else 0,
+            q,
+            depth=depth,
+            ancestor_mask=mask,
+            max_children=1 if self.m else 0,
+            child_ranks=ranks,
+        )
 
     def advance(self, read: CycleRead, processed: torch.Tensor) -> CycleRecord:
         """After the verify of ``chain()`` (``read``: its verdict; ``processed [m + 1, V]``: its rows): write the bonus,
@@ -445,8 +462,14 @@ class JacobiState:
             else:
                 assert self.q is not None
                 has_old = _arange(r, rows.device) < old
-                tok, q, kept = redraw(self.params.redraw, rows.softmax(-1), self.seq[b + 1 : b + 1 + r],
-                                      self.q[a + 1 : a + 1 + r], has_old, self.generator)  # fmt: skip
+                tok, q, kept = redraw(
+                    self.params.redraw,
+                    rows.softmax(-1),
+                    self.seq[b + 1 : b + 1 + r],
+                    self.q[a + 1 : a + 1 + r],
+                    has_old,
+                    self.generator,
+                )
                 self.seq[b + 1 : b + 1 + r] = tok
                 self.q = torch.cat([q, self.q[m + 1 : m + 1 + tail], _zero_row(q.shape[1], q.device, q.dtype)])
                 if self.params.redraw == "coupled":
@@ -458,7 +481,15 @@ class JacobiState:
         while len(self.hist) <= a:
             self.hist.append(0)
         self.hist[a] += 1
-        rec = CycleRecord(g, m + 1, self.levels, m, 1 if m else 0, a, {"L": m + 1})
+        rec = CycleRecord(
+            root_gen=g,
+            nodes=m + 1,
+            drafted_depth=self.levels,
+            tree_depth=m,
+            width=1 if m else 0,
+            accepted=a,
+            extra={"L": m + 1},
+        )
         self.cycles.append(rec)
         self.g, self.m, self.held = b, 0, r + tail
         return rec
@@ -622,37 +653,25 @@ def decode_jacobi(
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
     st = JacobiState.start(root, layout, params, sizer, sp, target.dtype, generator)
-    prefilled = clock.mark()
-    marks = []
+    timing = Timing(t0, (begin, clock.mark()))
     while not st.done:
-        marks.append(iteration(target, st, sp, rule, acceptance, clock, helper))
-    latency = clock.now() - t0
+        timing.cycle(*iteration(target, st, sp, rule, acceptance, clock, helper))
+    timing.stop(clock)
     if st.tokens[0] < 0:  # a one-token image
         st.tokens[0] = int(root)
-    draft_s = sum(clock.seconds(s, d) + clock.seconds(v, e) for s, d, v, e in marks)
-    verify_s = sum(clock.seconds(d, v) for _, d, v, _ in marks)
-    return GenerationResult(st.tokens[: layout.num_gen_tokens], st.cycles, latency, clock.seconds(begin, prefilled),
-                            draft_s, verify_s, target.forwards, helper.forwards if helper else 0,
-                            st.stats())  # fmt: skip
+    return timing.result(
+        clock,
+        st.tokens[: layout.num_gen_tokens],
+        st.cycles,
+        helper.forwards if helper else 0,
+        st.stats(),
+        target.forwards,
+    )
 
 
 # --------------------------------------------------------------------------------------------------------
 # batched decoding: B prompts per target forward, a ragged window per slot
 # --------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Slot:
-    """One prompt in flight (``generate_jacobi_batch``): its state, clock marks and counters."""
-
-    key: Any
-    st: JacobiState
-    t0: float
-    prefill: tuple[Any, Any]
-    tree: DraftTree | None = None
-    drafts: list[tuple[Any, Any]] = field(default_factory=list)
-    verifies: list[tuple[Any, Any]] = field(default_factory=list)
-    forwards: int = 1
 
 
 @torch.no_grad()
@@ -667,7 +686,8 @@ def generate_jacobi_batch(
     window: int | None = None,
 ) -> None:
     """Jacobi decoding of ``items`` (``(key, inputs, generator)``) through the ``bt.B`` slots of a ``BatchTarget``
-    (``models.batch``), continuous batching; ``on_done(key, GenerationResult)`` per prompt in completion order.
+    (``models.batch``), continuous batching (``slot.SlotStream``); ``on_done(key, GenerationResult)`` per prompt in
+    completion order.
 
     Every slot keeps its own window (sized by its own sizer), accepted length and generator: one forward verifies
     every slot's chain, padded to the longest (``BatchTarget.forward``), and each slot commits its own accepted path
@@ -678,95 +698,55 @@ def generate_jacobi_batch(
     from adtbench.models.batch import BatchTarget, SlotTree
 
     clock, layout, dev = Clock(bt.device), bt.layout, bt.device
-    on_host = acceptance == "host" or (acceptance == "auto" and not accel.is_cuda(dev))
-    stream = iter(items)
-    slots: list[_Slot | None] = [None] * bt.B
+    on_host = decides_on_host(acceptance, dev)
     zero = torch.zeros(1, dtype=torch.long, device=dev)
 
-    def admit(s: int) -> None:
-        item = next(stream, None)
-        slots[s] = None
-        if item is None:
-            return
-        key, inputs, gen = item
-        t0 = clock.now()
-        start = clock.mark()
+    def start(s: int, inputs: PromptInputs, gen: torch.Generator | None) -> JacobiState:
         root = first_token(bt.admit(s, inputs), layout, sp, gen)
-        st = JacobiState.start(root, layout, params, make_sizer(params, layout, window), sp, bt.dtype, gen)
-        slots[s] = _Slot(key, st, t0, (start, clock.mark()))
-        if st.done:
-            finish(s)
+        return JacobiState.start(root, layout, params, make_sizer(params, layout, window), sp, bt.dtype, gen)
 
-    def finish(s: int) -> None:
-        sl = slots[s]
-        assert sl is not None
-        latency = clock.now() - sl.t0
-        st = sl.st
-        draft_s = sum(clock.seconds(a, b) for a, b in sl.drafts)
-        verify_s = sum(clock.seconds(a, b) for a, b in sl.verifies)
-        res = GenerationResult(st.tokens[: layout.num_gen_tokens], st.cycles, latency, clock.seconds(*sl.prefill),
-                               draft_s, verify_s, sl.forwards, 0, st.stats())  # fmt: skip
-        on_done(sl.key, res)
-        admit(s)
+    def result(st: JacobiState, timing: Timing) -> GenerationResult:
+        timing.stop(clock)
+        return timing.result(clock, st.tokens[: layout.num_gen_tokens], st.cycles, 0, st.stats())
 
-    for s in range(bt.B):
-        admit(s)
-    while any(sl is not None for sl in slots):
-        start = clock.mark()
+    stream = SlotStream(bt.B, items, clock, start, lambda st: st.done, result, on_done)
+    slots = stream.slots
+    while stream.busy:
+        start_mark = clock.mark()
         trees: list[Any] = []
+        chains: list[tuple[DraftTree, torch.Generator | None] | None] = []
         first = [0] * bt.B  # the generation index of each slot's first prediction
         for s, sl in enumerate(slots):
             if sl is None:
                 trees.append(BatchTarget.idle(zero))
+                chains.append(None)
                 continue
-            sl.st.plan()
-            sl.tree = sl.st.chain()
-            trees.append(SlotTree(sl.tree.tokens, sl.tree.ancestor_mask, sl.tree.depth))
-            first[s] = sl.st.g + 1
+            sl.state.plan()
+            tree = sl.state.chain()
+            trees.append(SlotTree(tree.tokens, tree.ancestor_mask, tree.depth))
+            chains.append((tree, sl.state.generator))
+            first[s] = sl.state.g + 1
         gidx = torch.tensor(first, dtype=torch.long, device=dev)
         drafted = clock.mark()
         raw, _ = bt.forward(trees)
         depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in trees], batch_first=True)
         _, N, V = raw.shape
-        processed = process_logits(raw.view(bt.c, bt.B * N, V), (gidx[:, None] + depth).reshape(-1), layout,
-                                   sp).view(bt.B, N, V)  # fmt: skip
-        reads = _accept_slots(slots, processed, sp, rule, on_host)
-        bt.commit([None if r is None else r.keep for r in reads], [True] * bt.B)
+        gen_idx = (gidx[:, None] + depth).reshape(-1)
+        processed = process_logits(raw.view(bt.c, bt.B * N, V), gen_idx, layout, sp).view(bt.B, N, V)
+        reads = verify_slots(chains, processed, sp, rule, acceptance, on_host)
+        bt.commit([r.keep if isinstance(r, CycleRead) else None for r in reads], [True] * bt.B)
         verified = clock.mark()
         for s, sl in enumerate(slots):
-            read = reads[s]
-            if sl is None or read is None:
+            read, chain = reads[s], chains[s]
+            if sl is None or chain is None:
                 continue
-            assert sl.tree is not None
-            sl.st.advance(read, processed[s, : sl.tree.size])
-            sl.forwards += 1
-            sl.drafts.append((start, drafted))
-            sl.verifies.append((drafted, verified))
-            if sl.st.done:
-                finish(s)
-
-
-def _accept_slots(
-    slots: Sequence[_Slot | None], processed: torch.Tensor, sp: SamplingParams, rule: AcceptanceRule, on_host: bool
-) -> list[CycleRead | None]:
-    """Every live slot's verdict from its rows of ``processed [B, N, V]``: the float64 host walk per slot on the
-    CPU, else acceptance on the device for every slot and one read for the batch (``verify.read_verdicts``)."""
-    from adtbench.algorithm.verify import accept, read_verdicts
-
-    out: list[CycleRead | None] = [None] * len(slots)
-    pending: list[tuple[int, tuple[DraftTree, Any, list[torch.Tensor]]]] = []
-    for s, sl in enumerate(slots):
-        if sl is None or sl.tree is None:
-            continue
-        rows = processed[s, : sl.tree.size]
-        if on_host:
-            out[s] = verify_cycle(sl.tree, rows, sp.greedy, sl.st.generator, rule, None, "host")
-        else:
-            pending.append((s, (sl.tree, accept(sl.tree, rows, sp.greedy, sl.st.generator, rule), [])))
-    if pending:
-        for (s, _), read in zip(pending, read_verdicts([p for _, p in pending]), strict=True):
-            out[s] = read
-    return out
+            assert isinstance(read, CycleRead)
+            sl.state.advance(read, processed[s, : chain[0].size])
+            sl.timing.forwards += 1
+            sl.timing.drafts.append((start_mark, drafted))
+            sl.timing.verifies.append((drafted, verified))
+            if sl.state.done:
+                stream.finish(s)
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -114,10 +114,17 @@ class MuloParams:
 
     def run_info(self) -> dict[str, Any]:
         return {
-            "tau": self.tau, "k": self.k, "l": self.l, "block_rows": "all" if self.block_rows is None else
-            self.block_rows, "draft": self.draft, "draft_window": self.draft_window, "rule": self.rule,
-            "resample": self.resample, "island_window": self.island_window, "kv_refresh": "fused",
-        }  # fmt: skip
+            "tau": self.tau,
+            "k": self.k,
+            "l": self.l,
+            "block_rows": "all" if self.block_rows is None else self.block_rows,
+            "draft": self.draft,
+            "draft_window": self.draft_window,
+            "rule": self.rule,
+            "resample": self.resample,
+            "island_window": self.island_window,
+            "kv_refresh": "fused",
+        }
 
 
 def _int(node: dict[str, Any], key: str, default: Any, lo: int) -> int:
@@ -336,9 +343,16 @@ class _Stats:
 
 
 def pooled_cycle(
-    side: _Side, b0: int, b1: int, W: int, params: MuloParams, models: MuloModels, sp: SamplingParams,
-    generator: torch.Generator | None, stats: _Stats,
-) -> None:  # fmt: skip
+    side: _Side,
+    b0: int,
+    b1: int,
+    W: int,
+    params: MuloParams,
+    models: MuloModels,
+    sp: SamplingParams,
+    generator: torch.Generator | None,
+    stats: _Stats,
+) -> None:
     """Verify → pooled acceptance (eq. 5) → expansion (eq. 6–7) → resampling of R_X, for block [b0, b1)."""
     P, fed = verify_block(side, b0, b1)
     lay = side.model.layout
@@ -371,9 +385,14 @@ def pooled_cycle(
 
 
 def exact_cycle(
-    side: _Side, b0: int, b1: int, rule: AcceptanceRule, sp: SamplingParams, generator: torch.Generator | None,
+    side: _Side,
+    b0: int,
+    b1: int,
+    rule: AcceptanceRule,
+    sp: SamplingParams,
+    generator: torch.Generator | None,
     stats: _Stats,
-) -> None:  # fmt: skip
+) -> None:
     """Lossless control arm: the drafts x̃_{b0..b1−2} as a chain, exact point-mass verification (accepted prefix +
     bonus from the residual at slot t), then [t + 1, b1) resampled sequentially from the full p."""
     P, fed = verify_block(side, b0, b1)
@@ -414,10 +433,17 @@ def grids(target: Target, drafter: Target, r: int) -> tuple[int, int, int, int]:
 def records(log: list[_Forward]) -> list[CycleRecord]:
     """One ``CycleRecord`` per target forward after the prefill (module docstring)."""
     return [
-        CycleRecord(min(f.finalised, default=f.first_fed), f.fed, f.drafted, 0, 0, len(f.finalised) - 1,
-                    {"phase": f.phase, "positions": sorted(f.finalised)})
+        CycleRecord(
+            root_gen=min(f.finalised, default=f.first_fed),
+            nodes=f.fed,
+            drafted_depth=f.drafted,
+            tree_depth=0,
+            width=0,
+            accepted=len(f.finalised) - 1,
+            extra={"phase": f.phase, "positions": sorted(f.finalised)},
+        )
         for f in log
-    ]  # fmt: skip
+    ]
 
 
 def prefill_dist(model: Target, inputs: PromptInputs, extra: int, sp: SamplingParams) -> torch.Tensor:
@@ -427,9 +453,15 @@ def prefill_dist(model: Target, inputs: PromptInputs, extra: int, sp: SamplingPa
 
 
 def draft_block(
-    dside: _Side | None, models: MuloModels, dinputs: PromptInputs, lo: int, hi: int, params: MuloParams,
-    sp: SamplingParams, generator: torch.Generator | None,
-) -> tuple[list[int], int]:  # fmt: skip
+    dside: _Side | None,
+    models: MuloModels,
+    dinputs: PromptInputs,
+    lo: int,
+    hi: int,
+    params: MuloParams,
+    sp: SamplingParams,
+    generator: torch.Generator | None,
+) -> tuple[list[int], int]:
     """The drafter's tokens after drafting low-resolution slots [lo, hi), and the drafter forwards it took
     (``draft=zipar``: the whole image by ``decode_zipar``, its prefill included)."""
     if dside is None:
@@ -490,12 +522,28 @@ def decode_mulo(
     cycles = records(side.log)
     drafter_total = stats.drafter_forwards + (0 if dside is None else 1)  # + the drafter's prefill (ar)
     out = {
-        "cycles": stats.cycles, "R_T": stats.R_T, "R_X": stats.R_X, "islands": stats.islands,
-        "largest_island": stats.largest_island, "target_forwards": len(cycles), "drafter_forwards": drafter_total,
-        "upsampler_s": stats.upsampler_s, "accept_rate": stats.accepted / max(1, stats.judged),
-        "r": r, **params.run_info(), **models.info,
-    }  # fmt: skip
+        "cycles": stats.cycles,
+        "R_T": stats.R_T,
+        "R_X": stats.R_X,
+        "islands": stats.islands,
+        "largest_island": stats.largest_island,
+        "target_forwards": len(cycles),
+        "drafter_forwards": drafter_total,
+        "upsampler_s": stats.upsampler_s,
+        "accept_rate": stats.accepted / max(1, stats.judged),
+        "r": r,
+        **params.run_info(),
+        **models.info,
+    }
     return GenerationResult(
-        list(side.vals), cycles, latency, t_prefill, draft_s, verify_s, target.forwards, drafter_total, out,
+        list(side.vals),
+        cycles,
+        latency,
+        t_prefill,
+        draft_s,
+        verify_s,
+        target.forwards,
+        drafter_total,
+        out,
         encode_s=t0 - te,
-    )  # fmt: skip
+    )

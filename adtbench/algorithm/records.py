@@ -18,12 +18,12 @@ import torch
 from adtbench import accel
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CycleRecord:
     """One sequential target forward after the prefill: it finalised ``accepted + 1`` tokens, generation indices
     ``root_gen … root_gen + accepted`` for the tree loop; loops that finalise scattered positions (ZipAR, MuLo-SD) list
-    them in ``extra["positions"]`` (the acceptance maps read it). In ``trace.jsonl`` the fields keep their short names
-    (``TRACE_FIELDS``: pos, nodes, D, d, K, a)."""
+    them in ``extra["positions"]`` (the acceptance maps read it). Built by keyword only. In ``trace.jsonl`` the fields
+    keep their short names (``TRACE_FIELDS``: pos, nodes, D, d, K, a)."""
 
     root_gen: int  # generation index of the root
     nodes: int  # verified tree nodes, root included
@@ -34,8 +34,14 @@ class CycleRecord:
     extra: dict = field(default_factory=dict)
 
 
-TRACE_FIELDS = {"pos": "root_gen", "nodes": "nodes", "D": "drafted_depth", "d": "tree_depth", "K": "width",
-                "a": "accepted"}  # fmt: skip
+TRACE_FIELDS = {
+    "pos": "root_gen",
+    "nodes": "nodes",
+    "D": "drafted_depth",
+    "d": "tree_depth",
+    "K": "width",
+    "a": "accepted",
+}
 """``trace.jsonl`` key → ``CycleRecord`` attribute (the file format's names, stable since the first runs)."""
 
 

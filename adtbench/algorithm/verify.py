@@ -33,6 +33,12 @@ U per node, child c of u (siblings in order, duplicates skipped) is accepted iff
 accepted with probability p(x_i)) — and every other rule (proposals, LANTERN) by a loop over child ranks, vectorised
 over nodes. ``verify_tree`` walks the tree on float64 host copies: the reference the device path is tested equal to
 in law.
+
+What a verified tree becomes, one type per stage: ``Verdict`` (the device path's acceptance, not yet read: path mask,
+last node, bonus and the row it came from) → ``CycleRead`` (the host's one read, either path: the ``Acceptance`` —
+path, bonus, realised depth, live nodes; what the reference walk returns and a policy observes — with the committed
+tokens and the path's device handles for the KV commit and the drafter) → ``records.CycleRecord`` (what the run
+keeps of the cycle, built by ``slot.DecodeState.advance``).
 """
 
 from __future__ import annotations
@@ -389,8 +395,11 @@ def read_verdicts(verified: Sequence[tuple[DraftTree, Verdict, Sequence[torch.Te
         depth = tree.depth if tree.alive is None else tree.depth * tree.alive
         nodes = tree.alive.sum() if tree.alive is not None else torch.full_like(verdict.last, tree.size)
         head = [verdict.on_path.sum(), verdict.bonus, depth.max(), nodes, *extra]
-        parts += [torch.stack([x.to(torch.float64) for x in head]), ids.to(torch.float64),
-                  tree.tokens[ids].to(torch.float64)]  # fmt: skip
+        parts += [
+            torch.stack([x.to(torch.float64) for x in head]),
+            ids.to(torch.float64),
+            tree.tokens[ids].to(torch.float64),
+        ]
         shapes.append((ids, len(head)))
     values = torch.cat(parts).tolist()
     out, at = [], 0

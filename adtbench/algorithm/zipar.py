@@ -217,8 +217,14 @@ def _cached_plan(shape: GridShape, window: int, device: torch.device) -> ZipARPl
 
 def _on(fw: ForwardPlan, device: torch.device) -> ForwardPlan:
     """``fw`` with its index tensors on ``device`` (moved once per plan, not once per forward)."""
-    return replace(fw, slots=fw.slots.to(device), queries=fw.queries.to(device), predicts=fw.predicts.to(device),
-                   allowed=fw.allowed.to(device), keep=fw.keep.to(device))  # fmt: skip
+    return replace(
+        fw,
+        slots=fw.slots.to(device),
+        queries=fw.queries.to(device),
+        predicts=fw.predicts.to(device),
+        allowed=fw.allowed.to(device),
+        keep=fw.keep.to(device),
+    )
 
 
 def zipar_plan(layout: TokenLayout, window: int, device: torch.device | None = None) -> ZipARPlan:
@@ -271,7 +277,17 @@ def decode_plan(
         zipar_forward(target, fw, tokens, sp, generator)
         m = len(fw.predict_list)
         extra = {"temporary": fw.temporary, "positions": fw.predict_list}
-        cycles.append(CycleRecord(fw.predict_list[0], len(fw.slot_list), 0, 0, 0, m - 1, extra))
+        cycles.append(
+            CycleRecord(
+                root_gen=fw.predict_list[0],
+                nodes=len(fw.slot_list),
+                drafted_depth=0,
+                tree_depth=0,
+                width=0,
+                accepted=m - 1,
+                extra=extra,
+            )
+        )
     latency = clock.now() - t0
     stats = {
         "target_forwards": len(plan.forwards),

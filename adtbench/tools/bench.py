@@ -479,25 +479,33 @@ def main(args: list[str]) -> int:
 
         print(probe_table(r))
     elif "host_reads_per_cycle" in r:
-        print(f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
-              f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops and "
-              f"{r['transfers_per_cycle']:.2f} transfers per cycle (networks: {r['network_ops_per_cycle']:.1f} ops, "
-              f"{r['network_reads_per_cycle']:.2f} reads; prefill excluded)\n")  # fmt: skip
+        print(
+            f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
+            f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops and "
+            f"{r['transfers_per_cycle']:.2f} transfers per cycle (networks: {r['network_ops_per_cycle']:.1f} ops, "
+            f"{r['network_reads_per_cycle']:.2f} reads; prefill excluded)\n"
+        )
         print("| phase | ops per cycle | host reads per cycle | transfers per cycle |\n|---|---:|---:|---:|")
         for row in r["phases"]:
             name = row["phase"] + (" (network)" if row["network"] else "")
-            print(f"| {name} | {row['ops_per_cycle']:.1f} | {row['reads_per_cycle']:.2f} | "
-                  f"{row['transfers_per_cycle']:.2f} |")  # fmt: skip
+            print(
+                f"| {name} | {row['ops_per_cycle']:.1f} | {row['reads_per_cycle']:.2f} | "
+                f"{row['transfers_per_cycle']:.2f} |"
+            )
         print("\n| host read site | per cycle |\n|---|---:|")
         for row in r["read_sites"]:
             print(f"| `{row['site']}` | {row['per_cycle']:.2f} |")
     elif "phases" in r:
-        print(f"{r['model']}, policy={r['policy']}, {r['threads']} thread(s), {r['prompts']} prompts, {r['cycles']} "
-              f"cycles: {r['cycle_ms']:.3f} ms per cycle (prefill excluded)\n")  # fmt: skip
+        print(
+            f"{r['model']}, policy={r['policy']}, {r['threads']} thread(s), {r['prompts']} prompts, {r['cycles']} "
+            f"cycles: {r['cycle_ms']:.3f} ms per cycle (prefill excluded)\n"
+        )
         print("| phase | ms per cycle | share | calls per cycle |\n|---|---:|---:|---:|")
         for row in r["phases"]:
-            print(f"| {row['phase']} | {row['ms_per_cycle']:.3f} | {100 * row['share']:.1f} % | "
-                  f"{row['calls_per_cycle']:.2f} |")  # fmt: skip
+            print(
+                f"| {row['phase']} | {row['ms_per_cycle']:.3f} | {100 * row['share']:.1f} % | "
+                f"{row['calls_per_cycle']:.2f} |"
+            )
     else:
         print(overhead_table(r))
     if cfg.bench.out:

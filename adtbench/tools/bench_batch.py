@@ -91,8 +91,13 @@ def parse_sizes(value: str) -> list[int]:
 
 def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     """(``bench.*`` options, the hydra overrides). Raises ``ConfigError`` naming a bad option."""
-    opts: dict[str, Any] = {"sizes": list(DEFAULT_SIZES), "prompts": DEFAULT_PROMPTS, "out": DEFAULT_OUT,
-                            "readme": None, "repeats": 1}  # fmt: skip
+    opts: dict[str, Any] = {
+        "sizes": list(DEFAULT_SIZES),
+        "prompts": DEFAULT_PROMPTS,
+        "out": DEFAULT_OUT,
+        "readme": None,
+        "repeats": 1,
+    }
     rest: list[str] = []
     for a in args:
         key, sep, value = a.partition("=")
@@ -113,8 +118,11 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
                 raise ConfigError(key, "needs a path")
             opts[name] = value
     if max(opts["sizes"]) > opts["prompts"]:
-        raise ConfigError("bench.sizes", f"B = {max(opts['sizes'])} exceeds bench.prompts = {opts['prompts']}: its "
-                          "slots would idle; use bench.prompts ≥ the largest size")  # fmt: skip
+        raise ConfigError(
+            "bench.sizes",
+            f"B = {max(opts['sizes'])} exceeds bench.prompts = {opts['prompts']}: its "
+            "slots would idle; use bench.prompts ≥ the largest size",
+        )
     return opts, rest
 
 
@@ -218,8 +226,9 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
                     base, runs = timed[False][0], timed[True][0]
             load_after = load_average()
         else:
-            decoder = BatchedDecoder(target, drafter, policy, sp, rule, acceptance, B, use_cfg, gen_device, job.seed_of,
-                                     True)  # fmt: skip
+            decoder = BatchedDecoder(
+                target, drafter, policy, sp, rule, acceptance, B, use_cfg, gen_device, job.seed_of, True
+            )
             decoder.window(prompts[:B], i)  # warm-up, untimed
             load_before = load_average()
             for rep in range(opts["repeats"]):
@@ -236,29 +245,31 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
         cycles = sum(len(r.cycles) for r in runs)
         if B == 1:
             reference = {"ar": [r.tokens for r in base], "method": [r.tokens for r in runs]}
-        rows.append({
-            "B": B,
-            "first": "ar" if ar_first else "method",
-            "ar_wall_s": base_s,
-            "method_wall_s": run_s,
-            "ar_wall_repeats_s": walls[False],
-            "method_wall_repeats_s": walls[True],
-            "ar_images_per_s": tp["baseline_throughput_images_per_s"],
-            "method_images_per_s": tp["throughput_images_per_s"],
-            "ar_tokens_per_s": tp["baseline_throughput_tokens_per_s"],
-            "method_tokens_per_s": tp["throughput_tokens_per_s"],
-            "tau": sum(r.committed for r in runs) / max(1, cycles),
-            "d_bar": sum(c.drafted_depth for r in runs for c in r.cycles) / max(1, cycles),
-            "speedup": tp["throughput_speedup"],
-            "ar_latency_s": sum(r.latency_s for r in base) / len(base),
-            "method_latency_s": sum(r.latency_s for r in runs) / len(runs),
-            "ar_same_tokens_as_b1": _same(base, reference.get("ar")),
-            "method_same_tokens_as_b1": _same(runs, reference.get("method")),
-            "peak_memory_gib": accel.peak_memory_gib(target.device),
-            "load_before": None if load_before is None else load_before[0],
-            "load_after": None if load_after is None else load_after[0],
-            "device": device,
-        })  # fmt: skip
+        rows.append(
+            {
+                "B": B,
+                "first": "ar" if ar_first else "method",
+                "ar_wall_s": base_s,
+                "method_wall_s": run_s,
+                "ar_wall_repeats_s": walls[False],
+                "method_wall_repeats_s": walls[True],
+                "ar_images_per_s": tp["baseline_throughput_images_per_s"],
+                "method_images_per_s": tp["throughput_images_per_s"],
+                "ar_tokens_per_s": tp["baseline_throughput_tokens_per_s"],
+                "method_tokens_per_s": tp["throughput_tokens_per_s"],
+                "tau": sum(r.committed for r in runs) / max(1, cycles),
+                "d_bar": sum(c.drafted_depth for r in runs for c in r.cycles) / max(1, cycles),
+                "speedup": tp["throughput_speedup"],
+                "ar_latency_s": sum(r.latency_s for r in base) / len(base),
+                "method_latency_s": sum(r.latency_s for r in runs) / len(runs),
+                "ar_same_tokens_as_b1": _same(base, reference.get("ar")),
+                "method_same_tokens_as_b1": _same(runs, reference.get("method")),
+                "peak_memory_gib": accel.peak_memory_gib(target.device),
+                "load_before": None if load_before is None else load_before[0],
+                "load_after": None if load_after is None else load_after[0],
+                "device": device,
+            }
+        )
     b1 = rows[0]  # sizes are sorted and hold 1
     for r in rows:
         r["ar_vs_b1"] = _ratio(r["ar_images_per_s"], b1["ar_images_per_s"])
@@ -460,14 +471,33 @@ def plot(r: dict[str, Any], path: Path) -> Path:
     sizes = [x["B"] for x in rows]
     img = Image.new("RGB", (1100, 470), "white")
     draw = ImageDraw.Draw(img)
-    draw.text((550, 14), f"{e['model']}, policy={e['policy']}, {e['prompts']} prompts; {e['device']}", fill=INK,
-              font=_font(16), anchor="mt")  # fmt: skip
-    _panel(img, (100, 70, 520, 390), sizes,
-           [("AR", [x["ar_images_per_s"] for x in rows], AR_RGB),
-            (f"method: {e['policy']}", [x["method_images_per_s"] for x in rows], METHOD_RGB)],
-           "throughput", "images/s")  # fmt: skip
-    _panel(img, (660, 70, 1080, 390), sizes, [("speedup", [x["speedup"] for x in rows], METHOD_RGB)],
-           "speedup at equal B (method / AR)", "speedup (x)", ref=1.0)  # fmt: skip
+    draw.text(
+        (550, 14),
+        f"{e['model']}, policy={e['policy']}, {e['prompts']} prompts; {e['device']}",
+        fill=INK,
+        font=_font(16),
+        anchor="mt",
+    )
+    _panel(
+        img,
+        (100, 70, 520, 390),
+        sizes,
+        [
+            ("AR", [x["ar_images_per_s"] for x in rows], AR_RGB),
+            (f"method: {e['policy']}", [x["method_images_per_s"] for x in rows], METHOD_RGB),
+        ],
+        "throughput",
+        "images/s",
+    )
+    _panel(
+        img,
+        (660, 70, 1080, 390),
+        sizes,
+        [("speedup", [x["speedup"] for x in rows], METHOD_RGB)],
+        "speedup at equal B (method / AR)",
+        "speedup (x)",
+        ref=1.0,
+    )
     data = [{k: x[k] for k in ("B", "ar_images_per_s", "method_images_per_s", "speedup")} for x in rows]
     return save_png(img, path, {"data": json.dumps(data)})
 

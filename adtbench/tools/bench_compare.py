@@ -317,8 +317,9 @@ def main(args: list[str] | None = None) -> int:
             for r, side in job_order(ns.rounds):
                 run_dir = out / name / f"{side}_{r}"
                 print(f"compare: {name} round {r} {side} (load {_load()})", file=sys.stderr, flush=True)
-                jobs.append({"round": r, "side": side, **run_job(code[side], [*ROWS[name][1], *common,
-                                                                             *ns.overrides], run_dir)})  # fmt: skip
+                jobs.append(
+                    {"round": r, "side": side, **run_job(code[side], [*ROWS[name][1], *common, *ns.overrides], run_dir)}
+                )
                 atomic_write_json(out / "compare.json", [*results, row_result(name, jobs, ns.noise)], newline=False)
                 if not ns.own_cost_models:  # a side that measured again (the cached model was measured busy)
                     share_cost_models(out / "cache", new_files)

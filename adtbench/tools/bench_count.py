@@ -191,10 +191,15 @@ class DeviceCounter:
         net_reads = sum(self.reads[k] for k in labels if k in self.network)
         transfers = sum(self.transfers[k] for k in labels if k not in self.network)
         rows = [
-            {"phase": k, "ops_per_cycle": self.ops[k] / cycles, "reads_per_cycle": self.reads[k] / cycles,
-             "transfers_per_cycle": self.transfers[k] / cycles, "network": k in self.network}
+            {
+                "phase": k,
+                "ops_per_cycle": self.ops[k] / cycles,
+                "reads_per_cycle": self.reads[k] / cycles,
+                "transfers_per_cycle": self.transfers[k] / cycles,
+                "network": k in self.network,
+            }
             for k in sorted(labels, key=lambda k: (-self.reads[k], -self.ops[k]))
-        ]  # fmt: skip
+        ]
         return {
             "cycles": cycles,
             "host_reads_per_cycle": reads / cycles,

@@ -237,8 +237,20 @@ def device_bandwidth(device: torch.device, gib: float = 1.0, repeats: int = 10) 
     return 2 * n / (ms * 1e-3) / 1e9
 
 
-OVERHEAD_COLUMNS = ("model", "policy", "device", "threads", "cycles", "cycle_ms", "target_forward_ms", "drafter_ms",
-                    "overhead_ms", "overhead_frac", "syncs_per_cycle", "graph_replays_per_cycle")  # fmt: skip
+OVERHEAD_COLUMNS = (
+    "model",
+    "policy",
+    "device",
+    "threads",
+    "cycles",
+    "cycle_ms",
+    "target_forward_ms",
+    "drafter_ms",
+    "overhead_ms",
+    "overhead_frac",
+    "syncs_per_cycle",
+    "graph_replays_per_cycle",
+)
 
 
 def overhead_table(r: dict) -> str:

@@ -103,8 +103,13 @@ def device_work(fn: Callable[[], Any], n: int, device: torch.device) -> dict[str
                 launches += e.count
             elif e.key == "cudaGraphLaunch":
                 graphs += e.count
-        return {"source": "torch.profiler (CUDA)", "kernels": kernels / n, "copies": copies / n,
-                "kernel_launches": launches / n, "graph_launches": graphs / n}  # fmt: skip
+        return {
+            "source": "torch.profiler (CUDA)",
+            "kernels": kernels / n,
+            "copies": copies / n,
+            "kernel_launches": launches / n,
+            "graph_launches": graphs / n,
+        }
     sim = accel.simulation()
     before = sim.counts["graph_replays"] if sim is not None else 0
     with _OpCount() as ops:
@@ -153,8 +158,11 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     # the app's models with an EAGLE drafter, compiled as ``engine.compile=true`` does (the probe's premise)
     target, drafter = build_models(OmegaConf.merge(cfg, {"engine": {"compile": True}}), None, eagle=True)
     if target.engine_mode != "graphs":
-        raise ConfigError("model.device", "the probe times CUDA graphs: a model with static verifies on a CUDA device "
-                          f"(or ADTBENCH_SIMULATE_DEVICE=cuda), not {target.device}")  # fmt: skip
+        raise ConfigError(
+            "model.device",
+            "the probe times CUDA graphs: a model with static verifies on a CUDA device "
+            f"(or ADTBENCH_SIMULATE_DEVICE=cuda), not {target.device}",
+        )
     sp = build_sampling(cfg.sampling)
     if not target.supports_cfg:
         sp = dataclasses.replace(sp, cfg_scale=1.0)
@@ -257,8 +265,9 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     n_over = int(b.get("prompts", 1))
     if n_over > 0 and overhead is not None:
         built_on = "cuda" if accel.is_cuda(dev) else str(dev)
-        over_cfg = OmegaConf.merge(cfg, {"bench": {"prompts": n_over},
-                                         "model": {"dtype": result["dtype"], "device": built_on}})  # fmt: skip
+        over_cfg = OmegaConf.merge(
+            cfg, {"bench": {"prompts": n_over}, "model": {"dtype": result["dtype"], "device": built_on}}
+        )
         result["overhead"] = overhead(over_cfg, target=target, drafter=drafter)
     result["goals"] = goals(result)
     return result
@@ -305,12 +314,18 @@ def table(r: dict[str, Any]) -> str:
             f"{num(x['argmax_agree'], '.3f')} |"
         )
     if r["drafter"]:
-        lines += ["", "drafter replay (ms) per bucket: " + ", ".join(
-            f"{x['bucket']}: {x['replay_ms']:.3f}" for x in r["drafter"])]  # fmt: skip
+        lines += [
+            "",
+            "drafter replay (ms) per bucket: "
+            + ", ".join(f"{x['bucket']}: {x['replay_ms']:.3f}" for x in r["drafter"]),
+        ]
     floor = r.get("weight_read_ms")
     if floor is not None:
-        lines += ["", f"weight-read floor {floor:.3f} ms ({r['weight_bytes'] / 1e9:.2f} GB of weights at the measured "
-                  f"{r['device_bandwidth_gbs']:.0f} GB/s)"]  # fmt: skip
+        lines += [
+            "",
+            f"weight-read floor {floor:.3f} ms ({r['weight_bytes'] / 1e9:.2f} GB of weights at the measured "
+            f"{r['device_bandwidth_gbs']:.0f} GB/s)",
+        ]
     ar = r["ar_step"]
     gw, ew = ar["graphed_work"], ar["eager_work"]
 
@@ -318,8 +333,10 @@ def table(r: dict[str, Any]) -> str:
         if "kernels" not in w and "aten_ops" not in w:
             return w["source"]
         if "kernels" in w:
-            return (f"{w['kernels']:.0f} kernels, {w['kernel_launches']:.0f} kernel launches, "
-                    f"{w['graph_launches']:.0f} graph launches")  # fmt: skip
+            return (
+                f"{w['kernels']:.0f} kernels, {w['kernel_launches']:.0f} kernel launches, "
+                f"{w['graph_launches']:.0f} graph launches"
+            )
         return f"{w['aten_ops']:.0f} aten ops, {w['graph_replays']:.0f} graph replays"
 
     lines += [
@@ -333,8 +350,12 @@ def table(r: dict[str, Any]) -> str:
         o = r["overhead"]
         lines += ["", f"policy={o['policy']}, {o['prompts']} prompt(s), {o['cycles']} cycles: {overhead_line(o)}"]
     lines += ["", "| goal | value | target | met |", "|---|---:|---:|---|"]
-    names = {"step_floor_x": "AR step replay / weight-read floor", "verify64_steps": "verify(64) / AR step",
-             "overhead_frac": "engine overhead / cycle", "syncs_per_cycle": "synchronisations per cycle"}  # fmt: skip
+    names = {
+        "step_floor_x": "AR step replay / weight-read floor",
+        "verify64_steps": "verify(64) / AR step",
+        "overhead_frac": "engine overhead / cycle",
+        "syncs_per_cycle": "synchronisations per cycle",
+    }
     for k, g in r["goals"].items():
         met = "–" if g["met"] is None else "yes" if g["met"] else "no"
         lines.append(f"| {names[k]} | {num(g['value'], '.3f')} | ≤ {g['goal']:g} | {met} |")

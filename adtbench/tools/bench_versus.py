@@ -95,8 +95,11 @@ def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[
             if k.split(".")[0] not in FREE_GROUPS
         ]
         if bad:
-            raise ConfigError(bad[0], f"variant {name!r} differs from {first_name!r} here; variants may differ only in "
-                              f"{', '.join(g + '.*' for g in FREE_GROUPS)}")  # fmt: skip
+            raise ConfigError(
+                bad[0],
+                f"variant {name!r} differs from {first_name!r} here; variants may differ only in "
+                f"{', '.join(g + '.*' for g in FREE_GROUPS)}",
+            )
     return cfgs
 
 
@@ -154,18 +157,20 @@ def run(args: list[str]) -> dict[str, Any]:
     for name in variants:
         pair_ar = np.c_[med["ar"], med[name]]
         pair_first = np.c_[med[names[1]], med[name]]
-        rows.append({
-            "variant": name,
-            "overrides": variants[name],
-            "tau": committed[name] / max(1, cycles[name]),
-            "gated_share": gated[name] / max(1, cycles[name]),
-            "speedup": _ratio(pair_ar),
-            "speedup_ci": list(bootstrap_ci(pair_ar, _ratio)),
-            "median": float(np.median(med["ar"] / med[name])),
-            "vs_first": _ratio(pair_first),
-            "vs_first_ci": list(bootstrap_ci(pair_first, _ratio)),
-            "mean_latency_s": float(med[name].mean()),
-        })  # fmt: skip
+        rows.append(
+            {
+                "variant": name,
+                "overrides": variants[name],
+                "tau": committed[name] / max(1, cycles[name]),
+                "gated_share": gated[name] / max(1, cycles[name]),
+                "speedup": _ratio(pair_ar),
+                "speedup_ci": list(bootstrap_ci(pair_ar, _ratio)),
+                "median": float(np.median(med["ar"] / med[name])),
+                "vs_first": _ratio(pair_first),
+                "vs_first_ci": list(bootstrap_ci(pair_first, _ratio)),
+                "mean_latency_s": float(med[name].mean()),
+            }
+        )
     return {
         "common": common,
         "prompts": len(prompts),

@@ -9,9 +9,12 @@ With K = ``top_k`` and R = ``depth`` expansion rounds:
    order (parents before children, siblings by rank).
 
 Ties are broken toward the lower candidate index everywhere. Because a child's score never exceeds its
-parent's and parents have lower indices, every kept node's parent is kept (asserted) — the reference's
-``searchsorted`` lookup can silently pick a wrong parent on ties. The drafted depth is D = R + 1
-(capped by the image positions left); candidates with zero drafter probability are never kept.
+parent's and parents have lower indices, every kept node's parent is kept — by construction, so a kept candidate's
+parent is looked up, not searched for (the reference's ``searchsorted`` lookup can silently pick a wrong parent on
+ties); ``eagle2_host_steps`` asserts it, the device builder is tested to build the same trees. The drafted depth is
+D = R + 1 (capped by the image positions left). A candidate with zero drafter probability keeps its place with
+score −inf: it ranks after every live one and, if the rerank keeps it, is a dead node (``DraftTree.alive``: verified,
+never accepted).
 """
 
 from __future__ import annotations
@@ -122,10 +125,16 @@ def eagle2_device_steps(
     parents = torch.cat([_const(-1, 1, dev), tree_par])
     d, anc = ancestry_on_device(parents, len(scores))
     return DraftTree(
-        torch.cat([session.root_token, tok[sel]]), parents, drafted_depth=len(session.levels) + 1, width=K,
-        info=info, alive=torch.cat([true_flag(dev), score[sel] > float("-inf")]), depth=d, ancestor_mask=anc,
+        torch.cat([session.root_token, tok[sel]]),
+        parents,
+        drafted_depth=len(session.levels) + 1,
+        width=K,
+        info=info,
+        alive=torch.cat([true_flag(dev), score[sel] > float("-inf")]),
+        depth=d,
+        ancestor_mask=anc,
         max_children=K,
-    )  # fmt: skip
+    )
 
 
 def eagle2_host_steps(
@@ -193,14 +202,21 @@ def eagle2_host_steps(
     slot[sel] = np.arange(1, keep + 1)
     slot[count] = 0
     parents = np.concatenate([[-1], slot[np.where(par[sel] < 0, count, par[sel])]])
+    assert keep == 0 or parents[1:].min() >= 0, "EAGLE-2 kept a candidate without its parent"
     d, anc = host_ancestry(parents)  # parents precede children by construction: no check
     live_nodes = score[sel] > -np.inf
     alive = None if live_nodes.all() else torch.from_numpy(np.concatenate([[True], live_nodes])).to(dev)
     return DraftTree(
-        torch.cat([session.root_token, torch.from_numpy(toks[sel]).to(dev)]), torch.from_numpy(parents).to(dev),
-        drafted_depth=len(session.levels) + 1, width=K, info=info, alive=alive, depth=torch.from_numpy(d).to(dev),
-        ancestor_mask=torch.from_numpy(anc).to(dev), max_children=K,
-    )  # fmt: skip
+        torch.cat([session.root_token, torch.from_numpy(toks[sel]).to(dev)]),
+        torch.from_numpy(parents).to(dev),
+        drafted_depth=len(session.levels) + 1,
+        width=K,
+        info=info,
+        alive=alive,
+        depth=torch.from_numpy(d).to(dev),
+        ancestor_mask=torch.from_numpy(anc).to(dev),
+        max_children=K,
+    )
 
 
 def _exp64(scores: np.ndarray) -> np.ndarray:
@@ -279,7 +295,12 @@ def build_eagle2(node: Any) -> Eagle2Policy:
     """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``,
     ``draft_sampling``, ``rounds``, ``gate_tokens``, ``gate_explore``."""
     policy = Eagle2Policy(
-        int(node["depth"]), int(node["top_k"]), int(node["total_tokens"]), str(node.get("budget", "fixed")),
-        node.get("calibrate", True), str(node.get("draft_sampling", "topk")), str(node.get("rounds", "auto")),
-    )  # fmt: skip
+        int(node["depth"]),
+        int(node["top_k"]),
+        int(node["total_tokens"]),
+        str(node.get("budget", "fixed")),
+        node.get("calibrate", True),
+        str(node.get("draft_sampling", "topk")),
+        str(node.get("rounds", "auto")),
+    )
     return with_gate(policy, node)

@@ -62,8 +62,17 @@ class JacobiPolicy(LoopPolicy):
     ) -> GenerationResult:
         """Decode one image with ``jacobi.decode_jacobi`` (``aux``: ``JacobiModels`` or None)."""
         models = aux if isinstance(aux, JacobiModels) else JacobiModels()
-        return decode_jacobi(target, inputs, sp, generator, self.params, self.rule_for(target, rule), acceptance,
-                             models.drafter, models.window)  # fmt: skip
+        return decode_jacobi(
+            target,
+            inputs,
+            sp,
+            generator,
+            self.params,
+            self.rule_for(target, rule),
+            acceptance,
+            models.drafter,
+            models.window,
+        )
 
     def generate_batch(
         self,
@@ -80,8 +89,9 @@ class JacobiPolicy(LoopPolicy):
         if self.params.init == "drafter":
             raise ValueError("policy.init=drafter decodes one prompt at a time")
         models = aux if isinstance(aux, JacobiModels) else JacobiModels()
-        generate_jacobi_batch(bt, items, sp, self.params, on_done, self.rule_for(bt.target, rule), acceptance,
-                              models.window)  # fmt: skip
+        generate_jacobi_batch(
+            bt, items, sp, self.params, on_done, self.rule_for(bt.target, rule), acceptance, models.window
+        )
 
 
 NAME_DEFAULTS: dict[str, dict[str, str]] = {

@@ -136,21 +136,28 @@ class StaticTreePolicy(TreePolicy):
             grow_parents = [sess[here[i][:-1]] for i in grow]
             for i in grow:
                 sess[here[i]] = len(sess)
-            levels.append(_Level(
-                row=_long([prefixes.index(p[:-1]) for p in here], device),
-                rank=_long([p[-1] for p in here], device),
-                parents=_long([node[p[:-1]] for p in here], device),
-                width=max(p[-1] for p in here) + 1,
-                grow=_long(grow, device),
-                grow_parents=_long(grow_parents, device),
-            ))  # fmt: skip
+            levels.append(
+                _Level(
+                    row=_long([prefixes.index(p[:-1]) for p in here], device),
+                    rank=_long([p[-1] for p in here], device),
+                    parents=_long([node[p[:-1]] for p in here], device),
+                    width=max(p[-1] for p in here) + 1,
+                    grow=_long(grow, device),
+                    grow_parents=_long(grow_parents, device),
+                )
+            )
         par = [-1] + [node[p[:-1]] for p in paths]
         tree = DraftTree(torch.zeros(len(par), dtype=torch.long, device=device), par, drafted_depth=0)
         kids = [sum(1 for q in paths if q[:-1] == p) for p in [(), *paths]]
         plan = self._plans[key] = _Plan(
-            levels, tree.parents, tree.depth, tree.ancestor_mask,
-            _long([node[p] for p in [(), *paths] if p == () or p in inner], device), max(kids), tree.child_ranks,
-        )  # fmt: skip
+            levels,
+            tree.parents,
+            tree.depth,
+            tree.ancestor_mask,
+            _long([node[p] for p in [(), *paths] if p == () or p in inner], device),
+            max(kids),
+            tree.child_ranks,
+        )
         return plan
 
     def propose_steps(self, session: DraftSession, max_depth: int) -> Steps:
@@ -179,10 +186,17 @@ class StaticTreePolicy(TreePolicy):
             q = torch.cat(qs).exp()
             proposal = q.new_zeros(plan.parents.numel(), q.shape[-1]).index_copy_(0, plan.proposal_nodes, q)
         return DraftTree(
-            torch.cat(tokens), plan.parents, drafted_depth=len(plan.levels), width=self.width, proposal=proposal,
-            alive=alive_all, depth=plan.depth, ancestor_mask=plan.ancestor_mask, max_children=plan.max_children,
+            torch.cat(tokens),
+            plan.parents,
+            drafted_depth=len(plan.levels),
+            width=self.width,
+            proposal=proposal,
+            alive=alive_all,
+            depth=plan.depth,
+            ancestor_mask=plan.ancestor_mask,
+            max_children=plan.max_children,
             child_ranks=plan.child_ranks,
-        )  # fmt: skip
+        )
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
