@@ -61,7 +61,7 @@ def prefill(
     drafter_slots: int,
     generator: torch.Generator | None,
 ) -> tuple[torch.Tensor, PrefillResult, torch.Tensor]:
-    """Run the prompt through the target (``models.base.prefill_token``, the step the AR baseline's loop starts with
+    """Run the prompt through the target (``algorithm.ar.prefill_token``, the step the AR baseline's loop starts with
     too) and the drafter; returns (first image token ``[]`` on the device, ``PrefillResult``, the drafter's output at
     the root ``[R, H]``). ``drafter_slots``: the most scratch slots one cycle's drafting needs."""
     root, res = prefill_token(target, inputs, sp, max_tree_nodes, generator)
@@ -104,7 +104,7 @@ def pending_slots(
 def decode_ar(
     target: Target, inputs: PromptInputs, sp: SamplingParams, generator: torch.Generator | None
 ) -> GenerationResult:
-    """Plain AR decoding (``models.base.ar_tokens``: one target forward per token), timed."""
+    """Plain AR decoding (``algorithm.ar.ar_tokens``: one target forward per token), timed."""
     clock = Clock(target.device)
     t0 = clock.now()
     start, marks = clock.mark(), []
@@ -159,7 +159,7 @@ def judge(
 
 
 def ar_cycle(target: Target, st: DecodeState, sp: SamplingParams, clock: Clock) -> tuple[Mark, Mark, Mark]:
-    """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``models.base.ar_step``);
+    """A cycle without drafts (gated, or no room left): the root alone, i.e. one AR step (``algorithm.ar.ar_step``);
     its token and the root's (and the entropy for a gate) are read at once (``slot.root_alone``). Returns the clock
     marks started, verified, done."""
     start = clock.mark()
