@@ -385,8 +385,11 @@ def _site() -> str:
     while f is not None:
         fn = f.f_code.co_filename
         if fn != here and ("/adtbench/" in fn or "/tests/" in fn or "/benchmarks/" in fn) and "/torch/" not in fn:
-            short = fn.split("/adtbench/", 1)[-1] if "/adtbench/" in fn else fn.rsplit("/", 2)[-2] + "/" + fn.rsplit(
-                "/", 1)[-1]  # fmt: skip
+            short = (
+                fn.split("/adtbench/", 1)[-1]
+                if "/adtbench/" in fn
+                else fn.rsplit("/", 2)[-2] + "/" + fn.rsplit("/", 1)[-1]
+            )
             return f"{short}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back  # type: ignore[assignment]
     return "(outside adtbench)"

@@ -113,15 +113,20 @@ def _run(
     job = Job.build(cfg, sp, policy, todo)
     env = environment(job.target)
     warmup_s = job.warm_up(todo, int(cfg.warmup), bool(cfg.baseline))
-    log.info("warm-up: %d generation(s) of each side in %.1f s%s", int(cfg.warmup) if todo else 0, warmup_s,
-             " (compilation included)" if job.compiled else "")  # fmt: skip
+    log.info(
+        "warm-up: %d generation(s) of each side in %.1f s%s",
+        int(cfg.warmup) if todo else 0,
+        warmup_s,
+        " (compilation included)" if job.compiled else "",
+    )
     run_info: dict[str, Any] = {**machine(), **job.run_info(), "warmup_s": warmup_s}
     from adtbench.harness.tracking import build_logger
 
     tracker = build_logger(cfg, run_dir, choices)
     try:
-        ctx = RunContext(cfg, run_dir, choices, job, store, tracker, env, len(prompts), job.rule.name,
-                         lantern_used(cfg, job.rule))  # fmt: skip
+        ctx = RunContext(
+            cfg, run_dir, choices, job, store, tracker, env, len(prompts), job.rule.name, lantern_used(cfg, job.rule)
+        )
         summary = _decode_all(ctx, todo, run_info)
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
@@ -157,8 +162,9 @@ class RunContext:
         sim = accel.simulation()
         if sim is not None:
             run_info = {**run_info, "simulated_device": sim.report()}
-        return Summary.build(records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info,
-                             self.lantern)  # fmt: skip
+        return Summary.build(
+            records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info, self.lantern
+        )
 
 
 def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -> Summary:
@@ -170,8 +176,13 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     repeats = timing_repeats(cfg)
     records = [slim(r) for r in store.records()]
     watch = LoadWatch(run_info["cpus_available"])
-    run_info = {**run_info, **watch.start(f"{len(todo)} prompt(s) × {repeats} repeat(s), {run_info['threads']} "
-                                          f"torch thread(s), {run_info['cpus_available']} core(s)")}  # fmt: skip
+    run_info = {
+        **run_info,
+        **watch.start(
+            f"{len(todo)} prompt(s) × {repeats} repeat(s), {run_info['threads']} "
+            f"torch thread(s), {run_info['cpus_available']} core(s)"
+        ),
+    }
     last_summary = time.perf_counter()
     bar = tqdm(total=len(todo), desc=str(cfg.policy.name), disable=not cfg.progress, file=sys.stderr)
     for p, seed, runs, bases, batch in timed_results(ctx.job, todo, repeats, bool(cfg.baseline)):

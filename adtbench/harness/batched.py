@@ -107,8 +107,13 @@ class BatchedDecoder:
         runs, run_s = self._side(bt, items(), True)
         if self.baseline and index % 2 == 1:
             base, base_s = self._side(bt, items(), False)
-        info = {"size": self.B, "window": uuid.uuid4().hex[:12], "images": len(prompts), "window_s": run_s,
-                "baseline_window_s": base_s}  # fmt: skip
+        info = {
+            "size": self.B,
+            "window": uuid.uuid4().hex[:12],
+            "images": len(prompts),
+            "window_s": run_s,
+            "baseline_window_s": base_s,
+        }
         out: list[Decoded] = []
         for i, p in enumerate(prompts):
             runs[i].encode_s += encode_s[i]

@@ -95,8 +95,12 @@ def load_or_measure(
     load = model.meta.get("load")
     if load is not None and load > cores:
         log.warning("cost model measured under load %.1f > %d cores: its times may be inflated", load, cores)
-    log.info("cost model: measured in %.1f s (AR step %.2f ms)%s", time.perf_counter() - t0, model.step_ms,
-             f" → {path}" if path else "")  # fmt: skip
+    log.info(
+        "cost model: measured in %.1f s (AR step %.2f ms)%s",
+        time.perf_counter() - t0,
+        model.step_ms,
+        f" → {path}" if path else "",
+    )
     if path is not None:
         atomic_write_bytes(path, json.dumps({"key": key, "model": model.to_json()}, indent=2).encode())
     return model
@@ -112,11 +116,20 @@ def _measured_busy_now_idle(model: CostModel, cores: int, path: Path) -> bool:
     avg = load_average()
     now = None if avg is None else avg[0]
     if now is not None and now <= cores:
-        log.info("cost model: the cached %s was measured under load %.1f > %d cores; measuring again (load %.1f)",
-                 path, then, cores, now)  # fmt: skip
+        log.info(
+            "cost model: the cached %s was measured under load %.1f > %d cores; measuring again (load %.1f)",
+            path,
+            then,
+            cores,
+            now,
+        )
         return True
-    log.warning("cost model: the cached %s was measured under load %.1f > %d cores and the machine is still busy; "
-                "using it", path, then, cores)  # fmt: skip
+    log.warning(
+        "cost model: the cached %s was measured under load %.1f > %d cores and the machine is still busy; using it",
+        path,
+        then,
+        cores,
+    )
     return False
 
 
@@ -141,12 +154,19 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
     levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
     cost = load_or_measure(target, drafter, sp, max(64, params.window_max), levels, cache_dir)
     use_cfg = sp.use_cfg and target.supports_cfg
-    key = {"cost": cost.meta.get("key"), "cost_measured_at": cost.meta.get("measured_at"),
-           "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
-           "policy": {k: getattr(params, k) for k in ("init", "redraw", "rule", "window_min", "window_max",
-                                                      "group_size", "group_gap", "group_dist")},
-           "lantern": bool((cfg.get("lantern") or {}).get("enabled", False)),
-           "prompts": list(CALIBRATION_PROMPTS), "grid": list(CALIBRATION_GRID), "version": 2}  # fmt: skip
+    key = {
+        "cost": cost.meta.get("key"),
+        "cost_measured_at": cost.meta.get("measured_at"),
+        "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
+        "policy": {
+            k: getattr(params, k)
+            for k in ("init", "redraw", "rule", "window_min", "window_max", "group_size", "group_gap", "group_dist")
+        },
+        "lantern": bool((cfg.get("lantern") or {}).get("enabled", False)),
+        "prompts": list(CALIBRATION_PROMPTS),
+        "grid": list(CALIBRATION_GRID),
+        "version": 2,
+    }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / "jacobi" / f"{digest}.json"
     if path is not None and path.is_file():
@@ -171,9 +191,14 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
 
         rule = grouped_rule(target, params)
     out = calibrate_window(target, inputs, sp, params, cost, gen, rule, drafter)
-    log.info("window=cost: τ(L) %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
-             {L: round(t, 2) for L, t in out["taus"].items()}, {L: round(t, 2) for L, t in out["fit"].items()},
-             {L: round(r, 2) for L, r in out["rates"].items()}, out["L"], time.perf_counter() - t0)  # fmt: skip
+    log.info(
+        "window=cost: τ(L) %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
+        {L: round(t, 2) for L, t in out["taus"].items()},
+        {L: round(t, 2) for L, t in out["fit"].items()},
+        {L: round(r, 2) for L, r in out["rates"].items()},
+        out["L"],
+        time.perf_counter() - t0,
+    )
     if path is not None:
         atomic_write_bytes(path, json.dumps({"key": key, "taus": out["taus"]}, indent=2).encode())
     return out
@@ -285,5 +310,10 @@ def lantern_used(cfg: Any, rule: Any) -> dict[str, Any] | None:
     if getattr(rule, "name", "exact") != "lantern":
         return None
     p = lantern_params(cfg.lantern)
-    return {"k": int(rule.k), "delta": p.delta, "lam": p.lam, "normalize": p.normalize,
-            "reference_residual": p.reference_residual}  # fmt: skip
+    return {
+        "k": int(rule.k),
+        "delta": p.delta,
+        "lam": p.lam,
+        "normalize": p.normalize,
+        "reference_residual": p.reference_residual,
+    }

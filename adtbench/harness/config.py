@@ -150,8 +150,10 @@ def validate_model(cfg: DictConfig) -> None:
     if family == "mini":  # shipped-layout weights: check their headers and sizes before anything is read
         from adtbench.io import check_weights
 
-        for key, files in (("model.path", ("gpt.safetensors", "text_encoder.safetensors")),
-                           ("model.vq_path", ("model.safetensors",))):  # fmt: skip
+        for key, files in (
+            ("model.path", ("gpt.safetensors", "text_encoder.safetensors")),
+            ("model.vq_path", ("model.safetensors",)),
+        ):
             base = Path(str(_get(cfg, key)))
             for f in files:
                 check_weights(key, base / f)
@@ -288,21 +290,32 @@ def decode_batch(cfg: DictConfig, policy: Policy | None = None) -> tuple[int, in
         return B, window
     if policy is not None and isinstance(policy, LoopPolicy) and not policy.batchable:
         if policy.name in ("sjd", "scd", "gsd"):
-            raise ConfigError("policy.init", f"policy={policy.name} with init=drafter decodes one prompt at a time; "
-                              "use decode.batch_size=1, or init=random|left|up")  # fmt: skip
-        raise ConfigError("decode.batch_size", f"policy={policy.name} runs its own loop, one prompt at a time; "
-                          "use decode.batch_size=1 with it")  # fmt: skip
+            raise ConfigError(
+                "policy.init",
+                f"policy={policy.name} with init=drafter decodes one prompt at a time; "
+                "use decode.batch_size=1, or init=random|left|up",
+            )
+        raise ConfigError(
+            "decode.batch_size",
+            f"policy={policy.name} runs its own loop, one prompt at a time; use decode.batch_size=1 with it",
+        )
     family = str(_get(cfg, "model.family"))
     impl = str(cfg.model.get("impl", "lean"))
     if family not in BATCHED_FAMILIES or impl == "hf":
-        raise ConfigError("decode.batch_size", f"model family {family} (model.impl={impl}) has no batched target; "
-                          f"batched: {', '.join(BATCHED_FAMILIES)} with model.impl=lean")  # fmt: skip
+        raise ConfigError(
+            "decode.batch_size",
+            f"model family {family} (model.impl={impl}) has no batched target; "
+            f"batched: {', '.join(BATCHED_FAMILIES)} with model.impl=lean",
+        )
     if timing_repeats(cfg) > 1:
         raise ConfigError("timing.repeats", "with decode.batch_size > 1 each window is timed once; use 1")
     if engine_compile(cfg) and not _on_cuda(cfg):
-        raise ConfigError("engine.compile", "with decode.batch_size > 1 it runs the batch's CUDA graphs, and the "
-                          "model is not on a CUDA device (model.device); the CPU's compiled stacks are single-prompt: "
-                          "use engine.compile=false with decode.batch_size > 1 there")  # fmt: skip
+        raise ConfigError(
+            "engine.compile",
+            "with decode.batch_size > 1 it runs the batch's CUDA graphs, and the "
+            "model is not on a CUDA device (model.device); the CPU's compiled stacks are single-prompt: "
+            "use engine.compile=false with decode.batch_size > 1 there",
+        )
     return B, window
 
 

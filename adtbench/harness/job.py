@@ -84,13 +84,13 @@ class Job:
         policy.bind(cost_source(target, models, sp, cache_dir) if policy.uses_drafter and models is not None else None)
         bind_s = time.perf_counter() - t
         log.info("policy bind: %.1f s", bind_s)
-        job = cls(cfg, sp, policy, target, models, build_rule(cfg, target), engine_acceptance(cfg),
-                  engine_compile(cfg), batch, window, bind_s)  # fmt: skip
+        rule, acceptance, compiled = build_rule(cfg, target), engine_acceptance(cfg), engine_compile(cfg)
+        job = cls(cfg, sp, policy, target, models, rule, acceptance, compiled, batch, window, bind_s)
         if batch > 1:
             from adtbench.harness.batched import BatchedDecoder
 
-            job.batched = BatchedDecoder(target, models, policy, job.sp, job.rule, job.acceptance, batch, job.use_cfg,
-                                         job.gen_device, job.seed_of, bool(cfg.get("baseline", True)))  # fmt: skip
+            parts = (target, models, policy, job.sp, job.rule, job.acceptance, batch, job.use_cfg, job.gen_device)
+            job.batched = BatchedDecoder(*parts, seed_of=job.seed_of, baseline=bool(cfg.get("baseline", True)))
         return job
 
     def variant(self, cfg: DictConfig, policy: Policy) -> Job:
@@ -106,8 +106,15 @@ class Job:
         t = time.perf_counter()
         cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.get("paths") and cfg.paths.get("cache_dir") else None
         policy.bind(cost_source(self.target, models, self.sp, cache_dir) if policy.uses_drafter else None)
-        return dataclasses.replace(self, cfg=cfg, policy=policy, models=models, rule=build_rule(cfg, self.target),
-                                   bind_s=time.perf_counter() - t, batched=None)  # fmt: skip
+        return dataclasses.replace(
+            self,
+            cfg=cfg,
+            policy=policy,
+            models=models,
+            rule=build_rule(cfg, self.target),
+            bind_s=time.perf_counter() - t,
+            batched=None,
+        )
 
     # --- what a decode needs -------------------------------------------------------------------------------------
     @property
@@ -180,13 +187,21 @@ def build_models(cfg: DictConfig, policy: Policy | None, eagle: bool = False) ->
 
     if cfg.get("threads") is not None:
         torch.set_num_threads(int(cfg.threads))
-    log.info("loading model=%s (family %s) on %s, %s", cfg.model.get("name"), cfg.model.family,
-             cfg.model.device, cfg.model.dtype)  # fmt: skip
+    log.info(
+        "loading model=%s (family %s) on %s, %s",
+        cfg.model.get("name"),
+        cfg.model.family,
+        cfg.model.device,
+        cfg.model.dtype,
+    )
     target = build_target(cfg.model, plain_decode=ar_tokens)
     drafting = eagle or (policy is not None and policy.uses_drafter)
     if drafting:
-        node = cfg.drafter if str(cfg.drafter.get("kind")) == "eagle" else OmegaConf.merge(
-            cfg.drafter, {"kind": "eagle", "path": None})  # fmt: skip
+        node = (
+            cfg.drafter
+            if str(cfg.drafter.get("kind")) == "eagle"
+            else OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None})
+        )
         models = build_drafter(node, target)
     else:
         models = None if policy is None else build_loop_models(cfg, policy, target)
@@ -201,8 +216,9 @@ def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:
     n = int(target.layout.num_codes)
     if sp.top_k < n:
         return sp
-    log.warning("sampling.top_k=%d ≥ the model's %d image tokens: it keeps every token; running with top-k off",
-                sp.top_k, n)  # fmt: skip
+    log.warning(
+        "sampling.top_k=%d ≥ the model's %d image tokens: it keeps every token; running with top-k off", sp.top_k, n
+    )
     return dataclasses.replace(sp, top_k=0)
 
 
@@ -224,8 +240,14 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
         over = prompt_overflow(target, p.text)
         if over is not None:
             n, limit, unit = over
-            log.warning("prompt %s has %d %s; model=%s reads at most %d (the rest is ignored)",
-                        p.prompt_id, n, unit, model, limit)  # fmt: skip
+            log.warning(
+                "prompt %s has %d %s; model=%s reads at most %d (the rest is ignored)",
+                p.prompt_id,
+                n,
+                unit,
+                model,
+                limit,
+            )
 
 
 def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:

@@ -59,8 +59,11 @@ def check_jacobi_config(cfg: DictConfig) -> None:
     if str(node.get("init")) == "drafter":
         kind = str(cfg.drafter.get("kind")) if cfg.get("drafter") is not None else "none"
         if kind != "eagle":
-            raise ConfigError("policy.init", f"init=drafter drafts with the EAGLE drafter; set drafter=eagle "
-                              f"(got drafter.kind={kind}) or choose init=random|left|up")  # fmt: skip
+            raise ConfigError(
+                "policy.init",
+                f"init=drafter drafts with the EAGLE drafter; set drafter=eagle "
+                f"(got drafter.kind={kind}) or choose init=random|left|up",
+            )
         path = cfg.drafter.get("path")
         if path is not None:
             from pathlib import Path

@@ -118,31 +118,36 @@ def _upsampler_path(cfg: DictConfig) -> Path | None:
 def check_mulo_config(cfg: DictConfig) -> None:
     """Every ``policy=mulo`` rule that needs no weights (module docstring); ConfigError naming the key and path."""
     mulo_params(_plain(cfg.policy))  # the values (ConfigError naming policy.<key>)
-    kinds = {k: check_choice(str(cfg.policy.get(k, "learned")), f"policy.{k}", RESAMPLER_KINDS)
-             for k in ("upsampler", "downsampler")}  # fmt: skip
+    kinds = {
+        k: check_choice(str(cfg.policy.get(k, "learned")), f"policy.{k}", RESAMPLER_KINDS)
+        for k in ("upsampler", "downsampler")
+    }
     node = drafter_node(cfg)
     fam_t, fam_d = str(cfg.model.get("family")), str(node.get("family"))
     name = cfg.policy.drafter_model
     if fam_t != fam_d:
         raise ConfigError(
-            "policy.drafter_model", f"{name} is of family {fam_d}, but model.family is {fam_t}: the low-resolution "
+            "policy.drafter_model",
+            f"{name} is of family {fam_d}, but model.family is {fam_t}: the low-resolution "
             "drafter must be the same family (same tokenizer and codebook)",
-        )  # fmt: skip
+        )
     if fam_t == "tar" and str(cfg.model.get("stage", "lm")) != "detok":
         raise ConfigError("model.stage", "policy=mulo speculates Tar's AR de-tokenizer: use model.stage=detok")
     src_t, shape_t = _codebook(cfg.model, "model.vq_path")
     src_d, shape_d = _codebook(node, "policy.drafter_model")
     if src_t != src_d and (None in shape_t or shape_t != shape_d):
         raise ConfigError(
-            "policy.drafter_model", f"{name} uses the VQ {src_d} {shape_d}, the target {src_t} {shape_t}: MuLo-SD "
+            "policy.drafter_model",
+            f"{name} uses the VQ {src_d} {shape_d}, the target {src_t} {shape_t}: MuLo-SD "
             "needs one codebook (codes are up-sampled and compared as the same ids)",
-        )  # fmt: skip
+        )
     res_t, res_d = _resolution(cfg.model, "model.path"), _resolution(node, "policy.drafter_model")
     if res_t is not None and res_d is not None and (res_d <= 0 or res_t % res_d):
         raise ConfigError(
-            "policy.drafter_model", f"r = target / drafter resolution = {res_t}/{res_d} is not an integer "
+            "policy.drafter_model",
+            f"r = target / drafter resolution = {res_t}/{res_d} is not an integer "
             f"({node.get('path')} vs {cfg.model.get('path')})",
-        )  # fmt: skip
+        )
     if "learned" in kinds.values():
         p = _upsampler_path(cfg)
         if p is None:
@@ -150,9 +155,10 @@ def check_mulo_config(cfg: DictConfig) -> None:
         for f in ("config.json", "model.safetensors"):
             if not (p / f).is_file():
                 raise ConfigError(
-                    "policy.upsampler_path", f"expected {p / f} (train with `adtbench train upsampler`, or use "
+                    "policy.upsampler_path",
+                    f"expected {p / f} (train with `adtbench train upsampler`, or use "
                     "policy.upsampler=bicubic policy.downsampler=bicubic)",
-                )  # fmt: skip
+                )
 
 
 def _tar_drafter(node: DictConfig, target: Any) -> Any:
@@ -229,6 +235,15 @@ def build_mulo_models(cfg: DictConfig, target: Any) -> MuloModels:
     info = {"upsampler": up, "downsampler": down, "drafter_model": name}
     if tar:
         info["timing_scope"] = TIMING_SCOPE_TAR
-    log.info("MuLo-SD: drafter %s (%d×%d) → target %d×%d, r=%d, U_r=%s, D_r=%s", name, ld.grid_h, ld.grid_w,
-             lt.grid_h, lt.grid_w, r, up, down)  # fmt: skip
+    log.info(
+        "MuLo-SD: drafter %s (%d×%d) → target %d×%d, r=%d, U_r=%s, D_r=%s",
+        name,
+        ld.grid_h,
+        ld.grid_w,
+        lt.grid_h,
+        lt.grid_w,
+        r,
+        up,
+        down,
+    )
     return MuloModels(drafter, resampler, neighbours, r, encode, info)

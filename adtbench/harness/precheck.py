@@ -111,8 +111,9 @@ def check_command_line(
     args = _parse(argv)
     if args is None:
         return 0
-    jobs = job_configs(args.overrides, config_dir, args.config_name or config_name, bool(args.multirun),
-                       args.config_dir)  # fmt: skip
+    jobs = job_configs(
+        args.overrides, config_dir, args.config_name or config_name, bool(args.multirun), args.config_dir
+    )
     hydra_config = HydraConfig.instance()
     before = hydra_config.cfg
     try:

@@ -188,9 +188,23 @@ def trace_record(prompt_id: str, res: GenerationResult) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------------
 
 #: The run's context in a summary, after :func:`summarize`'s keys (the composed choices and what they decoded with).
-CONTEXT_FIELDS = ("lantern", "model", "drafter", "policy", "dataset", "sampling", "choices", "policy_params",
-                  "sampling_params", "greedy_matches_baseline", "n_prompts", "complete", "acceptance_rule",
-                  "lantern_params", "timing_scope")  # fmt: skip
+CONTEXT_FIELDS = (
+    "lantern",
+    "model",
+    "drafter",
+    "policy",
+    "dataset",
+    "sampling",
+    "choices",
+    "policy_params",
+    "sampling_params",
+    "greedy_matches_baseline",
+    "n_prompts",
+    "complete",
+    "acceptance_rule",
+    "lantern_params",
+    "timing_scope",
+)
 #: What a merged run (``adtbench merge``) adds after ``env``.
 MERGE_FIELDS = ("envs", "env_consistent", "merged_from")
 _EMPTY_STATS = {"n_samples": 0, "tau": None, "d_bar": None, "speedup": None}
@@ -370,8 +384,11 @@ def lantern_part(s: dict[str, Any]) -> str:
     if not s.get("lantern"):
         return "lantern=off"
     p = s.get("lantern_params") or {}
-    used = [f"{name}={p[key]:g}" for key, name in (("delta", "delta"), ("lam", "lam"), ("k", "k"))
-            if isinstance(p.get(key), int | float)]  # fmt: skip
+    used = [
+        f"{name}={p[key]:g}"
+        for key, name in (("delta", "delta"), ("lam", "lam"), ("k", "k"))
+        if isinstance(p.get(key), int | float)
+    ]
     return "lantern=on" + (f"({','.join(used)})" if used else "")
 
 

@@ -139,8 +139,19 @@ HYDRA_CONFIG_FILE = ".hydra/config.yaml"
 #: Config keys that never change a run's samples (run plumbing, not the experiment): a resume may change them
 #: (``config.config_fingerprint`` drops them) and they never define a table row. ``dataset.limit`` is here
 #: because a resume may extend the prompt list; the samples of the prompts both runs cover are the same.
-PLUMBING_KEYS = ("hydra", "dataset.limit", "paths", "logger", "eval", "progress", "warmup", "threads",
-                 "save_images", "maps", "lantern.cache_dir")  # fmt: skip
+PLUMBING_KEYS = (
+    "hydra",
+    "dataset.limit",
+    "paths",
+    "logger",
+    "eval",
+    "progress",
+    "warmup",
+    "threads",
+    "save_images",
+    "maps",
+    "lantern.cache_dir",
+)
 #: Keys that change which samples a run holds but not what they measure: runs differing only in these
 #: (shards of one config, repeats with other seeds) are pooled by ``reporting.tables``. Never ignored on resume.
 POOLED_KEYS = ("dataset.shard", "seed")

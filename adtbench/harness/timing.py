@@ -32,9 +32,13 @@ log = logging.getLogger("adtbench")
 
 
 def timed_prompt(
-    decode: Callable[[Any, int, bool], GenerationResult], p: Any, seed: int, repeats: int, baseline: bool,
+    decode: Callable[[Any, int, bool], GenerationResult],
+    p: Any,
+    seed: int,
+    repeats: int,
+    baseline: bool,
     first_pair: int,
-) -> tuple[list[GenerationResult], list[GenerationResult]]:  # fmt: skip
+) -> tuple[list[GenerationResult], list[GenerationResult]]:
     """Time one prompt ``repeats`` times: each repeat is a (baseline, method) pair, the baseline first when the
     pair's global index (``first_pair`` + repeat) is even, so the order alternates ABBA. Every repeat of a side
     must decode the same tokens (same seed); returns (method runs, baseline runs)."""
@@ -115,8 +119,12 @@ class LoadWatch:
         return self._info()
 
     def _info(self) -> dict[str, Any]:
-        info = {"load_before": self.before, "load_after": self.after, "load_peak": load_peak(self.before, self.after),
-                "load_warning": load_warning(self.before, self.after, self.cpus)}  # fmt: skip
+        info = {
+            "load_before": self.before,
+            "load_after": self.after,
+            "load_peak": load_peak(self.before, self.after),
+            "load_warning": load_warning(self.before, self.after, self.cpus),
+        }
         if info["load_warning"]:
             log.warning("%s", info["load_warning"])
         return info

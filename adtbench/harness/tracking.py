@@ -100,8 +100,12 @@ class WandbLogger:
         self.rows: list[list[Any]] = []
 
     def _fail(self, what: str, e: BaseException) -> None:
-        log.warning("W&B %s failed (%s: %s); W&B logging is off for this job, local records are unaffected",
-                    what, type(e).__name__, e)  # fmt: skip
+        log.warning(
+            "W&B %s failed (%s: %s); W&B logging is off for this job, local records are unaffected",
+            what,
+            type(e).__name__,
+            e,
+        )
         self.entry |= {"status": "failed", "error": f"{what}: {type(e).__name__}: {e}"}
         _record(self.run_dir, self.entry)
         self.run = None
@@ -226,11 +230,23 @@ def _build_wandb(cfg: Any, run_dir: Path, choices: dict[str, Any], job_type: str
     env_mode = os.environ.get("WANDB_MODE")
     on_cli = mode_on_cli() if on_cli is None else on_cli
     mode, source = resolve_mode(env_mode, cfg_mode, on_cli)
-    log.info("W&B mode %s (from %s; WANDB_MODE=%r, logger.mode=%r, logger.mode on the command line: %s)",
-             mode, source, env_mode, cfg_mode, on_cli)  # fmt: skip
+    log.info(
+        "W&B mode %s (from %s; WANDB_MODE=%r, logger.mode=%r, logger.mode on the command line: %s)",
+        mode,
+        source,
+        env_mode,
+        cfg_mode,
+        on_cli,
+    )
     started = datetime.now().isoformat(timespec="microseconds")
-    entry: dict[str, Any] = {"kind": "wandb", "mode": mode, "mode_source": source, "mode_env": env_mode,
-                             "mode_config": cfg_mode, "started": started}  # fmt: skip
+    entry: dict[str, Any] = {
+        "kind": "wandb",
+        "mode": mode,
+        "mode_source": source,
+        "mode_env": env_mode,
+        "mode_config": cfg_mode,
+        "started": started,
+    }
     try:
         import wandb
     except ImportError as e:

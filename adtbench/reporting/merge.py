@@ -195,8 +195,14 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     greedy = float((merged_cfg.get("sampling") or {}).get("temperature", 1.0)) == 0.0
     n_prompts = len(expected) if expected is not None else sum(s["summary"].get("n_prompts", 0) for s in summaries)
     sources = [{k: s[k] for k in ("dir", "shard", "n_samples")} for s in summaries]
-    summary = Summary.merged(recs, [s["summary"] for s in summaries], sources, greedy, n_prompts,
-                             complete=len(recs) == n_prompts and not missing_shards)  # fmt: skip
+    summary = Summary.merged(
+        recs,
+        [s["summary"] for s in summaries],
+        sources,
+        greedy,
+        n_prompts,
+        complete=len(recs) == n_prompts and not missing_shards,
+    )
     info = {
         "shards": n,
         "merged": sorted(by_index),
@@ -234,8 +240,10 @@ def main(args: list[str]) -> int:
         return 2
     sp = "n/a" if s.get("speedup") is None else f"{s['speedup']:.3f}x"
     tau = "n/a" if s.get("tau") is None else f"{s['tau']:.3f}"
-    print(f"adtbench merge: {len(dirs)} shard(s), n={s['n_samples']}/{s['n_prompts']} tau={tau} speedup={sp} "
-          f"complete={s['complete']} -> {ns.out}")  # fmt: skip
+    print(
+        f"adtbench merge: {len(dirs)} shard(s), n={s['n_samples']}/{s['n_prompts']} tau={tau} speedup={sp} "
+        f"complete={s['complete']} -> {ns.out}"
+    )
     return 0
 
 

@@ -155,8 +155,17 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
         per_prompt = {r["prompt_id"]: r for r in read_eval_samples(d)}
         for rec in read_samples(d):
             srow = {"run_dir": str(d), "config_id": cid, "prompt_id": rec["prompt_id"]}
-            for k in ("seed", "committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s",
-                      "baseline_latency_s", "tau", "speedup"):  # fmt: skip
+            for k in (
+                "seed",
+                "committed",
+                "cycles",
+                "drafted_depth_sum",
+                "tree_depth_sum",
+                "latency_s",
+                "baseline_latency_s",
+                "tau",
+                "speedup",
+            ):
                 srow[k] = rec.get(k)
             st = rec.get("stats")
             if isinstance(st, dict) and isinstance(st.get("window_mean"), int | float):
@@ -262,8 +271,20 @@ def _metric_columns(runs: Any, samples: Any) -> list[str]:
     return present + other
 
 
-_SAMPLE_BASE = {"run_dir", "config_id", "prompt_id", "seed", "committed", "cycles", "drafted_depth_sum",
-                "tree_depth_sum", "latency_s", "baseline_latency_s", "tau", "speedup"}  # fmt: skip
+_SAMPLE_BASE = {
+    "run_dir",
+    "config_id",
+    "prompt_id",
+    "seed",
+    "committed",
+    "cycles",
+    "drafted_depth_sum",
+    "tree_depth_sum",
+    "latency_s",
+    "baseline_latency_s",
+    "tau",
+    "speedup",
+}
 
 
 def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: float, seed: int) -> dict[str, Any]:
@@ -281,8 +302,12 @@ def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: fl
         "lat": smp["latency_s"],
         "one": smp["latency_s"].notna().astype(float),
     }
-    ratios = {"tau": ("committed", "cycles"), "d_bar": ("dsum", "cycles"), "speedup": ("base", "lat_p"),
-              "latency_s": ("lat", "one")}  # fmt: skip
+    ratios = {
+        "tau": ("committed", "cycles"),
+        "d_bar": ("dsum", "cycles"),
+        "speedup": ("base", "lat_p"),
+        "latency_s": ("lat", "one"),
+    }
     per_prompt_metrics = [m for m in metric_cols if m in smp and smp[m].notna().any()]
     for m in per_prompt_metrics:
         ok = smp[m].notna()
@@ -403,8 +428,13 @@ def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> st
     return out.to_markdown(index=False, colalign=align, disable_numparse=True) + note
 
 
-def pivot(table: Any, value: str = "speedup", index: Sequence[str] = ("model", "policy"), column: str = "lantern",
-          digits: int = 2) -> Any:  # fmt: skip
+def pivot(
+    table: Any,
+    value: str = "speedup",
+    index: Sequence[str] = ("model", "policy"),
+    column: str = "lantern",
+    digits: int = 2,
+) -> Any:
     """``table[value]`` laid out as ``index`` × ``column`` with "v [lo, hi]" cells (missing cells: —)."""
     import pandas as pd
 
@@ -440,8 +470,10 @@ def write_tables(table: Any, out_dir: str | Path, stem: str = "main", digits: in
     """``<stem>.md``, ``<stem>.tex`` (booktabs) and ``<stem>.csv`` of an aggregated table into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [write_text(out / f"{stem}.{ext}", render(table, fmt, digits, ci))
-            for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv"))]  # fmt: skip
+    return [
+        write_text(out / f"{stem}.{ext}", render(table, fmt, digits, ci))
+        for fmt, ext in (("md", "md"), ("latex", "tex"), ("csv", "csv"))
+    ]
 
 
 def write_pivot(table: Any, out_dir: str | Path, column: str) -> list[Path]:
@@ -449,8 +481,10 @@ def write_pivot(table: Any, out_dir: str | Path, column: str) -> list[Path]:
     pv = pivot(table, "speedup", [c for c in ("model", "policy") if c in table and c != column], column)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [write_text(out / "speedup_pivot.md", pv.to_markdown(index=False)),
-            write_text(out / "speedup_pivot.tex", pivot_latex(pv))]  # fmt: skip
+    return [
+        write_text(out / "speedup_pivot.md", pv.to_markdown(index=False)),
+        write_text(out / "speedup_pivot.tex", pivot_latex(pv)),
+    ]
 
 
 def write_between_markers(path: Path, marker: str, text: str) -> None:
@@ -476,13 +510,26 @@ def main(args: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--digits", type=int, default=3)
     ap.add_argument("--out", type=Path, default=None, help="write here instead of stdout")
-    ap.add_argument("--write", type=Path, default=None, metavar="DIR",
-                    help="also write main.md, main.tex and main.csv (and the --pivot files) into DIR")  # fmt: skip
-    ap.add_argument("--pivot", default=None, metavar="COLUMN",
-                    help="with --write: the speedup pivot by COLUMN, e.g. lantern (speedup_pivot.md/.tex)")  # fmt: skip
-    ap.add_argument("--into", type=Path, action="append", default=[],
-                    help="also replace the text between <!-- MARKER:start --> and <!-- MARKER:end --> in this file "
-                         "(repeatable)")  # fmt: skip
+    ap.add_argument(
+        "--write",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also write main.md, main.tex and main.csv (and the --pivot files) into DIR",
+    )
+    ap.add_argument(
+        "--pivot",
+        default=None,
+        metavar="COLUMN",
+        help="with --write: the speedup pivot by COLUMN, e.g. lantern (speedup_pivot.md/.tex)",
+    )
+    ap.add_argument(
+        "--into",
+        type=Path,
+        action="append",
+        default=[],
+        help="also replace the text between <!-- MARKER:start --> and <!-- MARKER:end --> in this file (repeatable)",
+    )
     ap.add_argument("--marker", default="table", help="the marker name of --into (default: table)")
     ns = ap.parse_args(args)
     if not 0 < ns.ci < 1 or ns.n_boot < 1:
@@ -500,8 +547,10 @@ def main(args: list[str]) -> int:
         print(f"adtbench table: {e.args[0]}", file=sys.stderr)
         return 2
     if ns.pivot is not None and ns.pivot not in table:
-        print(f"adtbench table: --pivot {ns.pivot} is not a row key; keys: {[c for c in table if '_' not in c]}",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"adtbench table: --pivot {ns.pivot} is not a row key; keys: {[c for c in table if '_' not in c]}",
+            file=sys.stderr,
+        )
         return 2
     text = render(table, ns.format, ns.digits, ns.ci)
     for doc in ns.into:

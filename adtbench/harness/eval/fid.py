@@ -65,8 +65,11 @@ def inception_score(logits: torch.Tensor, splits: int = 10, seed: int = 0) -> tu
 
 def versions() -> dict[str, Any]:
     """Versions of the code computing FID / IS (torch-fidelity's functions run on numpy and torch)."""
-    return {"torch-fidelity": package_version("torch-fidelity"), "numpy": package_version("numpy"),
-            "torch": torch.__version__}  # fmt: skip
+    return {
+        "torch-fidelity": package_version("torch-fidelity"),
+        "numpy": package_version("numpy"),
+        "torch": torch.__version__,
+    }
 
 
 def validate(ecfg: Any) -> None:

@@ -119,9 +119,15 @@ def write_tiny(out: Path, seed: int = 0, layout: str = "official") -> dict[str, 
     detoks = {}
     for px, g in ((256, GRID), (512, 2 * GRID)):
         c = ARDTokConfig(
-            dim=64, n_layer=2, n_head=4, multiple_of=32, cond_dim=32, vocab_size=K_CODES,
-            cls_token_num=TAR_GRID**2, max_seq_len=g * g,
-        )  # fmt: skip
+            dim=64,
+            n_layer=2,
+            n_head=4,
+            multiple_of=32,
+            cond_dim=32,
+            vocab_size=K_CODES,
+            cls_token_num=TAR_GRID**2,
+            max_seq_len=g * g,
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed + px)
             net = ARDTok(c).eval()
