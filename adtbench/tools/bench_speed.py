@@ -39,7 +39,7 @@ from adtbench.io import atomic_write_json, atomic_write_text
 ROWS: dict[str, tuple[str, list[str]]] = {
     "ar": ("policy=ar (sanity: must read 1.00)", ["policy=ar"]),
     "static_sampled": (
-        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact (the default run)",
+        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact (the default run until 2026-11)",
         ["policy=static_sampled"],
     ),
     "static_sampled_gated": (
@@ -86,7 +86,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "sjd": ("SJD, window 16, random init, T = 1, exact (no drafter)", ["policy=sjd"]),
     "scd_random": ("SCD (coupled redraws), window 16, random init, T = 1, exact", ["policy=scd", "policy.init=random"]),
     "scd": ("SCD, window 16, upper-neighbour init (its default), T = 1, exact (no drafter)", ["policy=scd"]),
-    "scd_cost": ("SCD, window = cost (calibrated on this machine), T = 1, exact", ["policy=scd", "policy.window=cost"]),
+    "scd_cost": (
+        "SCD, window = cost (calibrated on this machine), T = 1, exact (the default run)",
+        ["policy=scd", "policy.window=cost"],
+    ),
     "scd_adaptive": (
         "SCD, adaptive window (the runs committed one row up), T = 1, exact",
         ["policy=scd", "policy.window=adaptive"],
