@@ -155,17 +155,7 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
         per_prompt = {r["prompt_id"]: r for r in read_eval_samples(d)}
         for rec in read_samples(d):
             srow = {"run_dir": str(d), "config_id": cid, "prompt_id": rec["prompt_id"]}
-            for k in (
-                "seed",
-                "committed",
-                "cycles",
-                "drafted_depth_sum",
-                "tree_depth_sum",
-                "latency_s",
-                "baseline_latency_s",
-                "tau",
-                "speedup",
-            ):
+            for k in _SAMPLE_FIELDS:
                 srow[k] = rec.get(k)
             st = rec.get("stats")
             if isinstance(st, dict) and isinstance(st.get("window_mean"), int | float):
@@ -271,10 +261,7 @@ def _metric_columns(runs: Any, samples: Any) -> list[str]:
     return present + other
 
 
-_SAMPLE_BASE = {
-    "run_dir",
-    "config_id",
-    "prompt_id",
+_SAMPLE_FIELDS = (
     "seed",
     "committed",
     "cycles",
@@ -284,7 +271,9 @@ _SAMPLE_BASE = {
     "baseline_latency_s",
     "tau",
     "speedup",
-}
+)
+"""The ``samples.jsonl`` fields every sample row carries."""
+_SAMPLE_BASE = {"run_dir", "config_id", "prompt_id", *_SAMPLE_FIELDS}
 
 
 def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: float, seed: int) -> dict[str, Any]:
