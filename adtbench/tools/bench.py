@@ -189,8 +189,11 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     if bool(cfg.bench.get("count", False)) and cfg.policy.get("rounds") == "auto":
         cfg.policy.rounds = "planned"  # the count measures what a GPU runs: ``auto`` plans the rounds on CUDA
     sp, policy = validate(cfg)
+    from adtbench.algorithm.policies.jacobi import JacobiPolicy
+
+    jacobi = isinstance(policy, JacobiPolicy)  # a loop whose every forward is a cycle (its models: ``JacobiModels``)
     breakdown = bool(cfg.bench.get("count", False)) or bool(cfg.bench.get("phases", False))
-    if not policy.uses_drafter and (breakdown or policy.name not in ("sjd", "scd", "gsd")):
+    if not policy.uses_drafter and (breakdown or not jacobi):
         why = (
             f"bench.phases and bench.count split a drafting policy's cycle; policy={policy.name} drafts nothing"
             if breakdown
@@ -211,7 +214,7 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
         job = dataclasses.replace(job, acceptance="device")
     target = job.target
-    drafter = job.models if policy.uses_drafter else getattr(job.models, "drafter", None)  # Jacobi: init=drafter's
+    drafter = job.models.drafter if jacobi else job.models  # Jacobi: init=drafter's chain, else None
     device = target.device
     sync = device.type == "cuda"  # the phase split synchronises a real GPU around every phase
 
