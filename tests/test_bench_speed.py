@@ -57,7 +57,7 @@ def test_bad_options_are_key_named_errors(tmp_path: Path, capsys) -> None:
 
 
 def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_path: Path, capsys) -> None:
-    """``adtbench bench overhead bench.phases=true`` (``policy=static_sampled``, the former default run's setting):
+    """``adtbench bench overhead bench.phases=true`` (``policy=static_sampled``, the static sampled tree):
     exclusive phase times that sum, with ``cycle (rest)``, to the cycle time; every phase the static sampled tree goes
     through is seen, the sampled trees' draws are not; and every wrapped function, method and instance attribute is
     the original again."""

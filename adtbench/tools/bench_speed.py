@@ -39,7 +39,7 @@ from adtbench.io import atomic_write_json, atomic_write_text
 ROWS: dict[str, tuple[str, list[str]]] = {
     "ar": ("policy=ar (sanity: must read 1.00)", ["policy=ar"]),
     "static_sampled": (
-        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact (the default run until 2026-11)",
+        "static tree [[0],[1],[0,0]], sampled drafts, T = 1, exact",
         ["policy=static_sampled"],
     ),
     "static_sampled_gated": (
