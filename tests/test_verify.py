@@ -231,3 +231,60 @@ def test_device_greedy_acceptance_is_the_host_walks() -> None:
         logits = (torch.randn(8, 6, generator=gen, dtype=torch.float64) * 3).log_softmax(-1)
         for rule in (AcceptanceRule(), _lantern_rule(6)):
             assert _outcomes(tree, logits, "device", rule, 1, True) == _outcomes(tree, logits, "host", rule, 1, True)
+
+
+def _chain_tree(n: int, V: int, g: torch.Generator, declared: bool) -> DraftTree:
+    """A chain of n nodes whose drafts are drawn from their stored proposal rows (the last row 0: the leaf's)."""
+    q = torch.rand(n, V, generator=g, dtype=torch.float64) ** 4
+    q = q / q.sum(-1, keepdim=True)
+    q[-1] = 0
+    tokens = torch.cat([torch.randint(0, V, (1,), generator=g), torch.multinomial(q[:-1], 1, generator=g)[:, 0]])
+    return DraftTree(
+        tokens,
+        torch.arange(n) - 1,
+        n - 1,
+        1,
+        q,
+        depth=torch.arange(n),
+        ancestor_mask=torch.ones(n, n, dtype=torch.bool).tril(),
+        max_children=1 if declared else None,
+    )
+
+
+@pytest.mark.parametrize("rule_name", ["exact", "lantern", "gsd"])
+def test_chain_fast_path_decides_like_the_general_path(rule_name: str) -> None:
+    """``accept_chain`` (a declared chain: Jacobi windows, chain policies) takes the decisions of the general device
+    path (``_by_rank`` / the greedy ``_finish``) from the same draws, seed for seed, for every rule; and
+    ``read_chain`` reads what ``read_verdict`` reads."""
+    from adtbench.algorithm.jacobi import GroupedRule
+    from adtbench.algorithm.lantern import LanternRule
+    from adtbench.algorithm.verify import accept, read_chain, read_verdict
+
+    V = 9
+    g = torch.Generator().manual_seed(7)
+    rule = {
+        "exact": AcceptanceRule(),
+        "lantern": LanternRule(torch.randint(0, V, (V, 3), generator=g), 0, delta=0.3),
+        "gsd": GroupedRule(torch.randn(V, 2, generator=g, dtype=torch.float64), 0, 3, 0.3, 2.0),
+    }[rule_name]
+    decided = Counter()
+    for trial in range(200):
+        n = int(torch.randint(2, 14, (1,), generator=g))
+        fast = _chain_tree(n, V, g, True)
+        general = DraftTree(
+            fast.tokens, fast.parents, n - 1, 1, fast.proposal, depth=fast.depth, ancestor_mask=fast.ancestor_mask
+        )
+        assert fast.is_chain and not general.is_chain
+        logits = torch.randn(n, V, generator=g, dtype=torch.float64) * 2
+        logits[torch.arange(n - 1), fast.tokens[1:]] += 2.0 * (trial % 3)  # long accepted runs too
+        for greedy in (False, True):
+            seed = 1000 + trial
+            a = accept(fast, logits, greedy, torch.Generator().manual_seed(seed), rule)
+            b = accept(general, logits, greedy, torch.Generator().manual_seed(seed), rule)
+            assert torch.equal(a.on_path, b.on_path) and int(a.last) == int(b.last), (trial, greedy)
+            assert int(a.bonus) == int(b.bonus) and torch.equal(a.bonus_logits, b.bonus_logits), (trial, greedy)
+            ra, rb = read_chain(fast, a), read_verdict(general, b)
+            assert (ra.acceptance, ra.root, ra.tokens) == (rb.acceptance, rb.root, rb.tokens)
+            assert torch.equal(ra.keep, rb.keep) and torch.equal(ra.next_tokens, rb.next_tokens)
+            decided[int(a.last) == n - 1] += 1
+    assert decided[True] > 20 and decided[False] > 20  # full accepts and rejections both exercised

@@ -296,9 +296,9 @@ def redraw(
     if kind == "independent":
         return sample_rows_cdf(probs, generator), probs, torch.zeros_like(has_old)
     u = uniforms((probs.shape[0],), generator, probs.device)
-    px = probs.gather(1, old[:, None])[:, 0].to(torch.float64)
-    qx = q_old.gather(1, old[:, None])[:, 0].to(torch.float64)
-    keep = has_old & (u * qx < px)
+    px = probs.gather(1, old[:, None])[:, 0]
+    qx = q_old.gather(1, old[:, None])[:, 0]
+    keep = has_old & (u * qx < px)  # u is float64: the test runs in float64
     resid = (probs - q_old).clamp_min(0.0)
     resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, probs)  # zero only if p = q_old: then keep is sure
     return torch.where(keep, old, sample_rows_cdf(resid, generator)), probs, keep
@@ -333,16 +333,18 @@ def init_drafts(
     if init == "random":
         u = uniforms((t,), generator, dev)
         tok = layout.image_token_offset + (u * layout.num_codes).long().clamp_max(layout.num_codes - 1)
-        q = None if greedy else tables.uniform[None].expand(t, V)
     else:
         tok = seq[init_sources(layout, tables, s, t, init)]
-        q = None if greedy else torch.nn.functional.one_hot(tok, V).to(tables.uniform.dtype)
-    if tables.has_forced:
-        f = tables.forced[s : s + t]
-        tok = torch.where(f >= 0, f, tok)
-        if q is not None:
-            q = torch.where((f >= 0)[:, None], torch.nn.functional.one_hot(f.clamp_min(0), V).to(q.dtype), q)
-    return tok, q
+    forced = tables.forced[s : s + t] >= 0 if tables.has_forced else None
+    if forced is not None:
+        tok = torch.where(forced, tables.forced[s : s + t], tok)
+    if greedy:
+        return tok, None
+    uniform = tables.uniform[None].expand(t, V)
+    if init == "random" and forced is None:
+        return tok, uniform
+    point = torch.zeros(t, V, dtype=uniform.dtype, device=dev).scatter_(1, tok[:, None], 1.0)  # no range check read
+    return tok, (point if init != "random" else torch.where(forced[:, None], point, uniform))
 
 
 # --------------------------------------------------------------------------------------------------------

@@ -119,6 +119,12 @@ class DraftTree:
             self._max_children = max((len(k) for k in self.children), default=0)
         return self._max_children
 
+    @property
+    def is_chain(self) -> bool:
+        """Is this a chain root → 1 → … → n − 1 of live nodes, as its builder declared (``max_children`` ≤ 1 given: no
+        device read)? Nodes with at most one child each form one, ids following depth (parents precede children)."""
+        return self.size > 1 and self._max_children is not None and self._max_children <= 1 and self.alive is None
+
     def path_to(self, node: int) -> list[int]:
         path = [node]
         while self.parent_list[path[-1]] >= 0:

@@ -436,6 +436,8 @@ def verify_cycle(
     The same law either way (tested); the draws differ, so a seed gives other tokens on the two paths."""
     if where == "device" or (where == "auto" and accel.is_cuda(processed.device)):
         verdict = accept(tree, processed, greedy, generator, rule)
+        if extra is None and tree.is_chain:
+            return read_chain(tree, verdict)
         return read_verdict(tree, verdict, extra(verdict.bonus_logits) if extra is not None else [])
     acc = verify_tree(tree, processed, greedy, generator, rule)
     tokens = tree.tokens.tolist()
@@ -458,6 +460,8 @@ def accept(
     if tree.size == 1:
         bonus = processed[0].argmax() if greedy else sample_rows(processed[0].softmax(-1), generator)
         return Verdict(true_flag(processed.device), processed.new_zeros((), dtype=torch.long), bonus, processed[0])
+    if tree.is_chain and (greedy or tree.proposal is not None):
+        return accept_chain(tree, processed, greedy, generator, rule)
     if greedy:
         ok = rule.greedy_accept(processed.index_select(0, tree.parents[1:]), tree.tokens[1:])
         return _finish(tree, processed, ok, None, generator)
@@ -465,6 +469,61 @@ def accept(
     if tree.proposal is None and _exact_point_mass(rule):
         return _closed_form(tree, processed, p, generator)
     return _by_rank(tree, processed, p, generator, rule)
+
+
+def accept_chain(
+    tree: DraftTree,
+    processed: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None = None,
+    rule: AcceptanceRule = EXACT,
+) -> Verdict:
+    """``accept`` of a chain (``is_chain``) greedy or with proposals, in a fixed handful of ops. Node i's one child is
+    i + 1, so the accepted length is a = Σ_i Π_{j≤i} ok_j and the bonus comes from row a. The same decisions from the
+    same draws as the general paths (tested token for token): greedy, ok_i = the rule's argmax test of row i; with
+    proposals (``_by_rank`` at its one rank), one uniform per node, ok_i = U_i < acc_i (``rule.proposal_rows``), the
+    bonus drawn from row a's normalised residual when a < n − 1 (a rejection there), else from p_{n−1}."""
+    n, dev = tree.size, processed.device
+    x = tree.tokens[1:]
+    if greedy:
+        ok = rule.greedy_accept(processed[:-1], x)
+    else:
+        p = processed.softmax(-1)
+        q = tree.proposal
+        assert q is not None
+        q = q[:-1].to(p.dtype)
+        head = p[:-1]
+        acc, residual = rule.proposal_rows(head, x, q, head.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0])
+        u = uniforms((n,), generator, dev).to(p.dtype)
+        ok = u[:-1] < acc
+    a = ok.to(torch.long).cumprod(0).sum().view(1)  # [1]: a 0-d index would be read to the host
+    row = processed.index_select(0, a)[0]
+    if greedy:
+        bonus = row.argmax()
+    else:
+        res = residual.index_select(0, a.clamp_max(n - 2))[0]
+        total = res.sum()
+        rejected = (a < n - 1)[0] & (total > 0)
+        bonus = sample_rows(torch.where(rejected, res / total, p.index_select(0, a)[0]), generator)
+    return Verdict(_arange_col(n, dev) <= a, a[0], bonus, row)
+
+
+def read_chain(tree: DraftTree, verdict: Verdict) -> CycleRead:
+    """``read_verdict`` of a chain's verdict: one read of (a, bonus, the chain's tokens); the path is 0 … a."""
+    values = torch.cat([verdict.last.view(1), verdict.bonus.view(1), tree.tokens]).tolist()
+    a, bonus, tokens = int(values[0]), int(values[1]), values[2:]
+    n = tree.size
+    acc = Acceptance(list(range(a + 1)), bonus, n - 1, n)
+    following = torch.cat([tree.tokens[1 : a + 1], verdict.bonus.view(1)])
+    return CycleRead(
+        acc, int(tokens[0]), [*tokens[1 : a + 1], bonus], _arange_col(n, tree.tokens.device)[: a + 1], following, []
+    )
+
+
+@lru_cache(maxsize=256)
+def _arange_col(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device`` (cached, never written)."""
+    return torch.arange(n, device=device)
 
 
 def _live(tree: DraftTree, ok: torch.Tensor) -> torch.Tensor:

@@ -108,6 +108,12 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.policies.sampled", "gumbel_top_k", "draws without replacement (sampled trees)"),
     ("policy", "propose", "policy: tree building"),
     ("policy", "observe", "policy: observe"),
+    ("adtbench.algorithm.jacobi", "process_logits", "target logits processing"),
+    ("adtbench.algorithm.jacobi:JacobiState", "plan", "jacobi: window size + top-up"),
+    ("adtbench.algorithm.jacobi", "init_drafts", "jacobi: new drafts (init)"),
+    ("adtbench.algorithm.jacobi:JacobiState", "chain", "jacobi: the chain's tree"),
+    ("adtbench.algorithm.jacobi:JacobiState", "advance", "jacobi: advance (bonus, window, records)"),
+    ("adtbench.algorithm.jacobi", "redraw", "jacobi: redraw"),
 )
 
 
@@ -135,6 +141,8 @@ class _Phases:
         for owner_name, attr, label in phases:
             if owner_name in instances:
                 owner = instances[owner_name]
+                if owner is None or not hasattr(owner, attr):  # a Jacobi loop: no drafter, a policy that proposes
+                    continue  # no tree
             else:
                 mod, _, cls = owner_name.partition(":")
                 owner = importlib.import_module(mod)
@@ -192,14 +200,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     from adtbench.algorithm.policies.jacobi import JacobiPolicy
 
     jacobi = isinstance(policy, JacobiPolicy)  # a loop whose every forward is a cycle (its models: ``JacobiModels``)
-    breakdown = bool(cfg.bench.get("count", False)) or bool(cfg.bench.get("phases", False))
-    if not policy.uses_drafter and (breakdown or not jacobi):
-        why = (
-            f"bench.phases and bench.count split a drafting policy's cycle; policy={policy.name} drafts nothing"
-            if breakdown
-            else "the overhead benchmark needs a drafting policy or a Jacobi loop (sjd, scd, gsd)"
-        )
-        raise ConfigError("policy", why)
+    if not policy.uses_drafter and not jacobi:
+        raise ConfigError("policy", "the overhead benchmark needs a drafting policy or a Jacobi loop (sjd, scd, gsd)")
     from adtbench.harness.data.prompts import load_dataset
     from adtbench.harness.job import Job
     from adtbench.harness.loops import build_loop_models
@@ -318,7 +320,12 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     from adtbench.tools.bench_count import PREFILL, DeviceCounter
 
     counter = DeviceCounter(NETWORKS)
-    phases = (("adtbench.algorithm.engine", "prefill", PREFILL), ("target", "encode_prompt", PREFILL), *PHASES)
+    phases = (
+        ("adtbench.algorithm.engine", "prefill", PREFILL),
+        ("adtbench.algorithm.jacobi", "prefill_token", PREFILL),
+        ("target", "encode_prompt", PREFILL),
+        *PHASES,
+    )
     cycles = 0
     with _Phases(instances, False, phases, counter=counter), counter:
         for p in prompts:
@@ -484,7 +491,8 @@ def main(args: list[str]) -> int:
     elif "host_reads_per_cycle" in r:
         print(
             f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
-            f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops and "
+            f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops "
+            f"({r['engine_kernels_per_cycle']:.1f} kernels, the rest views) and "
             f"{r['transfers_per_cycle']:.2f} transfers per cycle (networks: {r['network_ops_per_cycle']:.1f} ops, "
             f"{r['network_reads_per_cycle']:.2f} reads; prefill excluded)\n"
         )

@@ -186,6 +186,7 @@ class DeviceCounter:
         """The JSON fields of ``bench.count=true`` (module docstring), prefill excluded."""
         labels = (set(self.ops) | set(self.reads) | set(self.transfers)) - {PREFILL}
         engine = sum(self.ops[k] for k in labels if k not in self.network)
+        kernels = engine - sum(self.views[k] for k in labels if k not in self.network)
         net = sum(self.ops[k] for k in labels if k in self.network)
         reads = sum(self.reads[k] for k in labels if k not in self.network)
         net_reads = sum(self.reads[k] for k in labels if k in self.network)
@@ -204,6 +205,7 @@ class DeviceCounter:
             "cycles": cycles,
             "host_reads_per_cycle": reads / cycles,
             "engine_ops_per_cycle": engine / cycles,
+            "engine_kernels_per_cycle": kernels / cycles,  # the ops that are not views: launches on a GPU
             "network_ops_per_cycle": net / cycles,
             "network_reads_per_cycle": net_reads / cycles,
             "transfers_per_cycle": transfers / cycles,
