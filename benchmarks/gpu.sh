@@ -25,8 +25,10 @@
 # Models: anole = the 7B shape (`model=anole model.random_init=true`, bfloat16, random weights) with $ANOLE_ARCH
 # appended (leave it empty for the 7B shape); mini = the shipped mini model; tiny = tiny_llamagen with a random EAGLE
 # drafter (the CPU smoke's vehicle: 16 tokens per image, no transformers import).
-# Sizing (docs/speed.md "GPU": measured on an H200 — probe 57 s, tests 82 s with 4 workers, cost with MODES=graphs
-# 58 s; the rest estimated from its step times, an eager 7B step being 67 ms and host-bound, a graphed one 6.5 ms):
+# Sizing (docs/speed.md "GPU": measured on an H200 — probe 57 s with a drafting default (375 s with SCD's cost window
+# calibrating on the 7B shape: hence STAGE_POLICY), tests 77–83 s with 4 workers, cost with MODES=graphs 58 s, batch
+# on mini 13 s, jacobi 13 s; the rest estimated from its step times, an eager 7B step being 52–67 ms and host-bound, a
+# graphed one 5.4–6.5 ms; the 7B batch stage did not finish in 220 s):
 # cost with both modes ≈ 5–6 min (the 7B eager overhead run, 2 × ≈ 1 000 cycles, is most of it), speed ≈ 3–4 min,
 # batch ≈ 6 min (the 7B shape at 16 × 16 tokens, B = 1 and 4 on 4 prompts; mini likewise). Shorten a stage with its
 # knobs; split `tests` with TESTS_ARGS (e.g. "-k law" / "-k 'not law'") if a call runs long.
@@ -55,6 +57,9 @@ BATCH_SIZES=${BATCH_SIZES:-[1,4]}
 BATCH_PROMPTS=${BATCH_PROMPTS:-4}
 ANOLE_BATCH_GRID=${ANOLE_BATCH_GRID-[16,16]}  # set and empty: the model's own grid
 PROBE_PROMPTS=${PROBE_PROMPTS:-1}
+# the policy of the cost, batch and probe stages: the default run's SCD at the window its cost window picks on an H200
+# (24–32), without that calibration (48 image decodes: minutes on the 7B shape, most of a stage; empty: the default)
+STAGE_POLICY=${STAGE_POLICY-policy=scd policy.window=32}
 PROBE_BUCKETS=${PROBE_BUCKETS:-[1,2,4,8,16,32,64,128]}
 TEST_WORKERS=${TEST_WORKERS:-4}
 TESTS_ARGS=${TESTS_ARGS:-}
@@ -127,7 +132,8 @@ stage_cost() {
             f="$RUN_DIR/cost_${m}_$mode.json"
             rm -f "$f"  # a failed step leaves no stale figures to merge
             md "### $m, $mode"
-            step "cost $m $mode" bench cost "${over[@]}" "$(compile_of "$mode")" "bench.tree_sizes=$SIZES" \
+            # shellcheck disable=SC2086  # STAGE_POLICY is a list of overrides
+            step "cost $m $mode" bench cost "${over[@]}" $STAGE_POLICY "$(compile_of "$mode")" "bench.tree_sizes=$SIZES" \
                 "bench.repeats=$REPEATS" "bench.overhead_prompts=$OVERHEAD_PROMPTS" dataset=mini "bench.out=$f" \
                 >> "$OUT/gpu.md"
             md ""
@@ -159,7 +165,8 @@ stage_batch() {
         [[ $m == anole && -n $ANOLE_BATCH_GRID ]] && extra=("model.grid=$ANOLE_BATCH_GRID")
         rm -rf "$RUN_DIR/batch_$m"
         md "### batch sizes, $m, eager"
-        step "batch $m" bench batch "${over[@]}" "${extra[@]}" dataset=mini "bench.sizes=$BATCH_SIZES" \
+        # shellcheck disable=SC2086  # STAGE_POLICY is a list of overrides
+        step "batch $m" bench batch "${over[@]}" "${extra[@]}" $STAGE_POLICY dataset=mini "bench.sizes=$BATCH_SIZES" \
             "bench.prompts=$BATCH_PROMPTS" "bench.out=$RUN_DIR/batch_$m" >> "$OUT/gpu.md"
         md ""
         batches+=("$m=$RUN_DIR/batch_$m/batch.json")
@@ -175,7 +182,8 @@ stage_probe() {
         f="$RUN_DIR/probe_$m.json"
         rm -f "$f"
         md "### probe, $m"
-        step "probe $m" bench probe "${over[@]}" "bench.repeats=$REPEATS" "bench.prompts=$PROBE_PROMPTS" \
+        # shellcheck disable=SC2086  # STAGE_POLICY is a list of overrides
+        step "probe $m" bench probe "${over[@]}" $STAGE_POLICY "bench.repeats=$REPEATS" "bench.prompts=$PROBE_PROMPTS" \
             "bench.buckets=$PROBE_BUCKETS" dataset=mini "bench.out=$f" >> "$OUT/gpu.md"
         md ""
         probes+=("$m=$f")

@@ -325,6 +325,14 @@ def test_calibrated_cost_window() -> None:
         assert out["rates"][L] == pytest.approx(tau * cost.step_ms / (float(cost.t_verify(L)) + 0.3 * cost.step_ms))
     assert calibrate_window(target, inputs, sp, params, cost, torch.Generator())["taus"] == out["taus"]
     assert J.isotonic([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 2.0, 2.0, 4.5, 4.5]
+    # ``calibration_tokens``: each calibration decode stops once that many tokens are committed
+    short = jacobi_params({"window": 4, "calibration_tokens": 5})
+    n = target.layout.num_gen_tokens
+    assert n > 5 + 4
+    res = J.decode_jacobi(target, inputs[0], sp, torch.Generator().manual_seed(0), short, limit=5)
+    assert 5 <= len(res.tokens) < 5 + 4 and len(res.tokens) == res.committed + 1  # + the prefill's first token
+    full = J.decode_jacobi(target, inputs[0], sp, torch.Generator().manual_seed(0), short)
+    assert len(full.tokens) == n and full.tokens[: len(res.tokens)] == res.tokens  # the same decode, cut short
 
 
 def test_params_name_their_key() -> None:

@@ -92,7 +92,7 @@ RULES = ("exact", "gsd")
 class JacobiParams:
     """One Jacobi method (module docstring). ``window``: L, the chain's nodes (root + L − 1 drafts), or ``cost`` /
     ``adaptive`` (then L ∈ [``window_min``, ``window_max``]); ``rule``: ``exact`` or ``gsd`` (``group_*``: its
-    group)."""
+    group); ``calibration_tokens``: ``window: cost`` decodes the first that many tokens of each calibration image."""
 
     window: int | str = 16
     init: str = "random"
@@ -102,6 +102,7 @@ class JacobiParams:
     window_max: int = 32
     adapt_margin: int = 8
     overhead_steps: float = 0.3
+    calibration_tokens: int = 512
     group_size: int = 14
     group_gap: float = 0.15
     group_dist: float = 0.5
@@ -133,6 +134,9 @@ def jacobi_params(node: dict[str, Any]) -> JacobiParams:
         window_max=hi,
         adapt_margin=check_number(node.get("adapt_margin", d.adapt_margin), "policy.adapt_margin", int, lo=0),
         overhead_steps=check_number(node.get("overhead_steps", d.overhead_steps), "policy.overhead_steps", float, 0),
+        calibration_tokens=check_number(
+            node.get("calibration_tokens", d.calibration_tokens), "policy.calibration_tokens", int, lo=1
+        ),
         group_size=check_number(node.get("group_size", d.group_size), "policy.group_size", int, lo=0),
         group_gap=check_number(node.get("group_gap", d.group_gap), "policy.group_gap", float, lo=0.0),
         group_dist=check_number(node.get("group_dist", d.group_dist), "policy.group_dist", float, lo=0.0),
@@ -376,6 +380,7 @@ class JacobiState:
     kept: list[torch.Tensor] = field(default_factory=list)
     coupled: int = 0
     levels: int = 0  # drafter levels of this iteration's top-up (init=drafter)
+    limit: int | None = None  # stop once this many tokens are committed (``calibrate_window``); None: the image
 
     @classmethod
     def start(
@@ -399,7 +404,8 @@ class JacobiState:
 
     @property
     def done(self) -> bool:
-        return len(self.tokens) >= self.layout.num_gen_tokens
+        n = self.layout.num_gen_tokens
+        return len(self.tokens) >= (n if self.limit is None else min(n, self.limit))
 
     @property
     def room(self) -> int:
@@ -641,9 +647,11 @@ def decode_jacobi(
     acceptance: str = "auto",
     drafter: Any = None,
     window: int | None = None,
+    limit: int | None = None,
 ) -> GenerationResult:
     """Decode one image by Jacobi iteration (module docstring), timed like ``engine.generate``. ``drafter``: the
-    EAGLE drafter (``init: drafter``); ``window``: the calibrated L of ``window: cost`` (``calibrate_window``)."""
+    EAGLE drafter (``init: drafter``); ``window``: the calibrated L of ``window: cost`` (``calibrate_window``);
+    ``limit``: stop once that many tokens are committed (a partial image: ``calibrate_window``'s)."""
     clock, layout = Clock(target.device), target.layout
     sizer = make_sizer(params, layout, window)
     helper = DrafterInit(drafter, target, sp) if params.init == "drafter" else None
@@ -655,6 +663,7 @@ def decode_jacobi(
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
     st = JacobiState.start(root, layout, params, sizer, sp, target.dtype, generator)
+    st.limit = limit
     timing = Timing(t0, (begin, clock.mark()))
     while not st.done:
         timing.cycle(*iteration(target, st, sp, rule, acceptance, clock, helper))
@@ -813,10 +822,13 @@ def calibrate_window(
 
     t_verify from the measured cost model (``cost.CostModel``), o = ``overhead_steps`` AR steps of engine work per
     forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
-    ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] (``generator`` reseeded to 0 before each, so τ(L) reads no
-    clock), made non-decreasing (``choose_window``). τ(L) is measured rather than predicted from a survival curve: a
-    longer window also refines its far drafts for more forwards before they are tested, which a per-draft estimate
-    taken at one L does not see. Returns ``choose_window``'s dict (the harness caches the measured τ(L))."""
+    ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] over the first ``calibration_tokens`` tokens of each image
+    (``generator`` reseeded to 0 before each, so τ(L) reads no clock), made non-decreasing (``choose_window``). The
+    cap bounds the calibration's cost on large images (a 7B model decoding 6 × 8 whole 2 352-token images would take
+    minutes); its price is τ measured on the images' top rows only. τ(L) is measured rather than predicted from a
+    survival curve: a longer window also refines its far drafts for more forwards before they are tested, which a
+    per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict (the harness caches the measured
+    τ(L))."""
     grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
     taus: dict[int, float] = {}
     for L in grid:
@@ -824,7 +836,7 @@ def calibrate_window(
         committed = forwards = 0
         for x in inputs:
             generator.manual_seed(0)
-            res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter)
+            res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter, limit=params.calibration_tokens)
             committed, forwards = committed + res.committed, forwards + len(res.cycles)
         taus[L] = committed / max(1, forwards)
     return choose_window(taus, cost, params.overhead_steps)

@@ -160,7 +160,17 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
         "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
         "policy": {
             k: getattr(params, k)
-            for k in ("init", "redraw", "rule", "window_min", "window_max", "group_size", "group_gap", "group_dist")
+            for k in (
+                "init",
+                "redraw",
+                "rule",
+                "window_min",
+                "window_max",
+                "calibration_tokens",
+                "group_size",
+                "group_gap",
+                "group_dist",
+            )
         },
         "lantern": bool((cfg.get("lantern") or {}).get("enabled", False)),
         "prompts": list(CALIBRATION_PROMPTS),

@@ -163,6 +163,7 @@ class JacobiConf:
     window_max: int = 32
     adapt_margin: int = 8  # window=adaptive: L = the longest run committed one row up + adapt_margin
     overhead_steps: float = 0.3  # window=cost: engine work per forward besides the verify (AR steps)
+    calibration_tokens: int = 512  # window=cost: the first tokens of each calibration image decoded
     group_size: int = 14  # rule=gsd: rank window (± group_size / 2)
     group_gap: float = 0.15  # rule=gsd: probability gap
     group_dist: float = 0.5  # rule=gsd: squared input-embedding distance
