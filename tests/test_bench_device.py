@@ -150,16 +150,19 @@ def test_bench_batch_and_versus_on_the_simulated_device(tmp_path: Path) -> None:
     assert not [site for site in sim.reads_by_op if " in _draw" in site]
 
 
-def test_a_jacobi_forward_reads_the_device_once(tmp_path: Path) -> None:
-    """The default run's loop (SCD) on the simulated device: one read per forward (the verdict) and one per image (its
-    statistics), the prefill's own reads outside the cycles."""
+@pytest.mark.parametrize("method", [("policy=scd",), ("policy=sjd",), ("policy=gsd",), ("policy=scd", "lantern=on")])
+def test_a_jacobi_forward_reads_the_device_once(tmp_path: Path, method: tuple[str, ...]) -> None:
+    """Every Jacobi loop on the simulated device: one read per forward (the verdict) and, with coupled redraws, one
+    per image (the kept count), the prefill's own reads outside the cycles. GSD's grouped test once made a 0-d tensor
+    from a Python scalar each forward: a blocking host→device copy, a second synchronisation per forward on CUDA."""
     with accel.simulate():
-        out = tmp_path / "scd.json"
-        assert bench_main(["overhead", *TINY, "policy=scd", "bench.prompts=2", f"bench.out={out}"]) == 0
+        out = tmp_path / "jacobi.json"
+        assert bench_main(["overhead", *TINY, *method, "bench.prompts=2", f"bench.out={out}"]) == 0
     r = json.loads(out.read_text())
-    assert r["policy"] == "scd" and r["prefill_syncs_per_image"] > 0
+    assert r["policy"] == method[0].split("=")[1] and r["prefill_syncs_per_image"] > 0
     per_image = r["cycles"] / r["prompts"]
-    assert r["syncs_per_cycle"] == pytest.approx(1.0 + 1.0 / per_image)
+    coupled = method[0] == "policy=scd"
+    assert r["syncs_per_cycle"] == pytest.approx(1.0 + coupled / per_image)
     sites = {site.rsplit(" in ", 1)[1] for site in r["sync_sites_per_cycle"]}
     assert "read_chain" in sites and sites <= {"read_chain", "read_verdicts", "stats"}  # a 1-node chain: the tree read
 

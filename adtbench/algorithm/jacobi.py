@@ -869,8 +869,7 @@ class GroupedRule(AcceptanceRule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``[m, V]``: the group's acceptance and the plain residual. The ±half rank window around x is two
         top-k's (the half tokens just above p(x), the half + 1 at or below it) rather than a full sort."""
-        V, h = p.shape[-1], self.half
-        inf = torch.tensor(float("inf"), dtype=p.dtype, device=p.device)
+        V, h, inf = p.shape[-1], self.half, float("inf")  # a Python scalar: no host→device copy (a sync on CUDA)
         at_or_below = torch.where(p <= px[:, None], p, -inf).topk(min(h + 1, V), -1)
         above = torch.where(p > px[:, None], -p, -inf).topk(min(h, V), -1)
         cand = torch.cat([above.indices, at_or_below.indices], -1)  # [m, ≤ 2h + 1]
