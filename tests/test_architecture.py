@@ -216,3 +216,29 @@ def test_the_algorithm_check_catches_what_it_should(tmp_path: Path) -> None:
     src = tmp_path / "m.py"
     src.write_text("from omegaconf import OmegaConf\nimport numpy as np\nnp.save('x', 1)\n")
     assert algorithm_violations(src) == ["imports omegaconf", "calls save()"]
+
+
+def test_every_engine_module_imports_first() -> None:
+    """A user may import any module of ``adtbench.algorithm`` / ``models`` first (``from adtbench.algorithm.jacobi
+    import decode_jacobi`` in a notebook): each is imported into a fresh ``adtbench`` namespace in turn. The AST check
+    above sees module cycles but not a package ``__init__`` re-entering a module half-way (``slot`` → ``policies``
+    → ``policies.jacobi`` → ``jacobi`` → ``slot``: an ImportError when ``slot`` or ``jacobi`` came first)."""
+    import importlib
+    import sys
+
+    names = sorted(m for m in modules() if m.startswith(("adtbench.algorithm", "adtbench.models")))
+    saved = {k: v for k, v in sys.modules.items() if k == "adtbench" or k.startswith("adtbench.")}
+    failed = {}
+    try:
+        for name in names:
+            for k in [k for k in sys.modules if k == "adtbench" or k.startswith("adtbench.")]:
+                del sys.modules[k]
+            try:
+                importlib.import_module(name)
+            except ImportError as e:
+                failed[name] = str(e)
+    finally:
+        for k in [k for k in sys.modules if k == "adtbench" or k.startswith("adtbench.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+    assert names and not failed, failed

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
@@ -28,7 +28,6 @@ from adtbench import accel
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.gate import DraftGate
-from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, next_token_tensor
 from adtbench.algorithm.tree import DraftTree
@@ -42,6 +41,9 @@ from adtbench.algorithm.verify import (
     verify_cycle,
 )
 from adtbench.models.base import PromptInputs, Target
+
+if TYPE_CHECKING:  # the policies package imports the loops (policies.jacobi → jacobi → slot): no cycle at runtime
+    from adtbench.algorithm.policies.base import TreePolicy
 
 Item = tuple[Any, PromptInputs, torch.Generator | None]  # (the caller's key, the encoded prompt, its generator)
 Mark = Any  # a ``Clock.mark()``
