@@ -179,7 +179,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     from adtbench.resources import cpus_available, load_average
 
     try:
-        sp, policy, prompts = check_config(cfg)  # the app's checks; resolves cfg's paths in place
+        checked, prompts = check_config(cfg)  # the app's checks; resolves cfg's paths in place
     except ConfigError as e:
         if e.key == "decode.batch_size":  # set from bench.sizes
             raise ConfigError("bench.sizes", e.message) from None
@@ -187,7 +187,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     if len(prompts) < opts["prompts"]:
         raise ConfigError("bench.prompts", f"the dataset has {len(prompts)} prompts, fewer than {opts['prompts']}")
     prompts = prompts[: opts["prompts"]]
-    job = Job.build(cfg, sp, policy)  # the app's assembly: clamped top-k, rule, compile before bind, acceptance
+    job = Job.build(cfg, checked)  # the app's assembly: clamped top-k, rule, compile before bind, acceptance
     target, drafter, policy, sp, rule, acceptance = job.target, job.models, job.policy, job.sp, job.rule, job.acceptance
     use_cfg, gen_device = job.use_cfg, job.gen_device  # draws where the model is
     clock = Clock(target.device)
