@@ -131,7 +131,7 @@ def _run(
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
 
-            summary.eval = run_eval(cfg, run_dir, target=job.target, summary=summary.to_json()).get("eval")
+            summary = run_eval(cfg, run_dir, target=job.target, summary=summary) or summary
             tracker.log_summary(summary.to_json())
     finally:
         tracker.finish()
