@@ -30,6 +30,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench import accel
+from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import Policy
 from adtbench.algorithm.records import Clock, GenerationResult
@@ -171,10 +172,11 @@ class Job:
     def run_info(self) -> dict[str, Any]:
         """What a summary records of the built job: compile mode, graph capture times, batching, bind time."""
         static = (self.batched.bt if self.batched and self.batched.bt else self.target).static
+        drafter_static = self.models.static if isinstance(self.models, EagleDrafter) else None
         return {
             "engine_compile": self.compiled,
-            "graph_capture_s": getattr(static, "capture_s", None),
-            "drafter_graph_capture_s": getattr(getattr(self.models, "static", None), "capture_s", None),
+            "graph_capture_s": None if static is None else static.capture_s,
+            "drafter_graph_capture_s": None if drafter_static is None else drafter_static.capture_s,
             "batch_size": self.batch_size,
             "batch_window": self.window if self.batch_size > 1 else None,
             "bind_s": self.bind_s,
@@ -252,20 +254,21 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
             )
 
 
-def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:
+def compile_models(target: Any, drafter: EagleDrafter | None, cfg: DictConfig, batched: bool = False) -> None:
     """``engine.compile``: on a GPU (and on the simulated one, ``accel``: through the graphs' stand-in), a target with
     static-shape verifies (``capabilities.graphs``: the in-project lean GPTs — LlamaGen, mini, the lean Chameleon) pins
     its KV cache and captures its verify forwards as CUDA graphs at its first prefill, and a drafter with static
     shapes (EAGLE) its ``extend`` / ``expand`` at its first reset (``models.graphs``; both capture times are
     reported); otherwise compile the target's (and the drafter's) forward with ``torch.compile`` and the warm-up
     compiles it. Either way outside the timed scope, and for both sides (baseline and method share the target).
-    ``drafter`` None: the target only. ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's
+    What the target offers is its declaration (``target.capabilities``: ``graphs``, ``compile``); the EAGLE drafter
+    offers both. ``drafter`` None: the target only. ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's
     (``BatchTarget.request_static``, captured per batch cache by ``harness.batched``; the batched drafter runs
     eagerly). Sets ``target.engine_mode`` (``graphs`` | ``compiled``; the cost model's cache key and the batched
     decoder read it)."""
     family, caps = str(cfg.model.family), target.capabilities
     graphs = caps.graphs and isinstance(target.device, torch.device) and accel.graphs_supported(target.device)
-    drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
+    drafter_graphs = graphs and drafter is not None
     target.engine_mode = "graphs" if graphs else "compiled"
     if graphs and batched:
         log.info("engine.compile: %s batched verifies will run as CUDA graphs (captured per batch cache)", family)
@@ -274,15 +277,14 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = F
         target.request_static(graphs=True)
         log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
     if drafter_graphs:
+        assert drafter is not None
         drafter.request_static(graphs=True)
         log.info("engine.compile: the drafter's extend / expand will run as CUDA graphs (captured at its first reset)")
+    if not graphs and not caps.compile:
+        raise ConfigError("engine.compile", f"model family {family} does not support compile")
     for name, obj in (("target", target), ("drafter", drafter)):
         if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
             continue
-        fn = getattr(obj, "compile_forward", None) if name == "drafter" or caps.compile else None
-        if not callable(fn):
-            what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
-            raise ConfigError("engine.compile", f"{what} does not support compile")
         t = time.perf_counter()
-        fn()
+        obj.compile_forward()
         log.info("engine.compile: %s.compile_forward() in %.1f s", name, time.perf_counter() - t)

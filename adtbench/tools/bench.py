@@ -370,7 +370,7 @@ def cost(cfg: Any) -> dict:
     cuda = target.device.type == "cuda"  # a real GPU: its bandwidth (never a simulated device's)
     weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
     bandwidth = device_bandwidth(target.device) if cuda else None
-    t_static, d_static = target.static, getattr(drafter, "static", None)
+    t_static, d_static = target.static, drafter.static  # build_models(eagle=True): an EagleDrafter
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
         "device": accel.device_name(target.device)
@@ -390,12 +390,12 @@ def cost(cfg: Any) -> dict:
         ],
         "fixed_ms": model.fixed_ms,
         "engine_compile": conf.engine.compile,
-        "graph_capture_s": getattr(t_static, "capture_s", None),
-        "drafter_graph_capture_s": getattr(d_static, "capture_s", None),
+        "graph_capture_s": None if t_static is None else t_static.capture_s,
+        "drafter_graph_capture_s": None if d_static is None else d_static.capture_s,
         # what the measurement ran: the pinned capacities (None: variable shapes) and the static / graphed forwards
         "pinned_capacity": {
-            "target": getattr(t_static, "capacity", None),
-            "drafter": getattr(d_static, "capacity", None),
+            "target": None if t_static is None else t_static.capacity,
+            "drafter": None if d_static is None else d_static.capacity,
         },
         "measured_static_runs": counted.static_runs,
         "measured_graph_replays": counted.replays,
