@@ -274,11 +274,13 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     for r in rows:
         r["ar_vs_b1"] = _ratio(r["ar_images_per_s"], b1["ar_images_per_s"])
         r["method_vs_b1"] = _ratio(r["method_images_per_s"], b1["method_images_per_s"])
+    dataset = job.conf.dataset
+    assert dataset is not None, "check_config loaded the dataset"
     env = {
         "model": str(cfg.model.name),
         "policy": policy.name + (" (sampled drafts)" if cfg.policy.get("draft_sampling") == "sample" else ""),
-        "lantern": bool(cfg.get("lantern", {}).get("enabled", False)),
-        "dataset": Path(str(cfg.dataset.get("path") or cfg.dataset.kind)).name,
+        "lantern": job.conf.lantern is not None and job.conf.lantern.enabled,
+        "dataset": Path(str(dataset.path or dataset.kind)).name,
         "prompts": len(prompts),
         "sizes": list(opts["sizes"]),
         "tokens_per_image": int(target.layout.num_gen_tokens),
