@@ -174,11 +174,12 @@ def test_mini_batched_speculation_equals_one_prompt_at_a_time(mini64, overrides,
     from hydra import compose, initialize_config_dir
 
     from adtbench.harness.config import build_policy, build_rule
+    from adtbench.harness.schema import check
 
     target, drafter, inputs = mini64
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=overrides)
-    policy, rule = build_policy(cfg), build_rule(cfg, target)
+    policy, rule = build_policy(cfg), build_rule(cfg, check(cfg), target)
     policy.bind(lambda max_nodes, max_level: synthetic_cost_model())
     sp = SamplingParams(temperature=temperature, cfg_scale=float(cfg.sampling.cfg_scale))
     alone = [generate(target, drafter, policy, x, sp, _gen(i), rule) for i, x in enumerate(inputs)]
@@ -292,10 +293,10 @@ def test_batch_config_errors_name_the_key(tmp_path, overrides: str, key: str) ->
 
 def test_batch_with_engine_compile_is_refused() -> None:
     from adtbench.errors import ConfigError
-    from adtbench.harness.config import decode_batch
+    from adtbench.harness.config import validate
 
     cfg = compose_app("decode.batch_size=2")
-    cfg.engine.compile = True
+    cfg.engine.compile, cfg.warmup = True, 1  # compose_app's FAST sets warmup=0 last
     with pytest.raises(ConfigError) as e:
-        decode_batch(cfg)
+        validate(cfg)
     assert e.value.key == "engine.compile"

@@ -162,8 +162,8 @@ def test_clip_hps_aesthetic_on_tiny_open_clip_paired_by_prompt_id(tiny_clip, tmp
     )
     shared: dict = {}
     s = run_eval(cfg, run, shared=shared)
-    ev = s["eval"]
-    assert ev["complete"] and ev["n_images"] == 4 and s["model"] == "fake"  # the summary keeps its fields
+    ev = s.eval
+    assert ev["complete"] and ev["n_images"] == 4 and s.model == "fake"  # the summary keeps its fields
     clip = ev["clip_score"]
     assert clip["n"] == 4 and -100.0 <= clip["value"] <= 100.0 and np.isfinite(clip["std"])
     assert clip["impl"] == "open_clip" and clip["version"] and "100·cos" in clip["scale"]
@@ -229,15 +229,15 @@ def test_fid_is_prc_against_itself_and_reference_cache(tmp_path):
     inject = {"extractor:inception": color_extractor(calls)}
     base = ["eval=fid", "eval.metrics=[fid,is,prc]", "eval.prc.features=inception", "eval.preprocess.resolution=16",
             f"eval.cache_dir={tmp_path / 'cache'}"]  # fmt: skip
-    s = run_eval(compose_cfg(*base, f"eval.reference.dir={run}"), run, inject=inject)["eval"]
+    s = run_eval(compose_cfg(*base, f"eval.reference.dir={run}"), run, inject=inject).eval
     assert abs(s["fid"]["value"]) < 1e-6 and s["precision"]["value"] == 1.0 and s["recall"]["value"] == 1.0
     assert s["fid"]["reference"]["n"] == 12 and s["fid"]["reference"]["cached"] is False
     assert s["is"]["value"] >= 1.0 and s["is"]["splits"] == 10 and s["is"]["n"] == 12
     assert s["precision"]["k"] == 3 and "torch-fidelity" in s["fid"]["impl"] and s["fid"]["version"]["torch-fidelity"]
     n_calls = len(calls)
-    s2 = run_eval(compose_cfg(*base, f"eval.reference.dir={other}"), run, inject=inject)["eval"]
+    s2 = run_eval(compose_cfg(*base, f"eval.reference.dir={other}"), run, inject=inject).eval
     assert s2["fid"]["value"] > 0.0 and s2["fid"]["reference"]["cached"] is False
-    s3 = run_eval(compose_cfg(*base, f"eval.reference.dir={other}"), run, inject=inject)["eval"]
+    s3 = run_eval(compose_cfg(*base, f"eval.reference.dir={other}"), run, inject=inject).eval
     assert s3["fid"]["reference"]["cached"] is True and s3["fid"]["value"] == pytest.approx(s2["fid"]["value"])
     assert len(calls) - n_calls == 3  # run 2: generated + reference (1 batch each); run 3: generated only
 
@@ -259,7 +259,7 @@ def test_fid_is_prc_with_torch_fidelity_inception_from_a_local_file(tmp_path):
     cfg = compose_cfg("eval=fid", "eval.metrics=[fid,is,prc]", "eval.prc.features=inception",
                       f"eval.weights.inception={weights}", f"eval.reference.dir={ref}", "eval.preprocess.resolution=32",
                       f"eval.cache_dir={tmp_path / 'cache'}", "eval.is.splits=2")  # fmt: skip
-    ev = run_eval(cfg, run)["eval"]
+    ev = run_eval(cfg, run).eval
     assert np.isfinite(ev["fid"]["value"]) and ev["fid"]["value"] >= 0.0 and ev["fid"]["n"] == 4
     assert ev["is"]["value"] >= 1.0 - 1e-9 and 0.0 <= ev["precision"]["value"] <= 1.0
     assert ev["fid"]["features"]["impl"] == "torch-fidelity inception-v3-compat"
@@ -300,7 +300,7 @@ def test_eval_mini_with_injected_stand_in(tmp_path):
     ref = make_run(tmp_path / "ref", seed=9)
     mini = TinyMini()
     cfg = compose_cfg("eval=mini", f"eval.reference.dir={ref}", "eval.batch_size=3")
-    ev = run_eval(cfg, run, inject={"mini": mini})["eval"]
+    ev = run_eval(cfg, run, inject={"mini": mini}).eval
     agr = ev["mini_agreement"]
     assert agr["n"] == 4 and agr["n_scored"] == 3 and 0.0 < agr["value"] < 1.0 and agr["ident"] == "tiny-mini"
     assert [s[0] for s in mini.seen] == [(3, 8, 8, 3), (1, 8, 8, 3)]
@@ -329,8 +329,8 @@ def test_eval_mini_with_the_real_module(tmp_path):
         store = ResultStore(tmp_path / name)
         for i, (sc, cap) in enumerate(zip(scenes, caps)):
             store.commit({"prompt_id": f"m-{i}", "prompt": cap, "meta": {}}, None, render(sc, 32))
-    good = run_eval(compose_cfg("eval=mini"), tmp_path / "good")["eval"]["mini_agreement"]
-    bad = run_eval(compose_cfg("eval=mini"), tmp_path / "shuffled")["eval"]["mini_agreement"]
+    good = run_eval(compose_cfg("eval=mini"), tmp_path / "good").eval["mini_agreement"]
+    bad = run_eval(compose_cfg("eval=mini"), tmp_path / "shuffled").eval["mini_agreement"]
     assert good["n_scored"] == 8 and 0.0 <= bad["value"] < good["value"] <= 1.0
     assert good["weights"]["sha256"]
     # per attribute: every scene states its background; the mean over attribute hits is the agreement
@@ -360,7 +360,7 @@ def test_geneval_and_dpg_exports(tmp_path):
     cfg = compose_cfg("eval=geneval", "eval.metrics=[geneval,dpg]", f"eval.geneval.metadata={meta}",
                       f"eval.geneval.extra_runs=[{seed2}]", f"eval.dpg.prompts_dir={pdir}", "eval.dpg.resolution=16",
                       f"eval.dpg.extra_runs=[{seed2}]")  # fmt: skip
-    ev = run_eval(cfg, run)["eval"]
+    ev = run_eval(cfg, run).eval
     g = Path(ev["geneval"]["path"])
     assert sorted(p.name for p in g.iterdir() if p.is_dir()) == ["00000", "00001", "00002", "00003"]
     assert json.loads((g / "00002" / "metadata.jsonl").read_text())["prompt"] == "two blue spheres"
@@ -497,6 +497,6 @@ def test_inception_score_split_convention():
 def test_mini_fid_notes_rank_deficient_covariance(tmp_path):
     three = dict(list(PROMPTS.items())[:3])
     run, ref = make_run(tmp_path / "run", three), make_run(tmp_path / "ref", three, seed=9)
-    ev = run_eval(compose_cfg("eval=mini", f"eval.reference.dir={ref}"), run, inject={"mini": TinyMini()})["eval"]
+    ev = run_eval(compose_cfg("eval=mini", f"eval.reference.dir={ref}"), run, inject={"mini": TinyMini()}).eval
     assert "rank-deficient" in ev["mini_fid"]["note"] and "n=3 < feature dim 4" in ev["mini_fid"]["note"]
     assert "torch-fidelity" in ev["mini_fid"]["impl"]

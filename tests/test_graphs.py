@@ -324,8 +324,8 @@ def test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens() -> N
 
 
 def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
-    """``compile_models`` on a CUDA target: target and drafter are asked for CUDA graphs and neither is
-    ``torch.compile``d; a drafter without static shapes is compiled as before."""
+    """``compile_models`` on a CUDA target: target and drafter (the EAGLE drafter: static shapes) are asked for CUDA
+    graphs and neither is ``torch.compile``d; a target that declares no graphs is compiled, its drafter too."""
     cfg = OmegaConf.create({"model": {"family": "llamagen"}, "drafter": {"kind": "eagle"}})
     calls: list[tuple[str, object]] = []
 
@@ -339,8 +339,8 @@ def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
     job.compile_models(fake("target", True), fake("drafter", True), cfg)
     assert calls == [("target", True), ("drafter", True)]
     calls.clear()
-    job.compile_models(fake("target", True), fake("drafter", False), cfg)
-    assert calls == [("target", True), ("drafter", "compile")]
+    job.compile_models(fake("target", False), fake("drafter", True), cfg)
+    assert calls == [("target", "compile"), ("drafter", "compile")]
     calls.clear()
     job.compile_models(fake("target", True), None, cfg)
     assert calls == [("target", True)]

@@ -416,5 +416,5 @@ def test_lantern_composes_with_scd() -> None:
     """LANTERN relaxes the acceptance of ``scd`` (its rule is the app's): the config passes and the rule is used."""
     from adtbench.harness.config import validate
 
-    _, pol = validate(compose_run("policy=scd", "lantern=on"))
+    pol = validate(compose_run("policy=scd", "lantern=on")).policy
     assert pol.accepts_rule and pol.rule_for(None, "lantern-rule") == "lantern-rule" and pol.max_nodes() == 16

@@ -101,7 +101,8 @@ def test_merged_summary_round_trips_through_json() -> None:
     shard = Summary.build([record().slim()], cfg, {"model": "tiny_llamagen"}, {"device": "cpu"}, 1).to_json()
     sources = [{"dir": "a", "shard": "0/2", "n_samples": 1}, {"dir": "b", "shard": "1/2", "n_samples": 1}]
     other = {**shard, "env": {"device": "cuda"}}
-    m = Summary.merged([record().slim(), {**record().slim(), "prompt_id": "p-2"}], [shard, other], sources, False, 2,
+    shards = [Summary.from_json(shard), Summary.from_json(other), None]  # None: a shard without a summary
+    m = Summary.merged([record().slim(), {**record().slim(), "prompt_id": "p-2"}], shards, sources, False, 2,
                        complete=True)  # fmt: skip
     doc = json.loads(json.dumps(m.to_json()))
     assert Summary.from_json(doc) == m and list(doc)[-3:] == ["envs", "env_consistent", "merged_from"]

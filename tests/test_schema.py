@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, open_dict
 
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
@@ -120,8 +120,28 @@ def test_open_groups_are_not_checked_by_the_schema():
 def test_check_leaves_the_config_unchanged():
     cfg = config("policy=eagle2", "sampling.cfg_scale=3")  # an int where the schema has a float
     before = config_fingerprint(cfg)
-    sp, _ = validate(cfg)
+    sp = validate(cfg).sp
     assert config_fingerprint(cfg) == before and cfg.sampling.cfg_scale == 3 and sp.cfg_scale == 3.0
+
+
+def test_check_returns_the_config_typed():
+    """``schema.check`` returns the merge as the schemas' dataclasses (coerced to the field types); absent ``timing`` /
+    ``engine`` / ``decode`` nodes are their defaults, absent other groups None; ``validate`` hands it on with the
+    checked sampling parameters."""
+    cfg = config("policy=eagle2", "sampling.cfg_scale=3", "timing.repeats=3", "engine.acceptance=host", "~maps")
+    conf = schema.check(cfg)
+    assert conf.timing == schema.TimingConf(repeats=3) and conf.engine == schema.EngineConf(acceptance="host")
+    assert isinstance(conf.sampling, SamplingParams) and conf.sampling.cfg_scale == 3.0
+    assert isinstance(conf.sampling.cfg_scale, float) and cfg.sampling.cfg_scale == 3  # the DictConfig as composed
+    assert isinstance(conf.policy, schema.Eagle2Conf) and conf.policy.total_tokens == 59 and conf.maps is None
+    assert conf.cache_dir is not None and conf.cache_dir.name == ".cache"
+    for node in ("timing", "engine", "decode"):
+        cfg = config()
+        with open_dict(cfg):
+            del cfg[node]
+        assert getattr(schema.check(cfg), node) == schema.GROUPS[node]()
+    checked = validate(config("sampling=greedy"))
+    assert checked.sp == checked.conf.sampling == SamplingParams(0.0, cfg_scale=3.0) and checked.policy.name == "scd"
 
 
 def test_build_sampling_is_the_one_checked_constructor():

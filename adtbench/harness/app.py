@@ -25,16 +25,14 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from adtbench import accel
-from adtbench.algorithm.policies import Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import lantern_used
 from adtbench.harness.config import (
+    Checked,
     check_prompts,
     config_fingerprint,
     register_resolvers,
     resolve_paths,
-    timing_repeats,
     validate,
 )
 from adtbench.harness.data.prompts import Prompt, load_dataset
@@ -53,23 +51,24 @@ register_resolvers()
 SUMMARY_EVERY_S = 10.0  # summary.json refresh interval during a run (always written at the end)
 
 
-def check_config(cfg: DictConfig) -> tuple[SamplingParams, Policy, list[Prompt]]:
+def check_config(cfg: DictConfig) -> tuple[Checked, list[Prompt]]:
     """Everything about one job that can be checked without weights and without touching its run dir: the typed
     schema, ranges and cross-key rules (``config.validate``), the eval metrics' weight paths, the prompt file and
     prompts the model cannot take. Resolves ``cfg``'s relative paths in place (``config.resolve_paths``).
-    Returns the sampling params, the policy and the prompts; raises ``ConfigError`` naming the key.
+    Returns the config typed with its policy (``config.Checked``) and the prompts; raises ``ConfigError`` naming the
+    key.
 
     The command line runs it for every job before Hydra starts (``adtbench.harness.precheck``), so a rejected
     config writes nothing; :func:`run` runs it again (direct calls, and the jobs of other launchers)."""
     resolve_paths(cfg)
-    sp, policy = validate(cfg)
+    checked = validate(cfg)
     if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
         from adtbench.harness.eval.metrics import validate as validate_eval
 
         validate_eval(cfg)  # missing metric weights fail before any model loads
     prompts = load_dataset(cfg)
     check_prompts(cfg, prompts)
-    return sp, policy, prompts
+    return checked, prompts
 
 
 def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
@@ -81,13 +80,13 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
     into a dir of another config) leaves no dir behind that this job created without committing a prompt
     (``lock.discard_new_run_dir``); a dir that held anything before the job is never touched."""
     as_given = copy.deepcopy(cfg)  # resume compares the config as given, not the resolved absolute paths
-    checked = check_config(cfg)
+    checked, prompts = check_config(cfg)
     lock = held_lock(run_dir)
     owned = lock is None
     if lock is None:
         lock = RunDirLock(run_dir)
     try:
-        return _run(cfg, as_given, checked, run_dir, choices).to_json()
+        return _run(cfg, as_given, checked, prompts, run_dir, choices).to_json()
     except ConfigError:
         discard_new_run_dir(run_dir)
         raise
@@ -99,23 +98,24 @@ def run(cfg: DictConfig, run_dir: Path, choices: dict[str, str]) -> dict:
 def _run(
     cfg: DictConfig,
     fingerprint_cfg: DictConfig,
-    checked: tuple[SamplingParams, Policy, list[Prompt]],
+    checked: Checked,
+    prompts: list[Prompt],
     run_dir: Path,
     choices: dict[str, str],
 ) -> Summary:
-    sp, policy, prompts = checked
     check_resume(run_dir, config_fingerprint(fingerprint_cfg))
     store = ResultStore(run_dir)
     done = store.done_ids()
     todo = [p for p in prompts if p.prompt_id not in done]
     log.info("%d prompts (%d already done) → %s", len(prompts), len(prompts) - len(todo), run_dir)
 
-    job = Job.build(cfg, sp, policy, todo)
+    job = Job.build(cfg, checked, todo)
+    conf = job.conf
     env = environment(job.target)
-    warmup_s = job.warm_up(todo, int(cfg.warmup), bool(cfg.baseline))
+    warmup_s = job.warm_up(todo, conf.warmup, conf.baseline)
     log.info(
         "warm-up: %d generation(s) of each side in %.1f s%s",
-        int(cfg.warmup) if todo else 0,
+        conf.warmup if todo else 0,
         warmup_s,
         " (compilation included)" if job.compiled else "",
     )
@@ -131,7 +131,7 @@ def _run(
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
 
-            summary.eval = run_eval(cfg, run_dir, target=job.target, summary=summary.to_json()).get("eval")
+            summary = run_eval(cfg, run_dir, target=job.target, summary=summary) or summary
             tracker.log_summary(summary.to_json())
     finally:
         tracker.finish()
@@ -172,8 +172,8 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     the summary; the load average is read just before and just after this timed work."""
     from tqdm import tqdm
 
-    cfg, target, store, tracker, run_dir = ctx.cfg, ctx.job.target, ctx.store, ctx.tracker, ctx.run_dir
-    repeats = timing_repeats(cfg)
+    conf, target, store, tracker, run_dir = ctx.job.conf, ctx.job.target, ctx.store, ctx.tracker, ctx.run_dir
+    repeats = conf.timing.repeats
     records = [slim(r) for r in store.records()]
     watch = LoadWatch(run_info["cpus_available"])
     run_info = {
@@ -184,14 +184,14 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
         ),
     }
     last_summary = time.perf_counter()
-    bar = tqdm(total=len(todo), desc=str(cfg.policy.name), disable=not cfg.progress, file=sys.stderr)
-    for p, seed, runs, bases, batch in timed_results(ctx.job, todo, repeats, bool(cfg.baseline)):
+    bar = tqdm(total=len(todo), desc=ctx.job.policy.name, disable=not conf.progress, file=sys.stderr)
+    for p, seed, runs, bases, batch in timed_results(ctx.job, todo, repeats, conf.baseline):
         bar.update()
         res = runs[0]
-        image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if cfg.save_images else None
+        image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if conf.save_images else None
         trace = trace_record(p.prompt_id, res)
         record = store.commit(SampleRecord.build(p, seed, runs, bases or None, batch), trace, image)
-        if cfg.get("maps") is not None and cfg.maps.get("per_image"):
+        if conf.maps is not None and conf.maps.per_image:
             from adtbench.harness.maps import write_sample_maps
 
             write_sample_maps(run_dir, trace, target.layout)
@@ -206,7 +206,7 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     if summary.stats.get("timing_warning"):
         log.warning("%s", summary.stats["timing_warning"])
     store.write_summary(summary)
-    if cfg.get("maps") is not None and cfg.maps.get("per_run"):
+    if conf.maps is not None and conf.maps.per_run:
         from adtbench.harness.maps import write_run_maps
 
         write_run_maps(run_dir, store.traces(), target.layout)

@@ -22,6 +22,7 @@ import torch
 
 from adtbench import accel
 from adtbench.algorithm.batch import Item, decode_ar_batch, generate_batch
+from adtbench.algorithm.policies import LoopPolicy
 from adtbench.algorithm.records import Clock, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness.data.prompts import Prompt
@@ -75,7 +76,7 @@ class BatchedDecoder:
             got: dict[Any, GenerationResult] = {}
             generate_batch(bt, self.drafter, self.policy, items, self.sp, got.__setitem__, self.rule, self.acceptance)
             results = [got[key] for key, _, _ in items]
-        elif method and getattr(self.policy, "batchable", False):  # a loop with its own batched decode (Jacobi)
+        elif method and isinstance(self.policy, LoopPolicy) and self.policy.batchable:  # its own batched decode
             got = {}
             self.policy.generate_batch(bt, self.drafter, items, self.sp, got.__setitem__, self.rule, self.acceptance)
             results = [got[key] for key, _, _ in items]

@@ -30,6 +30,7 @@ from adtbench import accel
 from adtbench.algorithm.cost import MEASURE_METHOD, VERIFY_ONLY_METHOD, CostModel, measure_cost, target_parameters
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError, check_flag, check_number
+from adtbench.harness.schema import AppConf
 from adtbench.io import atomic_write_bytes, atomic_write_with
 from adtbench.resources import cpus_available, load_average
 
@@ -138,17 +139,18 @@ def cost_source(target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> C
     return lambda max_nodes, max_level: load_or_measure(target, drafter, sp, max_nodes, max_level, cache_dir)
 
 
-def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Path | None) -> dict[str, Any]:
+def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any) -> dict[str, Any]:
     """``policy.window=cost`` of a Jacobi loop: ``algorithm.jacobi.calibrate_window`` on this machine's verify cost
     model (``load_or_measure`` without a drafter, or with the ``init=drafter`` one) — cached as
-    ``<cache_dir>/jacobi/<sha256(key)[:16]>.json``, keyed by the cost model's key, the sampling, the policy's keys
-    that change τ(L) and the calibration prompts; re-calibrated when the cost model is re-measured."""
+    ``<paths.cache_dir>/jacobi/<sha256(key)[:16]>.json``, keyed by the cost model's key, the sampling, the policy's
+    keys that change τ(L) and the calibration prompts; re-calibrated when the cost model is re-measured. ``cfg``: the
+    ``policy`` and ``lantern`` nodes; ``conf``: the typed sampling, ``lantern.enabled`` and ``paths.cache_dir``."""
     from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, calibrate_window, jacobi_params
     from adtbench.algorithm.policies.jacobi import NAME_DEFAULTS
-    from adtbench.algorithm.sampling import build_sampling
     from adtbench.algorithm.verify import EXACT
 
-    sp = build_sampling(cfg.sampling)
+    sp, cache_dir, lantern_on = conf.sampling, conf.cache_dir, conf.lantern is not None and conf.lantern.enabled
+    assert sp is not None, "a checked config has a sampling node"
     node = {**NAME_DEFAULTS[str(cfg.policy.name)], **{str(k): v for k, v in cfg.policy.items() if k != "name"}}
     params = jacobi_params(node)
     levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
@@ -172,7 +174,7 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
                 "group_dist",
             )
         },
-        "lantern": bool((cfg.get("lantern") or {}).get("enabled", False)),
+        "lantern": lantern_on,
         "prompts": list(CALIBRATION_PROMPTS),
         "grid": list(CALIBRATION_GRID),
         "version": 2,
@@ -192,10 +194,7 @@ def load_or_calibrate_window(cfg: Any, target: Any, drafter: Any, cache_dir: Pat
     t0 = time.perf_counter()
     gen = torch.Generator(device=target.device if accel.is_cuda(target.device) else "cpu")
     inputs = [target.encode_prompt(text, cfg=use_cfg) for text in CALIBRATION_PROMPTS]
-    lantern = cfg.get("lantern")
-    rule: Any = EXACT
-    if lantern is not None and bool(lantern.get("enabled", False)):
-        rule = build_lantern_rule(lantern, target)
+    rule: Any = build_lantern_rule(cfg.lantern, target) if lantern_on else EXACT
     if params.rule == "gsd":
         from adtbench.algorithm.jacobi import grouped_rule
 

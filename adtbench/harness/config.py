@@ -5,6 +5,7 @@ Every error is a ``ConfigError`` naming the offending key (and the path, for fil
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -230,34 +231,53 @@ def check_prompts(cfg: DictConfig, prompts: list[Any]) -> None:
             )
 
 
-def build_rule(cfg: DictConfig, target: Any) -> AcceptanceRule:
-    """The acceptance rule: exact unless ``lantern.enabled`` (relaxed acceptance, ``adtbench.algorithm.lantern``)."""
-    node = cfg.get("lantern")
-    if node is None or not bool(node.get("enabled", False)):
+def build_rule(cfg: DictConfig, conf: schema.AppConf, target: Any) -> AcceptanceRule:
+    """The acceptance rule: exact unless ``lantern.enabled`` (relaxed acceptance, ``adtbench.algorithm.lantern``,
+    from the ``lantern`` node of ``cfg``)."""
+    if conf.lantern is None or not conf.lantern.enabled:
         return EXACT
     from adtbench.harness.caches import build_lantern_rule
 
-    return build_lantern_rule(node, target)
+    return build_lantern_rule(cfg.lantern, target)
 
 
-def validate(cfg: DictConfig) -> tuple[SamplingParams, Policy]:
-    """Check everything that can be checked without weights. Returns the sampling params and the policy.
+@dataclasses.dataclass(frozen=True)
+class Checked:
+    """A config that passed every check that needs no weights (:func:`validate`), typed.
+
+    ``conf``: the schema's typed values (``schema.check``), which the ranges and cross-key rules of :func:`validate`
+    held for; ``conf.sampling`` is ``build_sampling``'s value. A builder reads a key the schema types here, never
+    from the ``DictConfig`` again. ``policy``: built from ``policy.*``, not yet bound. The open nodes (``model``,
+    ``eval``, ``bench``) and the nodes the loaders take whole (``drafter``, ``lantern``, ``policy``) stay in the
+    ``DictConfig``."""
+
+    conf: schema.AppConf
+    policy: Policy
+
+    @property
+    def sp(self) -> SamplingParams:
+        """The sampling parameters (``sampling``; checked by ``build_sampling``)."""
+        assert self.conf.sampling is not None, "validate requires a sampling node"
+        return self.conf.sampling
+
+
+def validate(cfg: DictConfig) -> Checked:
+    """Check everything that can be checked without weights. Returns the config typed and the policy (:class:`Checked`).
 
     First the whole config against its typed schema (``adtbench.harness.schema.check``: unknown keys, types), then the
-    ranges and the cross-key rules below; every error is a ConfigError naming the key."""
-    schema.check(cfg)
+    ranges and the cross-key rules below, on the composed values (a key removed, or a string OmegaConf would coerce,
+    is an error here, not its schema default); every error is a ConfigError naming the key."""
+    conf = schema.check(cfg)
     _number(cfg, "seed", int)
     _number(cfg, "warmup", int, lo=0)
     _number(cfg, "max_tree_nodes", int, lo=1)
     if cfg.get("threads") is not None:
         _number(cfg, "threads", int, lo=1)
-    timing_repeats(cfg)
-    engine_acceptance(cfg)
-    if engine_compile(cfg) and int(cfg.warmup) < 1:
-        raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
+    check_timing(cfg)
+    check_engine(cfg)
     sp = build_sampling(_get(cfg, "sampling"))
     policy = build_policy(cfg)
-    if cfg.get("lantern") is not None and bool(cfg.lantern.get("enabled", False)):
+    if conf.lantern is not None and conf.lantern.enabled:
         from adtbench.harness.caches import lantern_params
 
         lantern_params(cfg.lantern)
@@ -267,28 +287,29 @@ def validate(cfg: DictConfig) -> tuple[SamplingParams, Policy]:
     from adtbench.harness.loops import check_loop_config
 
     check_loop_config(cfg, policy)
-    decode_batch(cfg, policy)
-    return sp, policy
+    conf = dataclasses.replace(conf, sampling=sp)
+    check_decode(cfg, conf, policy)
+    return Checked(conf, policy)
 
 
 BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina")  # static-cache targets (``models.batch``)
 
 
-def decode_batch(cfg: DictConfig, policy: Policy | None = None) -> tuple[int, int]:
-    """``decode.batch_size`` (prompts per target forward, ≥ 1; 1 without a ``decode`` node) and ``decode.window``
-    (with B > 1: prompts are decoded B × window at a time, each side timed over the window). B > 1 needs a tree policy
-    on a static-cache target, one timing repeat and no ``engine.compile`` (CUDA graphs and compiled stacks are
-    single-prompt)."""
+def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:
+    """``decode.batch_size`` (prompts per target forward, an integer ≥ 1) and ``decode.window`` (with B > 1: prompts
+    are decoded B × window at a time, each side timed over the window; ≥ 1). B > 1 needs a tree policy on a
+    static-cache target, one timing repeat and no ``engine.compile`` off a CUDA device (the CPU's compiled stacks are
+    single-prompt). ``conf``: the typed values, ``timing`` and ``engine`` checked already."""
     node = cfg.get("decode")
     if node is None:
-        return 1, 4
+        return
     if not isinstance(node, DictConfig):
         raise ConfigError("decode", f"must be a mapping (decode.batch_size=...), got {node!r}")
-    B = int(check_number(node.get("batch_size", 1), "decode.batch_size", int, lo=1))
-    window = int(check_number(node.get("window", 4), "decode.window", int, lo=1))
-    if B == 1:
-        return B, window
-    if policy is not None and isinstance(policy, LoopPolicy) and not policy.batchable:
+    check_number(node.get("batch_size", 1), "decode.batch_size", int, lo=1)
+    check_number(node.get("window", 4), "decode.window", int, lo=1)
+    if conf.decode.batch_size == 1:
+        return
+    if isinstance(policy, LoopPolicy) and not policy.batchable:
         if policy.name in ("sjd", "scd", "gsd"):
             raise ConfigError(
                 "policy.init",
@@ -307,16 +328,15 @@ def decode_batch(cfg: DictConfig, policy: Policy | None = None) -> tuple[int, in
             f"model family {family} (model.impl={impl}) has no batched target; "
             f"batched: {', '.join(BATCHED_FAMILIES)} with model.impl=lean",
         )
-    if timing_repeats(cfg) > 1:
+    if conf.timing.repeats > 1:
         raise ConfigError("timing.repeats", "with decode.batch_size > 1 each window is timed once; use 1")
-    if engine_compile(cfg) and not _on_cuda(cfg):
+    if conf.engine.compile and not _on_cuda(cfg):
         raise ConfigError(
             "engine.compile",
             "with decode.batch_size > 1 it runs the batch's CUDA graphs, and the "
             "model is not on a CUDA device (model.device); the CPU's compiled stacks are single-prompt: "
             "use engine.compile=false with decode.batch_size > 1 there",
         )
-    return B, window
 
 
 def _on_cuda(cfg: DictConfig) -> bool:
@@ -327,34 +347,32 @@ def _on_cuda(cfg: DictConfig) -> bool:
         return False
 
 
-def timing_repeats(cfg: DictConfig) -> int:
-    """``timing.repeats``: timed repetitions of each prompt (an integer ≥ 1; 1 without a ``timing`` node)."""
+def check_timing(cfg: DictConfig) -> None:
+    """``timing.repeats``: timed repetitions of each prompt, an integer ≥ 1 (1 without a ``timing`` node)."""
     if cfg.get("timing") is None:
-        return 1
+        return
     if not isinstance(cfg.timing, DictConfig):
         raise ConfigError("timing", f"must be a mapping (timing.repeats=...), got {cfg.timing!r}")
-    return _number(cfg, "timing.repeats", int, lo=1)
+    _number(cfg, "timing.repeats", int, lo=1)
 
 
-def engine_compile(cfg: DictConfig) -> bool:
-    """``engine.compile``: compile the target's (and drafter's) forward before warm-up (false without the node)."""
-    if cfg.get("engine") is None:
-        return False
-    if not isinstance(cfg.engine, DictConfig):
-        raise ConfigError("engine", f"must be a mapping (engine.compile=...), got {cfg.engine!r}")
-    return check_flag(cfg.engine.get("compile", False), "engine.compile")
-
-
-def engine_acceptance(cfg: DictConfig) -> str:
-    """``engine.acceptance``: where tree acceptance runs — ``auto`` (the float64 host walk when the target is on the
-    CPU, on the device otherwise), ``device`` or ``host`` (``algorithm.verify.verify_cycle``)."""
+def check_engine(cfg: DictConfig) -> None:
+    """``engine.compile`` (a flag: compile the target's, and drafter's, forward before the warm-up, which then needs
+    ``warmup ≥ 1``; false without the node) and ``engine.acceptance`` (where tree acceptance runs: ``auto`` — the
+    float64 host walk when the target is on the CPU, on the device otherwise —, ``device`` or ``host``:
+    ``algorithm.verify.verify_cycle``)."""
     from adtbench.algorithm.verify import ACCEPTANCE
 
     node = cfg.get("engine")
-    value = "auto" if not isinstance(node, DictConfig) else node.get("acceptance", "auto")
+    if node is None:
+        return
+    if not isinstance(node, DictConfig):
+        raise ConfigError("engine", f"must be a mapping (engine.compile=...), got {node!r}")
+    value = node.get("acceptance", "auto")
     if value not in ACCEPTANCE:
         raise ConfigError("engine.acceptance", f"must be one of {list(ACCEPTANCE)}, got {value!r}")
-    return str(value)
+    if check_flag(node.get("compile", False), "engine.compile") and int(cfg.warmup) < 1:
+        raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
 
 
 def prompt_seed(base: int, prompt_id: str) -> int:

@@ -1,7 +1,8 @@
 """One decode job, built: the one place a composed config becomes models, a bound policy and the calls that decode.
 
-``Job.build(cfg)`` checks nothing new: it takes a config the app's checks passed (``app.check_config``: schema,
-ranges, prompts) and builds, in this order — the order matters for what is measured —
+``Job.build(cfg, checked)`` checks nothing new: it takes a config the app's checks passed (``app.check_config``:
+schema, ranges, prompts) with its typed values (``config.Checked``: what it reads of the keys the schema types) and
+builds, in this order — the order matters for what is measured —
 
 1. the target (``model``; ``threads`` set first), its sampling parameters clamped to it (``clamp_top_k``);
 2. the drafter (``drafter``) for a tree policy, or a loop policy's own models (``harness.loops``), or none;
@@ -23,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from adtbench import accel
+from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import Policy
 from adtbench.algorithm.records import Clock, GenerationResult
@@ -37,20 +38,23 @@ from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import AcceptanceRule
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
-from adtbench.harness.config import build_rule, decode_batch, engine_acceptance, engine_compile, prompt_seed
+from adtbench.harness.config import Checked, build_rule, prompt_seed
 from adtbench.harness.data.prompts import Prompt
 from adtbench.harness.drafters import build_drafter
 from adtbench.harness.loops import build_loop_models
+from adtbench.harness.schema import AppConf
 
 log = logging.getLogger("adtbench")
 
 
 @dataclasses.dataclass
 class Job:
-    """A built job (module docstring). ``models``: the EAGLE drafter of a tree policy, a loop policy's own models
-    (``LoopPolicy.generate``'s ``aux``), or None (AR)."""
+    """A built job (module docstring). ``cfg``: the composed config (the open ``model`` node, the nodes the loaders
+    take whole); ``conf``: its typed, checked values (``config.Checked.conf``), which the job reads. ``models``: the
+    EAGLE drafter of a tree policy, a loop policy's own models (``LoopPolicy.generate``'s ``aux``), or None (AR)."""
 
     cfg: DictConfig
+    conf: AppConf
     sp: SamplingParams
     policy: Policy
     target: Any
@@ -64,54 +68,55 @@ class Job:
     batched: Any = None  # ``harness.batched.BatchedDecoder`` when batch_size > 1
 
     @classmethod
-    def build(cls, cfg: DictConfig, sp: SamplingParams, policy: Policy, prompts: list[Prompt] | None = None) -> Job:
-        """Build the job of a checked config (``sp`` and ``policy`` from the checks): ``build_models``, then
-        ``Job.over`` them. ``prompts`` (optional): warn about those longer than the model's text window."""
-        target, models = build_models(cfg, policy)
+    def build(cls, cfg: DictConfig, checked: Checked, prompts: list[Prompt] | None = None) -> Job:
+        """Build the job of a checked config (``config.validate``): ``build_models``, then ``Job.over`` them.
+        ``prompts`` (optional): warn about those longer than the model's text window."""
+        target, models = build_models(cfg, checked.conf, checked.policy)
         if prompts:
             warn_long_prompts(target, prompts, str(cfg.model.get("name")))
-        return cls.over(cfg, sp, policy, target, models)
+        return cls.over(cfg, checked, target, models)
 
     @classmethod
-    def over(cls, cfg: DictConfig, sp: SamplingParams, policy: Policy, target: Any, models: Any) -> Job:
+    def over(cls, cfg: DictConfig, checked: Checked, target: Any, models: Any) -> Job:
         """The job over models ``build_models`` made (compiled already under ``engine.compile``): the sampling
         parameters clamped to the target, the rule, where acceptance runs, the policy bound to the machine's cost
         model (timed: ``bind_s``), the batched decoder under ``decode.batch_size > 1``."""
-        sp = clamp_top_k(sp, target)
-        batch, window = decode_batch(cfg)
+        conf, policy = checked.conf, checked.policy
+        sp = clamp_top_k(checked.sp, target)
         t = time.perf_counter()
-        cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.get("paths") and cfg.paths.get("cache_dir") else None
-        policy.bind(cost_source(target, models, sp, cache_dir) if policy.uses_drafter and models is not None else None)
+        drafted = policy.uses_drafter and models is not None
+        policy.bind(cost_source(target, models, sp, conf.cache_dir) if drafted else None)
         bind_s = time.perf_counter() - t
         log.info("policy bind: %.1f s", bind_s)
-        rule, acceptance, compiled = build_rule(cfg, target), engine_acceptance(cfg), engine_compile(cfg)
-        job = cls(cfg, sp, policy, target, models, rule, acceptance, compiled, batch, window, bind_s)
+        batch, window = conf.decode.batch_size, conf.decode.window
+        rule, acceptance, compiled = build_rule(cfg, conf, target), conf.engine.acceptance, conf.engine.compile
+        job = cls(cfg, conf, sp, policy, target, models, rule, acceptance, compiled, batch, window, bind_s)
         if batch > 1:
             from adtbench.harness.batched import BatchedDecoder
 
             parts = (target, models, policy, job.sp, job.rule, job.acceptance, batch, job.use_cfg, job.gen_device)
-            job.batched = BatchedDecoder(*parts, seed_of=job.seed_of, baseline=bool(cfg.get("baseline", True)))
+            job.batched = BatchedDecoder(*parts, seed_of=job.seed_of, baseline=conf.baseline)
         return job
 
-    def variant(self, cfg: DictConfig, policy: Policy) -> Job:
+    def variant(self, cfg: DictConfig, checked: Checked) -> Job:
         """The same target with another setting that differs in ``policy.*`` / ``lantern.*`` only (``adtbench bench
         versus``): its own rule and bound policy; the drafter is shared (built here when this job had none)."""
-        models = self.models
+        conf, policy, models = checked.conf, checked.policy, self.models
         if policy.uses_drafter and not self.policy.uses_drafter:
             models = build_drafter(cfg.drafter, self.target)
             if self.compiled:
                 compile_models(self.target, models, cfg)
         elif not policy.uses_drafter:
-            models = build_loop_models(cfg, policy, self.target)
+            models = build_loop_models(cfg, conf, policy, self.target)
         t = time.perf_counter()
-        cache_dir = Path(str(cfg.paths.cache_dir)) if cfg.get("paths") and cfg.paths.get("cache_dir") else None
-        policy.bind(cost_source(self.target, models, self.sp, cache_dir) if policy.uses_drafter else None)
+        policy.bind(cost_source(self.target, models, self.sp, conf.cache_dir) if policy.uses_drafter else None)
         return dataclasses.replace(
             self,
             cfg=cfg,
+            conf=conf,
             policy=policy,
             models=models,
-            rule=build_rule(cfg, self.target),
+            rule=build_rule(cfg, conf, self.target),
             bind_s=time.perf_counter() - t,
             batched=None,
         )
@@ -129,7 +134,7 @@ class Job:
 
     def seed_of(self, prompt: Prompt) -> int:
         """The prompt's seed (``seed`` and its id: stable under sharding and resume)."""
-        return prompt_seed(int(self.cfg.seed), prompt.prompt_id)
+        return prompt_seed(self.conf.seed, prompt.prompt_id)
 
     def decode(self, prompt: Prompt, method: bool, seed: int | None = None) -> GenerationResult:
         """Decode ``prompt`` with the method (``method``) or the AR baseline, seeded by ``seed`` (default: the
@@ -167,26 +172,28 @@ class Job:
     def run_info(self) -> dict[str, Any]:
         """What a summary records of the built job: compile mode, graph capture times, batching, bind time."""
         static = (self.batched.bt if self.batched and self.batched.bt else self.target).static
+        drafter_static = self.models.static if isinstance(self.models, EagleDrafter) else None
         return {
             "engine_compile": self.compiled,
-            "graph_capture_s": getattr(static, "capture_s", None),
-            "drafter_graph_capture_s": getattr(getattr(self.models, "static", None), "capture_s", None),
+            "graph_capture_s": None if static is None else static.capture_s,
+            "drafter_graph_capture_s": None if drafter_static is None else drafter_static.capture_s,
             "batch_size": self.batch_size,
             "batch_window": self.window if self.batch_size > 1 else None,
             "bind_s": self.bind_s,
         }
 
 
-def build_models(cfg: DictConfig, policy: Policy | None, eagle: bool = False) -> tuple[Any, Any]:
+def build_models(cfg: DictConfig, conf: AppConf, policy: Policy | None, eagle: bool = False) -> tuple[Any, Any]:
     """The target (``model``; ``threads`` set first) and what runs beside it: the EAGLE drafter for a drafting
     ``policy`` (or whenever ``eagle``: the measurement tools time drafter levels; a seeded random one when
     ``drafter.kind`` is none), a loop policy's own models, or None; compiled under ``engine.compile``
-    (``compile_models``) — before any policy is bound, so a cost model is measured on what the run replays."""
+    (``compile_models``) — before any policy is bound, so a cost model is measured on what the run replays. ``conf``:
+    ``cfg``'s typed values (``schema.check``; ``config.validate``'s for a run)."""
     from adtbench.algorithm.ar import ar_tokens
     from adtbench.models.registry import build_target
 
-    if cfg.get("threads") is not None:
-        torch.set_num_threads(int(cfg.threads))
+    if conf.threads is not None:
+        torch.set_num_threads(conf.threads)
     log.info(
         "loading model=%s (family %s) on %s, %s",
         cfg.model.get("name"),
@@ -197,16 +204,13 @@ def build_models(cfg: DictConfig, policy: Policy | None, eagle: bool = False) ->
     target = build_target(cfg.model, plain_decode=ar_tokens)
     drafting = eagle or (policy is not None and policy.uses_drafter)
     if drafting:
-        node = (
-            cfg.drafter
-            if str(cfg.drafter.get("kind")) == "eagle"
-            else OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None})
-        )
+        eagle_kind = conf.drafter is not None and conf.drafter.kind == "eagle"
+        node = cfg.drafter if eagle_kind else OmegaConf.merge(cfg.drafter, {"kind": "eagle", "path": None})
         models = build_drafter(node, target)
     else:
-        models = None if policy is None else build_loop_models(cfg, policy, target)
-    if engine_compile(cfg):  # one compiled target serves both sides; a loop policy's own models run as they are
-        compile_models(target, models if drafting else None, cfg, batched=decode_batch(cfg)[0] > 1)
+        models = None if policy is None else build_loop_models(cfg, conf, policy, target)
+    if conf.engine.compile:  # one compiled target serves both sides; a loop policy's own models run as they are
+        compile_models(target, models if drafting else None, cfg, batched=conf.decode.batch_size > 1)
     return target, models
 
 
@@ -250,20 +254,21 @@ def warn_long_prompts(target: Any, prompts: list[Prompt], model: str) -> None:
             )
 
 
-def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = False) -> None:
+def compile_models(target: Any, drafter: EagleDrafter | None, cfg: DictConfig, batched: bool = False) -> None:
     """``engine.compile``: on a GPU (and on the simulated one, ``accel``: through the graphs' stand-in), a target with
     static-shape verifies (``capabilities.graphs``: the in-project lean GPTs — LlamaGen, mini, the lean Chameleon) pins
     its KV cache and captures its verify forwards as CUDA graphs at its first prefill, and a drafter with static
     shapes (EAGLE) its ``extend`` / ``expand`` at its first reset (``models.graphs``; both capture times are
     reported); otherwise compile the target's (and the drafter's) forward with ``torch.compile`` and the warm-up
     compiles it. Either way outside the timed scope, and for both sides (baseline and method share the target).
-    ``drafter`` None: the target only. ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's
+    What the target offers is its declaration (``target.capabilities``: ``graphs``, ``compile``); the EAGLE drafter
+    offers both. ``drafter`` None: the target only. ``batched`` (``decode.batch_size`` > 1): the graphs are the batch's
     (``BatchTarget.request_static``, captured per batch cache by ``harness.batched``; the batched drafter runs
     eagerly). Sets ``target.engine_mode`` (``graphs`` | ``compiled``; the cost model's cache key and the batched
     decoder read it)."""
     family, caps = str(cfg.model.family), target.capabilities
     graphs = caps.graphs and isinstance(target.device, torch.device) and accel.graphs_supported(target.device)
-    drafter_graphs = graphs and callable(getattr(drafter, "request_static", None))
+    drafter_graphs = graphs and drafter is not None
     target.engine_mode = "graphs" if graphs else "compiled"
     if graphs and batched:
         log.info("engine.compile: %s batched verifies will run as CUDA graphs (captured per batch cache)", family)
@@ -272,15 +277,14 @@ def compile_models(target: Any, drafter: Any, cfg: DictConfig, batched: bool = F
         target.request_static(graphs=True)
         log.info("engine.compile: %s verifies will run as CUDA graphs (captured at the first prefill)", family)
     if drafter_graphs:
+        assert drafter is not None
         drafter.request_static(graphs=True)
         log.info("engine.compile: the drafter's extend / expand will run as CUDA graphs (captured at its first reset)")
+    if not graphs and not caps.compile:
+        raise ConfigError("engine.compile", f"model family {family} does not support compile")
     for name, obj in (("target", target), ("drafter", drafter)):
         if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
             continue
-        fn = getattr(obj, "compile_forward", None) if name == "drafter" or caps.compile else None
-        if not callable(fn):
-            what = f"model family {family}" if name == "target" else f"the {cfg.drafter.kind} drafter of {family}"
-            raise ConfigError("engine.compile", f"{what} does not support compile")
         t = time.perf_counter()
-        fn()
+        obj.compile_forward()
         log.info("engine.compile: %s.compile_forward() in %.1f s", name, time.perf_counter() - t)

@@ -4,7 +4,7 @@
   policy with its own acceptance — ZipAR, MuLo-SD, GSD — refuses ``lantern=on``, an error naming the key, never
   ignored; ``sjd`` / ``scd`` accept with the app's rule, so LANTERN relaxes them), then the policy's own check
   (``LOOP_CHECKS``, e.g. MuLo-SD's drafter-model pairing, the Jacobi loops' ``init=drafter`` / ``window=cost``);
-- ``build_loop_models(cfg, policy, target)``: the models the loop runs besides the target (``LOOP_MODELS``,
+- ``build_loop_models(cfg, conf, policy, target)``: the models the loop runs besides the target (``LOOP_MODELS``,
   e.g. MuLo-SD's low-resolution drafter and resamplers; the Jacobi loops' EAGLE drafter for ``init=drafter`` and
   the machine's cost model for ``window=cost``), handed to ``LoopPolicy.generate`` as ``aux``.
 
@@ -19,9 +19,10 @@ from omegaconf import DictConfig
 
 from adtbench.algorithm.policies import LoopPolicy, Policy
 from adtbench.errors import ConfigError
+from adtbench.harness.schema import AppConf
 from adtbench.registry import Registry
 
-LOOP_MODELS: Registry[Any] = Registry("policy")  # policy.name → build(cfg, target) → aux
+LOOP_MODELS: Registry[Any] = Registry("policy")  # policy.name → build(cfg, conf, target) → aux
 LOOP_CHECKS: Registry[None] = Registry("policy")  # policy.name → check(cfg) (no weights read)
 LOOP_MODELS.register("mulo", "adtbench.harness.mulo:build_mulo_models")
 LOOP_CHECKS.register("mulo", "adtbench.harness.mulo:check_mulo_config")
@@ -44,10 +45,11 @@ def check_loop_config(cfg: DictConfig, policy: Policy) -> None:
         LOOP_CHECKS.build(policy.name, cfg)
 
 
-def build_loop_models(cfg: DictConfig, policy: Policy, target: Any) -> Any:
-    """``aux`` for a loop policy (None when it needs no model besides the target, or for tree policies)."""
+def build_loop_models(cfg: DictConfig, conf: AppConf, policy: Policy, target: Any) -> Any:
+    """``aux`` for a loop policy (None when it needs no model besides the target, or for tree policies); ``conf``:
+    ``cfg``'s typed values (``config.Checked.conf``)."""
     if isinstance(policy, LoopPolicy) and policy.name in LOOP_MODELS:
-        return LOOP_MODELS.build(policy.name, cfg, target)
+        return LOOP_MODELS.build(policy.name, cfg, conf, target)
     return None
 
 
@@ -76,12 +78,10 @@ def check_jacobi_config(cfg: DictConfig) -> None:
             check_weights("drafter.path", p / "model.safetensors" if p.is_dir() else p)
 
 
-def build_jacobi_models(cfg: DictConfig, target: Any) -> Any:
+def build_jacobi_models(cfg: DictConfig, conf: AppConf, target: Any) -> Any:
     """``JacobiModels``: the EAGLE drafter (``init=drafter``) and, for ``window=cost``, the calibrated L
     (``caches.load_or_calibrate_window``: this machine's cost model and τ(L) on the calibration prompts, measured
     once outside the timed scope and cached under ``paths.cache_dir``)."""
-    from pathlib import Path
-
     from adtbench.algorithm.policies.jacobi import JacobiModels
 
     node = cfg.policy
@@ -94,7 +94,6 @@ def build_jacobi_models(cfg: DictConfig, target: Any) -> Any:
     if str(node.get("window")) == "cost":
         from adtbench.harness.caches import load_or_calibrate_window
 
-        cache = cfg.paths.get("cache_dir") if cfg.get("paths") is not None else None
-        table = load_or_calibrate_window(cfg, target, drafter, None if cache is None else Path(str(cache)))
+        table = load_or_calibrate_window(cfg, conf, target, drafter)
         models.window, models.calibration = int(table["L"]), table
     return models

@@ -14,7 +14,7 @@ and ``device``. ``check_mulo_config`` (no weights read; every error a ``ConfigEr
 - Tar: the target is the de-tokenizer stage (``model.stage=detok``);
 - learned resamplers: ``policy.upsampler_path`` holds ``config.json`` and ``model.safetensors``.
 
-``build_mulo_models(cfg, target)`` → ``MuloModels``: the drafter ``Target`` (Tar: only the AR-DTok de-tokenizer of
+``build_mulo_models(cfg, conf, target)`` → ``MuloModels``: the drafter ``Target`` (Tar: only the AR-DTok de-tokenizer of
 ``detok.file``; the Tar LM runs once, in the target's prompt encoding, and its TA-Tok features condition both),
 the resampler (``adtbench.models.resample.build_resampler`` on the target's VQ), LANTERN's codebook-neighbour
 table for kNN_k (``caches.load_or_build_table``, cached under ``<paths.cache_dir>/lantern``) and r, re-checked
@@ -35,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from adtbench.algorithm.mulo import MuloModels, mulo_params
 from adtbench.errors import ConfigError, check_choice
+from adtbench.harness.schema import AppConf
 from adtbench.resources import conf_dir
 
 log = logging.getLogger("adtbench")
@@ -188,7 +189,7 @@ def _same_codebook(target: Any, drafter: Any) -> bool:
     return a.shape == b.shape and torch.allclose(a.detach().double().cpu(), b.detach().double().cpu())
 
 
-def build_mulo_models(cfg: DictConfig, target: Any) -> MuloModels:
+def build_mulo_models(cfg: DictConfig, conf: AppConf, target: Any) -> MuloModels:
     """``aux`` of ``policy=mulo`` (module docstring); ConfigError naming ``policy.*`` keys on a bad pairing."""
     from adtbench.algorithm.mulo import grids
     from adtbench.harness.caches import load_or_build_table
@@ -217,12 +218,12 @@ def build_mulo_models(cfg: DictConfig, target: Any) -> MuloModels:
         k = min(params.k, lt.num_codes - 1)
         if k < params.k:
             log.warning("policy.k=%d > %d other codes: pooling every other code", params.k, k)
-        cache = cfg.get("paths", {}).get("cache_dir")
+        cache = conf.cache_dir
         try:
             codebook = target.codebook()
         except RuntimeError as e:
             raise ConfigError("policy.k", f"kNN_k pooling needs the model's VQ codebook ({e}); use policy.k=0") from e
-        folder = None if cache is None else Path(cache) / "lantern"
+        folder = None if cache is None else cache / "lantern"
         table, file, hit = load_or_build_table(codebook, k, False, folder)
         log.info("MuLo-SD kNN_%d table %s (%s)", k, file, "cache hit" if hit else "computed")
         neighbours = table.to(target.device)

@@ -281,18 +281,19 @@ class Summary:
     def merged(
         cls,
         records: list[dict[str, Any]],
-        shard_summaries: list[dict[str, Any]],
+        shard_summaries: list[Summary | None],
         sources: list[dict[str, Any]],
         greedy: bool,
         n_prompts: int,
         complete: bool,
     ) -> Summary:
         """The summary of a merged run: :func:`summarize` of all shards' ``records``, the context of the first
-        shard summary that has one, the shards' distinct environments (``env`` when they agree) and ``sources``."""
-        first = next((s for s in shard_summaries if s), {})
+        shard summary (None: a shard without one), the shards' distinct environments (``env`` when they agree) and
+        ``sources``."""
+        first = next((s for s in shard_summaries if s is not None), None)
         own = ("greedy_matches_baseline", "n_prompts", "complete")  # the merged run's own
-        context = {k: first[k] for k in CONTEXT_FIELDS if k in first and k not in own}
-        envs = [s.get("env") for s in shard_summaries if s.get("env")]
+        context = {k: getattr(first, k) for k in CONTEXT_FIELDS if k not in own} if first is not None else {}
+        envs = [s.env for s in shard_summaries if s is not None and s.env]
         distinct = [json.loads(e) for e in sorted({json.dumps(e, sort_keys=True) for e in envs})]
         return cls(
             stats=summarize(records),

@@ -29,6 +29,7 @@ The statistics computed from the records (``summarize`` and the one bootstrap) a
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -48,6 +49,7 @@ from adtbench.io import (
     append_line_fsync,
     atomic_write_bytes,
     atomic_write_json,
+    atomic_write_text,
     atomic_write_with,
     encode_png,
     save_png,
@@ -76,6 +78,7 @@ __all__ = [
     "TraceRecord",
     "check_resume",
     "count_sample_lines",
+    "dpg_images_dir",
     "dumps_line",
     "export_dir",
     "find_runs",
@@ -97,6 +100,7 @@ __all__ = [
     "read_run_maps",
     "read_samples",
     "read_summary",
+    "read_summary_typed",
     "read_traces",
     "run_config_dirs",
     "safe_stem",
@@ -105,7 +109,10 @@ __all__ = [
     "summary_time",
     "to_jsonable",
     "update_tracking",
+    "write_dpg_grid",
     "write_eval",
+    "write_export_index",
+    "write_geneval_prompt",
     "write_maps",
     "write_merged_run",
     "write_summary",
@@ -131,6 +138,8 @@ RUN_MAPS_FILE = f"{MAPS_DIR}/run_maps.json"  # per-position means over the run's
 LOCK_FILE = ".adtbench.lock"
 HYDRA_OVERRIDES_FILE = ".hydra/overrides.yaml"
 HYDRA_CONFIG_FILE = ".hydra/config.yaml"
+EXPORT_DIR = "export"  # evaluation exports (GenEval, DPG-Bench layouts)
+EXPORT_INDEX_FILE = "adtbench_index.jsonl"  # an export's prompt index
 
 # ----------------------------------------------------------------------------------------------------
 # plumbing keys
@@ -457,14 +466,18 @@ def check_resume(run_dir: str | os.PathLike[str], fingerprint: dict[str, Any]) -
 
 
 def write_eval(
-    run_dir: str | os.PathLike[str], block: dict[str, Any], rows: list[dict[str, Any]], summary: dict[str, Any]
-) -> dict[str, Any]:
+    run_dir: str | os.PathLike[str], block: dict[str, Any], rows: list[dict[str, Any]], summary: Summary | None
+) -> Summary:
     """Write an evaluation: its per-prompt ``rows`` (``eval_samples.jsonl``), the ``block`` (``eval.json``) and
-    ``summary`` with the block as its ``eval`` (``summary.json``); returns that summary."""
+    ``summary`` with the block as its ``eval`` (``summary.json``; a run without a summary gets one holding the
+    ``eval`` block only); returns that summary."""
     run = Path(run_dir)
-    summary = {**summary, "eval": block}
     _write_jsonl(run / EVAL_SAMPLES_FILE, rows, ensure_ascii=True)
     atomic_write_json(run / EVAL_FILE, to_jsonable(block), indent=2)
+    if summary is None:
+        write_summary(run, {"eval": block})
+        return Summary.from_json({"eval": block})
+    summary = dataclasses.replace(summary, eval=block)
     write_summary(run, summary)
     return summary
 
@@ -487,8 +500,39 @@ def map_file(run_dir: str | os.PathLike[str], stem: str, kind: str) -> Path:
 
 def export_dir(run_dir: str | os.PathLike[str], name: str) -> Path:
     """The default folder of an evaluation export inside the run dir (``export/<name>``: GenEval / DPG layouts,
-    written by ``harness.eval.export`` in the layout those benchmarks read)."""
-    return Path(run_dir) / "export" / name
+    written by ``harness.eval.export`` through :func:`write_geneval_prompt`, :func:`write_dpg_grid` and
+    :func:`write_export_index`, in the layout those benchmarks read; ``eval.<name>.out`` may put it elsewhere)."""
+    return Path(run_dir) / EXPORT_DIR / name
+
+
+def write_geneval_prompt(out: str | os.PathLike[str], row: int, metadata: str, images: list[Path]) -> str:
+    """One prompt of a GenEval export (``evaluation/evaluate_images.py <out>``): ``<out>/<row:05d>/metadata.jsonl``
+    (its line of GenEval's metadata) and ``samples/<n:04d>.png`` (copies of ``images``, in order). Returns the
+    folder's name."""
+    folder = Path(out) / f"{row:05d}"
+    (folder / "samples").mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "metadata.jsonl", metadata + "\n")
+    for n, image in enumerate(images):
+        shutil.copyfile(image, folder / "samples" / f"{n:04d}.png")
+    return folder.name
+
+
+def dpg_images_dir(out: str | os.PathLike[str]) -> Path:
+    """The image folder of a DPG-Bench export (``compute_dpg_bench.py --image-root-path``): nothing but its grids."""
+    return Path(out) / IMAGES_DIR
+
+
+def write_dpg_grid(out: str | os.PathLike[str], item: str, grid: Any) -> Path:
+    """One prompt of a DPG-Bench export: its 2×2 grid as ``<out>/images/<item>.png`` (:func:`dpg_images_dir`);
+    returns the path."""
+    return save_png(grid, dpg_images_dir(out) / f"{item}.png")
+
+
+def write_export_index(out: str | os.PathLike[str], rows: list[dict[str, Any]]) -> Path:
+    """An export's ``adtbench_index.jsonl``: which prompt of the run each exported folder or file holds."""
+    path = Path(out) / EXPORT_INDEX_FILE
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    return path
 
 
 def update_tracking(run_dir: str | os.PathLike[str], entry: dict[str, Any]) -> None:
@@ -569,8 +613,14 @@ def find_runs(root: str | os.PathLike[str]) -> list[Path]:
 
 
 def read_summary(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """The run's ``summary.json`` as JSON (:meth:`Summary.from_json` types it)."""
+    """The run's ``summary.json`` as JSON (:func:`read_summary_typed` types it)."""
     return json.loads((Path(run_dir) / SUMMARY_FILE).read_text())  # type: ignore[no-any-return]
+
+
+def read_summary_typed(run_dir: str | os.PathLike[str]) -> Summary:
+    """The run's ``summary.json`` as a :class:`Summary` (:meth:`Summary.from_json`): what readers that use its
+    fields read."""
+    return Summary.from_json(read_summary(run_dir))
 
 
 def has_summary(run_dir: str | os.PathLike[str]) -> bool:
@@ -671,12 +721,13 @@ def read_overrides(run_dir: str | os.PathLike[str]) -> dict[str, str]:
     return out
 
 
-def lantern_choice(s: dict[str, Any]) -> str:
-    """The ``lantern`` option of a run's ``summary.json`` (its Hydra choice; older summaries: the bool)."""
-    choice = (s.get("choices") or {}).get("lantern")
+def lantern_choice(s: Summary | dict[str, Any]) -> str:
+    """The ``lantern`` option of a run's summary, typed or its JSON (its Hydra choice; older summaries: the bool)."""
+    choices, on = (s.choices, s.lantern) if isinstance(s, Summary) else (s.get("choices"), s.get("lantern"))
+    choice = (choices or {}).get("lantern")
     if choice is not None:
         return str(choice)
-    return "on" if s.get("lantern") else "off"
+    return "on" if on else "off"
 
 
 def read_eval(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:

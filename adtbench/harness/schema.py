@@ -6,11 +6,13 @@ Invariants:
   a key the schema does not know, or a value OmegaConf cannot convert to the field's type, is a
   ``ConfigError`` naming the full key (``policy.foo``, ``sampling.top_k``), raised by :func:`check` before any
   model or file is touched.
-- Checking never changes the config: the composed ``DictConfig`` is resolved into a copy, merged into the
-  schema (``OmegaConf.structured`` + ``merge``) and the merge result is discarded, so run fingerprints,
+- Checking never changes the config: the composed ``DictConfig`` is resolved into a copy and merged into the
+  schema (``OmegaConf.structured`` + ``merge``); :func:`check` returns the merge as plain dataclasses
+  (:class:`AppConf`, its groups typed) and leaves the ``DictConfig`` as composed, so run fingerprints,
   ``summary.json`` and resume checks see exactly the values the user composed. Range checks (``top_p`` in
-  (0, 1], ``policy.depth ≥ 1`` …) stay with the builders (``config.build_sampling``, the policy
-  constructors), which also reject the strings OmegaConf would coerce (``"yes"`` → ``True``).
+  (0, 1], ``policy.depth ≥ 1`` …) stay with the builders (``config.validate``, ``config.build_sampling``, the
+  policy constructors), which also reject the strings OmegaConf would coerce (``"yes"`` → ``True``); the typed
+  values are what the builders read once those checks passed (``config.Checked``).
 - Open groups: ``model`` (each family has its own keys: ``arch``, ``vq``, ``text_encoder`` …; checked by the
   family's loader, except the shared ``model.impl``: :func:`check_model`), ``eval`` (metric-specific nodes;
   checked by ``adtbench.harness.eval.validate``), and the
@@ -25,7 +27,8 @@ configs (``conf/train/*``, ``@package _global_``) that this schema does not desc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -41,6 +44,7 @@ __all__ = [
     "ArConf",
     "ChainConf",
     "DatasetConf",
+    "DecodeConf",
     "DrafterConf",
     "Eagle2Conf",
     "EngineConf",
@@ -262,8 +266,12 @@ class DecodeConf:
 
 @dataclass
 class AppConf:
-    """The top level of ``conf/config.yaml``; group nodes (and ``timing``, ``engine``, ``decode``) are checked by their
-    own schema (:data:`GROUPS`)."""
+    """The top level of ``conf/config.yaml``, and what :func:`check` returns: the top-level keys, and each group with
+    a fixed schema (:data:`GROUPS`, checked by its own schema) as that schema's instance — ``timing``, ``engine`` and
+    ``decode`` their defaults when the config has no such node (what an absent node has always meant), the other
+    groups None when absent; ``policy`` the instance of its name's schema (None for a name without one). The open
+    nodes (:data:`OPEN` but ``policy``: ``model``, ``eval``, ``hydra``, ``bench``) are not typed: read them from the
+    ``DictConfig``."""
 
     seed: int = 0
     warmup: int = 1
@@ -272,24 +280,25 @@ class AppConf:
     progress: bool = True
     max_tree_nodes: int = 256
     threads: int | None = 1
-    timing: Any = None  # TimingConf (null: repeats 1)
-    engine: Any = None  # EngineConf (null: no compile)
-    decode: Any = None  # DecodeConf (null: one prompt at a time)
-    model: Any = None  # open: family-specific keys
-    drafter: Any = None
-    policy: Any = None
-    lantern: Any = None
-    dataset: Any = None
-    sampling: Any = None
-    logger: Any = None
-    maps: Any = None
-    paths: Any = None
-    eval: Any = None  # open: checked by adtbench.harness.eval.validate
-    hydra: Any = None
-    bench: Any = None  # the bench tools' own options (adtbench.tools.bench)
+    timing: TimingConf = field(default_factory=TimingConf)
+    engine: EngineConf = field(default_factory=EngineConf)
+    decode: DecodeConf = field(default_factory=DecodeConf)
+    sampling: SamplingParams | None = None
+    lantern: LanternConf | None = None
+    dataset: DatasetConf | None = None
+    drafter: DrafterConf | None = None
+    logger: LoggerConf | None = None
+    maps: MapsConf | None = None
+    paths: PathsConf | None = None
+    policy: Any = None  # an instance of POLICY_SCHEMAS[policy.name]
+
+    @property
+    def cache_dir(self) -> Path | None:
+        """``paths.cache_dir`` (cost models, calibrated windows, MuLo-SD's neighbour tables), or None."""
+        return Path(self.paths.cache_dir) if self.paths is not None and self.paths.cache_dir else None
 
 
-OPEN = ("model", "policy", "eval", "hydra", "bench")  # top-level nodes not checked by AppConf itself
+OPEN = ("model", "policy", "eval", "hydra", "bench")  # top-level nodes the top-level merge leaves out
 
 GROUPS: dict[str, type] = {
     "sampling": SamplingParams, "lantern": LanternConf, "dataset": DatasetConf, "drafter": DrafterConf,
@@ -304,10 +313,11 @@ def _message(e: OmegaConfBaseException, schema: type) -> str:
     return str(getattr(e, "msg", e)).splitlines()[0]
 
 
-def _merge(data: Any, schema: type, prefix: str) -> None:
-    """Merge ``data`` (plain containers) into ``schema``; any failure is a ConfigError naming the full key."""
+def _merge(data: Any, schema: type, prefix: str) -> Any:
+    """``data`` (plain containers) merged into ``schema``, as an instance of it; any failure is a ConfigError naming
+    the full key."""
     try:
-        OmegaConf.merge(OmegaConf.structured(schema), data)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(schema), data))
     except OmegaConfBaseException as e:
         key = str(getattr(e, "full_key", "") or "")
         full = f"{prefix}.{key}" if prefix and key else (prefix or key or "config")
@@ -326,22 +336,23 @@ def _plain(node: Any, key: str) -> Any:
         raise ConfigError(full, str(getattr(e, "msg", e)).splitlines()[0]) from None
 
 
-def check_group(cfg: DictConfig, group: str) -> None:
+def check_group(cfg: DictConfig, group: str) -> Any:
     """Check one group node of ``cfg`` against its schema (``policy``: the schema of ``policy.name``; a name
-    without a schema is left to the policy registry's error). Absent groups are not checked."""
+    without a schema is left to the policy registry's error) and return it typed, an instance of that schema.
+    Absent groups are not checked (None)."""
     node = cfg.get(group)
     if node is None:
-        return
+        return None
     if not isinstance(node, DictConfig):
         raise ConfigError(group, f"must be a mapping ({group}.<key>=...), got {node!r}")
     data = _plain(node, group)
     if group == "policy":
         schema = POLICY_SCHEMAS.get(str(data.get("name")))
         if schema is None:
-            return
+            return None
     else:
         schema = GROUPS[group]
-    _merge(data, schema, group)
+    return _merge(data, schema, group)
 
 
 def _top_value(cfg: DictConfig, key: str) -> Any:
@@ -365,11 +376,13 @@ def check_model(cfg: DictConfig) -> None:
     model_impl({"impl": _plain(node.get("impl"), "model.impl")})
 
 
-def check(cfg: DictConfig) -> None:
+def check(cfg: DictConfig) -> AppConf:
     """Check the composed app config: the top-level keys, then every group with a fixed schema (:data:`GROUPS`
-    and ``policy``), then :func:`check_model`. Raises ``ConfigError`` naming the first bad key."""
-    top = {k: None if k in GROUPS or k in OPEN else _top_value(cfg, str(k)) for k in cfg}
-    _merge(top, AppConf, "")
-    for group in (*GROUPS, "policy"):
-        check_group(cfg, group)
+    and ``policy``), then :func:`check_model`. Raises ``ConfigError`` naming the first bad key; returns the config
+    typed (:class:`AppConf`; ``cfg`` itself is left as composed)."""
+    top = {k: _top_value(cfg, str(k)) for k in cfg if k not in GROUPS and k not in OPEN}
+    conf: AppConf = _merge(top, AppConf, "")
+    groups: dict[str, Any] = {group: check_group(cfg, group) for group in (*GROUPS, "policy")}
     check_model(cfg)
+    defaults: dict[str, Any] = {"timing": TimingConf(), "engine": EngineConf(), "decode": DecodeConf()}  # absent: these
+    return replace(conf, **{g: defaults[g] if v is None and g in defaults else v for g, v in groups.items()})

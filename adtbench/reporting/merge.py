@@ -39,7 +39,7 @@ from adtbench.harness.rundir import (
     is_merged_run,
     read_hydra_config,
     read_run_config,
-    read_summary,
+    read_summary_typed,
     run_config_dirs,
     write_merged_run,
 )
@@ -151,10 +151,10 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     if missing_shards and not allow_partial:
         raise MergeError(f"missing shard(s) {missing_shards} of {n} (--allow-partial merges the rest)")
 
-    shard_summaries: dict[int, dict[str, Any]] = {
-        i: dict(read_summary(d)) if has_summary(d) else {} for i, d in by_index.items()
+    shard_summaries: dict[int, Summary | None] = {
+        i: read_summary_typed(d) if has_summary(d) else None for i, d in by_index.items()
     }
-    sizes = {i: int(s["n_prompts"]) for i, s in shard_summaries.items() if isinstance(s.get("n_prompts"), int)}
+    sizes = {i: s.n_prompts for i, s in shard_summaries.items() if s is not None}
     expected, check = _expected_prompts(cfgs[0], by_index, n, sizes)
     records: dict[str, dict[str, Any]] = {}
     traces: dict[str, dict[str, Any]] = {}
@@ -193,7 +193,9 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     recs = [records[pid] for pid in order]
     merged_cfg = _without_shard(cfgs[0])
     greedy = float((merged_cfg.get("sampling") or {}).get("temperature", 1.0)) == 0.0
-    n_prompts = len(expected) if expected is not None else sum(s["summary"].get("n_prompts", 0) for s in summaries)
+    n_prompts = (
+        len(expected) if expected is not None else sum(s["summary"].n_prompts for s in summaries if s["summary"])
+    )
     sources = [{k: s[k] for k in ("dir", "shard", "n_samples")} for s in summaries]
     summary = Summary.merged(
         recs,

@@ -50,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from adtbench.harness.records import Summary
 from adtbench.harness.rundir import (
     PLUMBING_KEYS,
     POOLED_KEYS,
@@ -63,7 +64,7 @@ from adtbench.harness.rundir import (
     read_overrides,
     read_run_config,
     read_samples,
-    read_summary,
+    read_summary_typed,
 )
 from adtbench.harness.stats import SPEEDUP_CI_MIN_PROMPTS, bootstrap_distribution, percentile_interval
 from adtbench.io import atomic_write_text
@@ -96,16 +97,16 @@ LABELS = {
 # ----------------------------------------------------------------------------------------------------
 
 
-def _config_id(run_dir: Path, summary: dict[str, Any]) -> str:
+def _config_id(run_dir: Path, summary: Summary) -> str:
     """Hash of the run's config without its shard (``run_config.json``; else the summary's choices/params)."""
     cfg = read_run_config(run_dir)
     if cfg is not None:
         if isinstance(cfg.get("dataset"), dict):
             cfg["dataset"].pop("shard", None)
     else:
-        cfg = {k: summary.get(k) for k in ("choices", "policy_params", "sampling_params", "model", "policy")}
-        if isinstance(cfg.get("choices"), dict):
-            cfg["choices"] = {k: v for k, v in cfg["choices"].items() if not k.startswith("hydra")}
+        choices = {k: v for k, v in (summary.choices or {}).items() if not k.startswith("hydra")}
+        cfg = {"choices": choices, "policy_params": summary.policy_params, "sampling_params": summary.sampling_params}
+        cfg |= {"model": summary.model, "policy": summary.policy}
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -131,23 +132,26 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
     for d in dirs:
         if str(d.resolve()) in superseded:
             continue
-        s = read_summary(d)
+        s = read_summary_typed(d)
         cid = _config_id(d, s)
-        ev = s.get("eval") or {}
+        ev = s.eval or {}
         if not ev:  # summary rewritten by a resume: the eval block of eval.json, if still current
             ev = read_eval(d) or {}
-            if ev.get("n_images") != s.get("n_samples"):
+            if ev.get("n_images") != s.stats.get("n_samples"):
                 ev = {}
+        env = s.env or {}
         row: dict[str, Any] = {
             "run_dir": str(d),
             "job": d.name,
             "config_id": cid,
-            **{c: s.get(c) if c != "lantern" else lantern_choice(s) for c in CHOICE_COLUMNS},
-            "shard": ((s.get("choices") or {}).get("dataset.shard")) or _shard_of(d),
+            **{c: lantern_choice(s) if c == "lantern" else getattr(s, c) for c in CHOICE_COLUMNS},
+            "shard": (s.choices or {}).get("dataset.shard") or _shard_of(d),
             "merged": is_merged_run(d),
-            **{k: s.get(k) for k in ("n_samples", "n_prompts", "complete", "tau", "d_bar", "d_bar_tree")},
-            **{k: s.get(k) for k in ("speedup", "latency_s", "baseline_latency_s")},
-            "device": (s.get("env") or {}).get("gpu") or (s.get("env") or {}).get("device"),
+            "n_samples": s.stats.get("n_samples"),
+            "n_prompts": s.n_prompts,
+            "complete": s.complete,
+            **{k: s.stats.get(k) for k in ("tau", "d_bar", "d_bar_tree", "speedup", "latency_s", "baseline_latency_s")},
+            "device": env.get("gpu") or env.get("device"),
             **{k: v for k, v in (ev.get("values") or {}).items() if isinstance(v, int | float) or v is None},
         }
         row |= {f"ov.{k}": v for k, v in read_overrides(d).items()}

@@ -74,7 +74,6 @@ from adtbench.errors import ConfigError
 from adtbench.harness.config import (
     build_sampling,
     compose_config,
-    engine_compile,
     register_resolvers,
     resolve_paths,
     validate,
@@ -196,7 +195,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     register_resolvers()
     if bool(cfg.bench.get("count", False)) and cfg.policy.get("rounds") == "auto":
         cfg.policy.rounds = "planned"  # the count measures what a GPU runs: ``auto`` plans the rounds on CUDA
-    sp, policy = validate(cfg)
+    checked = validate(cfg)
+    policy = checked.policy
     from adtbench.algorithm.policies.jacobi import JacobiPolicy
 
     jacobi = isinstance(policy, JacobiPolicy)  # a loop whose every forward is a cycle (its models: ``JacobiModels``)
@@ -208,10 +208,13 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
 
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
     if target is None or drafter is None:
-        job = Job.build(cfg, sp, policy)
+        job = Job.build(cfg, checked)
     else:  # the models the caller built (and compiled) through ``build_models``; a loop policy's own models
         job = Job.over(
-            cfg, sp, policy, target, drafter if policy.uses_drafter else build_loop_models(cfg, policy, target)
+            cfg,
+            checked,
+            target,
+            drafter if policy.uses_drafter else build_loop_models(cfg, checked.conf, policy, target),
         )
     if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
         job = dataclasses.replace(job, acceptance="device")
@@ -359,9 +362,11 @@ def cost(cfg: Any) -> dict:
         raise ConfigError("bench.tree_sizes", f"need positive tree sizes, got {sizes}")
     repeats = int(b.get("repeats", 20))
     from adtbench.harness.job import build_models
+    from adtbench.harness.schema import check
 
     # the app's models, an EAGLE drafter whatever the policy, compiled before anything measures (as the app binds)
-    target, drafter = build_models(cfg, None, eagle=True)
+    conf = check(cfg)
+    target, drafter = build_models(cfg, conf, None, eagle=True)
     sp = build_sampling(cfg.sampling)  # the composed sampling group (default: T = 1, CFG 3)
     if not target.supports_cfg:
         sp = dataclasses.replace(sp, cfg_scale=1.0)
@@ -372,7 +377,7 @@ def cost(cfg: Any) -> dict:
     cuda = target.device.type == "cuda"  # a real GPU: its bandwidth (never a simulated device's)
     weight_bytes = sum(p.numel() * p.element_size() for p in target_parameters(target))
     bandwidth = device_bandwidth(target.device) if cuda else None
-    t_static, d_static = target.static, getattr(drafter, "static", None)
+    t_static, d_static = target.static, drafter.static  # build_models(eagle=True): an EagleDrafter
     result: dict[str, Any] = {
         "model": str(cfg.model.name),
         "device": accel.device_name(target.device)
@@ -391,13 +396,13 @@ def cost(cfg: Any) -> dict:
             {"nodes": m, "ms": ms, "x_step": ms / model.step_ms} for m, ms in zip(model.level_nodes, model.level_ms)
         ],
         "fixed_ms": model.fixed_ms,
-        "engine_compile": engine_compile(cfg),
-        "graph_capture_s": getattr(t_static, "capture_s", None),
-        "drafter_graph_capture_s": getattr(d_static, "capture_s", None),
+        "engine_compile": conf.engine.compile,
+        "graph_capture_s": None if t_static is None else t_static.capture_s,
+        "drafter_graph_capture_s": None if d_static is None else d_static.capture_s,
         # what the measurement ran: the pinned capacities (None: variable shapes) and the static / graphed forwards
         "pinned_capacity": {
-            "target": getattr(t_static, "capacity", None),
-            "drafter": getattr(d_static, "capacity", None),
+            "target": None if t_static is None else t_static.capacity,
+            "drafter": None if d_static is None else d_static.capacity,
         },
         "measured_static_runs": counted.static_runs,
         "measured_graph_replays": counted.replays,

@@ -179,7 +179,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     from adtbench.resources import cpus_available, load_average
 
     try:
-        sp, policy, prompts = check_config(cfg)  # the app's checks; resolves cfg's paths in place
+        checked, prompts = check_config(cfg)  # the app's checks; resolves cfg's paths in place
     except ConfigError as e:
         if e.key == "decode.batch_size":  # set from bench.sizes
             raise ConfigError("bench.sizes", e.message) from None
@@ -187,7 +187,7 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     if len(prompts) < opts["prompts"]:
         raise ConfigError("bench.prompts", f"the dataset has {len(prompts)} prompts, fewer than {opts['prompts']}")
     prompts = prompts[: opts["prompts"]]
-    job = Job.build(cfg, sp, policy)  # the app's assembly: clamped top-k, rule, compile before bind, acceptance
+    job = Job.build(cfg, checked)  # the app's assembly: clamped top-k, rule, compile before bind, acceptance
     target, drafter, policy, sp, rule, acceptance = job.target, job.models, job.policy, job.sp, job.rule, job.acceptance
     use_cfg, gen_device = job.use_cfg, job.gen_device  # draws where the model is
     clock = Clock(target.device)
@@ -274,11 +274,13 @@ def measure(cfg: Any, opts: dict[str, Any]) -> dict[str, Any]:
     for r in rows:
         r["ar_vs_b1"] = _ratio(r["ar_images_per_s"], b1["ar_images_per_s"])
         r["method_vs_b1"] = _ratio(r["method_images_per_s"], b1["method_images_per_s"])
+    dataset = job.conf.dataset
+    assert dataset is not None, "check_config loaded the dataset"
     env = {
         "model": str(cfg.model.name),
         "policy": policy.name + (" (sampled drafts)" if cfg.policy.get("draft_sampling") == "sample" else ""),
-        "lantern": bool(cfg.get("lantern", {}).get("enabled", False)),
-        "dataset": Path(str(cfg.dataset.get("path") or cfg.dataset.kind)).name,
+        "lantern": job.conf.lantern is not None and job.conf.lantern.enabled,
+        "dataset": Path(str(dataset.path or dataset.kind)).name,
         "prompts": len(prompts),
         "sizes": list(opts["sizes"]),
         "tokens_per_image": int(target.layout.num_gen_tokens),

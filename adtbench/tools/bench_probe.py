@@ -144,6 +144,7 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     from adtbench.algorithm.sampling import SamplingParams
     from adtbench.harness.config import build_sampling, register_resolvers
     from adtbench.harness.job import build_models
+    from adtbench.harness.schema import check
     from adtbench.models.graphs import BUCKETS
     from adtbench.tools.bench_cycle import device_bandwidth
 
@@ -156,7 +157,8 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
     if repeats < 1:
         raise ConfigError("bench.repeats", f"must be positive, got {repeats}")
     # the app's models with an EAGLE drafter, compiled as ``engine.compile=true`` does (the probe's premise)
-    target, drafter = build_models(OmegaConf.merge(cfg, {"engine": {"compile": True}}), None, eagle=True)
+    compiled = OmegaConf.merge(cfg, {"engine": {"compile": True}})
+    target, drafter = build_models(compiled, check(compiled), None, eagle=True)
     if target.engine_mode != "graphs":
         raise ConfigError(
             "model.device",

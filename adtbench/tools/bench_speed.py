@@ -313,7 +313,9 @@ def machine_cost_model(common: list[str]) -> Any:
 
     cfg = compose_config("config", [*common, "policy=adt"], CONF_DIR)
     resolve_paths(cfg)
-    sp, policy = validate(cfg)
-    target, drafter = build_models(cfg, policy)  # the app's models in the state the rows run (compiled before bind)
-    cache = cfg.paths.get("cache_dir")
-    return load_or_measure(target, drafter, sp, 64, 16, None if cache is None else Path(str(cache)))
+    checked = validate(cfg)
+    # the app's models in the state the rows run (compiled before bind)
+    target, drafter = build_models(cfg, checked.conf, checked.policy)
+    paths = checked.conf.paths
+    cache = None if paths is None or paths.cache_dir is None else Path(paths.cache_dir)
+    return load_or_measure(target, drafter, checked.sp, 64, 16, cache)

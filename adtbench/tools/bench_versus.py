@@ -118,12 +118,12 @@ def run(args: list[str]) -> dict[str, Any]:
     opts, common, variants = parse(args)
     cfgs = compose_variants(common, variants)
     first = next(iter(cfgs.values()))
-    built = {name: validate(cfg) for name, cfg in cfgs.items()}  # (sampling, policy), checked before any model loads
+    built = {name: validate(cfg) for name, cfg in cfgs.items()}  # typed, with its policy: before any model loads
     prompts = load_dataset(first)[: opts["prompts"]]
     head, *rest = variants
-    jobs = {head: Job.build(first, *built[head])}  # the models once; every variant is a Job over them
+    jobs = {head: Job.build(first, built[head])}  # the models once; every variant is a Job over them
     for name in rest:
-        jobs[name] = jobs[head].variant(cfgs[name], built[name][1])
+        jobs[name] = jobs[head].variant(cfgs[name], built[name])
     target = jobs[head].target
 
     def decode(name: str, i: int) -> Any:

@@ -11,12 +11,14 @@ DPG-Bench (``TencentQQGYLab/ELLA``, ``dpg_bench/compute_dpg_bench.py --image-roo
 (row-major). ``item_id`` is the prompt file's stem in ``dpg_bench/prompts/`` (matched by text when
 ``prompts_dir`` is given, else ``meta.item_id`` or the prompt id). Nothing but images goes into the image
 dir (the script lists it); the index goes next to it.
+
+Both write through the run directory's one writer (``harness.rundir``: ``write_geneval_prompt``, ``write_dpg_grid``,
+``write_export_index``), into ``export/<name>`` of the run dir unless ``eval.<name>.out`` names another folder.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,8 +28,7 @@ from PIL import Image
 from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import EvalSample, load_run_samples, node_get, open_rgb, require_dir, require_file
 from adtbench.harness.eval.context import EvalContext, MetricOutput
-from adtbench.harness.rundir import export_dir
-from adtbench.io import atomic_write_text, save_png
+from adtbench.harness.rundir import dpg_images_dir, export_dir, write_dpg_grid, write_export_index, write_geneval_prompt
 
 
 def _sample_sets(node: Any, ctx: EvalContext, key: str) -> list[dict[str, EvalSample]]:
@@ -58,7 +59,6 @@ def geneval(ecfg: Any, ctx: EvalContext) -> MetricOutput:
         by_text[str(json.loads(ln).get("prompt", "")).strip()].append(i)
     sets = _sample_sets(node, ctx, "eval.geneval")
     out = _out_dir(node, ctx, "geneval")
-    out.mkdir(parents=True, exist_ok=True)
     used: dict[str, int] = {}
     unmatched, index = [], []
     for s in ctx.samples:  # one folder per prompt of this run; duplicated texts take successive lines
@@ -69,22 +69,16 @@ def geneval(ecfg: Any, ctx: EvalContext) -> MetricOutput:
             continue
         used[s.prompt.strip()] = taken + 1
         row = cands[taken]
-        folder = out / f"{row:05d}"
-        (folder / "samples").mkdir(parents=True, exist_ok=True)
-        atomic_write_text(folder / "metadata.jsonl", lines[row] + "\n")
-        n = 0
-        for samples in sets:
-            if s.prompt_id in samples:
-                shutil.copyfile(samples[s.prompt_id].image_path, folder / "samples" / f"{n:04d}.png")
-                n += 1
-        index.append({"folder": f"{row:05d}", "prompt_id": s.prompt_id, "samples": n})
+        images = [Path(samples[s.prompt_id].image_path) for samples in sets if s.prompt_id in samples]
+        folder = write_geneval_prompt(out, row, lines[row], images)
+        index.append({"folder": folder, "prompt_id": s.prompt_id, "samples": len(images)})
     if unmatched:
         raise ConfigError(
             "eval.geneval.metadata",
             f"{len(unmatched)} prompt(s) of the run are not in {meta_path} (first: {unmatched[:3]}); "
             "decode GenEval's prompts (dataset=text with its generation_prompts.txt)",
         )
-    atomic_write_text(out / "adtbench_index.jsonl", "".join(json.dumps(r) + "\n" for r in index))
+    write_export_index(out, index)
     block = {
         "value": None,
         "n": len(index),
@@ -116,8 +110,6 @@ def dpg(ecfg: Any, ctx: EvalContext) -> MetricOutput:
     if len(sets) > 4:
         raise ConfigError("eval.dpg.extra_runs", f"at most 3 extra runs (4 tiles), got {len(sets) - 1}")
     out = _out_dir(node, ctx, "dpg")
-    images = out / "images"
-    images.mkdir(parents=True, exist_ok=True)
     index, unmatched = [], []
     for s in ctx.samples:
         if pdir is not None:
@@ -133,11 +125,12 @@ def dpg(ecfg: Any, ctx: EvalContext) -> MetricOutput:
         for t, smp in enumerate(tiles):
             im = open_rgb(smp.image_path).resize((res, res), Image.Resampling.BICUBIC)
             grid.paste(im, ((t % 2) * res, (t // 2) * res))
-        save_png(grid, images / f"{item}.png")
+        write_dpg_grid(out, item, grid)
         index.append({"item_id": item, "prompt_id": s.prompt_id, "tiles": len(tiles)})
     if unmatched:
         raise ConfigError("eval.dpg.prompts_dir", f"{len(unmatched)} prompt(s) not found (first: {unmatched[:3]})")
-    atomic_write_text(out / "adtbench_index.jsonl", "".join(json.dumps(r) + "\n" for r in index))
+    write_export_index(out, index)
+    images = dpg_images_dir(out)
     pic = min(r["tiles"] for r in index) if index else 0
     block = {
         "value": None,

@@ -15,7 +15,15 @@ from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import load_run_samples, node_get, pick_device, prompt_ids_digest
 from adtbench.harness.eval.context import EvalContext
 from adtbench.harness.eval.metrics import METRICS, validate
-from adtbench.harness.rundir import has_samples, has_summary, read_summary, sample_dirs, samples_path, write_eval
+from adtbench.harness.records import Summary
+from adtbench.harness.rundir import (
+    has_samples,
+    has_summary,
+    read_summary_typed,
+    sample_dirs,
+    samples_path,
+    write_eval,
+)
 
 log = logging.getLogger("adtbench.harness.eval")
 
@@ -26,10 +34,11 @@ def run_eval(
     target: Any = None,
     inject: dict[str, Any] | None = None,
     shared: dict[Any, Any] | None = None,
-    summary: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+    summary: Summary | None = None,
+) -> Summary | None:
     """Evaluate the run in ``run_dir`` with ``cfg.eval``; write ``eval.json``, ``eval_samples.jsonl`` and the
-    ``eval`` block of ``summary.json`` (``rundir.write_eval``); return the updated summary.
+    ``eval`` block of ``summary.json`` (``rundir.write_eval``); return the updated summary (the run's as it was
+    when nothing is evaluated: None without one).
 
     Args:
         cfg: the composed config (``cfg.eval`` is used; ``paths`` only through interpolations).
@@ -37,13 +46,13 @@ def run_eval(
         target: the decoded target (its CUDA device is reused with ``eval.device=auto``).
         inject: stand-in modules instead of loading weights (see :class:`EvalContext`).
         shared: a dict reused across calls to keep loaded models (several run dirs in one process).
-        summary: the run's summary JSON as the caller just wrote it (the app); else read from the run dir.
+        summary: the run's summary as the caller just wrote it (the app); else read from the run dir.
     """
     run = Path(run_dir)
     names = validate(cfg, inject)
     ecfg = cfg.eval
     if summary is None:
-        summary = read_summary(run) if has_summary(run) else {}
+        summary = read_summary_typed(run) if has_summary(run) else None
     if not names:
         return summary
     samples = load_run_samples(run)
@@ -97,9 +106,9 @@ def run_eval(
     return summary
 
 
-def eval_line(summary: dict[str, Any]) -> str:
+def eval_line(summary: Summary | None) -> str:
     """One line with the evaluated values."""
-    vals = (summary.get("eval") or {}).get("values") or {}
+    vals = ((summary.eval if summary is not None else None) or {}).get("values") or {}
     parts = [f"{k}={v:.4g}" if isinstance(v, int | float) else f"{k}=exported" for k, v in vals.items()]
     return "adtbench eval: " + (" ".join(parts) if parts else "nothing evaluated")
 
@@ -143,16 +152,16 @@ def main(args: list[str]) -> int:
     return 0
 
 
-def _log_to_tracker(cfg: Any, run: Path, summary: dict[str, Any], overrides: list[str]) -> None:
+def _log_to_tracker(cfg: Any, run: Path, summary: Summary | None, overrides: list[str]) -> None:
     """With ``logger=wandb``: one W&B run (job_type ``eval``, resumed on re-evaluation) per evaluated run dir;
     ``overrides`` (this command's) tell whether ``logger.mode`` was set on the command line."""
     if str(node_get(cfg, "logger.kind", "none")) == "none":
         return
     from adtbench.harness.tracking import build_logger, mode_on_cli
 
-    choices = dict(summary.get("choices") or {})
+    choices = dict(summary.choices) if summary is not None else {}
     tracker = build_logger(cfg, run, choices, job_type="eval", mode_on_cli=mode_on_cli(overrides))
     try:
-        tracker.log_summary(summary)
+        tracker.log_summary(summary.to_json() if summary is not None else {})
     finally:
         tracker.finish()
