@@ -348,6 +348,8 @@ def init_drafts(
     if init == "random" and forced is None:
         return tok, uniform
     point = torch.zeros(t, V, dtype=uniform.dtype, device=dev).scatter_(1, tok[:, None], 1.0)  # no range check read
+    if forced is None:  # left / up: a point mass everywhere
+        return tok, point
     return tok, (point if init != "random" else torch.where(forced[:, None], point, uniform))
 
 
