@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Host reads and engine ops per draft–verify cycle (`adtbench bench overhead bench.count=true`) for the rows of the
-# "What a cycle asks of the device" section of docs/speed.md: the default policy, EAGLE-2, ADT-Tree (budget cost and fixed) and
-# experiment=mini_lantern on model=mini, the first three on model=tiny_chameleon. Counts do not depend on the
+# "What a cycle asks of the device" section of docs/speed.md: the default run (SCD, window=cost: a cycle is a forward),
+# the static sampled tree, EAGLE-2, ADT-Tree (budget cost and fixed) and experiment=mini_lantern on model=mini; the
+# default, EAGLE-2 and ADT-Tree on model=tiny_chameleon. Counts do not depend on the
 # machine's load (no timing). One JSON per row in $OUT, then the markdown table on stdout.
 # Usage:  benchmarks/count.sh                       (PY=.venv/bin/python OUT=outputs/count PROMPTS=4)
 set -euo pipefail
@@ -11,7 +12,8 @@ OUT=${OUT:-outputs/count}
 PROMPTS=${PROMPTS:-4}
 mkdir -p "$OUT"
 rows=(
-    "mini|default|"
+    "mini|default (SCD, window=cost)|"
+    "mini|static sampled tree|policy=static_sampled"
     "mini|eagle2|policy=eagle2"
     "mini|adt (cost)|policy=adt"
     "mini|adt (fixed)|policy=adt policy.budget=fixed"
@@ -30,11 +32,12 @@ for row in "${rows[@]}"; do
     echo "$model|$name|$file"
 done | "$PY" -c '
 import json, sys
-print("| model | policy | host reads / cycle | engine ops / cycle | cycles |")
-print("|---|---|---:|---:|---:|")
+print("| model | policy | host reads / cycle | engine ops / cycle | of them kernels | cycles |")
+print("|---|---|---:|---:|---:|---:|")
 for line in sys.stdin:
     model, name, path = line.rstrip("\n").split("|")
     r = json.load(open(path))
     reads, ops = r["host_reads_per_cycle"], r["engine_ops_per_cycle"]
-    print("| %s | %s | %.2f | %.1f | %d |" % (model, name, reads, ops, r["cycles"]))
+    kernels = r["engine_kernels_per_cycle"]
+    print("| %s | %s | %.2f | %.1f | %.1f | %d |" % (model, name, reads, ops, kernels, r["cycles"]))
 '
