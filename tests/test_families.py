@@ -416,6 +416,11 @@ def test_every_target_declares_its_capabilities_and_they_hold(tiny, fam: str, ov
             BatchTarget(t, 2, inputs.cfg, 64)
     if str(cfg.family) in BATCHED_FAMILIES and str(cfg.get("impl", "lean")) == "lean":
         assert caps.batch
+    # its weights, declared (``Target.weights``: the weight-read floor, the cost model's key): the network the
+    # forward runs, every parameter of it
+    net = t.net if isinstance(t, StaticGPTTarget) else t.lm
+    ids = {id(w) for w in t.weights()}
+    assert ids and ids == {id(w) for w in net.parameters()}
 
 
 # ---------------------------------------------------------------------------------------------------------

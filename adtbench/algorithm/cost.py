@@ -375,11 +375,8 @@ class PolicyBudget:
 
 
 def target_parameters(target: Any) -> list[torch.Tensor]:
-    for attr in ("net", "lm", "model"):
-        mod = getattr(target, attr, None)
-        if isinstance(mod, torch.nn.Module):
-            return list(mod.parameters())
-    return []
+    """The target's network parameters, as it declares them (``Target.weights``)."""
+    return list(target.weights())
 
 
 MEASURE_METHOD = "blocked-5-device"  # part of the cache key: a cost model measured another way is re-measured

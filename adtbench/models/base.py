@@ -137,6 +137,11 @@ class Target(ABC):
         what training's soft cross-entropy over the vocabulary reads."""
         return self.lm_head(features)
 
+    def weights(self) -> list[torch.Tensor]:
+        """The network's parameters, those a forward reads (the weight-read floor of ``bench probe`` / ``cost``, the
+        cost model's cache key); none for a target without a torch network."""
+        return []
+
     @abstractmethod
     def drafter_rope(self, head_dim: int) -> Rope: ...
 
@@ -434,6 +439,9 @@ class StaticGPTTarget(Target):
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.net.tok_embeddings(ids.to(self.device))
+
+    def weights(self) -> list[torch.Tensor]:
+        return list(self.net.parameters())
 
     def lm_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.logits_head(features)

@@ -200,6 +200,9 @@ class HFCausalTarget(Target):
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         return self.lm.model.embed_tokens(ids.to(self.device))
 
+    def weights(self) -> list[torch.Tensor]:
+        return list(self.lm.parameters())
+
     def lm_head(self, features: torch.Tensor) -> torch.Tensor:
         return self.lm.lm_head(features)
 
