@@ -71,7 +71,7 @@ from adtbench.algorithm.ar import prefill_token
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
 from adtbench.algorithm.slot import SlotStream, Timing, decides_on_host, verify_slots
-from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.errors import ConfigError, check_choice, check_number
 from adtbench.layout import TokenLayout
@@ -270,11 +270,6 @@ def _tables(key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, pad:
     return LayoutTables(fd, prev, uniform, any(f >= 0 for f in forced))
 
 
-@lru_cache(maxsize=64)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    return torch.arange(n, device=device)
-
-
 @lru_cache(maxsize=16)
 def _zero_row(V: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     return torch.zeros(1, V, dtype=dtype, device=device)
@@ -314,7 +309,7 @@ def init_sources(layout: TokenLayout, tables: LayoutTables, s: int, t: int, init
     neighbour); ``up``: the same column in the nearest row above that is known (before s), else ``left``'s."""
     dev = tables.forced.device
     left = tables.prev_image[s]
-    j = s + _arange(t, dev)
+    j = s + arange_on(t, dev)
     if init == "left":
         return torch.full_like(j, left)
     src = j - layout.row_len * ((j - s) // layout.row_len + 1)
@@ -339,18 +334,24 @@ def init_drafts(
         tok = layout.image_token_offset + (u * layout.num_codes).long().clamp_max(layout.num_codes - 1)
     else:
         tok = seq[init_sources(layout, tables, s, t, init)]
-    forced = tables.forced[s : s + t] >= 0 if tables.has_forced else None
-    if forced is not None:
-        tok = torch.where(forced, tables.forced[s : s + t], tok)
+    forced = None
+    if tables.has_forced:
+        f = tables.forced[s : s + t]
+        forced = f >= 0
+        tok = torch.where(forced, f, tok)
     if greedy:
         return tok, None
+    if init != "random":  # left / up: a point mass everywhere
+        return tok, _point_masses(tok, V, tables.uniform.dtype)
     uniform = tables.uniform[None].expand(t, V)
-    if init == "random" and forced is None:
+    if forced is None:
         return tok, uniform
-    point = torch.zeros(t, V, dtype=uniform.dtype, device=dev).scatter_(1, tok[:, None], 1.0)  # no range check read
-    if forced is None:  # left / up: a point mass everywhere
-        return tok, point
-    return tok, (point if init != "random" else torch.where(forced[:, None], point, uniform))
+    return tok, torch.where(forced[:, None], _point_masses(tok, V, uniform.dtype), uniform)
+
+
+def _point_masses(tok: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:
+    """One-hot rows ``[t, V]`` of ``tok`` (``one_hot`` would read the device to check the range)."""
+    return torch.zeros(tok.numel(), V, dtype=dtype, device=tok.device).scatter_(1, tok[:, None], 1.0)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -471,7 +472,7 @@ class JacobiState:
                 self.seq[b + 1 : b + 1 + r] = rows.argmax(-1)
             else:
                 assert self.q is not None
-                has_old = _arange(r, rows.device) < old
+                has_old = arange_on(r, rows.device) < old
                 tok, q, kept = redraw(
                     self.params.redraw,
                     rows.softmax(-1),
@@ -557,7 +558,7 @@ class DrafterInit:
         k = read.keep.numel()
         f = feats.index_select(1, read.keep)
         emb = self.target.embed_tokens(read.next_tokens)[None].expand(f.shape[0], -1, -1).to(f.dtype)
-        pos = next_pos[:, None] + _arange(k, f.device)[None]
+        pos = next_pos[:, None] + arange_on(k, f.device)[None]
         self.out = self.drafter.extend(f, emb, pos)
         self.feats, self.first, self.pos = feats, k, next_pos + k
         self.forwards += 1
@@ -576,7 +577,7 @@ class DrafterInit:
             assert self.feats is not None
             f = self.feats[:, self.first : self.first + w]
             emb = self.target.embed_tokens(st.seq[st.g + 1 : s])[None].expand(R, -1, -1).to(f.dtype)
-            pos = self.pos[:, None] + _arange(w, dev)[None]
+            pos = self.pos[:, None] + arange_on(w, dev)[None]
             outs = self.drafter.expand(f, emb, pos, _causal(w, dev))
             out, self.levels = outs[:, -1], 1
         toks, qs = [], []

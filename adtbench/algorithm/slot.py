@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
@@ -30,7 +29,7 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams, next_token_tensor
-from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import (
     Acceptance,
     AcceptanceRule,
@@ -213,7 +212,7 @@ class DecodeState:
             k = a + 1
             if tree is not None:
                 feats = feats.index_select(1, read.keep)
-            positions = next_pos[:, None] if k == 1 else next_pos[:, None] + _arange(k, next_pos.device)[None]
+            positions = next_pos[:, None] if k == 1 else next_pos[:, None] + arange_on(k, next_pos.device)[None]
             self.pending.append((feats, positions, read.next_tokens))
 
     def result(self, clock: Clock, timing: Timing, target_forwards: int | None = None) -> GenerationResult:
@@ -232,7 +231,7 @@ def root_alone(root: torch.Tensor, bonus: torch.Tensor, extra: list[torch.Tensor
     root's and the bonus's values and ``extra`` (the gate's entropy), read at once."""
     values = torch.stack([x.to(torch.float64) for x in [root.view(()), bonus, *extra]]).tolist()
     b = int(values[1])
-    keep = _arange(1, bonus.device)
+    keep = arange_on(1, bonus.device)
     return CycleRead(Acceptance([0], b), int(values[0]), [b], keep, bonus.view(1), values[2:])
 
 
@@ -329,9 +328,3 @@ def verify_slots(
         for (s, _), read in zip(pending, read_verdicts([p for _, p in pending]), strict=True):
             out[s] = read
     return out
-
-
-@lru_cache(maxsize=256)
-def _arange(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device`` (cached, never written)."""
-    return torch.arange(n, device=device)

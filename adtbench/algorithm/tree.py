@@ -208,6 +208,12 @@ def true_flag(device: torch.device) -> torch.Tensor:
     return torch.ones(1, dtype=torch.bool, device=device)
 
 
+@lru_cache(maxsize=256)
+def arange_on(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device`` (node ids, positions past a root; cached, never written)."""
+    return torch.arange(n, device=device)
+
+
 def root_only(token: torch.Tensor) -> DraftTree:
     """The one-node tree of plain AR decoding (``token``: ``[1]`` long on the device)."""
     return DraftTree(token.view(1), [-1], drafted_depth=0, width=0)

@@ -52,7 +52,7 @@ import torch
 
 from adtbench import accel
 from adtbench.algorithm.sampling import sample, sample_np, sample_rows, uniforms
-from adtbench.algorithm.tree import DraftTree, true_flag
+from adtbench.algorithm.tree import DraftTree, arange_on, true_flag
 
 
 @dataclass(frozen=True)
@@ -501,11 +501,10 @@ def accept_chain(
     if greedy:
         bonus = row.argmax()
     else:
-        res = residual.index_select(0, a.clamp_max(n - 2))[0]
-        total = res.sum()
-        rejected = (a < n - 1)[0] & (total > 0)
-        bonus = sample_rows(torch.where(rejected, res / total, p.index_select(0, a)[0]), generator)
-    return Verdict(_arange_col(n, dev) <= a, a[0], bonus, row)
+        p_a = p.index_select(0, a)
+        after_rejection = _normalise_rows(residual.index_select(0, a.clamp_max(n - 2)), p_a)  # row a's, a < n − 1
+        bonus = sample_rows(torch.where(a < n - 1, after_rejection, p_a)[0], generator)
+    return Verdict(arange_on(n, dev) <= a, a[0], bonus, row)
 
 
 def read_chain(tree: DraftTree, verdict: Verdict) -> CycleRead:
@@ -516,14 +515,8 @@ def read_chain(tree: DraftTree, verdict: Verdict) -> CycleRead:
     acc = Acceptance(list(range(a + 1)), bonus, n - 1, n)
     following = torch.cat([tree.tokens[1 : a + 1], verdict.bonus.view(1)])
     return CycleRead(
-        acc, int(tokens[0]), [*tokens[1 : a + 1], bonus], _arange_col(n, tree.tokens.device)[: a + 1], following, []
+        acc, int(tokens[0]), [*tokens[1 : a + 1], bonus], arange_on(n, tree.tokens.device)[: a + 1], following, []
     )
-
-
-@lru_cache(maxsize=256)
-def _arange_col(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device`` (cached, never written)."""
-    return torch.arange(n, device=device)
 
 
 def _live(tree: DraftTree, ok: torch.Tensor) -> torch.Tensor:
