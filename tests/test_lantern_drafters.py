@@ -312,10 +312,20 @@ def test_a_checkpoint_that_does_not_fit_names_drafter_path(tiny_dirs: Path, tmp_
     with pytest.raises(ConfigError, match=words) as ei:
         drafter_of(bad, t)
     assert ei.value.key == "drafter.path" and str(bad) in str(ei.value)
+    from adtbench.tools.convert_drafter import main as convert
+
+    fits_elsewhere = case in ("wrong_vocab", "rope_theta")  # a consistent checkpoint, for another target
+    assert convert([str(bad), str(tmp_path / "out")]) == (0 if fits_elsewhere else 2)
 
 
-def test_a_folder_without_weights_or_for_another_target_names_drafter_path(tiny_dirs: Path, tmp_path: Path) -> None:
+def test_a_folder_without_weights_or_for_another_target_names_drafter_path(
+    tiny_dirs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     t = target_of(tiny_dirs, "anole")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id is fetched, never guessed at: offline, a ConfigError
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE") as ei:
+        drafter_of(Path("jadohu/anole_drafter"), t)
+    assert ei.value.key == "drafter.path"
     empty = tmp_path / "empty"
     empty.mkdir()
     shutil.copy(tiny_dirs / "anole_drafter" / "config.json", empty / "config.json")

@@ -81,7 +81,10 @@ class EagleConfig:
 
 
 class HeadLayerNorm(nn.Module):
-    """LayerNorm over head_dim with a per-head affine (Chameleon's q/k norm): weight/bias ``[heads, head_dim]``."""
+    """LayerNorm over head_dim with a per-head affine (Chameleon's q/k norm, transformers' ``ChameleonLayerNorm``):
+    ``y[h] = (x[h] − mean(x[h])) / √(var(x[h]) + eps) · weight[h] + bias[h]``, weight/bias ``[heads, head_dim]``, eps
+    1e-5. Lumina-mGPT's ``[1, head_dim]`` (one row shared by all heads) is expanded on load
+    (``drafters.checkpoint``)."""
 
     def __init__(self, heads: int, head_dim: int, eps: float = 1e-5) -> None:
         super().__init__()
