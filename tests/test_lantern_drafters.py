@@ -24,7 +24,7 @@ import torch
 from conftest import run_in_process
 from omegaconf import OmegaConf
 
-from adtbench.algorithm.drafters.checkpoint import convert_state_dict, read_drafter
+from adtbench.algorithm.drafters.checkpoint import convert_state_dict
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
@@ -32,7 +32,7 @@ from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
-from adtbench.harness.drafters import build_drafter
+from adtbench.harness.drafters import build_drafter, read_drafter
 from adtbench.models.chameleon.tiny import CHAMELEON_ARCH, lantern_drafter_config
 from adtbench.models.registry import build_target
 from adtbench.models.rope import Rope1D

@@ -174,7 +174,7 @@ def validate_drafter(cfg: DictConfig, policy: Policy) -> None:
         if path is not None and not local and not looks_like_repo_id(str(path)):  # a hub id is fetched by the loader
             raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
         if local and policy.uses_drafter:  # its weights are read: check them first
-            from adtbench.algorithm.drafters.checkpoint import weights_file
+            from adtbench.harness.drafters import weights_file
             from adtbench.io import check_weights
 
             p = Path(str(path))

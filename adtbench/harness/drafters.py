@@ -1,24 +1,31 @@
 """Drafter construction from ``cfg.drafter`` for a given target.
 
 ``drafter.path`` is a local folder, a ``.safetensors`` file or a hub repo id, in adtbench's layout or as a public
-EAGLE-1/2 / LANTERN drafter is published (``algorithm.drafters.checkpoint``: ``config.json`` + ``pytorch_model.bin``
-or ``model.safetensors``, e.g. ``jadohu/anole_drafter``): no conversion step. Whatever the layout, the drafter must
+EAGLE-1/2 / LANTERN drafter is published (``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``, e.g.
+``jadohu/anole_drafter``): no conversion step. This module reads the files (``read_drafter``); the key mapping and
+the layouts are ``algorithm.drafters.checkpoint``'s. Whatever the layout, the drafter must
 fit the target — its hidden size, the rows of a stored embedding (the target's vocabulary) and the RoPE θ its config
 states — or the run stops with a ``ConfigError`` naming ``drafter.path``.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from adtbench.algorithm.drafters.checkpoint import KEY, read_drafter, resolve_path
+from adtbench.algorithm.drafters.checkpoint import check_state, convert_state_dict, is_public_config
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.errors import ConfigError
+from adtbench.io import load_weights
 from adtbench.models.base import Target
 from adtbench.models.rope import Rope
+
+KEY = "drafter.path"
+WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")  # the first present is read (LANTERN's loader's order)
 
 
 def eagle_config_for(target: Target, cfg: Any) -> EagleConfig:
@@ -33,6 +40,77 @@ def eagle_config_for(target: Target, cfg: Any) -> EagleConfig:
         input_norm=bool(cfg.get("input_norm", False)),
         num_layers=int(cfg.get("num_layers", 1)),
     )
+
+
+def weights_file(folder: Path) -> Path:
+    """The weights of a drafter folder: ``pytorch_model.bin``, else ``model.safetensors`` (``FileNotFoundError``)."""
+    for name in WEIGHT_FILES:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder}: no {' or '.join(WEIGHT_FILES)}")
+
+
+def resolve_path(value: Any, key: str = KEY) -> Path:
+    """A local folder or file as given; a hub repo id → its downloaded snapshot (its JSON files and the weights)."""
+    from adtbench.models.registry import _hub, looks_like_repo_id
+
+    p = Path(str(value)).expanduser()
+    if p.exists() or not looks_like_repo_id(str(value)):
+        return p
+    return _hub(key, str(value), ["*.json", *WEIGHT_FILES], f"a drafter folder ({' or '.join(WEIGHT_FILES)})")
+
+
+def read_source(src: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state_dict, config.json)`` of a public drafter folder (``.bin`` read weights-only)."""
+    cfg_file = src / "config.json"
+    if not cfg_file.is_file():
+        raise FileNotFoundError(f"{src}: no config.json (expected an EAGLE/LANTERN drafter folder)")
+    state = load_weights(KEY, weights_file(src))
+    if not isinstance(state, dict):
+        raise ValueError(f"{src}: the weights file holds a {type(state).__name__}, not a state dict")
+    return dict(state), json.loads(cfg_file.read_text())
+
+
+def read_drafter(path: str | Path) -> tuple[EagleConfig | None, dict[str, torch.Tensor], str, Path]:
+    """``drafter.path`` (a local folder or ``.safetensors`` file) → ``(EagleConfig or None: size it like the target,
+    state dict in EagleDrafter's keys, layout "adtbench" | "public", the weights file)``; every fault a
+    ``ConfigError`` naming ``drafter.path`` and the file."""
+    p = Path(path)
+    if p.is_file():
+        return None, dict(load_weights(KEY, p)), "adtbench", p
+    if not p.is_dir():
+        raise ConfigError(KEY, f"no such folder or file: {p}")
+    try:
+        file = weights_file(p)
+    except FileNotFoundError as e:
+        raise ConfigError(KEY, f"{e} (the weights of an EAGLE / LANTERN drafter)") from e
+    meta = p / "config.json"
+    if not meta.is_file():
+        return None, dict(load_weights(KEY, file)), "adtbench", file
+    try:
+        config = json.loads(meta.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(KEY, f"{meta} is not JSON ({e})") from e
+    state = load_weights(KEY, file)
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ConfigError(KEY, f"{file} does not hold a state dict of tensors")
+    if is_public_config(config):
+        try:
+            ours, ecfg, _ = convert_state_dict(dict(state), config)
+        except ValueError as e:
+            raise ConfigError(KEY, f"{file} (an EAGLE / LANTERN drafter, config {meta.name}): {e}") from e
+        return EagleConfig(**ecfg), ours, "public", file
+    known = {f.name for f in fields(EagleConfig)}
+    if unknown := sorted(set(config) - known):
+        raise ConfigError(
+            KEY,
+            f"{meta}: unknown fields {unknown} (expected EagleConfig fields, or a Hugging Face config with "
+            "num_attention_heads for an EAGLE / LANTERN drafter)",
+        )
+    try:
+        return EagleConfig(**config), dict(state), "adtbench", file
+    except TypeError as e:
+        raise ConfigError(KEY, f"{meta}: {e}") from e
 
 
 def _check_fits(dcfg: EagleConfig, target: Target, rope: Rope, where: Path) -> None:
@@ -86,11 +164,12 @@ def build_drafter(cfg: Any, target: Target) -> EagleDrafter | None:
 
 def load_state(drafter: EagleDrafter, state: dict[str, torch.Tensor], where: Path) -> None:
     """Load ``state`` strictly (names and shapes); a mismatch is a ``ConfigError`` naming ``drafter.path``."""
-    from adtbench.algorithm.drafters.checkpoint import check_state
-
     try:
         check_state(drafter.config, state)
     except ValueError as e:
         raise ConfigError(KEY, f"{where}: {e}") from e
     with torch.no_grad():
         drafter.load_state_dict(state, strict=True)
+
+
+__all__ = ["KEY", "WEIGHT_FILES", "build_drafter", "eagle_config_for", "read_drafter", "read_source", "resolve_path"]

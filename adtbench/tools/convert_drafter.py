@@ -2,7 +2,7 @@
 
     python -m adtbench.tools.convert_drafter SRC DST [--check-embeddings TARGET_EMBED.safetensors]
 
-Optional: ``drafter.path`` reads the public layouts directly (``algorithm.drafters.checkpoint``, e.g.
+Optional: ``drafter.path`` reads the public layouts directly (``harness.drafters.read_drafter``, e.g.
 ``drafter.path=jadohu/anole_drafter``), through the same mapping this tool writes out, so a converted folder and the
 original load the same drafter, bit for bit. Converting gives a safetensors copy (no pickle) and a record of the
 source.
@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.drafters.checkpoint import EMBED, convert_state_dict, read_source
+from adtbench.algorithm.drafters.checkpoint import EMBED, convert_state_dict
+from adtbench.harness.drafters import read_source
 from adtbench.io import atomic_write_json
 
 
@@ -77,7 +78,7 @@ def convert(src: str | Path, dst: str | Path, check_embeddings: torch.Tensor | N
 
 
 def _resolve_src(value: str) -> Path:
-    from adtbench.algorithm.drafters.checkpoint import resolve_path
+    from adtbench.harness.drafters import resolve_path
 
     return resolve_path(value, "SRC")
 

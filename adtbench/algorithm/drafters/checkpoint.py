@@ -1,6 +1,7 @@
-"""Drafter checkpoints on disk: adtbench's layout and the public EAGLE-1/2 / LANTERN layouts, read the same way.
+"""Drafter checkpoints: adtbench's layout and the public EAGLE-1/2 / LANTERN layouts, mapped onto one drafter.
 
-Two layouts, told apart by ``config.json`` (``read_drafter``):
+State dicts and configs in, state dicts and ``EagleConfig`` out — no file IO here: ``harness.drafters`` reads the
+folders (``read_drafter``) and ``tools.convert_drafter`` writes them. Two layouts, told apart by ``config.json``:
 
 - **adtbench** (``build_drafter``'s own, what ``tools.convert_drafter`` and ``tools.train`` write):
   ``model.safetensors`` in ``EagleDrafter``'s key names + ``config.json`` of ``EagleConfig`` fields (``num_heads``);
@@ -19,25 +20,20 @@ Two layouts, told apart by ``config.json`` (``read_drafter``):
 ``convert_state_dict`` maps a public state dict onto ``EagleDrafter``'s keys (a rename-free mapping apart from the
 q/k-norm expansion: the names already agree) and its ``EagleConfig``; ``check_state`` compares a state dict with the
 modules an ``EagleConfig`` builds (names and shapes, on the meta device). Every reader's error is one line naming
-the offending key or shape; ``read_drafter`` raises them as ``ConfigError("drafter.path", …)``.
+the offending key or shape (``ValueError``); ``harness.drafters.read_drafter`` raises them as
+``ConfigError("drafter.path", …)``.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
-from adtbench.errors import ConfigError
 from adtbench.models.rope import Rope1D
 
-KEY = "drafter.path"
-WEIGHT_FILES = ("pytorch_model.bin", "model.safetensors")  # the first present is read (LANTERN's loader's order)
 EMBED = "embed_tokens.weight"
 _LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 _LAYER_KEYS = {
@@ -58,37 +54,6 @@ _LAYER_KEYS = {
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
 }
-
-
-def weights_file(folder: Path) -> Path:
-    """The weights of a drafter folder: ``pytorch_model.bin``, else ``model.safetensors`` (``FileNotFoundError``)."""
-    for name in WEIGHT_FILES:
-        if (folder / name).is_file():
-            return folder / name
-    raise FileNotFoundError(f"{folder}: no {' or '.join(WEIGHT_FILES)}")
-
-
-def resolve_path(value: Any, key: str = KEY) -> Path:
-    """A local folder or file as given; a hub repo id → its downloaded snapshot (its JSON files and the weights)."""
-    from adtbench.models.registry import _hub, looks_like_repo_id
-
-    p = Path(str(value)).expanduser()
-    if p.exists() or not looks_like_repo_id(str(value)):
-        return p
-    return _hub(key, str(value), ["*.json", *WEIGHT_FILES], f"a drafter folder ({' or '.join(WEIGHT_FILES)})")
-
-
-def read_source(src: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(state_dict, config.json)`` of a public drafter folder (``.bin`` read weights-only)."""
-    from adtbench.io import load_weights
-
-    cfg_file = src / "config.json"
-    if not cfg_file.is_file():
-        raise FileNotFoundError(f"{src}: no config.json (expected an EAGLE/LANTERN drafter folder)")
-    state = load_weights(KEY, weights_file(src))
-    if not isinstance(state, dict):
-        raise ValueError(f"{src}: the weights file holds a {type(state).__name__}, not a state dict")
-    return dict(state), json.loads(cfg_file.read_text())
 
 
 def is_public_config(config: dict[str, Any]) -> bool:
@@ -203,58 +168,4 @@ def check_state(config: EagleConfig, sd: dict[str, torch.Tensor]) -> None:
             raise ValueError(f"{k} has dtype {t.dtype}, expected a floating-point tensor")
 
 
-def read_drafter(path: str | Path) -> tuple[EagleConfig | None, dict[str, torch.Tensor], str, Path]:
-    """``drafter.path`` (a local folder or ``.safetensors`` file) → ``(EagleConfig or None: size it like the target,
-    state dict in EagleDrafter's keys, layout "adtbench" | "public", the weights file)``; every fault a
-    ``ConfigError`` naming ``drafter.path`` and the file."""
-    from adtbench.io import load_weights
-
-    p = Path(path)
-    if p.is_file():
-        return None, dict(load_weights(KEY, p)), "adtbench", p
-    if not p.is_dir():
-        raise ConfigError(KEY, f"no such folder or file: {p}")
-    try:
-        file = weights_file(p)
-    except FileNotFoundError as e:
-        raise ConfigError(KEY, f"{e} (the weights of an EAGLE / LANTERN drafter)") from e
-    meta = p / "config.json"
-    if not meta.is_file():
-        return None, dict(load_weights(KEY, file)), "adtbench", file
-    try:
-        config = json.loads(meta.read_text())
-    except json.JSONDecodeError as e:
-        raise ConfigError(KEY, f"{meta} is not JSON ({e})") from e
-    state = load_weights(KEY, file)
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ConfigError(KEY, f"{file} does not hold a state dict of tensors")
-    if is_public_config(config):
-        try:
-            ours, ecfg, _ = convert_state_dict(dict(state), config)
-        except ValueError as e:
-            raise ConfigError(KEY, f"{file} (an EAGLE / LANTERN drafter, config {meta.name}): {e}") from e
-        return EagleConfig(**ecfg), ours, "public", file
-    known = {f.name for f in fields(EagleConfig)}
-    if unknown := sorted(set(config) - known):
-        raise ConfigError(
-            KEY,
-            f"{meta}: unknown fields {unknown} (expected EagleConfig fields, or a Hugging Face config with "
-            "num_attention_heads for an EAGLE / LANTERN drafter)",
-        )
-    try:
-        return EagleConfig(**config), dict(state), "adtbench", file
-    except TypeError as e:
-        raise ConfigError(KEY, f"{meta}: {e}") from e
-
-
-__all__ = [
-    "EMBED",
-    "WEIGHT_FILES",
-    "check_state",
-    "convert_state_dict",
-    "is_public_config",
-    "read_drafter",
-    "read_source",
-    "resolve_path",
-    "weights_file",
-]
+__all__ = ["EMBED", "check_state", "convert_state_dict", "is_public_config"]

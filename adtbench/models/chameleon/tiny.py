@@ -13,7 +13,7 @@
   embedding a copy of the tiny target's; Lumina-mGPT's q/k norms ``(1, head_dim)``.
 
 The loaders these mirror: ``hf_checkpoint.load_chameleon_lm``, ``chameleon.vq.load_taming_vqgan`` and
-``algorithm.drafters.checkpoint.read_drafter``.
+``harness.drafters.read_drafter``.
 """
 
 from __future__ import annotations
