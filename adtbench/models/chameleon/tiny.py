@@ -166,7 +166,8 @@ def _target_embedding(target: Path) -> torch.Tensor:
     else:
         raise ValueError(f"target={target}: no model.safetensors(.index.json) of a Chameleon checkpoint")
     with safe_open(str(file), framework="pt") as f:
-        return f.get_tensor(name)
+        emb: torch.Tensor = f.get_tensor(name)
+    return emb
 
 
 def write_lantern_drafter_tiny(out: Path, seed: int, lumina: bool, target: Path | None = None) -> dict[str, Any]:
