@@ -72,8 +72,7 @@ def prefill_drafter(
     target: Target, drafter: Drafter, res: PrefillResult, root: torch.Tensor, slots: int
 ) -> torch.Tensor:
     """Start the drafter on a prompt (its features, and the drafter's input embeddings shifted by one with the root's
-    last):
-    room for the prompt, the image and ``slots`` scratch slots; returns its output at the root ``[R, H]``."""
+    last): room for the prompt, the image and ``slots`` scratch slots; returns its output at the root ``[R, H]``."""
     R, n_gen = res.features.shape[0], target.layout.num_gen_tokens
     drafter.reset(R, res.features.shape[1] + n_gen + slots + 1)
     root_embed = drafter.embed(target, root.view(1))[None].expand(R, 1, -1)

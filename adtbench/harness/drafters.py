@@ -3,9 +3,9 @@
 ``drafter.path`` is a local folder, a ``.safetensors`` file or a hub repo id, in adtbench's layout or as a public
 EAGLE-1/2 / LANTERN drafter is published (``config.json`` + ``pytorch_model.bin`` or ``model.safetensors``, e.g.
 ``jadohu/anole_drafter``): no conversion step. This module reads the files (``read_drafter``); the key mapping and
-the layouts are ``algorithm.drafters.checkpoint``'s. Whatever the layout, the drafter must
-fit the target — its hidden size, the rows of a stored embedding (the target's vocabulary) and the RoPE θ its config
-states — or the run stops with a ``ConfigError`` naming ``drafter.path``.
+the layouts are ``algorithm.drafters.checkpoint``'s. Whatever the layout, the drafter must fit the target — its hidden
+size, the rows of a stored embedding (the target's vocabulary) and the RoPE θ its config states — or the run stops
+with a ``ConfigError`` naming ``drafter.path``.
 """
 
 from __future__ import annotations
@@ -129,9 +129,10 @@ def _check_fits(dcfg: EagleConfig, target: Target, rope: Rope, where: Path) -> N
         )
     if dcfg.rope_theta is not None and abs(dcfg.rope_theta - rope.theta) > 1e-6 * rope.theta:
         raise ConfigError(
-            KEY, f"{where}: the drafter's config states rope_theta={dcfg.rope_theta:g}, the target's drafter RoPE "
-            f"has θ = {rope.theta:g}",
-        )  # fmt: skip
+            KEY,
+            f"{where}: the drafter's config states rope_theta={dcfg.rope_theta:g}, the target's drafter RoPE has "
+            f"θ = {rope.theta:g}",
+        )
 
 
 def build_drafter(cfg: Any, target: Target) -> EagleDrafter | None:
@@ -145,7 +146,7 @@ def build_drafter(cfg: Any, target: Target) -> EagleDrafter | None:
     where = Path()
     if path is not None:
         stored, state, _, where = read_drafter(resolve_path(path))
-        dcfg = stored or dcfg
+        dcfg = stored if stored is not None else dcfg
     rope = target.drafter_rope(dcfg.head_dim)
     if path is not None:
         _check_fits(dcfg, target, rope, where)

@@ -119,8 +119,9 @@ def write_chameleon_tiny(out: Path, seed: int, lumina: bool) -> dict[str, Any]:
 
 
 def lantern_drafter_config(lumina: bool) -> dict[str, Any]:
-    """A tiny LANTERN drafter ``config.json``: the keys of LANTERN's ``data/configs/{anole,lumina_mgpt}_config.json``
-    (a ``ChameleonConfig`` with ``num_hidden_layers`` 1; Lumina-mGPT's adds ``dropout``), at the tiny sizes."""
+    """A tiny LANTERN drafter ``config.json``, shaped like LANTERN's ``data/configs/{anole,lumina_mgpt}_config.json``
+    (a ``ChameleonConfig`` with ``num_hidden_layers`` 1; Lumina-mGPT's adds ``dropout``) at the tiny sizes; the
+    special-token ids and ``vq_config``, which no drafter loader reads, are left out."""
     a = CHAMELEON_ARCH
     cfg: dict[str, Any] = {
         "architectures": ["ChameleonForConditionalGeneration"],
