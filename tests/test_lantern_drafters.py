@@ -370,3 +370,20 @@ def test_readme_setting_from_the_command_line(tiny_dirs: Path, tmp_path: Path) -
     assert s["n_samples"] == 1 and s["drafter"] == "eagle" and s["cycles_total"] > 0
     resolved = OmegaConf.load(out / ".hydra" / "config.yaml")
     assert resolved.drafter.path == str(tiny_dirs / "anole_drafter")
+
+
+def test_the_precheck_reads_lanterns_file_names(tiny_dirs: Path, tmp_path: Path) -> None:
+    """Before any model loads (``config.validate`` / Jacobi's ``init=drafter`` check): a LANTERN folder passes on its
+    ``pytorch_model.bin``, a truncated one is ``corrupt`` naming ``drafter.path``, a hub id is left to the loader."""
+    from adtbench.harness.drafters import check_path
+
+    check_path(tiny_dirs / "anole_drafter")
+    check_path("jadohu/anole_drafter")
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_dirs / "anole_drafter", bad)
+    data = (bad / "pytorch_model.bin").read_bytes()
+    (bad / "pytorch_model.bin").write_bytes(data[: len(data) // 2])
+    for value, words in ((bad, "corrupt"), (tmp_path / "nope", "no drafter checkpoint")):
+        with pytest.raises(ConfigError, match=words) as ei:
+            check_path(value)
+        assert ei.value.key == "drafter.path"

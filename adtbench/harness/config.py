@@ -168,22 +168,15 @@ def validate_drafter(cfg: DictConfig, policy: Policy) -> None:
         raise ConfigError("drafter", f"policy={policy.name} drafts a tree and needs a drafter (drafter=eagle)")
     if kind == "eagle":
         path = cfg.drafter.get("path")
-        from adtbench.models.registry import looks_like_repo_id
+        if path is not None and not Path(str(path)).exists():
+            from adtbench.models.registry import looks_like_repo_id
 
-        local = path is not None and Path(str(path)).exists()
-        if path is not None and not local and not looks_like_repo_id(str(path)):  # a hub id is fetched by the loader
-            raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
-        if local and policy.uses_drafter:  # its weights are read: check them first
-            from adtbench.harness.drafters import weights_file
-            from adtbench.io import check_weights
+            if not looks_like_repo_id(str(path)):  # a hub id is fetched by the loader
+                raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
+        if path is not None and policy.uses_drafter:  # its weights are read: check them first
+            from adtbench.harness.drafters import check_path
 
-            p = Path(str(path))
-            if p.is_dir():
-                try:
-                    p = weights_file(p)
-                except FileNotFoundError as e:
-                    raise ConfigError("drafter.path", str(e)) from e
-            check_weights("drafter.path", p)
+            check_path(path)
 
 
 def check_writable_dir(key: str, value: Any) -> None:

@@ -60,6 +60,25 @@ def resolve_path(value: Any, key: str = KEY) -> Path:
     return _hub(key, str(value), ["*.json", *WEIGHT_FILES], f"a drafter folder ({' or '.join(WEIGHT_FILES)})")
 
 
+def check_path(value: Any) -> None:
+    """Pre-flight of ``drafter.path`` before any model is built: a local folder or file whose weights file is sound
+    (``io.check_weights``), or a hub repo id (fetched by the loader); else a ``ConfigError`` naming ``drafter.path``."""
+    from adtbench.io import check_weights
+    from adtbench.models.registry import looks_like_repo_id
+
+    p = Path(str(value)).expanduser()
+    if not p.exists():
+        if looks_like_repo_id(str(value)):
+            return
+        raise ConfigError(KEY, f"no drafter checkpoint at {value}")
+    if p.is_dir():
+        try:
+            p = weights_file(p)
+        except FileNotFoundError as e:
+            raise ConfigError(KEY, str(e)) from e
+    check_weights(KEY, p)
+
+
 def read_source(src: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """``(state_dict, config.json)`` of a public drafter folder (``.bin`` read weights-only)."""
     cfg_file = src / "config.json"
@@ -173,4 +192,13 @@ def load_state(drafter: EagleDrafter, state: dict[str, torch.Tensor], where: Pat
         drafter.load_state_dict(state, strict=True)
 
 
-__all__ = ["KEY", "WEIGHT_FILES", "build_drafter", "eagle_config_for", "read_drafter", "read_source", "resolve_path"]
+__all__ = [
+    "KEY",
+    "WEIGHT_FILES",
+    "build_drafter",
+    "check_path",
+    "eagle_config_for",
+    "read_drafter",
+    "read_source",
+    "resolve_path",
+]
