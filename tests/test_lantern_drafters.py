@@ -352,14 +352,14 @@ def test_a_folder_without_weights_or_for_another_target_names_drafter_path(
 # ---------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
-def test_readme_setting_from_the_command_line(tiny_dirs: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_readme_setting_from_the_command_line(tiny_dirs: Path, tmp_path: Path, fam: str) -> None:
     """``make-tiny model=anole`` + ``make-tiny model=anole_drafter`` (the fixture), then ``run.py model=anole
-    drafter.path=<LANTERN folder> policy=adt lantern=on sampling=greedy``: it runs with the drafter as published and
-    greedy output equals AR's."""
+    drafter.path=<LANTERN folder> policy=adt lantern=on sampling=greedy`` (the ADT-Tree README's setting; Lumina-mGPT
+    alike): it runs with the drafter as published and greedy output equals AR's."""
     out = tmp_path / "run"
     proc = run_in_process(
-        "model=anole", f"model.path={tiny_dirs / 'anole'}", f"drafter.path={tiny_dirs / 'anole_drafter'}",
+        f"model={fam}", f"model.path={tiny_dirs / fam}", f"drafter.path={tiny_dirs / (fam + '_drafter')}",
         "policy=adt", "lantern=on", "sampling=greedy", "baseline=true", "dataset=smoke", "dataset.limit=1",
         "model.device=cpu", "model.dtype=float64", "warmup=0", "progress=false", "maps.per_run=false",
         f"paths.output_dir={tmp_path / 'outputs'}", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={out}",
@@ -369,7 +369,7 @@ def test_readme_setting_from_the_command_line(tiny_dirs: Path, tmp_path: Path) -
     assert s["greedy_matches_baseline"] is True and s["policy"] == "adt" and s["lantern"] is True
     assert s["n_samples"] == 1 and s["drafter"] == "eagle" and s["cycles_total"] > 0
     resolved = OmegaConf.load(out / ".hydra" / "config.yaml")
-    assert resolved.drafter.path == str(tiny_dirs / "anole_drafter")
+    assert resolved.drafter.path == str(tiny_dirs / f"{fam}_drafter")
 
 
 def test_the_precheck_reads_lanterns_file_names(tiny_dirs: Path, tmp_path: Path) -> None:
