@@ -10,12 +10,13 @@ folders (``read_drafter``) and ``tools.convert_drafter`` writes them. Two layout
   Hugging Face config (``num_attention_heads``; LANTERN's Chameleon drafters: a ``ChameleonConfig`` with
   ``num_hidden_layers`` 1) and the weights ``pytorch_model.bin`` (torch, read weights-only) or ``model.safetensors``.
   Keys: ``embed_tokens.weight [V, H]`` (a frozen copy of the base model's embedding, which the drafter embeds its
-  inputs with), ``fc.{weight,bias}`` over ``cat[e(x_{t+1}); f_t]`` (embedding first), ``layers.i.self_attn.{q,k,v,o}
-  _proj.*``, ``layers.i.self_attn.{q,k}_norm.{weight,bias}`` (Chameleon's per-head LayerNorm, statistics over
-  head_dim, eps 1e-5: Anole ``[heads, head_dim]``; Lumina-mGPT ``[model_parallel_size, head_dim]`` = ``[1, 128]``,
-  each row shared by ``heads / model_parallel_size`` consecutive heads, expanded here to ``[heads, head_dim]``),
-  ``layers.i.mlp.{gate,up,down}_proj.weight``, ``layers.i.{input,post_attention}_layernorm.weight`` (LANTERN's
-  Chameleon drafters keep layer 0's input norm, EAGLE drops it). No final norm and no LM head: the target's.
+  inputs with), ``fc.{weight,bias}`` over ``cat[e(x_{t+1}); f_t]`` (embedding first),
+  ``layers.i.self_attn.{q,k,v,o}_proj.*``, ``layers.i.self_attn.{q,k}_norm.{weight,bias}`` (Chameleon's per-head
+  LayerNorm, statistics over head_dim, eps 1e-5: Anole ``[heads, head_dim]``; Lumina-mGPT
+  ``[model_parallel_size, head_dim]`` = ``[1, 128]``, each row shared by ``heads / model_parallel_size`` consecutive
+  heads, expanded here to ``[heads, head_dim]``), ``layers.i.mlp.{gate,up,down}_proj.weight``,
+  ``layers.i.{input,post_attention}_layernorm.weight`` (LANTERN's Chameleon drafters keep layer 0's input norm,
+  EAGLE drops it). No final norm and no LM head: the target's.
 
 ``convert_state_dict`` maps a public state dict onto ``EagleDrafter``'s keys (a rename-free mapping apart from the
 q/k-norm expansion: the names already agree) and its ``EagleConfig``; ``check_state`` compares a state dict with the
@@ -64,9 +65,9 @@ def is_public_config(config: dict[str, Any]) -> bool:
 def convert_state_dict(
     sd: dict[str, torch.Tensor], config: dict[str, Any]
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any], list[str]]:
-    """Public drafter keys → ``(our state dict, EagleConfig kwargs, dropped keys)`` (module docstring).
-
-    The stored embedding is kept (``vocab_size`` = its rows): the drafter embeds its inputs with it, as LANTERN's does.
+    """Public drafter keys → ``(our state dict, EagleConfig kwargs, dropped keys)`` (module docstring). Nothing is
+    dropped (the list stays for the conversion record): the stored embedding too is kept (``vocab_size`` = its rows),
+    since the drafter embeds its inputs with it, as LANTERN's does.
     Raises ``ValueError`` on unknown keys, missing tensors, shapes that disagree with the config or with each other.
     """
     out: dict[str, torch.Tensor] = {}
