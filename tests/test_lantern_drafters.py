@@ -332,6 +332,12 @@ def test_a_folder_without_weights_or_for_another_target_names_drafter_path(
     with pytest.raises(ConfigError, match=r"pytorch_model\.bin or model\.safetensors") as ei:
         drafter_of(empty, t)
     assert ei.value.key == "drafter.path"
+    bare = tmp_path / "bare"  # LANTERN's weights without their config
+    bare.mkdir()
+    shutil.copy(tiny_dirs / "anole_drafter" / "pytorch_model.bin", bare / "pytorch_model.bin")
+    with pytest.raises(ConfigError, match=r"no config\.json") as ei:
+        drafter_of(bare, t)
+    assert ei.value.key == "drafter.path"
     from adtbench.harness.drafters import eagle_config_for  # an adtbench-layout drafter of another hidden size
 
     wide = tmp_path / "wide"

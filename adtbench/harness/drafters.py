@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.drafters.checkpoint import check_state, convert_state_dict, is_public_config
+from adtbench.algorithm.drafters.checkpoint import EMBED, check_state, convert_state_dict, is_public_config
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
 from adtbench.errors import ConfigError
 from adtbench.io import load_weights
@@ -105,7 +105,14 @@ def read_drafter(path: str | Path) -> tuple[EagleConfig | None, dict[str, torch.
         raise ConfigError(KEY, f"{e} (the weights of an EAGLE / LANTERN drafter)") from e
     meta = p / "config.json"
     if not meta.is_file():
-        return None, dict(load_weights(KEY, file)), "adtbench", file
+        state = dict(load_weights(KEY, file))
+        if EMBED in state:  # a public drafter: its sizes and norms are in the config it came with
+            raise ConfigError(
+                KEY,
+                f"{p} has no config.json: an EAGLE / LANTERN drafter needs the config it was trained with (LANTERN's "
+                "data/configs/anole_config.json for jadohu/anole_drafter) beside its weights",
+            )
+        return None, state, "adtbench", file
     try:
         config = json.loads(meta.read_text())
     except json.JSONDecodeError as e:
