@@ -632,11 +632,13 @@ def test_convert_lantern_llamagen_drafter(tiny, tmp_path: Path) -> None:
     config = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-6}
     _write_drafter(tmp_path / "src", sd, config | {"input_type": "t2i", "intermediate_size": 96}, bin_format=True)
     rec = convert(tmp_path / "src", tmp_path / "dst", t.gpt.tok_embeddings.weight.detach())
-    assert rec["dropped"] == ["embed_tokens.weight"] and "drafter_rope=lantern" in rec["notes"][0]
+    assert rec["dropped"] == [] and rec["embedding_rows"] == 64 and "drafter_rope=lantern" in rec["notes"][0]
     assert rec["embedding_max_abs_diff"] > 0  # random source: differs from the target's embedding
     dcfg = OmegaConf.create({"kind": "eagle", "path": str(tmp_path / "dst"), "seed": 0})
     drafter = build_drafter(dcfg, t)
     assert drafter.config.input_norm is False and drafter.config.intermediate_size == 96
+    ids = torch.arange(20)  # the drafter embeds with the copy it stores, not the target's table
+    assert torch.equal(drafter.embed(t, ids), sd["embed_tokens.weight"].float()[ids])
     pos = torch.arange(110, 130)  # caption tail (zero rotation) and the first image rows
     feats, embeds = torch.randn(20, 64, dtype=torch.float64), sd["embed_tokens.weight"][torch.arange(20)]
     drafter.reset(1, 32)

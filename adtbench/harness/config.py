@@ -169,12 +169,14 @@ def validate_drafter(cfg: DictConfig, policy: Policy) -> None:
     if kind == "eagle":
         path = cfg.drafter.get("path")
         if path is not None and not Path(str(path)).exists():
-            raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
-        if path is not None and policy.uses_drafter:  # its weights are read: check them first
-            from adtbench.io import check_weights
+            from adtbench.models.registry import looks_like_repo_id
 
-            p = Path(str(path))
-            check_weights("drafter.path", p / "model.safetensors" if p.is_dir() else p)
+            if not looks_like_repo_id(str(path)):  # a hub id is fetched by the loader
+                raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
+        if path is not None and policy.uses_drafter:  # its weights are read: check them first
+            from adtbench.harness.drafters import check_path
+
+            check_path(path)
 
 
 def check_writable_dir(key: str, value: Any) -> None:
