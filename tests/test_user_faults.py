@@ -172,7 +172,7 @@ def test_c2i_text_prompt_is_refused_with_the_dataset_naming_the_prompt(tmp_path)
     from adtbench.harness.app import load_dataset, run
     from adtbench.harness.config import check_prompts
 
-    cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2")
+    cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2", "drafter.random=true")
     with pytest.raises(ConfigError) as ei:
         run(cfg, tmp_path / "r", {})  # model.path is a hub id: failing here means no model was touched
     first = load_dataset(cfg)[0].prompt_id
