@@ -68,3 +68,14 @@ def test_versus_decodes_what_the_app_decodes(monkeypatch: pytest.MonkeyPatch) ->
             "--variant", "a"]  # fmt: skip
     assert main(args) == 0
     assert seen and all(s == ("device", 0) for s in seen)
+
+
+@pytest.mark.parametrize("tool", [["versus", "--variant", "a"], ["overhead"], ["batch"]])
+def test_bench_tools_refuse_the_reference_baseline(tool: list[str], capsys) -> None:
+    """The bench tools that build their own models time the lean AR step only: ``timing.reference_baseline=true``
+    is an error naming the key, not a flag silently ignored."""
+    from adtbench.tools.bench import main as bench_main
+
+    assert bench_main([tool[0], *COMMON, "timing.reference_baseline=true", *tool[1:]]) == 2
+    out = capsys.readouterr()
+    assert "timing.reference_baseline" in out.out + out.err

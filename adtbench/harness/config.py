@@ -439,6 +439,19 @@ def check_reference(cfg: DictConfig, conf: schema.AppConf) -> None:
     reference_impl(cfg)
 
 
+def refuse_reference_in_bench(cfg: DictConfig, tool: str) -> None:
+    """The ``adtbench bench`` tools that build their models themselves (``overhead``, ``cost``, ``probe``,
+    ``versus``, ``batch``, ``count``) time the lean AR step only: ``timing.reference_baseline=true`` there is a
+    ``ConfigError`` naming the key, not a flag silently ignored (``bench speed`` runs the app per row: it applies)."""
+    timing = cfg.get("timing")
+    if isinstance(timing, DictConfig) and timing.get("reference_baseline", False) is True:
+        raise ConfigError(
+            "timing.reference_baseline",
+            f"adtbench bench {tool} times the lean AR step only; time the reference through the app "
+            "(python run.py ... timing.reference_baseline=true) or adtbench bench speed",
+        )
+
+
 def check_engine(cfg: DictConfig) -> None:
     """``engine.compile`` (a flag: compile the target's, and drafter's, forward before the warm-up, which then needs
     ``warmup ≥ 1``; false without the node) and ``engine.acceptance`` (where tree acceptance runs: ``auto`` — the

@@ -74,6 +74,7 @@ from adtbench.errors import ConfigError
 from adtbench.harness.config import (
     build_sampling,
     compose_config,
+    refuse_reference_in_bench,
     register_resolvers,
     resolve_paths,
     validate,
@@ -479,6 +480,7 @@ def main(args: list[str]) -> int:
         extra = ["+bench.prompts=1", "+bench.out=null", "+bench.buckets=null", "+bench.repeats=20"]
     try:
         cfg = compose_config("config", [*extra, *args[1:]])
+        refuse_reference_in_bench(cfg, args[0])
         resolve_paths(cfg)  # relative dataset / weight paths against paths.root_dir, as in the app
         if args[0] == "probe":
             from adtbench.tools.bench_probe import probe

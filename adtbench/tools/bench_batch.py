@@ -129,13 +129,15 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
 def compose(opts: dict[str, Any], rest: list[str]) -> Any:
     """The composed, path-resolved config: ``dataset=mini`` unless ``rest`` chooses one, and
     ``decode.batch_size`` = the largest size, so the app's checks of batched decoding apply."""
-    from adtbench.harness.config import compose_config
+    from adtbench.harness.config import compose_config, refuse_reference_in_bench
 
     over = list(rest)
     if not any(a.split("=", 1)[0].lstrip("+~") == "dataset" for a in over):
         over.insert(0, "dataset=mini")
     over.append(f"decode.batch_size={max(opts['sizes'])}")
-    return compose_config("config", over)
+    cfg = compose_config("config", over)
+    refuse_reference_in_bench(cfg, "batch")
+    return cfg
 
 
 # ----------------------------------------------------------------------------------------------------

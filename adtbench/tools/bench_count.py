@@ -358,13 +358,14 @@ def main(args: list[str]) -> int:
     from adtbench.algorithm.ar import ar_tokens
     from adtbench.algorithm.sampling import build_sampling
     from adtbench.errors import ConfigError
-    from adtbench.harness.config import compose_config, resolve_paths
+    from adtbench.harness.config import compose_config, refuse_reference_in_bench, resolve_paths
     from adtbench.io import atomic_write_json
     from adtbench.models.registry import build_target
 
     extra = ["+bench.nodes=[1,8,16,32]", "+bench.paths=[eager,static]", "+bench.fill=0.5", "+bench.out=null"]
     try:
         cfg = compose_config("config", [*extra, *args])
+        refuse_reference_in_bench(cfg, "count")
         resolve_paths(cfg)
         sp = build_sampling(cfg.sampling)
         rows = []

@@ -76,7 +76,7 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str], dict[str, list[st
 
 def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[str, Any]:
     """Each variant's composed, path-resolved config; only ``FREE_GROUPS`` may differ from the first."""
-    from adtbench.harness.config import compose_config, config_diff, resolve_paths
+    from adtbench.harness.config import compose_config, config_diff, refuse_reference_in_bench, resolve_paths
 
     cfgs = {}
     for name, over in variants.items():
@@ -84,6 +84,7 @@ def compose_variants(common: list[str], variants: dict[str, list[str]]) -> dict[
             cfg = compose_config("config", [*common, *over])
         except ConfigError as e:
             raise ConfigError(e.key, f"variant {name!r}: {e.message}") from None
+        refuse_reference_in_bench(cfg, "versus")
         resolve_paths(cfg)
         cfgs[name] = cfg
     first_name, first = next(iter(cfgs.items()))
