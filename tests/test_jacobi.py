@@ -64,6 +64,10 @@ def test_greedy_equals_ar_every_variant() -> None:
             assert res.committed == len(ar.tokens) - 1 and len(res.cycles) == res.stats["target_forwards"]
             assert sum(res.stats["accept_hist"]) == len(res.cycles)
             assert all(c.nodes <= 16 and c.accepted < c.nodes for c in res.cycles)
+        for redraw, proposal in (("gumbel", "uniform"), ("gumbel", "point"), ("coupled", "point")):
+            pol = policy("scd", window=4, init="random", redraw=redraw, proposal=proposal)
+            res = generate(target, None, pol, inputs, GREEDY, torch.Generator().manual_seed(1))
+            assert res.tokens == ar.tokens, (prompt, redraw, proposal)
 
 
 def test_eol_layout_greedy_and_forced_tokens() -> None:
@@ -161,6 +165,10 @@ LAW_CASES = [
     ({"name": "scd", "init": "left"}, "host"),
     ({"name": "scd", "init": "up"}, "host"),
     ({"name": "scd", "init": "drafter"}, "device"),
+    ({"name": "sjd", "init": "random", "proposal": "point"}, "device"),
+    ({"name": "scd", "init": "random", "proposal": "point"}, "host"),
+    ({"name": "scd", "init": "random", "redraw": "gumbel", "proposal": "point"}, "device"),
+    ({"name": "scd", "init": "up", "redraw": "gumbel"}, "host"),
 ]
 N_LAW = 500
 
@@ -185,8 +193,8 @@ def test_sampling_law_rejects_a_planted_bug(law_setup, monkeypatch: pytest.Monke
     wrong but a smaller effect: p ≈ 0.04 at this size.)"""
     redraw = J.redraw
 
-    def buggy(kind, probs, old, q_old, has_old, generator):
-        tok, q, keep = redraw(kind, probs, old, q_old, has_old, generator)
+    def buggy(kind, probs, old, q_old, has_old, generator, noise=None):
+        tok, q, keep = redraw(kind, probs, old, q_old, has_old, generator, noise)
         return tok, torch.where(has_old[:, None], q_old, q), keep
 
     monkeypatch.setattr(J, "redraw", buggy)
@@ -204,7 +212,12 @@ def test_batched_equals_single(sp: SamplingParams) -> None:
     target, _ = tiny("tiny_llamagen")
     prompts = [*PROMPTS, "green", "a large yellow star on a mat"]
     inputs = [target.encode_prompt(p, cfg=True) for p in prompts]
-    for node, where in (({"window": 6, "init": "up"}, "host"), ({"window": "adaptive", "window_min": 2}, "device")):
+    nodes = (
+        ({"window": 6, "init": "up"}, "host"),
+        ({"window": "adaptive", "window_min": 2}, "device"),
+        ({"window": 5, "init": "random", "redraw": "gumbel", "proposal": "point"}, "device"),
+    )
+    for node, where in nodes:
         pol = policy("scd", **node)
         single = [generate(target, None, pol, x, sp, torch.Generator().manual_seed(i), acceptance=where).tokens
                   for i, x in enumerate(inputs)]  # fmt: skip
@@ -233,6 +246,8 @@ def test_device_discipline(monkeypatch: pytest.MonkeyPatch) -> None:
                 bt = BatchTarget(target, 2, True, 64 + target.layout.num_gen_tokens)
                 items = [(i, inputs, torch.Generator().manual_seed(i)) for i in range(3)]
                 pol.generate_batch(bt, None, items, sp, lambda k, r: None, None, "device")
+        gumbel = policy("scd", window=5, init="random", redraw="gumbel", proposal="point")
+        generate(target, None, gumbel, inputs, sp, torch.Generator().manual_seed(0), None, "device")
     assert w.violations == [], "\n".join(sorted(set(w.violations)))
 
 
@@ -269,7 +284,7 @@ def grouped_reference(rule: GroupedRule, p: torch.Tensor, x: int, q: torch.Tenso
     order = sorted(range(p.numel()), key=lambda i: (-float(p[i]), i))
     r = order.index(x)
     group = []
-    for y in order[max(0, r - rule.half) : r + rule.half + 1]:
+    for y in order[max(0, r - rule.above) : r + rule.below + 1]:
         close = abs(float(p[y] - p[x])) < rule.gap
         near = float(((rule.emb[y - rule.offset] - rule.emb[x - rule.offset]) ** 2).sum()) < rule.dist
         if y == x or (close and near and 0 <= y - rule.offset < rule.codes):
@@ -285,15 +300,34 @@ def test_grouped_rule_vectorised_equals_reference() -> None:
     q = torch.softmax(torch.randn(m, V, generator=g, dtype=torch.float64), -1)
     x = torch.randint(0, V, (m,), generator=g)
     px, qx = p.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0]
-    for half, gap, dist in ((7, 0.15, 0.5), (3, 1.0, 10.0), (0, 0.15, 0.5)):
-        rule = GroupedRule(emb, 0, half, gap, dist)
+    for size, gap, dist in ((14, 0.15, 0.5), (15, 0.15, 0.5), (6, 1.0, 10.0), (7, 1.0, 10.0), (1, 0.15, 0.5)):
+        rule = GroupedRule(emb, 0, size, gap, dist)
+        assert rule.below + rule.above + 1 == size
         acc, residual = rule.proposal_rows(p, x, q, px, qx)
         assert torch.allclose(residual, (p - q).clamp_min(0))
         ref = torch.tensor([grouped_reference(rule, p[i], int(x[i]), q[i]) for i in range(m)], dtype=torch.float64)
-        assert torch.allclose(acc, ref), (half, gap, dist)
+        assert torch.allclose(acc, ref), (size, gap, dist)
     exact = (px / qx).clamp_max(1.0)
-    assert torch.allclose(GroupedRule(emb, 0, 0, 0.15, 0.5).proposal_rows(p, x, q, px, qx)[0], exact)
-    assert not GroupedRule(emb, 0, 7, 0.15, 0.5).lossless
+    for size in (0, 1):
+        assert torch.allclose(GroupedRule(emb, 0, size, 0.15, 0.5).proposal_rows(p, x, q, px, qx)[0], exact)
+    assert not GroupedRule(emb, 0, 14, 0.15, 0.5).lossless
+
+
+def test_grouped_rule_window_is_the_references_slice() -> None:
+    """At size 14 the window is the GSD reference's slice of an ascending sort, ``[r − 7, r + 7)``: the 7 tokens of
+    next-lower probability, x and the 6 of next-higher (14 ranks, not 15)."""
+    V = 30
+    p = torch.softmax(torch.linspace(-3.0, 3.0, V, dtype=torch.float64), -1)[None]  # p increasing in the id
+    x = torch.tensor([15])
+    q = torch.full((1, V), 1.0 / V, dtype=torch.float64)
+    emb = torch.zeros(V, 2, dtype=torch.float64)  # every token near every other
+    rule = GroupedRule(emb, 0, 14, 1.0, 1.0)  # no probability gap filter either: the group is the rank window
+    acc, _ = rule.proposal_rows(p, x, q, p[:, 15], q[:, 15])
+    ascending = p[0].argsort()
+    r = int((ascending == 15).nonzero())
+    window = ascending[r - 7 : r + 7]
+    assert sorted(window.tolist()) == list(range(8, 22))
+    assert torch.allclose(acc, (p[0, window].sum() / q[0, window].sum()).clamp_max(1.0).view(1))
 
 
 def test_adaptive_window_grows_where_runs_above_were_long() -> None:
@@ -339,7 +373,8 @@ def test_params_name_their_key() -> None:
     for node, key in (({"window": 0}, "policy.window"), ({"window": "fast"}, "policy.window"),
                       ({"init": "diagonal"}, "policy.init"), ({"redraw": "maybe"}, "policy.redraw"),
                       ({"window_min": 9, "window_max": 4}, "policy.window_max"), ({"rule": "lantern"}, "policy.rule"),
-                      ({"group_dist": -1.0}, "policy.group_dist")):  # fmt: skip
+                      ({"group_dist": -1.0}, "policy.group_dist"),
+                      ({"proposal": "onehot"}, "policy.proposal")):  # fmt: skip
         with pytest.raises(ConfigError) as e:
             policy("scd", **node)
         assert e.value.key == key, node
@@ -418,3 +453,26 @@ def test_lantern_composes_with_scd() -> None:
 
     pol = validate(compose_run("policy=scd", "lantern=on")).policy
     assert pol.accepts_rule and pol.rule_for(None, "lantern-rule") == "lantern-rule" and pol.max_nodes() == 16
+
+
+def test_gumbel_redraw_keeps_the_noise_of_its_position() -> None:
+    """``redraw: gumbel``: a position's Exp(1) row is drawn once and follows the position as the root moves (rows
+    shift by the committed count), so a redraw under an unchanged p repeats the old draft; the coupling keeps far
+    more drafts than independent redraws do (``kept`` counts the old draft winning again)."""
+    probs = torch.softmax(torch.randn(3, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
+    noise = J.exponentials((3, 12), torch.Generator().manual_seed(1), probs.device)
+    first, _, _ = J.redraw("gumbel", probs, torch.zeros(3, dtype=torch.long), probs, torch.zeros(3, dtype=torch.bool),
+                           None, noise)  # fmt: skip
+    again, q, kept = J.redraw("gumbel", probs, first, probs, torch.ones(3, dtype=torch.bool), None, noise)
+    assert torch.equal(again, first) and bool(kept.all()) and q is probs
+    assert torch.equal(first, (probs / noise).argmax(-1))
+    target, _ = tiny("tiny_llamagen")
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    inputs = target.encode_prompt(PROMPTS[0], cfg=True)
+    frac = {}
+    for redraw in ("gumbel", "coupled"):
+        res = generate(target, None, policy("scd", window=6, init="random", redraw=redraw, proposal="point"), inputs,
+                       sp, torch.Generator().manual_seed(2))  # fmt: skip
+        assert res.stats["redraw"] == redraw and res.stats["coupled"] > 0
+        frac[redraw] = res.stats["kept_frac"]
+    assert frac["gumbel"] > 0.2, frac

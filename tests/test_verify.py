@@ -265,7 +265,7 @@ def test_chain_fast_path_decides_like_the_general_path(rule_name: str) -> None:
     rule = {
         "exact": AcceptanceRule(),
         "lantern": LanternRule(torch.randint(0, V, (V, 3), generator=g), 0, delta=0.3),
-        "gsd": GroupedRule(torch.randn(V, 2, generator=g, dtype=torch.float64), 0, 3, 0.3, 2.0),
+        "gsd": GroupedRule(torch.randn(V, 2, generator=g, dtype=torch.float64), 0, 7, 0.3, 2.0),
     }[rule_name]
     decided = Counter()
     for trial in range(200):

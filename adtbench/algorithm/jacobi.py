@@ -18,7 +18,11 @@ stored with the full proposal distribution q_i it was drawn from. One iteration 
    - ``independent`` (SJD, arXiv 2410.01699): y_j ~ p_j, q := p_j;
    - ``coupled`` (SCD / MC-SJD, arXiv 2510.24211): the old draft x there (proposal q_old) is kept with probability
      min(1, p_j(x) / q_old(x)), else a draw from norm(max(p_j − q_old, 0)) replaces it (maximal coupling); q := p_j.
-     The last row p_m has no old draft: a fresh draw. Greedy: the argmax either way.
+     The last row p_m has no old draft: a fresh draw.
+   - ``gumbel`` (SCD's Gumbel coupling, ``…_GS.py``): each position draws one Exp(1) row E (a Gumbel noise table)
+     when it enters the window and keeps it until it is committed; every redraw there is the race
+     y = argmax_v p_j(v) / E_v, q := p_j. An unchanged p repeats the old draft; a small change rarely moves it.
+   Greedy: the argmax in every case.
 3. **Top up.** The chain is sized (``FixedWindow``; ``window: cost`` — a fixed L chosen by ``calibrate_window`` on
    the machine's cost model; ``AdaptiveWindow``: m = L − 1 drafts, capped one short of the image end so the last
    token is always a bonus; drafts held past a shrunken chain wait unverified) and new positions are initialised
@@ -26,6 +30,8 @@ stored with the full proposal distribution q_i it was drawn from. One iteration 
    exact, uniform accepts Σ_y min(p(y), 1/n) instead of 1/n on average); ``left`` / ``up`` — repeat the raster-left
    (forced end-of-line tokens skipped) or upper neighbour, a point-mass q; ``drafter`` — the EAGLE drafter's chain
    (``DrafterInit``). Forced positions (end-of-line / end-of-image) always get their forced token, q a point mass.
+   ``proposal: point`` stores a point mass for ``random`` drafts too (the SJD, SCD and GSD codes' one-hot): exact,
+   since the draft is a function of q then, and a random draft x is accepted with probability p(x).
 
 **Lossless** (``redraw`` either way, every ``init``, the exact rule). Invariant at every verify: each draft d_i,
 given everything that decided anything left of it (committed tokens, drafts and logits at earlier positions, every
@@ -37,7 +43,10 @@ everything left of j, and since then x was neither tested (it lies past the firs
 anything left of j (only logits *right* of j saw it). So given the left information x ~ q_old, and the maximal
 coupling maps it to a token distributed exactly as p_j: P(y) = q_old(y)·min(1, p_j(y)/q_old(y)) +
 (1 − Σ min(p_j, q_old)) · (p_j − q_old)⁺(y) / Σ (p_j − q_old)⁺ = min(q_old, p_j)(y) + (p_j − q_old)⁺(y) = p_j(y).
-Hence q := p_j is the new draft's law given the left information — the invariant again. Keeping q_old as a redrawn
+Hence q := p_j is the new draft's law given the left information — the invariant again. The Gumbel redraw: the
+position's noise row E was drawn when the position entered the window and has since decided only its own drafts,
+which were never tested and fed only logits right of j; so given the left information E is still i.i.d. Exp(1), and
+the race argmax p_j / E is a draw from p_j (``sampling.sample_rows``) — q := p_j again. Keeping q_old as a redrawn
 draft's proposal breaks it: the tests plant that bug and the law test rejects it (keeping q_old for the *kept* drafts
 only, as the SCD reference code does, is as wrong, with a smaller effect).
 The window size may depend on past acceptance only (never on a draft being tested), so sizing keeps the law.
@@ -70,7 +79,14 @@ import torch
 
 from adtbench.algorithm.ar import prefill_token
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows, sample_rows_cdf, uniforms
+from adtbench.algorithm.sampling import (
+    SamplingParams,
+    exponentials,
+    process_logits,
+    sample_rows,
+    sample_rows_cdf,
+    uniforms,
+)
 from adtbench.algorithm.slot import SlotStream, Timing, decides_on_host, verify_slots
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
@@ -79,7 +95,8 @@ from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target
 
 INITS = ("random", "left", "up", "drafter")
-REDRAWS = ("independent", "coupled")
+REDRAWS = ("independent", "coupled", "gumbel")
+PROPOSALS = ("uniform", "point")
 WINDOW_MODES = ("cost", "adaptive")
 RULES = ("exact", "gsd")
 
@@ -93,12 +110,15 @@ RULES = ("exact", "gsd")
 class JacobiParams:
     """One Jacobi method (module docstring). ``window``: L, the chain's nodes (root + L − 1 drafts), or ``cost`` /
     ``adaptive`` (then L ∈ [``window_min``, ``window_max``]); ``rule``: ``exact`` or ``gsd`` (``group_*``: its
-    group); ``calibration_tokens``: ``window: cost`` decodes the first that many tokens of each calibration image."""
+    group); ``proposal``: the stored q of an ``init: random`` draft, ``uniform`` or ``point`` (a point mass on the
+    draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``: ``window: cost`` decodes the first that many
+    tokens of each calibration image."""
 
     window: int | str = 16
     init: str = "random"
     redraw: str = "coupled"
     rule: str = "exact"
+    proposal: str = "uniform"
     window_min: int = 4
     window_max: int = 32
     adapt_margin: int = 8
@@ -137,6 +157,7 @@ def jacobi_params(node: dict[str, Any]) -> JacobiParams:
         init=check_choice(node.get("init", d.init), "policy.init", INITS),
         redraw=check_choice(node.get("redraw", d.redraw), "policy.redraw", REDRAWS),
         rule=check_choice(node.get("rule", d.rule), "policy.rule", RULES),
+        proposal=check_choice(node.get("proposal", d.proposal), "policy.proposal", PROPOSALS),
         window_min=lo,
         window_max=hi,
         adapt_margin=check_number(node.get("adapt_margin", d.adapt_margin), "policy.adapt_margin", int, lo=0),
@@ -294,13 +315,21 @@ def redraw(
     q_old: torch.Tensor,
     has_old: torch.Tensor,
     generator: torch.Generator | None,
+    noise: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """New drafts from this forward's rows ``probs [r, V]`` (module docstring, step 2): returns (tokens ``[r]``, their
     proposals ``[r, V]`` = ``probs``, kept ``[r]`` bool). ``coupled``: row i keeps ``old[i]`` (drawn from
     ``q_old[i]``) with probability min(1, p(x)/q_old(x)) where ``has_old[i]``, else draws from
-    norm(max(p − q_old, 0)) (rows without an old draft: ``q_old`` is 0, so from p)."""
+    norm(max(p − q_old, 0)) (rows without an old draft: ``q_old`` is 0, so from p). ``gumbel``: the exponential race
+    argmax_v p(v) / E_v (Gumbel-max) on the position's own Exp(1) row ``noise [r, V]``, drawn once when the position
+    entered the window and reused by every redraw there (the SCD authors' Gumbel coupling); kept = the old draft
+    won again."""
     if kind == "independent":
         return sample_rows_cdf(probs, generator), probs, torch.zeros_like(has_old)
+    if kind == "gumbel":
+        assert noise is not None, "redraw=gumbel needs the window's noise rows"
+        tok = (probs.to(noise.dtype) / noise).argmax(-1)
+        return tok, probs, has_old & (tok == old)
     u = uniforms((probs.shape[0],), generator, probs.device)
     px = probs.gather(1, old[:, None])[:, 0]
     qx = q_old.gather(1, old[:, None])[:, 0]
@@ -332,9 +361,11 @@ def init_drafts(
     tables: LayoutTables,
     generator: torch.Generator | None,
     greedy: bool,
+    proposal: str = "uniform",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """New drafts for positions s … s + t − 1 (``random`` / ``left`` / ``up``; module docstring, step 3): (tokens
-    ``[t]``, proposals ``[t, V]``, None when greedy)."""
+    ``[t]``, proposals ``[t, V]``, None when greedy). ``proposal``: ``random`` drafts' stored q, ``uniform`` or
+    ``point`` (a point mass on the draft: exact too, the draft is known once q is)."""
     dev, V = seq.device, layout.vocab_size
     if init == "random":
         u = uniforms((t,), generator, dev)
@@ -348,7 +379,7 @@ def init_drafts(
         tok = torch.where(forced, f, tok)
     if greedy:
         return tok, None
-    if init != "random":  # left / up: a point mass everywhere
+    if init != "random" or proposal == "point":  # left / up (or random with point masses): a point mass everywhere
         return tok, _point_masses(tok, V, tables.uniform.dtype)
     uniform = tables.uniform[None].expand(t, V)
     if forced is None:
@@ -390,6 +421,7 @@ class JacobiState:
     kept: list[torch.Tensor] = field(default_factory=list)
     coupled: int = 0
     levels: int = 0  # drafter levels of this iteration's top-up (init=drafter)
+    noise: torch.Tensor | None = None  # redraw=gumbel: Exp(1) rows, row i the position g + 1 + i's (``redraw``)
     limit: int | None = None  # stop once this many tokens are committed (``calibrate_window``); None: the image
 
     @classmethod
@@ -410,7 +442,22 @@ class JacobiState:
         seq[:1] = root.view(1)
         q = None if sp.greedy else _zero_row(layout.vocab_size, dev, tables.uniform.dtype)
         sizer.reset()
-        return cls(layout, tables, params, sizer, seq, q, sp.greedy, generator)
+        st = cls(layout, tables, params, sizer, seq, q, sp.greedy, generator)
+        st._noise_rows(1)
+        return st
+
+    def _noise_rows(self, n: int, shift: int = 0) -> None:
+        """``redraw: gumbel``: drop the first ``shift`` noise rows (positions now committed or the bonus), then add
+        fresh Exp(1) rows until ``n`` rows cover positions g + 1 … g + n. A no-op otherwise."""
+        if self.params.redraw != "gumbel" or self.greedy:
+            return
+        V, dev = self.layout.vocab_size, self.seq.device
+        have = None if self.noise is None else self.noise[shift:]
+        k = n - (0 if have is None else have.shape[0])
+        if k > 0:
+            fresh = exponentials((k, V), self.generator, dev)
+            have = fresh if have is None else torch.cat([have, fresh])
+        self.noise = have
 
     @property
     def done(self) -> bool:
@@ -434,12 +481,21 @@ class JacobiState:
                 self.levels = drafter.levels
             else:
                 tok, q = init_drafts(
-                    self.params.init, self.seq, s, t, self.layout, self.tables, self.generator, self.greedy
+                    self.params.init,
+                    self.seq,
+                    s,
+                    t,
+                    self.layout,
+                    self.tables,
+                    self.generator,
+                    self.greedy,
+                    self.params.proposal,
                 )
             self.seq[s : s + t] = tok
             if self.q is not None and q is not None:
                 self.q = torch.cat([self.q[: self.held], q, self.q[self.held :]])
             self.held = m
+        self._noise_rows(m + 1)
         self.m = m
         return m
 
@@ -515,10 +571,11 @@ class JacobiState:
                     self.q[a + 1 : a + 1 + r],
                     has_old,
                     self.generator,
+                    None if self.noise is None else self.noise[a + 1 : a + 1 + r],
                 )
                 self.seq[b + 1 : b + 1 + r] = tok
                 self.q = torch.cat([q, self.q[m + 1 : m + 1 + tail], _zero_row(q.shape[1], q.device, q.dtype)])
-                if self.params.redraw == "coupled":
+                if self.params.redraw != "independent":
                     self.kept.append(kept.sum())
                     self.coupled += min(r, old)
         elif self.q is not None:
@@ -538,6 +595,7 @@ class JacobiState:
         )
         self.cycles.append(rec)
         self.g, self.m, self.held = b, 0, r + tail
+        self._noise_rows(r + tail + 1, shift=a + 1)
         return rec
 
     def stats(self) -> dict[str, Any]:
@@ -889,30 +947,34 @@ def calibrate_window(
 
 class GroupedRule(AcceptanceRule):
     """GSD's grouped acceptance test (arXiv 2508.07747; lossy): for a draft x drawn from q under target p, its group
-    G(x) = the tokens y ranked within ± ``half`` of x in p's descending order with |p(y) − p(x)| < ``gap`` and
+    G(x) = the tokens y within a window of ``size`` ranks of p's order — x, the ``below`` = size // 2 ranks just
+    below it (lower p) and the ``above`` = size − below − 1 ranks just above it (the reference's slice of 7 lower, x
+    and 6 higher at size 14) — with |p(y) − p(x)| < ``gap`` and
     ‖e(y) − e(x)‖² < ``dist`` (e: the target's input embedding of image tokens; x ∈ G always); accept with
     min(1, Σ_G p / Σ_G q). On rejection the plain residual max(p − q, 0) (not group-corrected, as the reference).
     The paper's guarantee — acceptance at least the exact rule's — holds where the rest of the group has
     Σp / Σq ≥ p(x) / q(x) (a mediant), e.g. for a point-mass q. Vectorised over rows: two top-k's per row for the
     rank window (ties among equal probabilities fall as top-k breaks them, as the reference's argsort), a
-    [rows, 2·half + 1] candidate window. Greedy stays exact (argmax)."""
+    [rows, size] candidate window. Greedy stays exact (argmax)."""
 
     name = "gsd"
     lossless = False
 
-    def __init__(self, embeddings: torch.Tensor, offset: int, half: int, gap: float, dist: float) -> None:
-        self.emb, self.offset, self.half, self.gap, self.dist = embeddings, offset, half, gap, dist
+    def __init__(self, embeddings: torch.Tensor, offset: int, size: int, gap: float, dist: float) -> None:
+        self.emb, self.offset, self.gap, self.dist = embeddings, offset, gap, dist
+        self.below = size // 2
+        self.above = max(0, size - self.below - 1)
         self.codes = embeddings.shape[0]
 
     def proposal_rows(
         self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``[m, V]``: the group's acceptance and the plain residual. The ±half rank window around x is two
-        top-k's (the half tokens just above p(x), the half + 1 at or below it) rather than a full sort."""
-        V, h, inf = p.shape[-1], self.half, float("inf")  # a Python scalar: no host→device copy (a sync on CUDA)
-        at_or_below = torch.where(p <= px[:, None], p, -inf).topk(min(h + 1, V), -1)
-        above = torch.where(p > px[:, None], -p, -inf).topk(min(h, V), -1)
-        cand = torch.cat([above.indices, at_or_below.indices], -1)  # [m, ≤ 2h + 1]
+        """Rows ``[m, V]``: the group's acceptance and the plain residual. The rank window around x is two top-k's
+        (the ``above`` tokens just above p(x), the ``below`` + 1 at or below it) rather than a full sort."""
+        V, inf = p.shape[-1], float("inf")  # a Python scalar: no host→device copy (a sync on CUDA)
+        at_or_below = torch.where(p <= px[:, None], p, -inf).topk(min(self.below + 1, V), -1)
+        above = torch.where(p > px[:, None], -p, -inf).topk(min(self.above, V), -1)
+        cand = torch.cat([above.indices, at_or_below.indices], -1)  # [m, ≤ size]
         inside = torch.cat([above.values, at_or_below.values], -1) > -inf
         pc, qc = p.gather(1, cand), q.gather(1, cand)
         code = (cand - self.offset).clamp(0, self.codes - 1)
@@ -929,7 +991,7 @@ def grouped_rule(target: Target, params: JacobiParams) -> GroupedRule:
     lay = target.layout
     ids = lay.image_token_offset + torch.arange(lay.num_codes, device=target.device)
     emb = target.embed_tokens(ids).to(torch.float32)
-    return GroupedRule(emb, lay.image_token_offset, params.group_size // 2, params.group_gap, params.group_dist)
+    return GroupedRule(emb, lay.image_token_offset, params.group_size, params.group_gap, params.group_dist)
 
 
 __all__ = [

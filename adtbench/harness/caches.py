@@ -168,6 +168,7 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
                 "init",
                 "redraw",
                 "rule",
+                "proposal",
                 "window_min",
                 "window_max",
                 "calibration_tokens",
@@ -180,7 +181,7 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
         "lantern": lantern_on,
         "prompts": list(CALIBRATION_PROMPTS),
         "grid": list(CALIBRATION_GRID),
-        "version": 2,
+        "version": 3,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / "jacobi" / f"{digest}.json"

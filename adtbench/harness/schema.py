@@ -161,14 +161,15 @@ class JacobiConf:
     name: str = "sjd"
     window: Any = 16  # L (an integer ≥ 1: chain nodes, root included) | cost | adaptive
     init: str = "random"  # random | left | up | drafter
-    redraw: str = "independent"  # independent (SJD) | coupled (SCD)
+    redraw: str = "independent"  # independent (SJD) | coupled (SCD) | gumbel (SCD's Gumbel coupling)
     rule: str = "exact"  # exact | gsd (lossy)
+    proposal: str = "uniform"  # init=random: the stored q, uniform | point (a point mass on the draft)
     window_min: int = 4  # window=cost|adaptive: bounds on L
     window_max: int = 32
     adapt_margin: int = 8  # window=adaptive: L = the longest run committed one row up + adapt_margin
     overhead_steps: float = 0.3  # window=cost: engine work per forward besides the verify (AR steps)
     calibration_tokens: int = 512  # window=cost: the first tokens of each calibration image decoded
-    group_size: int = 14  # rule=gsd: rank window (± group_size / 2)
+    group_size: int = 14  # rule=gsd: ranks in the window: x, group_size // 2 below, the rest above
     group_gap: float = 0.15  # rule=gsd: probability gap
     group_dist: float = 0.5  # rule=gsd: squared input-embedding distance
 
