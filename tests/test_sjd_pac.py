@@ -210,8 +210,8 @@ def test_sampling_law_rejects_planted_bugs(law_setup, monkeypatch: pytest.Monkey
         assert p < 1e-3, p
     redraw = J.redraw
 
-    def q_old_kept(kind, probs, old, q_old, has_old, generator):
-        tok, q, keep = redraw(kind, probs, old, q_old, has_old, generator)
+    def q_old_kept(kind, probs, old, q_old, has_old, generator, noise=None):
+        tok, q, keep = redraw(kind, probs, old, q_old, has_old, generator, noise)
         return tok, torch.where(has_old[:, None], q_old, q), keep
 
     monkeypatch.setattr(J, "redraw", q_old_kept)
