@@ -325,6 +325,18 @@ def test_cost_window_calibrates_the_tree() -> None:
     assert res.tokens == decode_ar(target, inputs[0], GREEDY, None).tokens
 
 
+def test_app_cost_window(tmp_path: Path) -> None:
+    """``policy.window=cost`` through the app: calibrated on the cost model, cached under the tree's keys."""
+    from adtbench.harness.app import run
+
+    cfg = compose_run("policy=sjd_pac", "policy.window=cost", "policy.window_min=4", "policy.window_max=16",
+                      "dataset.limit=1", f"paths.cache_dir={tmp_path / 'cache'}")  # fmt: skip
+    summary = run(cfg, tmp_path / "run", {})
+    assert summary["jacobi"]["window"] == "cost" and 4 <= summary["jacobi"]["window_mean"] <= 16
+    (cached,) = (tmp_path / "cache" / "jacobi").glob("*.json")
+    assert json.loads(cached.read_text())["key"]["policy"]["branch"] == 3
+
+
 @pytest.mark.parametrize(
     "node,key",
     [
