@@ -272,3 +272,41 @@ def test_multirun_models_by_policies(tmp_path):
         (m, p) for m in ["tiny_llamagen", "tiny_chameleon"] for p in ["ar", "chain", "static", "eagle2"]
     }
     assert all(s["tau"] == 1.0 for s in summaries if s["policy"] == "ar")
+
+
+@pytest.fixture(scope="module")
+def tiny_anole(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Anole checkpoint in the published layout (``adtbench make-tiny model=anole``)."""
+    from adtbench.tools.make_tiny import write_tiny
+
+    out = tmp_path_factory.mktemp("tiny") / "anole"
+    write_tiny("anole", out)
+    return out
+
+
+def test_reference_baseline_on_a_tiny_anole_checkpoint(tmp_path, tiny_anole):
+    """``timing.reference_baseline=true`` from the command line on a tiny Anole checkpoint: the AR baseline is timed
+    through the lean network and through transformers (``model.impl=hf``, loaded a second time) in the same repeats;
+    every record and the summary hold both ratios (the reference's with the same bootstrap CI), the run info names
+    the reference, and the printed line shows ``speedup_ref`` beside ``speedup``. Greedy in float32: both AR
+    implementations decode the same tokens."""
+    out = tmp_path / "ref"
+    proc = run_app("model=anole", f"model.path={tiny_anole}", "policy=eagle2", "drafter.random=true",
+                   "timing.reference_baseline=true", "timing.repeats=2", "dataset.limit=2", "sampling=greedy",
+                   "model.device=cpu", "model.dtype=float32", f"hydra.run.dir={out}", *FAST)  # fmt: skip
+    log = (out / "app.log").read_text()
+    assert "timing.reference_baseline: loading model=anole again with model.impl=hf" in log
+    recs = lines(out / "samples.jsonl")
+    for r in recs:
+        assert len(r["reference_latency_repeats_s"]) == 2 == len(r["baseline_latency_repeats_s"])
+        assert r["reference_latency_s"] == pytest.approx(sum(r["reference_latency_repeats_s"]) / 2)  # median of 2
+        assert r["speedup_ref"] == pytest.approx(r["reference_latency_s"] / r["latency_s"])
+        assert r["reference_tokens_match_baseline"] is True and r["tokens_match_baseline"] is True
+    s = json.loads((out / "summary.json").read_text())
+    refs, lat = [r["reference_latency_s"] for r in recs], [r["latency_s"] for r in recs]
+    assert s["speedup_ref"] == pytest.approx(sum(refs) / sum(lat)) and s["speedup_ref_n"] == 2
+    assert s["speedup_ref_ci"][0] <= s["speedup_ref"] <= s["speedup_ref_ci"][1]
+    assert s["reference_over_baseline"] == pytest.approx(sum(refs) / sum(r["baseline_latency_s"] for r in recs))
+    assert s["reference_baseline"] == "model.impl=hf (transformers, eager, attention sdpa)"
+    assert s["reference_tokens_match_baseline"] is True and s["speedup"] is not None
+    assert f"speedup_ref={s['speedup_ref']:.3f}x" in proc.stdout and "speedup=" in proc.stdout

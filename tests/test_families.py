@@ -525,7 +525,20 @@ def test_make_tiny_cli(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main([]) == 2
     assert main(["model=nope", f"out={tmp_path / 'a'}"]) == 2
     assert main(["model=llamagen_c2i", f"out={tmp_path / 'c2i'}", "layout=bare"]) == 0
-    assert "run: python run.py model=llamagen_c2i" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "run: python run.py model=llamagen_c2i" in printed
+    # the printed command passes the app's checks: a tiny checkpoint has no trained drafter, so it asks for a random one
+    from hydra import compose, initialize_config_dir
+
+    from adtbench.harness.config import register_resolvers, resolve_paths, validate
+
+    command = printed.split("run: python run.py ", 1)[1].split()
+    assert "drafter.random=true" in command
+    register_resolvers()
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        cfg = compose("config", overrides=command)
+    resolve_paths(cfg)
+    validate(cfg)
     assert main(["model=llamagen_c2i", f"out={tmp_path / 'c2i'}"]) == 2  # refuses a non-empty folder
     t = build_target(model_cfg("llamagen_c2i", tmp_path / "c2i"))
     assert t.gpt.cfg.model_type == "c2i"
@@ -632,11 +645,13 @@ def test_convert_lantern_llamagen_drafter(tiny, tmp_path: Path) -> None:
     config = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-6}
     _write_drafter(tmp_path / "src", sd, config | {"input_type": "t2i", "intermediate_size": 96}, bin_format=True)
     rec = convert(tmp_path / "src", tmp_path / "dst", t.gpt.tok_embeddings.weight.detach())
-    assert rec["dropped"] == ["embed_tokens.weight"] and "drafter_rope=lantern" in rec["notes"][0]
+    assert rec["dropped"] == [] and rec["embedding_rows"] == 64 and "drafter_rope=lantern" in rec["notes"][0]
     assert rec["embedding_max_abs_diff"] > 0  # random source: differs from the target's embedding
     dcfg = OmegaConf.create({"kind": "eagle", "path": str(tmp_path / "dst"), "seed": 0})
     drafter = build_drafter(dcfg, t)
     assert drafter.config.input_norm is False and drafter.config.intermediate_size == 96
+    ids = torch.arange(20)  # the drafter embeds with the copy it stores, not the target's table
+    assert torch.equal(drafter.embed(t, ids), sd["embed_tokens.weight"].float()[ids])
     pos = torch.arange(110, 130)  # caption tail (zero rotation) and the first image rows
     feats, embeds = torch.randn(20, 64, dtype=torch.float64), sd["embed_tokens.weight"][torch.arange(20)]
     drafter.reset(1, 32)
@@ -727,7 +742,7 @@ def test_run_py_every_family(tiny, tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     argv = [
         "-m", f"model={','.join(FAMILIES)}",
-        f"++model.path='{root}/${{model.name}}'", "policy=eagle2", "warmup=0", "dataset=inline",
+        f"++model.path='{root}/${{model.name}}'", "policy=eagle2", "drafter.random=true", "warmup=0", "dataset=inline",
         f"dataset.text='{TEXT}'", "model.device=cpu", "model.dtype=float32", "progress=false", "maps.per_run=false",
         f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}",
     ]  # fmt: skip
@@ -737,6 +752,7 @@ def test_run_py_every_family(tiny, tmp_path: Path) -> None:
     assert set(summaries) == set(FAMILIES)
     for fam, s in summaries.items():
         assert s["n_samples"] == 1 and s["policy"] == "eagle2" and s["tau"] >= 1.0, fam
+        assert s["drafter_random"] is True, fam  # no drafter was trained for a tiny checkpoint: the record says so
     assert all(any((p / "images").glob("*.png")) for p in sweep.iterdir() if p.is_dir())
 
 
@@ -746,8 +762,8 @@ def test_run_py_literal_command(tiny, tmp_path: Path) -> None:
     root, _ = tiny
     cmd = [
         sys.executable, str(ROOT / "run.py"), "model=anole", f"model.path={root / 'anole'}", "policy=eagle2",
-        "warmup=0", "dataset.limit=1", "model.device=cpu", "model.dtype=float32", "progress=false",
-        f"hydra.run.dir={tmp_path / 'run'}",
+        "drafter.random=true", "warmup=0", "dataset.limit=1", "model.device=cpu", "model.dtype=float32",
+        "progress=false", f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)

@@ -147,6 +147,12 @@ class DrafterTwin:
         assert self.static.scratch == self.plain.scratch
         return self.static.scratch
 
+    def embed(self, target: Any, ids: torch.Tensor) -> torch.Tensor:
+        return self.static.embed(target, ids)
+
+    def embed_prompt(self, target: Any, res: Any) -> torch.Tensor:
+        return self.static.embed_prompt(target, res)
+
     def reset(self, rows: int, capacity: int) -> None:
         self.static.reset(rows, capacity)
         self.plain.reset(rows, capacity)

@@ -114,6 +114,40 @@ def test_old_run_configs_migrate_to_todays_fingerprint() -> None:
     saved = {"model": {"name": "m"}, "engine": {"compile": True}}
     assert migrate_run_config(saved) == {**RESUME_NEW_KEYS, "model": {"name": "m"},
                                          "engine": {"compile": True, "acceptance": "auto"}}  # fmt: skip
+    # keys of issue 39: timing.reference_baseline (off before), drafter.random (an EAGLE drafter's key; off before)
+    old = migrate_run_config({"timing": {"repeats": 2}, "drafter": {"kind": "eagle", "path": None}})
+    assert old["timing"] == {"repeats": 2, "reference_baseline": False}
+    assert old["drafter"] == {"kind": "eagle", "path": None, "random": False}
+    assert migrate_run_config({"drafter": {"kind": "none"}})["drafter"] == {"kind": "none"}
+
+
+def test_reference_baseline_fields_of_a_record_and_the_summary() -> None:
+    """``timing.reference_baseline``: each record holds the reference's median latency, its repeats, ``speedup_ref``
+    and whether both AR implementations decoded the same tokens; the summary and the printed line carry
+    ``speedup_ref`` with its CI; without a reference every such field is null and the line is unchanged."""
+    runs = [result(0.5, [1, 2, 3]), result(0.4, [1, 2, 3]), result(0.6, [1, 2, 3])]
+    bases = [result(1.0, [1, 2, 3]), result(1.2, [1, 2, 3]), result(0.9, [1, 2, 3])]
+    refs = [result(4.0, [1, 2, 3]), result(5.0, [1, 2, 3]), result(3.0, [1, 2, 3])]
+    rec = SampleRecord.build(PROMPT, 11, runs, bases, None, refs)
+    assert rec.reference_latency_s == 4.0 and rec.reference_latency_repeats_s == [4.0, 5.0, 3.0]
+    assert rec.speedup_ref == 8.0 and rec.speedup == 2.0 and rec.reference_tokens_match_baseline is True
+    assert SampleRecord.from_json(json.loads(json.dumps(rec.to_json()))) == rec
+    other = SampleRecord.build(PROMPT, 11, runs, bases, None, [result(4.0, [1, 2, 4])] * 3)
+    assert other.reference_tokens_match_baseline is False
+    plain = record()
+    assert plain.reference_latency_s is None and plain.speedup_ref is None
+    assert plain.reference_tokens_match_baseline is None and plain.reference_latency_repeats_s is None
+    cfg = config()
+    run = {"reference_baseline": "model.impl=hf (transformers, eager, attention sdpa)"}
+    s = Summary.build([rec.slim(), {**rec.slim(), "prompt_id": "p-2"}], cfg, {}, None, 2, "exact", run)
+    doc = json.loads(json.dumps(s.to_json()))
+    assert Summary.from_json(doc) == s and doc["reference_baseline"].startswith("model.impl=hf")
+    assert doc["speedup_ref"] == 8.0 and doc["speedup_ref_n"] == 2 and doc["reference_over_baseline"] == 4.0
+    assert doc["reference_latency_s"] == 4.0 and doc["reference_tokens_match_baseline"] is True
+    line = s.line()
+    assert "speedup=2.000x" in line and " reference=4.0000s speedup_ref=8.000x [" in line
+    without = Summary.build([plain.slim()], cfg, {}, None, 1).to_json()
+    assert without["speedup_ref"] is None and "speedup_ref" not in Summary.from_json(without).line()
 
 
 # ---------------------------------------------------------------------------------------------------------

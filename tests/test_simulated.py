@@ -74,6 +74,22 @@ def test_the_app_runs_every_policy_on_the_simulated_device(case: str, tmp_path: 
 
 
 @pytest.mark.slow
+def test_the_reference_baseline_runs_on_the_simulated_device(tmp_path: Path) -> None:
+    """``timing.reference_baseline``: the lean Chameleon replays its graphs while the transformers reference, built
+    beside it, runs eagerly on the same (simulated) device, both AR sides on every prompt."""
+    from adtbench.harness.app import run
+
+    over = [o for o in TINY_OVERRIDES if not o.startswith("model=")]
+    cfg = _compose(["model=tiny_chameleon", *over, *FAST, "engine.compile=true", "timing.reference_baseline=true",
+                    "sampling=greedy"])  # fmt: skip
+    with accel.simulate() as sim:
+        summary = run(cfg, tmp_path / "run", {})
+    assert summary["graph_capture_s"] is not None and sim.counts["graph_replays"] > 0
+    assert summary["speedup_ref"] is not None and summary["reference_baseline"].startswith("model.impl=hf")
+    assert summary["reference_tokens_match_baseline"] is True
+
+
+@pytest.mark.slow
 def test_mulo_runs_on_the_simulated_device(tmp_path: Path) -> None:
     from adtbench.harness.app import run
 

@@ -160,12 +160,40 @@ def test_summarize_reports_total_ratio_median_and_ci() -> None:
         (["~timing.repeats"], "timing.repeats"),
         (["engine.compile=maybe"], "engine.compile"),
         (["engine.compile=true", "warmup=0"], "warmup"),
+        (["timing.reference_baseline=yes"], "timing.reference_baseline"),
+        # families without a reference implementation other than the baseline's: refused, naming why
+        (["timing.reference_baseline=true"], "timing.reference_baseline"),  # tiny_llamagen: LlamaGen
+        (["timing.reference_baseline=true", "model=mini", "drafter=mini"], "timing.reference_baseline"),
+        (["timing.reference_baseline=true", "model=tar", "policy=ar"], "timing.reference_baseline"),
+        (["timing.reference_baseline=true", "model=tiny_chameleon", "model.impl=hf"], "timing.reference_baseline"),
+        (["timing.reference_baseline=true", "model=tiny_chameleon", "baseline=false"], "timing.reference_baseline"),
+        (
+            ["timing.reference_baseline=true", "model=tiny_chameleon", "decode.batch_size=2"],
+            "timing.reference_baseline",
+        ),
     ],
 )
 def test_bad_timing_and_engine_config_names_the_key(overrides, key) -> None:
     with pytest.raises(ConfigError) as err:
         validate(config(*overrides))
     assert err.value.key == key
+
+
+def test_reference_baseline_refusals_say_why() -> None:
+    """Each family without a reference implementation is refused with its reason (``models.registry.NO_REFERENCE``);
+    Anole / Lumina-mGPT on their lean default are accepted (the reference is ``model.impl=hf``)."""
+    from adtbench.harness.config import reference_impl
+
+    for over, why in ((["model=mini", "drafter=mini"], "one implementation"), ([], "LlamaGen's reference"),
+                      (["model=tar", "policy=ar"], "already runs through transformers")):  # fmt: skip
+        with pytest.raises(ConfigError, match=why):
+            validate(config("timing.reference_baseline=true", *over))
+    with pytest.raises(ConfigError, match="already is the reference"):
+        validate(config("timing.reference_baseline=true", "model=anole", "model.impl=hf", "policy=ar"))
+    for model in ("anole", "lumina_mgpt", "tiny_chameleon"):
+        cfg = config("timing.reference_baseline=true", f"model={model}", "policy=ar")
+        assert validate(cfg).conf.timing.reference_baseline is True and reference_impl(cfg) == "hf"
+    assert validate(config()).conf.timing.reference_baseline is False
 
 
 def test_defaults() -> None:
@@ -183,13 +211,13 @@ def test_defaults() -> None:
 def test_repeats_alternate_abba_and_must_agree() -> None:
     calls: list[str] = []
 
-    def decode(p, seed, method):
-        calls.append("M" if method else "B")
+    def decode(p, seed, side):
+        calls.append(side[0].upper())
         return SimpleNamespace(tokens=[1, 2, 3], latency_s=1.0)
 
     p = SimpleNamespace(prompt_id="x")
-    runs, bases = timing.timed_prompt(decode, p, 5, 2, True, 0)
-    assert calls == ["B", "M", "M", "B"] and len(runs) == len(bases) == 2
+    runs, bases, refs = timing.timed_prompt(decode, p, 5, 2, True, 0)
+    assert calls == ["B", "M", "M", "B"] and len(runs) == len(bases) == 2 and refs == []
     calls.clear()
     timing.timed_prompt(decode, p, 5, 1, True, 1)
     assert calls == ["M", "B"]  # prompt 1 with one repeat: method first, as before repeats existed
@@ -199,11 +227,66 @@ def test_repeats_alternate_abba_and_must_agree() -> None:
 
     n = iter(range(10))
 
-    def drifting(p, seed, method):
-        return SimpleNamespace(tokens=[next(n)] if method else [0], latency_s=1.0)
+    def drifting(p, seed, side):
+        return SimpleNamespace(tokens=[next(n)] if side == "method" else [0], latency_s=1.0)
 
     with pytest.raises(RuntimeError, match="repeat 1 of the method"):
         timing.timed_prompt(drifting, p, 5, 2, True, 0)
+
+
+def test_reference_baseline_is_interleaved_as_the_baseline_is() -> None:
+    """With the reference baseline a repeat is a triple whose order reverses from pair to pair (R B M, M B R, …):
+    the baseline stays next to both, and the reference's repeats must agree like the others'."""
+    calls: list[str] = []
+
+    def decode(p, seed, side):
+        calls.append(side[0].upper())
+        return SimpleNamespace(tokens=[1, 2, 3], latency_s=1.0)
+
+    p = SimpleNamespace(prompt_id="x")
+    runs, bases, refs = timing.timed_prompt(decode, p, 5, 3, True, 0, reference=True)
+    assert "".join(calls) == "RBMMBRRBM" and len(runs) == len(bases) == len(refs) == 3
+    calls.clear()
+    timing.timed_prompt(decode, p, 5, 1, True, 1, reference=True)
+    assert calls == ["M", "B", "R"]  # an odd pair index: the reverse order
+    n = iter(range(10))
+
+    def drifting(p, seed, side):
+        return SimpleNamespace(tokens=[next(n)] if side == "reference" else [0], latency_s=1.0)
+
+    with pytest.raises(RuntimeError, match="repeat 1 of the reference"):
+        timing.timed_prompt(drifting, p, 5, 2, True, 0, reference=True)
+
+
+def test_speedup_ref_is_summarised_like_the_speedup() -> None:
+    """``speedup_ref`` = Σ reference / Σ method with the same two-level CI as ``speedup`` (the same function over the
+    reference's repeats), ``reference_over_baseline`` = Σ reference / Σ baseline; all None without a reference."""
+    ref = [10.0, 11.0, 9.5, 12.0, 10.5, 10.0, 11.5, 9.0]
+    recs = []
+    for i, (b, lt, r) in enumerate(zip(BASE, LAT, ref)):
+        reps = {"latency_repeats_s": [lt, lt * 1.02], "baseline_latency_repeats_s": [b, b * 0.99],
+                "reference_latency_repeats_s": [r, r * 1.01]}  # fmt: skip
+        recs.append({"prompt_id": f"p{i}", "cycles": 2, "committed": 4, "drafted_depth_sum": 0, "tree_depth_sum": 0,
+                     "latency_s": statistics.median(reps["latency_repeats_s"]),
+                     "baseline_latency_s": statistics.median(reps["baseline_latency_repeats_s"]),
+                     "reference_latency_s": statistics.median(reps["reference_latency_repeats_s"]),
+                     "reference_tokens_match_baseline": True, **reps})  # fmt: skip
+    s = summarize(recs)
+    lat = [r["latency_s"] for r in recs]
+    refs = [r["reference_latency_s"] for r in recs]
+    assert s["speedup_ref"] == pytest.approx(sum(refs) / sum(lat))
+    assert s["speedup_ref_median"] == pytest.approx(statistics.median(a / b for a, b in zip(refs, lat)))
+    ci = ratio_of_totals_ci([r["reference_latency_repeats_s"] for r in recs], [r["latency_repeats_s"] for r in recs])
+    assert s["speedup_ref_ci"] == pytest.approx(list(ci)) and ci[0] < s["speedup_ref"] < ci[1]
+    assert s["speedup_ref_n"] == 8 and s["reference_tokens_match_baseline"] is True
+    assert s["reference_over_baseline"] == pytest.approx(sum(refs) / sum(r["baseline_latency_s"] for r in recs))
+    assert s["speedup_ref"] == pytest.approx(s["speedup"] * s["reference_over_baseline"])
+    assert s["reference_latency_s"] == pytest.approx(np.mean(refs))
+    plain = summarize([{k: v for k, v in r.items() if not k.startswith("reference")} for r in recs])
+    assert plain["speedup_ref"] is None and plain["speedup_ref_n"] == 0 and plain["speedup_ref_ci"] is None
+    assert plain["speedup"] == s["speedup"] and plain["speedup_ci"] == s["speedup_ci"]
+    with pytest.raises(ValueError, match="different repeat counts"):
+        summarize([{**recs[0], "reference_latency_repeats_s": [1.0]}])
 
 
 def test_repeats_stored_and_medians_used(tmp_path: Path, capsys) -> None:

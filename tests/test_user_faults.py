@@ -172,7 +172,7 @@ def test_c2i_text_prompt_is_refused_with_the_dataset_naming_the_prompt(tmp_path)
     from adtbench.harness.app import load_dataset, run
     from adtbench.harness.config import check_prompts
 
-    cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2")
+    cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2", "drafter.random=true")
     with pytest.raises(ConfigError) as ei:
         run(cfg, tmp_path / "r", {})  # model.path is a hub id: failing here means no model was touched
     first = load_dataset(cfg)[0].prompt_id
@@ -211,6 +211,136 @@ def test_long_prompt_and_huge_top_k_warn_naming_the_limit(caplog):
         sp = clamp_top_k(SamplingParams(top_k=100000), target)
     assert sp.top_k == 0 and "100000" in caplog.text and str(target.layout.num_codes) in caplog.text
     assert clamp_top_k(SamplingParams(top_k=5), target).top_k == 5
+
+
+# --- no silent random drafter (issue 39, item 2) ---------------------------------------------------------------
+
+REAL = ("anole", "lumina_mgpt", "llamagen_t2i", "llamagen_c2i", "tar")  # the model configs that load a checkpoint
+POLICY_NAMES = sorted(p.stem for p in (ROOT / "conf" / "policy").glob("*.yaml"))
+
+
+def test_tiny_anole_with_adt_and_no_drafter_exits_2_before_loading(tmp_path, monkeypatch):
+    """The goal: ``python run.py model=anole model.path=<tiny anole> policy=adt`` with no drafter is one line naming
+    ``drafter.path``, the published drafter and the smoke-test key, exit 2, before any weights are read (no target is
+    built: the registry's builder would fail this test) and before the run dir exists."""
+    from adtbench.models import registry
+    from adtbench.tools.make_tiny import write_tiny
+
+    write_tiny("anole", tmp_path / "anole")
+    run_dir = tmp_path / "run"
+
+    def no_weights(*args, **kwargs):
+        raise AssertionError("a target was built")
+
+    monkeypatch.setattr(registry, "build_target", no_weights)
+    proc = run_in_process("model=anole", f"model.path={tmp_path / 'anole'}", "policy=adt", f"hydra.run.dir={run_dir}",
+                          env={"HYDRA_FULL_ERROR": "0"})  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("adtbench: config error: drafter.path: policy=adt"), proc.stderr
+    assert "jadohu/anole_drafter" in err[0] and "drafter.random=true" in err[0]
+    assert "loading model" not in proc.stderr + proc.stdout and not run_dir.exists()
+
+
+@pytest.mark.slow
+def test_missing_drafter_from_a_real_process(tmp_path):
+    """The same refusal from a fresh interpreter (what a user sees; the checkpoint need not exist to be refused)."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "run.py"), "model=lumina_mgpt", f"model.path={tmp_path / 'nothing'}",
+           "policy=eagle2", f"hydra.run.dir={run_dir}"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "drafter.path" in proc.stderr and "adtbench train drafter model=lumina_mgpt" in proc.stderr
+    assert "Traceback" not in proc.stderr and not run_dir.exists()
+
+
+@pytest.mark.parametrize("model", REAL)
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_drafting_policy_on_every_checkpoint_needs_a_drafter(model, policy, tmp_path):
+    """Refused iff the policy declares that it drafts with the EAGLE drafter (``drafts_with_eagle``, read from the
+    built policy, not from a list of names); the message lists the model's published drafters from its yaml."""
+    from adtbench.harness.config import build_policy, validate
+
+    over = [f"model={model}", f"model.path={tmp_path}", f"policy={policy}", f"paths.cache_dir={tmp_path / 'c'}"]
+    cfg = cfg_of(*over)
+    drafts = build_policy(cfg).drafts_with_eagle
+    if not drafts:
+        if policy in ("scd", "sjd", "gsd"):  # a Jacobi loop drafts with EAGLE under init=drafter
+            with pytest.raises(ConfigError, match=r"^drafter\.path: policy=") as e:
+                validate(cfg_of(*over, "policy.init=drafter"))
+            assert "drafter.random=true" in str(e.value)
+        return
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert e.value.key == "drafter.path" and f"policy={cfg.policy.name} " in str(e.value) and "\n" not in str(e.value)
+    published = OmegaConf.to_container(cfg.model.published_drafters)
+    for d in published:
+        assert d["path"] in str(e.value) and d["by"] in str(e.value)
+    if not published:
+        assert f"no public EAGLE drafter for model={model}" in str(e.value)
+        assert f"adtbench train drafter model={model}" in str(e.value)
+    validate(cfg_of(*over, "drafter.random=true"))  # the explicit smoke test runs
+
+
+def test_published_drafters_are_the_papers(tmp_path):
+    """The facts the refusal names live in the model yamls (schema-checked), not in Python."""
+    got = {m: [d["path"] for d in OmegaConf.to_container(cfg_of(f"model={m}").model.published_drafters)] for m in REAL}
+    assert got == {
+        "anole": ["jadohu/anole_drafter"],
+        "lumina_mgpt": [],
+        "llamagen_t2i": ["jadohu/llamagen_drafter", "jadohu/llamagen2_drafter"],
+        "llamagen_c2i": [],
+        "tar": [],
+    }
+
+
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["drafter.random=yes"], "drafter.random"),  # a string, not a flag
+        (["drafter.random=true", "drafter.path=/x"], "drafter.random"),  # a random drafter loads no weights
+        (["model.published_drafters=[jadohu/anole_drafter]"], "model.published_drafters[0]"),  # not {path, by}
+        (["model.published_drafters=[{path: a/b}]"], "model.published_drafters[0]"),  # no `by`
+        (["model.published_drafters=[{path: a/b, by: x, who: y}]"], "model.published_drafters[0].who"),
+    ],
+)
+def test_drafter_keys_are_checked(overrides, key, tmp_path):
+    from adtbench.harness.config import validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(cfg_of("model=anole", f"model.path={tmp_path}", "policy=adt", *overrides))
+    assert e.value.key.startswith(key), e.value
+    cfg = cfg_of("model=anole")
+    cfg.model.published_drafters = "jadohu/anole_drafter"  # not a list (as a yaml could write it)
+    with pytest.raises(ConfigError, match=r"^model\.published_drafters: must be a list"):
+        validate(cfg)
+
+
+def test_models_with_a_drafter_of_their_own_or_random_weights_are_not_refused():
+    """The shipped mini model drafts with its trained drafter (``model.drafter_path``); the in-memory tiny models are
+    random targets (``model.random_init``), their random drafter is what they test; neither needs drafter.random."""
+    from adtbench.harness.config import validate
+
+    for over in (["policy=adt"], ["model=tiny_llamagen", "policy=eagle2"], ["model=tiny_chameleon", "policy=chain"],
+                 ["model=anole", "model.random_init=true", "policy=eagle2"]):  # fmt: skip
+        validate(cfg_of(*over))
+
+
+def test_the_record_and_the_line_say_the_drafter_is_random(tmp_path):
+    """``drafter_random`` in summary.json: true for a random drafter, false for a trained one, null without one; the
+    printed line says RANDOM DRAFTER only for the first."""
+    from adtbench.harness.records import Summary
+
+    out = {}
+    for name, over in {"random": ["policy=chain", "policy.depth=2"], "none": ["policy=ar"]}.items():
+        proc = in_process(*over, "dataset.limit=1", "maps.per_run=false", f"hydra.run.dir={tmp_path / name}")
+        assert proc.returncode == 0, proc.stderr
+        out[name] = (json.loads((tmp_path / name / "summary.json").read_text()), proc.stdout)
+    assert out["random"][0]["drafter_random"] is True and "RANDOM DRAFTER" in out["random"][1]
+    assert out["none"][0]["drafter_random"] is None and "RANDOM DRAFTER" not in out["none"][1]
+    trained = {**out["random"][0], "drafter_random": False}
+    assert "RANDOM DRAFTER" not in Summary.from_json(trained).line()
+    assert Summary.from_json(out["random"][0]).run["drafter_random"] is True
 
 
 # --- security ------------------------------------------------------------------------------------------------
@@ -431,8 +561,8 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
     and the next job still runs (Hydra's launcher semantics: every job of the sweep runs, then the first failure
     is reported and the exit code is 1)."""
     sweep = tmp_path / "sweep"
-    proc = run_in_process("-m", "model=anole,tiny_llamagen", "drafter=eagle", "dataset=smoke", "dataset.limit=1",
-                          "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}",
+    proc = run_in_process("-m", "model=anole,tiny_llamagen", "drafter=eagle", "drafter.random=true", "dataset=smoke",
+                          "dataset.limit=1", "policy=eagle2", "warmup=0", "progress=false", f"hydra.sweep.dir={sweep}",
                           env={"HYDRA_FULL_ERROR": "0", "HF_HUB_OFFLINE": "1"})  # fmt: skip
     assert proc.returncode == 1, proc.stderr
     assert "adtbench: config error: model.path:" in proc.stderr and "Traceback" not in proc.stderr

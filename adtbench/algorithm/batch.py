@@ -160,7 +160,7 @@ def generate_batch(
         drafting = {s: st for s, st in live.items() if st.drafts()}
         catching = {s: st for s, st in drafting.items() if st.pending}
         if catching:  # the drafter consumes every drafting slot's committed positions, one forward for all
-            outs = bd.extend({s: pending_slots(bt.target, st.pending) for s, st in catching.items()})
+            outs = bd.extend({s: pending_slots(bt.target, bd.single, st.pending) for s, st in catching.items()})
             for s, st in catching.items():
                 st.caught_up(outs[s])
         sessions: dict[int, DraftSession] = {}

@@ -519,7 +519,7 @@ def measure_cost(
     H = target.hidden_size
     feats = torch.randn(rows, length, H, generator=gen, device=gen.device).to(dev, target.dtype)
     pos = torch.arange(length, device=dev)[None].expand(rows, length)
-    embeds = target.embed_tokens(toks(length).to(dev))[None].expand(rows, -1, -1)
+    embeds = drafter.embed(target, toks(length).to(dev))[None].expand(rows, -1, -1)
     valid = torch.ones(rows, length, dtype=torch.bool, device=dev)
     drafter.extend(feats[:, :-2], embeds[:, :-2], pos[:, :-2], valid[:, :-2])
     base_len = drafter.length

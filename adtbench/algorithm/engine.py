@@ -71,32 +71,33 @@ def prefill(
 def prefill_drafter(
     target: Target, drafter: Drafter, res: PrefillResult, root: torch.Tensor, slots: int
 ) -> torch.Tensor:
-    """Start the drafter on a prompt (its features, and the input embeddings shifted by one with the root's last):
-    room for the prompt, the image and ``slots`` scratch slots; returns its output at the root ``[R, H]``."""
+    """Start the drafter on a prompt (its features, and the drafter's input embeddings shifted by one with the root's
+    last): room for the prompt, the image and ``slots`` scratch slots; returns its output at the root ``[R, H]``."""
     R, n_gen = res.features.shape[0], target.layout.num_gen_tokens
     drafter.reset(R, res.features.shape[1] + n_gen + slots + 1)
-    root_embed = target.embed_tokens(root.view(1))[None].expand(R, 1, -1)
-    return drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_embed], 1), res.positions, res.valid)
+    root_embed = drafter.embed(target, root.view(1))[None].expand(R, 1, -1)
+    prompt = drafter.embed_prompt(target, res)[:, 1:]
+    return drafter.extend(res.features, torch.cat([prompt, root_embed], 1), res.positions, res.valid)
 
 
 def catch_up(target: Target, drafter: Drafter, st: DecodeState) -> None:
     """The drafter consumes (f_t, x_{t+1}) of every position ``st`` committed since its last forward, in one
     ``extend``; its output at the new root goes to ``st.out``."""
-    st.caught_up(drafter.extend(*pending_slots(target, st.pending)))
+    st.caught_up(drafter.extend(*pending_slots(target, drafter, st.pending)))
 
 
 def pending_slots(
-    target: Target, pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    target: Target, drafter: Drafter, pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The drafter's committed slots of ``pending`` cycles (``DecodeState.pending``): (features, embeddings of the
-    next tokens ``[R, m, H]``, positions ``[R, m]``)."""
+    """The drafter's committed slots of ``pending`` cycles (``DecodeState.pending``): (features, the drafter's
+    embeddings of the next tokens ``[R, m, H]``, positions ``[R, m]``)."""
     if len(pending) == 1:
         feats, positions, nxt = pending[0]
     else:
         feats = torch.cat([f for f, _, _ in pending], 1)
         positions = torch.cat([p for _, p, _ in pending], 1)
         nxt = torch.cat([x for _, _, x in pending])
-    embeds = target.embed_tokens(nxt)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
+    embeds = drafter.embed(target, nxt)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
     return feats, embeds, positions
 
 

@@ -650,7 +650,7 @@ class DrafterInit:
         """The drafter consumes the iteration's committed slots (f of root … d_a, x of d_1 … bonus)."""
         k = read.keep.numel()
         f = feats.index_select(1, read.keep)
-        emb = self.target.embed_tokens(read.next_tokens)[None].expand(f.shape[0], -1, -1).to(f.dtype)
+        emb = self.drafter.embed(self.target, read.next_tokens)[None].expand(f.shape[0], -1, -1).to(f.dtype)
         pos = next_pos[:, None] + arange_on(k, f.device)[None]
         self.out = self.drafter.extend(f, emb, pos)
         self.feats, self.first, self.pos = feats, k, next_pos + k
@@ -669,7 +669,7 @@ class DrafterInit:
         if w > 0:  # read the window: slots at the root … s − 2, features of the last verify
             assert self.feats is not None
             f = self.feats[:, self.first : self.first + w]
-            emb = self.target.embed_tokens(st.seq[st.g + 1 : s])[None].expand(R, -1, -1).to(f.dtype)
+            emb = self.drafter.embed(self.target, st.seq[st.g + 1 : s])[None].expand(R, -1, -1).to(f.dtype)
             pos = self.pos[:, None] + arange_on(w, dev)[None]
             outs = self.drafter.expand(f, emb, pos, _causal(w, dev))
             out, self.levels = outs[:, -1], 1
@@ -684,7 +684,7 @@ class DrafterInit:
                 qs.append(p)
             toks.append(tok.view(1))
             if i + 1 < t:
-                emb = self.target.embed_tokens(tok.view(1))[None].expand(R, -1, -1).to(out.dtype)
+                emb = self.drafter.embed(self.target, tok.view(1))[None].expand(R, -1, -1).to(out.dtype)
                 pos = self.pos[:, None] + (w + i)
                 done = self.drafter.scratch
                 mask = torch.ones(1, done + 1, dtype=torch.bool, device=dev)

@@ -185,12 +185,12 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     }
     last_summary = time.perf_counter()
     bar = tqdm(total=len(todo), desc=ctx.job.policy.name, disable=not conf.progress, file=sys.stderr)
-    for p, seed, runs, bases, batch in timed_results(ctx.job, todo, repeats, conf.baseline):
+    for p, seed, runs, bases, refs, batch in timed_results(ctx.job, todo, repeats, conf.baseline):
         bar.update()
         res = runs[0]
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if conf.save_images else None
         trace = trace_record(p.prompt_id, res)
-        record = store.commit(SampleRecord.build(p, seed, runs, bases or None, batch), trace, image)
+        record = store.commit(SampleRecord.build(p, seed, runs, bases or None, batch, refs or None), trace, image)
         if conf.maps is not None and conf.maps.per_image:
             from adtbench.harness.maps import write_sample_maps
 

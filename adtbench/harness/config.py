@@ -160,7 +160,42 @@ def validate_model(cfg: DictConfig) -> None:
                 check_weights(key, base / f)
 
 
+def loads_checkpoint(cfg: DictConfig) -> bool:
+    """Whether the target's weights are read from a checkpoint without a drafter of its own: ``model.random_init``
+    off (a released model or a ``make-tiny`` folder in its layout) and no ``model.drafter_path`` (the shipped mini
+    model's trained drafter, which ``drafter=eagle`` loads)."""
+    m = cfg.get("model")
+    if not isinstance(m, DictConfig):
+        return False
+    return not check_flag(m.get("random_init", False), "model.random_init") and m.get("drafter_path") is None
+
+
+def missing_drafter(cfg: DictConfig, policy: Policy) -> ConfigError:
+    """The one-line error of a drafting policy on a real checkpoint without ``drafter.path``: it names the key, the
+    drafters published for the model (``model.published_drafters``), or how to train one, and the smoke-test key."""
+    model = str(cfg.model.get("name", cfg.model.get("family")))
+    published = schema.published_drafters(cfg)
+    if published:
+        where = "published for model=" + model + ": " + "; ".join(f"{d.path} ({d.by})" for d in published)
+    else:
+        none = "no public EAGLE drafter for" if published == [] else "no published drafter is listed for"
+        where = (
+            f"{none} model={model}: train one (adtbench train drafter model={model} model.path=<dir> "
+            "teacher.source=generated teacher.prompts=<prompt file> export=<drafter dir>)"
+        )
+    return ConfigError(
+        "drafter.path",
+        f"policy={policy.name} drafts with the EAGLE drafter and none is set, so it would be randomly initialised "
+        f"(τ ≈ 1, a speedup that means nothing); set drafter.path=<folder or hub id> — {where} — or "
+        "drafter.random=true for a smoke test",
+    )
+
+
 def validate_drafter(cfg: DictConfig, policy: Policy) -> None:
+    """``drafter.kind`` (eagle | none); a tree policy needs a drafter; ``drafter.path`` exists and its weights are
+    sound when they will be read; ``drafter.random`` (a flag, exclusive with a path). A policy that drafts with the
+    EAGLE drafter (``policy.drafts_with_eagle``) on a real checkpoint (:func:`loads_checkpoint`) without
+    ``drafter.path`` is refused (:func:`missing_drafter`) unless ``drafter.random=true`` asks for a random one."""
     kind = str(_get(cfg, "drafter.kind"))
     if kind not in ("eagle", "none"):
         raise ConfigError("drafter.kind", f"unknown drafter {kind!r}; choose eagle or none")
@@ -168,13 +203,24 @@ def validate_drafter(cfg: DictConfig, policy: Policy) -> None:
         raise ConfigError("drafter", f"policy={policy.name} drafts a tree and needs a drafter (drafter=eagle)")
     if kind == "eagle":
         path = cfg.drafter.get("path")
+        random = check_flag(cfg.drafter.get("random", False), "drafter.random")
+        if random and path is not None:
+            raise ConfigError(
+                "drafter.random",
+                f"true asks for a randomly initialised drafter, but drafter.path={path} is set; "
+                "drop one (drafter.path=null drafter.random=true for a smoke test)",
+            )
+        if path is None and not random and policy.drafts_with_eagle and loads_checkpoint(cfg):
+            raise missing_drafter(cfg, policy)
         if path is not None and not Path(str(path)).exists():
-            raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
-        if path is not None and policy.uses_drafter:  # its weights are read: check them first
-            from adtbench.io import check_weights
+            from adtbench.models.registry import looks_like_repo_id
 
-            p = Path(str(path))
-            check_weights("drafter.path", p / "model.safetensors" if p.is_dir() else p)
+            if not looks_like_repo_id(str(path)):  # a hub id is fetched by the loader
+                raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
+        if path is not None and policy.uses_drafter:  # its weights are read: check them first
+            from adtbench.harness.drafters import check_path
+
+            check_path(path)
 
 
 def check_writable_dir(key: str, value: Any) -> None:
@@ -282,6 +328,7 @@ def validate(cfg: DictConfig) -> Checked:
 
         lantern_params(cfg.lantern)
     validate_model(cfg)
+    check_reference(cfg, conf)
     validate_drafter(cfg, policy)
     validate_cache_dirs(cfg)
     from adtbench.harness.loops import check_loop_config
@@ -348,12 +395,48 @@ def _on_cuda(cfg: DictConfig) -> bool:
 
 
 def check_timing(cfg: DictConfig) -> None:
-    """``timing.repeats``: timed repetitions of each prompt, an integer ≥ 1 (1 without a ``timing`` node)."""
+    """``timing.repeats``: timed repetitions of each prompt, an integer ≥ 1 (1 without a ``timing`` node);
+    ``timing.reference_baseline``: a flag (its cross-key rules: :func:`check_reference`)."""
     if cfg.get("timing") is None:
         return
     if not isinstance(cfg.timing, DictConfig):
         raise ConfigError("timing", f"must be a mapping (timing.repeats=...), got {cfg.timing!r}")
     _number(cfg, "timing.repeats", int, lo=1)
+    check_flag(cfg.timing.get("reference_baseline", False), "timing.reference_baseline")
+
+
+def reference_impl(cfg: DictConfig) -> str:
+    """The ``model.impl`` that ``timing.reference_baseline`` times the AR baseline through: the family's reference
+    implementation (``models.registry.REFERENCE_IMPLS``). A ``ConfigError`` naming ``timing.reference_baseline`` when
+    the family has none (``models.registry.NO_REFERENCE`` says why) or the run's own baseline already is it."""
+    from adtbench.models.registry import NO_REFERENCE, REFERENCE_IMPLS
+
+    key = "timing.reference_baseline"
+    family = str(_get(cfg, "model.family"))
+    impl = str(cfg.model.get("impl", "lean"))
+    if family not in REFERENCE_IMPLS:
+        why = NO_REFERENCE.get(family, f"model family {family} declares no reference implementation")
+        raise ConfigError(key, f"model={cfg.model.get('name', family)}: {why}; use {key}=false")
+    ref = REFERENCE_IMPLS[family]
+    if impl == ref:
+        raise ConfigError(
+            key, f"model.impl={impl} already is the reference implementation: speedup is against it; use {key}=false"
+        )
+    return ref
+
+
+def check_reference(cfg: DictConfig, conf: schema.AppConf) -> None:
+    """``timing.reference_baseline=true`` (``conf``: the typed values): the family has a reference implementation
+    other than the run's (:func:`reference_impl`); it rides with the AR baseline (``baseline=true``) one prompt at a
+    time (``decode.batch_size=1``: the reference target has no batched form)."""
+    if not conf.timing.reference_baseline:
+        return
+    key = "timing.reference_baseline"
+    if not conf.baseline:
+        raise ConfigError(key, "times the AR baseline a second time, through the reference; it needs baseline=true")
+    if conf.decode.batch_size > 1:
+        raise ConfigError(key, "the reference implementation decodes one prompt at a time; use decode.batch_size=1")
+    reference_impl(cfg)
 
 
 def check_engine(cfg: DictConfig) -> None:

@@ -21,6 +21,7 @@ runs.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import time
@@ -66,6 +67,7 @@ class Job:
     window: int
     bind_s: float
     batched: Any = None  # ``harness.batched.BatchedDecoder`` when batch_size > 1
+    reference: Any = None  # ``timing.reference_baseline``: the target on the reference implementation (AR only)
 
     @classmethod
     def build(cls, cfg: DictConfig, checked: Checked, prompts: list[Prompt] | None = None) -> Job:
@@ -74,7 +76,10 @@ class Job:
         target, models = build_models(cfg, checked.conf, checked.policy)
         if prompts:
             warn_long_prompts(target, prompts, str(cfg.model.get("name")))
-        return cls.over(cfg, checked, target, models)
+        job = cls.over(cfg, checked, target, models)
+        if checked.conf.timing.reference_baseline:
+            job.reference = build_reference(cfg)
+        return job
 
     @classmethod
     def over(cls, cfg: DictConfig, checked: Checked, target: Any, models: Any) -> Job:
@@ -151,6 +156,21 @@ class Job:
         res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)
         return res
 
+    def decode_reference(self, prompt: Prompt, seed: int | None = None) -> GenerationResult:
+        """The AR baseline of ``prompt`` through the reference implementation (``timing.reference_baseline``): the
+        same prompt, seed, sampling and CFG rows as :meth:`decode`'s baseline, on the reference target (never
+        compiled: the papers' eager step). Its text encoding is timed apart, as :meth:`decode`'s."""
+        ref = self.reference
+        assert ref is not None, "timing.reference_baseline is off"
+        clock = Clock(ref.device)
+        t0 = clock.now()
+        inputs = ref.encode_prompt(prompt.text, cfg=self.sp.use_cfg and bool(ref.supports_cfg))
+        encode_s = clock.now() - t0
+        g = accel.generator(self.gen_device, self.seed_of(prompt) if seed is None else seed)
+        res = decode_ar(ref, inputs, self.sp, g)
+        res.encode_s += encode_s
+        return res
+
     def decode_window(self, prompts: list[Prompt], index: int) -> list[Any]:
         """A batched window (``BatchedDecoder.window``): both sides, baseline first when ``index`` is even."""
         assert self.batched is not None, "decode.batch_size is 1"
@@ -158,7 +178,8 @@ class Job:
 
     def warm_up(self, prompts: list[Prompt], rounds: int, baseline: bool = True) -> float:
         """``rounds`` untimed decodes of the first prompt (a batched window of the first ``batch_size``), the method
-        and (``baseline``) the AR side; compilation and graph capture happen here. Returns the seconds it took."""
+        and (``baseline``) the AR side, and its reference (``timing.reference_baseline``); compilation and graph
+        capture happen here. Returns the seconds it took."""
         t = time.perf_counter()
         for _ in range(rounds if prompts else 0):
             if self.batched is not None:
@@ -167,19 +188,32 @@ class Job:
             self.decode(prompts[0], True, seed=0)
             if baseline:
                 self.decode(prompts[0], False, seed=0)
+            if baseline and self.reference is not None:
+                self.decode_reference(prompts[0], seed=0)
         return time.perf_counter() - t
 
+    @property
+    def drafter_random(self) -> bool | None:
+        """Whether the EAGLE drafter this job drafts with is randomly initialised (no ``drafter.path``: the tiny
+        in-memory models, or ``drafter.random=true``); None when the policy runs no EAGLE drafter."""
+        if not self.policy.drafts_with_eagle:
+            return None
+        return self.conf.drafter is None or self.conf.drafter.path is None
+
     def run_info(self) -> dict[str, Any]:
-        """What a summary records of the built job: compile mode, graph capture times, batching, bind time."""
+        """What a summary records of the built job: compile mode, graph capture times, batching, bind time, whether
+        the drafter is random."""
         static = (self.batched.bt if self.batched and self.batched.bt else self.target).static
         drafter_static = self.models.static if isinstance(self.models, EagleDrafter) else None
         return {
+            "drafter_random": self.drafter_random,
             "engine_compile": self.compiled,
             "graph_capture_s": None if static is None else static.capture_s,
             "drafter_graph_capture_s": None if drafter_static is None else drafter_static.capture_s,
             "batch_size": self.batch_size,
             "batch_window": self.window if self.batch_size > 1 else None,
             "bind_s": self.bind_s,
+            "reference_baseline": None if self.reference is None else reference_name(self.cfg),
         }
 
 
@@ -212,6 +246,31 @@ def build_models(cfg: DictConfig, conf: AppConf, policy: Policy | None, eagle: b
     if conf.engine.compile:  # one compiled target serves both sides; a loop policy's own models run as they are
         compile_models(target, models if drafting else None, cfg, batched=conf.decode.batch_size > 1)
     return target, models
+
+
+def build_reference(cfg: DictConfig) -> Any:
+    """``timing.reference_baseline``: a second target from the same ``model`` node on the family's reference
+    implementation (``config.reference_impl``: transformers for Anole / Lumina-mGPT), same checkpoint, dtype and
+    device — a second copy of the weights in memory. Never compiled (``engine.compile`` is the lean target's): it is
+    the papers' eager AR step."""
+    from adtbench.algorithm.ar import ar_tokens
+    from adtbench.harness.config import reference_impl
+    from adtbench.models.registry import build_target
+
+    node = copy.deepcopy(cfg.model)
+    OmegaConf.set_struct(node, False)
+    node.impl = reference_impl(cfg)
+    log.info("timing.reference_baseline: loading model=%s again with model.impl=%s", node.get("name"), node.impl)
+    return build_target(node, plain_decode=ar_tokens)
+
+
+def reference_name(cfg: DictConfig) -> str:
+    """What the reference baseline ran on, for the summary's ``reference_baseline``: the implementation and its
+    attention kernel (``model.attn_implementation``)."""
+    from adtbench.harness.config import reference_impl
+
+    attn = cfg.model.get("attn_implementation", "sdpa")
+    return f"model.impl={reference_impl(cfg)} (transformers, eager, attention {attn})"
 
 
 def clamp_top_k(sp: SamplingParams, target: Any) -> SamplingParams:

@@ -68,14 +68,9 @@ def check_jacobi_config(cfg: DictConfig) -> None:
             )
         path = cfg.drafter.get("path")
         if path is not None:
-            from pathlib import Path
+            from adtbench.harness.drafters import check_path
 
-            from adtbench.io import check_weights
-
-            p = Path(str(path))
-            if not p.exists():
-                raise ConfigError("drafter.path", f"no drafter checkpoint at {path}")
-            check_weights("drafter.path", p / "model.safetensors" if p.is_dir() else p)
+            check_path(path)
 
 
 def build_jacobi_models(cfg: DictConfig, conf: AppConf, target: Any) -> Any:

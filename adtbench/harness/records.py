@@ -77,6 +77,10 @@ class SampleRecord:
     tokens_match_baseline: bool | None = None
     encode_s: float | None = None
     baseline_encode_s: float | None = None
+    reference_latency_s: float | None = None  # timing.reference_baseline: AR through the reference implementation
+    reference_latency_repeats_s: list[float] | None = None
+    speedup_ref: float | None = None  # reference_latency_s / latency_s
+    reference_tokens_match_baseline: bool | None = None  # the two implementations' AR decoded the same tokens
     stats: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     batch: dict[str, Any] | None = None  # decode.batch_size > 1: the window it was decoded in (docs/outputs.md)
@@ -90,16 +94,20 @@ class SampleRecord:
         runs: list[GenerationResult],
         bases: list[GenerationResult] | None,
         batch: dict[str, Any] | None = None,
+        refs: list[GenerationResult] | None = None,
     ) -> SampleRecord:
-        """The record of a prompt's timed repeats (``runs`` of the method, ``bases`` of the baseline).
+        """The record of a prompt's timed repeats (``runs`` of the method, ``bases`` of the baseline, ``refs`` of
+        the baseline through the reference implementation: ``timing.reference_baseline``).
 
         Token and count fields come from the first repeat (every repeat decodes the same tokens); ``latency_s``,
-        ``prefill_s``, ``draft_s``, ``verify_s`` and ``baseline_latency_s`` are medians over the repeats, whose
-        latencies are kept in ``latency_repeats_s`` / ``baseline_latency_repeats_s``.
+        ``prefill_s``, ``draft_s``, ``verify_s``, ``baseline_latency_s`` and ``reference_latency_s`` are medians over
+        the repeats, whose latencies are kept in ``latency_repeats_s`` / ``baseline_latency_repeats_s`` /
+        ``reference_latency_repeats_s``; ``speedup`` = baseline / method, ``speedup_ref`` = reference / method.
         """
         res, base = runs[0], (bases[0] if bases else None)
         lat = _median([r.latency_s for r in runs])
         base_lat = None if not bases else _median([b.latency_s for b in bases])
+        ref_lat = None if not refs else _median([r.latency_s for r in refs])
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
@@ -126,6 +134,10 @@ class SampleRecord:
             tokens_match_baseline=None if base is None else res.tokens == base.tokens,
             encode_s=_median([r.encode_s for r in runs]),
             baseline_encode_s=None if not bases else _median([b.encode_s for b in bases]),
+            reference_latency_s=ref_lat,
+            reference_latency_repeats_s=None if not refs else [r.latency_s for r in refs],
+            speedup_ref=None if ref_lat is None else ref_lat / lat,
+            reference_tokens_match_baseline=None if not refs or base is None else refs[0].tokens == base.tokens,
             stats=res.stats,
             meta=prompt.meta,
             batch=batch,
@@ -336,7 +348,8 @@ class Summary:
 
     def line(self) -> str:
         """The one-line result a run prints: model, policy, LANTERN on/off (:func:`lantern_part`), n, τ, d̄,
-        latency, the speedup with its CI, eval scores and the timing warnings."""
+        latency, the speedup with its CI (and ``speedup_ref``, against the reference implementation's AR), eval
+        scores, a randomly initialised drafter (``drafter_random``) and the timing warnings."""
         s = self.to_json()
 
         def f(key: str, fmt: str, unit: str = "") -> str:
@@ -356,12 +369,19 @@ class Summary:
                 if s.get("speedup_ci_caveat"):
                     line += f" (CI over {s.get('speedup_n')} < 5 prompts)"
             line += f" median={f('speedup_median', '.3f', 'x')}"
+        if s.get("speedup_ref") is not None:  # timing.reference_baseline: against the papers' AR (transformers)
+            line += f" reference={f('reference_latency_s', '.4f', 's')} speedup_ref={f('speedup_ref', '.3f', 'x')}"
+            ci = s.get("speedup_ref_ci")
+            if ci and None not in ci:
+                line += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
         if (s.get("batch_size") or 1) > 1:
             line += f" batch={s['batch_size']} throughput={f('throughput_images_per_s', '.3f', ' img/s')}"
             if s.get("throughput_speedup") is not None:
                 line += f" baseline={f('baseline_throughput_images_per_s', '.3f', ' img/s')}"
                 line += f" throughput_speedup={f('throughput_speedup', '.3f', 'x')}"
         line += eval_part(s.get("eval"))
+        if s.get("drafter_random"):
+            line += " RANDOM DRAFTER (no drafter.path): a smoke test, tau and speedup mean nothing"
         if s.get("load_warning"):
             line += f" LOAD {f('load_peak', '.2f')} > {s.get('cpus_available')} CORES: timings unreliable"
         if s.get("timing_warning"):
@@ -412,7 +432,7 @@ def eval_part(block: Any) -> str:
 
 #: Config nodes and keys added after run dirs existed: a run_config.json without them ran with these values.
 RESUME_NEW_KEYS: dict[str, Any] = {
-    "timing": {"repeats": 1},
+    "timing": {"repeats": 1, "reference_baseline": False},
     "engine": {"compile": False, "acceptance": "auto"},
     "decode": {"batch_size": 1, "window": 4},
 }
@@ -420,9 +440,13 @@ RESUME_NEW_KEYS: dict[str, Any] = {
 
 def migrate_run_config(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved ``run_config.json`` as today's config fingerprint would read: nodes and keys added since
-    (:data:`RESUME_NEW_KEYS`) take the values the run decoded with; saved values win."""
+    (:data:`RESUME_NEW_KEYS`, and ``drafter.random`` of an EAGLE drafter) take the values the run decoded with;
+    saved values win."""
     old = {**RESUME_NEW_KEYS, **saved}
     for key, defaults in RESUME_NEW_KEYS.items():  # a node that gained keys: the saved values over the defaults
         if isinstance(saved.get(key), dict):
             old[key] = {**defaults, **saved[key]}
+    drafter = saved.get("drafter")
+    if isinstance(drafter, dict) and drafter.get("kind") == "eagle":  # drafter.random (an EAGLE drafter's key)
+        old["drafter"] = {"random": False, **drafter}
     return old

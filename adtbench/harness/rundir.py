@@ -160,6 +160,7 @@ PLUMBING_KEYS = (
     "save_images",
     "maps",
     "lantern.cache_dir",
+    "model.published_drafters",  # what the error of a missing drafter names (conf/model/*.yaml), never decoded
 )
 #: Keys that change which samples a run holds but not what they measure: runs differing only in these
 #: (shards of one config, repeats with other seeds) are pooled by ``reporting.tables``. Never ignored on resume.

@@ -53,11 +53,13 @@ __all__ = [
     "LoggerConf",
     "MapsConf",
     "PathsConf",
+    "PublishedDrafter",
     "StaticConf",
     "TimingConf",
     "check",
     "check_group",
     "check_model",
+    "published_drafters",
 ]
 
 
@@ -223,6 +225,7 @@ class DrafterConf:
 
     kind: str = "eagle"
     path: str | None = None
+    random: bool = False  # True: no drafter.path, a seeded random drafter (smoke tests; recorded: drafter_random)
     seed: int = 1
     num_layers: int = 1
     input_norm: bool = False
@@ -265,6 +268,7 @@ class PathsConf:
 @dataclass
 class TimingConf:
     repeats: int = 1
+    reference_baseline: bool = False  # also time AR through the reference implementation (config.check_reference)
 
 
 @dataclass
@@ -380,9 +384,40 @@ def _top_value(cfg: DictConfig, key: str) -> Any:
     return _plain(value, key)
 
 
+@dataclass
+class PublishedDrafter:
+    """One entry of ``model.published_drafters``: an EAGLE drafter trained for the model and published."""
+
+    path: str  # what ``drafter.path`` takes: a folder or a Hugging Face repo id (``owner/name``)
+    by: str  # who trained it and for which checkpoint / setting
+
+
+def published_drafters(cfg: DictConfig) -> list[PublishedDrafter] | None:
+    """``model.published_drafters`` typed (a list of ``{path, by}``; ``[]``: none is public), or None when the model
+    node has none; anything else is a ``ConfigError`` naming ``model.published_drafters``."""
+    node = cfg.get("model")
+    if not isinstance(node, DictConfig) or node.get("published_drafters") is None:
+        return None
+    key = "model.published_drafters"
+    data = _plain(node.published_drafters, key)
+    if not isinstance(data, list):
+        raise ConfigError(key, f"must be a list of {{path, by}} mappings, got {data!r}")
+    out = []
+    for i, entry in enumerate(data):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{key}[{i}]", f"must be a mapping {{path: <folder or repo id>, by: <text>}}: {entry!r}")
+        item = _merge(entry, PublishedDrafter, f"{key}[{i}]")
+        if not item.path.strip() or not item.by.strip():
+            raise ConfigError(f"{key}[{i}]", f"path and by must be non-empty, got {entry!r}")
+        out.append(item)
+    return out
+
+
 def check_model(cfg: DictConfig) -> None:
     """The ``model`` keys the families share that can be checked before a loader runs: ``model.impl`` (``lean`` |
-    ``hf``, ``models.registry.IMPLS``; absent = ``lean``). The rest of the open ``model`` node is the loader's."""
+    ``hf``, ``models.registry.IMPLS``; absent = ``lean``) and ``model.published_drafters``
+    (:func:`published_drafters`). The rest of the open ``model`` node is the loader's."""
+    published_drafters(cfg)
     node = cfg.get("model")
     if not isinstance(node, DictConfig) or "impl" not in node:
         return

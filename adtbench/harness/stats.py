@@ -24,6 +24,7 @@ __all__ = [
     "jacobi_summary",
     "percentile_interval",
     "ratio_of_totals_ci",
+    "reference_summary",
     "summarize",
     "throughput",
 ]
@@ -237,8 +238,64 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         if base_pairs and len(enc_pairs) == len(base_pairs)
         else None
     )
+    out |= reference_summary(records)
     out |= throughput(records)
     out["jacobi"] = jacobi_summary(records)
+    return out
+
+
+def reference_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The speedup against the reference implementation's AR (``timing.reference_baseline``), computed as the
+    ``speedup`` block is: over P_R = the records with a ``reference_latency_s`` R_j (medians of their repeats),
+
+    * ``reference_latency_s`` / ``_median_s`` / ``_std_s``: mean, median, std (ddof=1) of R_j;
+    * ``speedup_ref`` = Σ_{P_R} R_j / Σ_{P_R} L_j (ratio of totals), ``speedup_ref_median`` = median R_j / L_j,
+      ``speedup_ref_ci`` = the same two-level bootstrap as ``speedup_ci`` (:func:`ratio_of_totals_ci` over the
+      repeats ``reference_latency_repeats_s`` paired with ``latency_repeats_s``), ``speedup_ref_n`` = |P_R|;
+    * ``reference_over_baseline`` = Σ R_j / Σ B_j over the records with both: how many times slower the reference's
+      AR step is than the project's (so ``speedup_ref`` = ``speedup`` × this, over the same prompts);
+    * ``reference_tokens_match_baseline``: whether both AR implementations decoded every prompt's same tokens.
+
+    Every value is None without such records (``timing.reference_baseline`` off)."""
+    pairs, ref_reps, lat_reps, both = [], [], [], []
+    for rec in records:
+        r = _num(rec, "reference_latency_s", allow_none=True)
+        if r is None:
+            continue
+        if r == 0:
+            raise ValueError(f"record {rec.get('prompt_id')!r}: reference_latency_s must be > 0")
+        lt = float(rec["latency_s"])
+        pairs.append((r, lt))
+        ref_reps.append(_repeats(rec, "reference_latency_repeats_s", r))
+        lat_reps.append(_repeats(rec, "latency_repeats_s", lt))
+        if len(ref_reps[-1]) != len(lat_reps[-1]):
+            raise ValueError(f"record {rec.get('prompt_id')!r}: reference and method have different repeat counts")
+        b = _num(rec, "baseline_latency_s", allow_none=True)
+        if b:
+            both.append((r, b))
+    r_mean, r_med, r_std = _stats([r for r, _ in pairs])
+    out: dict[str, Any] = {
+        "reference_latency_s": r_mean,
+        "reference_latency_median_s": r_med,
+        "reference_latency_std_s": r_std,
+        "speedup_ref": None,
+        "speedup_ref_median": None,
+        "speedup_ref_ci": None,
+        "speedup_ref_n": len(pairs),
+        "reference_over_baseline": None,
+        "reference_tokens_match_baseline": None,
+    }
+    if not pairs:
+        return out
+    ratios = np.array([r / lt for r, lt in pairs], dtype=np.float64)
+    lo, hi = ratio_of_totals_ci(ref_reps, lat_reps, SPEEDUP_N_BOOT, 1 - SPEEDUP_CI_LEVEL, SPEEDUP_CI_SEED)
+    out["speedup_ref"] = float(sum(r for r, _ in pairs) / sum(lt for _, lt in pairs))
+    out["speedup_ref_median"] = float(np.median(ratios))
+    out["speedup_ref_ci"] = [lo, hi]
+    if both:
+        out["reference_over_baseline"] = float(sum(r for r, _ in both) / sum(b for _, b in both))
+    matches = [m for m in (rec.get("reference_tokens_match_baseline") for rec in records) if m is not None]
+    out["reference_tokens_match_baseline"] = all(matches) if matches else None
     return out
 
 

@@ -5,9 +5,12 @@ The baseline is ``decode_ar`` of the same target, same prompts, seeds, sampling,
 ``warmup`` untimed generations of both after model load (and after ``engine.compile``); each prompt is timed
 ``timing.repeats`` times, every repeat one (baseline, method) pair whose order alternates from pair to pair (ABBA:
 baseline first on even pairs); the recorded latencies are the medians of the repeats, and every repeat must give
-the same tokens (the seeded generator makes a decode deterministic). Timed scope: prefill + decode loop (text
+the same tokens (the seeded generator makes a decode deterministic). With ``timing.reference_baseline`` the AR
+baseline is timed a second time through the reference implementation (transformers, eager: the papers' baseline), in
+the same repeats, the three sides' order reversed from pair to pair. Timed scope: prefill + decode loop (text
 encoding and VQ decode excluded). The speedup is reported as the ratio of total times, the median of the paired
-per-prompt ratios and a two-level bootstrap CI (:func:`adtbench.harness.stats.summarize`); the load average before
+per-prompt ratios and a two-level bootstrap CI (:func:`adtbench.harness.stats.summarize`; ``speedup_ref`` likewise
+against the reference); the load average before
 and after the timed work is recorded next to the thread and core counts, and a load above the available cores is
 flagged in the log and the printed line.
 """
@@ -18,7 +21,7 @@ import logging
 import os
 import platform
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 import torch
 
@@ -26,62 +29,101 @@ from adtbench import accel
 from adtbench.algorithm.records import GenerationResult
 from adtbench.resources import cpus_available, load_average
 
-__all__ = ["LoadWatch", "environment", "load_peak", "load_warning", "machine", "timed_prompt", "timed_results"]
+__all__ = [
+    "LoadWatch",
+    "Side",
+    "Timed",
+    "TimedPrompt",
+    "environment",
+    "load_peak",
+    "load_warning",
+    "machine",
+    "timed_prompt",
+    "timed_results",
+]
 
 log = logging.getLogger("adtbench")
 
 
+Side = Literal["method", "baseline", "reference"]
+
+
+class Timed(NamedTuple):
+    """One prompt's timed decodes: the method's repeats, the AR baseline's and the reference baseline's
+    (``timing.reference_baseline``; empty without it), each in the order they ran."""
+
+    runs: list[GenerationResult]
+    bases: list[GenerationResult]
+    refs: list[GenerationResult]
+
+
 def timed_prompt(
-    decode: Callable[[Any, int, bool], GenerationResult],
+    decode: Callable[[Any, int, Side], GenerationResult],
     p: Any,
     seed: int,
     repeats: int,
     baseline: bool,
     first_pair: int,
-) -> tuple[list[GenerationResult], list[GenerationResult]]:
+    reference: bool = False,
+) -> Timed:
     """Time one prompt ``repeats`` times: each repeat is a (baseline, method) pair, the baseline first when the
-    pair's global index (``first_pair`` + repeat) is even, so the order alternates ABBA. Every repeat of a side
-    must decode the same tokens (same seed); returns (method runs, baseline runs)."""
-    runs: list[GenerationResult] = []
-    bases: list[GenerationResult] = []
+    pair's global index (``first_pair`` + repeat) is even, so the order alternates ABBA. With ``reference`` (the AR
+    baseline through the reference implementation; the app also times ``baseline``) a repeat is a triple whose order
+    reverses from pair to pair the same way — (reference, baseline, method), then (method, baseline, reference) —
+    so every side meets the same neighbours as often. Every repeat of a side must decode the same tokens (same
+    seed)."""
+    out = Timed([], [], [])
+    lists: dict[Side, list[GenerationResult]] = {"method": out.runs, "baseline": out.bases, "reference": out.refs}
+    on: dict[Side, bool] = {"reference": reference, "baseline": baseline, "method": True}
+    order = [side for side, wanted in on.items() if wanted]
     for r in range(repeats):
         base_first = (first_pair + r) % 2 == 0
-        if baseline and base_first:
-            bases.append(decode(p, seed, False))
-        runs.append(decode(p, seed, True))
-        if baseline and not base_first:
-            bases.append(decode(p, seed, False))
-    for side, results in (("method", runs), ("baseline", bases)):
+        for side in order if base_first else order[::-1]:
+            lists[side].append(decode(p, seed, side))
+    for side, results in lists.items():
         for r, res in enumerate(results[1:], 1):
             if res.tokens != results[0].tokens:
                 raise RuntimeError(
                     f"prompt {p.prompt_id}: timing repeat {r} of the {side} decoded other tokens than repeat 0 with "
                     f"the same seed {seed}; timing.repeats needs a deterministic decode"
                 )
-    return runs, bases
+    return out
 
 
-def timed_results(
-    job: Any, todo: list[Any], repeats: int, baseline: bool
-) -> Iterator[tuple[Any, int, list[GenerationResult], list[GenerationResult], dict[str, Any] | None]]:
-    """Per prompt of ``todo``, in order, decoded by ``job`` (a ``harness.job.Job``): (prompt, seed, method runs,
-    baseline runs, the record's ``batch`` field). One prompt at a time (:func:`timed_prompt`), or a window of
-    ``decode.batch_size × decode.window`` prompts at a time (``harness.batched``): a window's prompts come out once
-    both of its sides are done."""
+class TimedPrompt(NamedTuple):
+    """What :func:`timed_results` yields per prompt: the prompt, its seed, the method's, the baseline's and the
+    reference baseline's timed decodes, and the record's ``batch`` field (batched windows; None at B = 1)."""
+
+    prompt: Any
+    seed: int
+    runs: list[GenerationResult]
+    bases: list[GenerationResult]
+    refs: list[GenerationResult]
+    batch: dict[str, Any] | None
+
+
+def timed_results(job: Any, todo: list[Any], repeats: int, baseline: bool) -> Iterator[TimedPrompt]:
+    """Per prompt of ``todo``, in order, decoded by ``job`` (a ``harness.job.Job``; its ``reference`` target, when
+    ``timing.reference_baseline`` built one, times the reference baseline beside the others). One prompt at a time
+    (:func:`timed_prompt`), or a window of ``decode.batch_size × decode.window`` prompts at a time
+    (``harness.batched``): a window's prompts come out once both of its sides are done."""
     if job.batched is None:
 
-        def decode(p: Any, seed: int, method: bool) -> GenerationResult:
-            return job.decode(p, method, seed)  # type: ignore[no-any-return]
+        def decode(p: Any, seed: int, side: Side) -> GenerationResult:
+            if side == "reference":
+                return job.decode_reference(p, seed)  # type: ignore[no-any-return]
+            return job.decode(p, side == "method", seed)  # type: ignore[no-any-return]
 
+        reference = job.reference is not None
         for i, p in enumerate(todo):
             seed = job.seed_of(p)
-            runs, bases = timed_prompt(decode, p, seed, repeats, baseline, i * repeats)
-            yield p, seed, runs, bases, None
+            runs, bases, refs = timed_prompt(decode, p, seed, repeats, baseline, i * repeats, reference)
+            yield TimedPrompt(p, seed, runs, bases, refs, None)
         return
     size = job.batch_size * job.window
     for w, i in enumerate(range(0, len(todo), size)):
         for p, seed, run, base, batch in job.decode_window(todo[i : i + size], w):
-            yield p, seed, [run], [] if base is None else [base], batch
+            yield TimedPrompt(p, seed, [run], [] if base is None else [base], [], batch)
 
 
 def load_peak(before: float | None, after: float | None) -> float | None:

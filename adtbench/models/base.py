@@ -69,6 +69,7 @@ class PrefillResult:
     input_embeds: torch.Tensor  # [R, P, H] the target's input embedding at each prompt position
     positions: torch.Tensor  # [R, P] position ids of the prompt positions
     valid: torch.Tensor  # [R, P] bool: real tokens (False on padding)
+    ids: torch.Tensor | None = None  # [R, P] token ids of the prompt positions; None: not tokens (a condition)
 
 
 @dataclass(frozen=True)

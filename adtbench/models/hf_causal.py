@@ -163,6 +163,7 @@ class HFCausalTarget(Target):
             input_embeds=self.lm.model.embed_tokens(ids),
             positions=pos,
             valid=valid,
+            ids=ids,
         )
 
     def _forward(

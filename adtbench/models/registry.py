@@ -54,6 +54,22 @@ IMPLS = ("lean", "hf")
 project's own static-cache network) or ``hf`` (transformers, the reference)."""
 
 
+REFERENCE_IMPLS: dict[str, str] = {"chameleon": "hf", "anole": "hf", "lumina": "hf"}
+"""``model.family`` → the ``model.impl`` that is the published reference implementation (the papers' AR baseline:
+transformers' eager forward), for the families whose default implementation is the project's own (``lean``).
+``timing.reference_baseline`` times the AR baseline through it too."""
+
+NO_REFERENCE: dict[str, str] = {
+    "llamagen": "LlamaGen's reference (FoundationVision's GPT; LANTERN's transformers conversion) is not in adtbench: "
+    "its baseline is the in-project GPT, the same network on the project's kernels",
+    "mini": "the mini model has one implementation, the in-project GPT it was trained and shipped on: its baseline "
+    "already is its reference",
+    "tar": "Tar's LM already runs through transformers (Qwen2, the reference's forward) and AR-DTok has no other "
+    "implementation: the baseline already is the reference",
+}
+"""Why a family has no reference baseline (``timing.reference_baseline`` refuses it, naming the key, with this)."""
+
+
 def model_impl(cfg: Any) -> str:
     """``model.impl`` of a model node (``lean`` when absent); another value is a ConfigError naming ``model.impl``."""
     impl = get(cfg, "impl", "lean")

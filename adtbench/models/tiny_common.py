@@ -65,9 +65,11 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_command(family: str, out: Path) -> str:
-    """The command that runs a tiny checkpoint (c2i prompts are class ids: the tiny model has 10 classes)."""
+    """The command that runs a tiny checkpoint (c2i prompts are class ids: the tiny model has 10 classes). No drafter
+    was trained for it: ``drafter.random=true`` asks for a random one (a drafting policy on a checkpoint refuses to
+    run without ``drafter.path`` otherwise; the run records ``drafter_random``)."""
     extra = " dataset=inline dataset.text=3" if family == "llamagen_c2i" else ""
-    return f"python run.py model={family} model.path={out} policy=eagle2{extra}"
+    return f"python run.py model={family} model.path={out} policy=eagle2 drafter.random=true{extra}"
 
 
 def write_sidecar(out: Path, family: str, model: dict[str, Any]) -> None:

@@ -5,19 +5,32 @@ The engine, the cost model and ``DraftSession`` see a drafter only through this 
 
 State: a KV cache over the *committed* slots (``length`` of them) plus ``scratch`` speculative slots appended by
 ``expand`` during one cycle and dropped by ``rollback``; slot t pairs the target's feature ``f_t`` with the
-embedding of the next token ``x_{t+1}``, and its output predicts ``x_{t+2}`` through the target's LM head.
+embedding of the next token ``x_{t+1}``, and its output predicts ``x_{t+2}`` through the target's LM head. That
+embedding is the drafter's to give (``embed`` / ``embed_prompt``): the target's table, or a copy its checkpoint
+stores (LANTERN's drafters).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from adtbench.models.base import PrefillResult, Target
 
 
 class Drafter(Protocol):
     length: int  # committed slots
     scratch: int  # speculative slots of the current cycle
+
+    def embed(self, target: Target, ids: torch.Tensor) -> torch.Tensor:
+        """The drafter's input embedding of token ids ``[...]`` → ``[..., H]`` (what ``extend``/``expand`` take)."""
+        ...
+
+    def embed_prompt(self, target: Target, res: PrefillResult) -> torch.Tensor:
+        """Its input embeddings at the prompt positions of a prefill ``[R, P, H]``."""
+        ...
 
     def reset(self, rows: int, capacity: int) -> None:
         """Start an image: ``rows`` CFG rows, room for ``capacity`` slots (committed + scratch)."""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.drafters.eagle import EagleDrafter
+from adtbench.models.base import PrefillResult, Target
 from adtbench.models.batch import per_row, row_mask, slot_rows
 from adtbench.models.kv import StaticKVCache
 
@@ -162,6 +163,12 @@ class SlotDrafter:
     @scratch.setter
     def scratch(self, value: int) -> None:
         self.batch.scratch[self.s] = value
+
+    def embed(self, target: Target, ids: torch.Tensor) -> torch.Tensor:
+        return self.batch.single.embed(target, ids)
+
+    def embed_prompt(self, target: Target, res: PrefillResult) -> torch.Tensor:
+        return self.batch.single.embed_prompt(target, res)
 
     def reset(self, rows: int, capacity: int) -> None:
         raise RuntimeError("a batched slot's drafter starts through BatchDrafter.admit")

@@ -2,12 +2,15 @@
 
 Slot t of the drafter sequence holds the pair ``(f_t, x_{t+1})``: the target's post-norm feature at
 position t and the embedding of the *next* token. ``g_t = layer(fc([e(x_{t+1}); f_t]))`` regresses
-``f_{t+1}``, and ``target.lm_head(g_t)`` gives the drafter's distribution of ``x_{t+2}``. The embedding
-and head are the target's (frozen, shared); the drafter owns ``fc`` and one decoder layer (keys
-``fc.*``, ``layers.0.self_attn.{q,k,v,o}_proj``, ``layers.0.mlp.{gate,up,down}_proj``,
-``layers.0.post_attention_layernorm``, optional ``layers.0.input_layernorm`` — EAGLE drops the input
-norm of layer 0). Positions come from the target's own scheme (``target.drafter_rope``), slot t at the
-target position of ``f_t``.
+``f_{t+1}``, and ``target.lm_head(g_t)`` gives the drafter's distribution of ``x_{t+2}``. The head is the
+target's (frozen, shared); the drafter owns ``fc`` and one decoder layer (keys ``fc.*``,
+``layers.0.self_attn.{q,k,v,o}_proj``, ``layers.0.mlp.{gate,up,down}_proj``, ``layers.0.post_attention_layernorm``,
+optional ``layers.0.input_layernorm`` — EAGLE drops the input norm of layer 0 — and optional per-head q/k LayerNorms
+``layers.0.self_attn.{q,k}_norm.{weight,bias} [heads, head_dim]``, LANTERN's Chameleon drafters). The embedding e is
+the target's unless the checkpoint stores one (``embed_tokens.weight [vocab, H]``, ``EagleConfig.vocab_size`` > 0:
+LANTERN's drafters embed their inputs with their own frozen copy); ``EagleDrafter.embed`` / ``embed_prompt`` are the
+one place every caller gets the drafter's input embeddings from. Positions come from the target's own scheme
+(``target.drafter_rope``), slot t at the target position of ``f_t``.
 
 Runtime state: a KV cache over the *committed* slots (``length``) plus scratch slots appended while a
 policy expands a tree (``scratch``); ``rollback`` discards the scratch after each cycle, so speculative
@@ -29,7 +32,7 @@ import copy
 import dataclasses
 import logging
 from dataclasses import asdict, dataclass
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -51,6 +54,9 @@ from adtbench.models.lean import (
 from adtbench.models.llamagen.gpt import RMSNorm
 from adtbench.models.rope import Rope, apply_rope, rotary
 
+if TYPE_CHECKING:
+    from adtbench.models.base import PrefillResult, Target
+
 log = logging.getLogger("adtbench")
 
 
@@ -67,13 +73,18 @@ class EagleConfig:
     input_norm: bool = False
     qk_norm: bool = False  # per-head q/k LayerNorm (LANTERN's Chameleon drafters)
     num_layers: int = 1
+    vocab_size: int = 0  # rows of the drafter's own input embedding (LANTERN's stored copy); 0: the target's
+    rope_theta: float | None = None  # RoPE θ its checkpoint states (checked against the target's); None: unstated
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 class HeadLayerNorm(nn.Module):
-    """LayerNorm over head_dim with a per-head affine (Chameleon's q/k norm): weight/bias ``[heads, head_dim]``."""
+    """LayerNorm over head_dim with a per-head affine (Chameleon's q/k norm, transformers' ``ChameleonLayerNorm``):
+    ``y[h] = (x[h] − mean(x[h])) / √(var(x[h]) + eps) · weight[h] + bias[h]``, weight/bias ``[heads, head_dim]``, eps
+    1e-5. Lumina-mGPT's ``[1, head_dim]`` (one row shared by all heads) is expanded on load
+    (``drafters.checkpoint``)."""
 
     def __init__(self, heads: int, head_dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -205,12 +216,32 @@ class EagleDrafter(InferenceWeights, nn.Module):
     def __init__(self, config: EagleConfig, rope: Rope) -> None:
         super().__init__()
         self.config, self.rope = config, rope
+        self.embed_tokens: nn.Embedding | None = None
+        if config.vocab_size > 0:  # frozen, as LANTERN's (its training never updates the copy)
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+            self.embed_tokens.weight.requires_grad_(False)
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.layers = nn.ModuleList(EagleLayer(config, i) for i in range(config.num_layers))
         self.cache: StaticKVCache | None = None
         self.length = 0
         self.scratch = 0
         self.valid = torch.zeros(1, 0, dtype=torch.bool)
+
+    # --- input embeddings ----------------------------------------------------------------------------
+    def embed(self, target: Target, ids: torch.Tensor) -> torch.Tensor:
+        """The drafter's input embedding e(x) of token ids ``[...]`` → ``[..., H]``: its own stored table when its
+        checkpoint has one (``config.vocab_size`` > 0), else the target's ``embed_tokens``."""
+        if self.embed_tokens is None:
+            return target.embed_tokens(ids)
+        return cast(torch.Tensor, self.embed_tokens(ids.to(self.embed_tokens.weight.device)))
+
+    def embed_prompt(self, target: Target, res: PrefillResult) -> torch.Tensor:
+        """e(x) at the prompt positions ``[R, P, H]``: the target's prefill embeddings (``res.input_embeds``), or the
+        drafter's own table over the prompt's token ids (``res.ids``) when it has one. Prompt positions that are not
+        tokens (``res.ids`` None: LlamaGen's condition, Tar's) keep the target's input embeddings either way."""
+        if self.embed_tokens is None or res.ids is None:
+            return res.input_embeds
+        return self.embed(target, res.ids)
 
     # --- the network --------------------------------------------------------------------------------
     def forward(

@@ -106,7 +106,7 @@ class DraftSession:
         rows = torch.cat([self.slot_bias.index_select(0, parents), own], 1)
         self.slot_bias = torch.cat([torch.nn.functional.pad(self.slot_bias, (0, m), value=float("-inf")), rows], 0)
         feats = self.outputs.index_select(1, parents)  # [R, m, H]
-        embeds = self.target.embed_tokens(tokens)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
+        embeds = self.drafter.embed(self.target, tokens)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
         pos = self.root_pos[:, None].expand(-1, m) + (level - 1)
         return LevelInputs((feats, embeds, pos, rows), level)
 

@@ -29,6 +29,13 @@ class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
     uses_drafter: bool = True
     gate: DraftGate | None = None  # draft gating (``algorithm.gate``, ``policy.gate_tokens``); None: draft every cycle
 
+    @property
+    def drafts_with_eagle(self) -> bool:
+        """Whether this policy's decode runs the EAGLE drafter (``drafter.*``): every tree policy that drafts
+        (``uses_drafter``). The harness reads this declaration (``config.validate_drafter``: no silent random
+        drafter on a real checkpoint), never the policy's name."""
+        return self.uses_drafter
+
     def propose(self, session: DraftSession, max_depth: int) -> DraftTree:
         """Build this cycle's tree; its depth must not exceed ``max_depth`` (≥ 1). Runs ``propose_steps`` against the
         session; a policy overrides one of the two."""
@@ -75,7 +82,8 @@ class LoopPolicy(ABC):
     """
 
     name: str = "loop"
-    uses_drafter: bool = False  # never an EAGLE drafter
+    uses_drafter: bool = False  # never a tree for ``engine.speculative_cycle``
+    drafts_with_eagle: bool = False  # True: the loop runs the EAGLE drafter (``drafter.*``; Jacobi ``init=drafter``)
     lossless: bool = False  # True only where the loop is distribution-identical to AR (tested)
     accepts_rule: bool = False  # True: the loop accepts with the app's rule (LANTERN may relax it); else its own
     batchable: bool = False  # True: ``generate_batch`` decodes B prompts per target forward (decode.batch_size)

@@ -37,6 +37,7 @@ class JacobiPolicy(LoopPolicy):
         self.lossless = params.rule == "exact"
         self.accepts_rule = params.rule == "exact"  # the app's acceptance rule (LANTERN) applies
         self.batchable = params.init != "drafter"  # decode.batch_size > 1: a ragged window per slot
+        self.drafts_with_eagle = params.init == "drafter"  # drafts start from the EAGLE drafter's chain
         self._rule: tuple[Any, Any] | None = None  # (target, GroupedRule)
 
     def max_nodes(self) -> int:

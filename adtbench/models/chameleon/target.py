@@ -257,7 +257,12 @@ class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
         x = self.net.tok_embeddings(ids)
         feats = self.net.forward_embeds(x, pos, prompt_mask(valid), self.cache, 0)
         return PrefillResult(
-            logits=self.logits_head(feats[:, -1]), features=feats, input_embeds=x, positions=pos, valid=valid
+            logits=self.logits_head(feats[:, -1]),
+            features=feats,
+            input_embeds=x,
+            positions=pos,
+            valid=valid,
+            ids=ids,
         )
 
     def drafter_rope(self, head_dim: int) -> Rope:

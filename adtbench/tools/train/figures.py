@@ -84,14 +84,16 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
     R, dev = target.rows, target.device
     drafter.reset(R, res.features.shape[1] + target.layout.num_gen_tokens + 80)
     toks = torch.randint(target.layout.num_codes, (prefix,), device=dev) + target.layout.image_token_offset
-    root_e = target.embed_tokens(toks[:1])[None].expand(R, 1, -1)
-    drafter.extend(res.features, torch.cat([res.input_embeds[:, 1:], root_e], 1), res.positions, res.valid)
+    root_e = drafter.embed(target, toks[:1])[None].expand(R, 1, -1)
+    drafter.extend(
+        res.features, torch.cat([drafter.embed_prompt(target, res)[:, 1:], root_e], 1), res.positions, res.valid
+    )
     chain = torch.ones(prefix, prefix, dtype=torch.bool, device=dev).tril()
     steps = torch.arange(prefix, device=dev)
     _, f = target.verify_forward(toks, chain, steps)
     pos = target.next_pos[:, None] + steps[None]
     target.commit(steps, in_place=True)
-    emb = target.embed_tokens(torch.cat([toks[1:], toks[:1]]))[None].expand(R, -1, -1)
+    emb = drafter.embed(target, torch.cat([toks[1:], toks[:1]]))[None].expand(R, -1, -1)
     out = drafter.extend(f, emb, pos, torch.ones(R, prefix, dtype=torch.bool, device=dev))
     one, zero = torch.ones(1, 1, dtype=torch.bool, device=dev), torch.zeros(1, dtype=torch.long, device=dev)
 
@@ -116,7 +118,7 @@ def cost_ratios(target: Any, drafter: Any, repeats: int = 30, prefix: int = 128)
 
     draft = _median_ms(level, repeats, target.device)
     feats = s0.outputs[:, :1].expand(R, 10, -1)
-    embeds = target.embed_tokens(top)[None].expand(R, -1, -1)
+    embeds = drafter.embed(target, top)[None].expand(R, -1, -1)
     dpos = target.next_pos[:, None].expand(R, 10)
     eye = torch.eye(10, dtype=torch.bool, device=dev)
     gen_idx = torch.full((10,), prefix + 2, device=dev)
