@@ -68,6 +68,7 @@ and the host learns one verdict per iteration (``verify.verify_cycle``); the kep
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -131,6 +132,12 @@ class JacobiParams:
     def max_nodes(self) -> int:
         """The largest chain (root included): the KV headroom one verify needs."""
         return self.window if isinstance(self.window, int) else self.window_max
+
+    @property
+    def state_type(self) -> type[JacobiState]:
+        """The state class the loops run (``decode_jacobi``, ``generate_jacobi_batch``): ``JacobiState`` here; a
+        method that verifies a tree instead of the chain (``sjd_pac.SJDPACParams``) names its own."""
+        return JacobiState
 
 
 def jacobi_params(node: dict[str, Any]) -> JacobiParams:
@@ -492,6 +499,34 @@ class JacobiState:
         self.m = m
         return m
 
+    def tree(self) -> DraftTree:
+        """What this forward verifies (the loops' hook): the chain here (``sjd_pac`` verifies a tree)."""
+        return self.chain()
+
+    def in_place(self, read: CycleRead) -> bool:
+        """Is the accepted path the nodes 0 … a (``Target.commit``'s ``in_place``)? Always, for a chain."""
+        return True
+
+    def verify(
+        self, tree: DraftTree, processed: torch.Tensor, sp: SamplingParams, rule: AcceptanceRule, where: str
+    ) -> CycleRead:
+        """Accept ``tree`` (``tree()``'s) against its processed rows: ``verify.verify_cycle`` (the loops' hook)."""
+        return verify_cycle(tree, processed, sp.greedy, self.generator, rule, None, where)
+
+    @staticmethod
+    def verify_batch(
+        states: Sequence[JacobiState | None],
+        cases: Sequence[tuple[DraftTree, torch.Generator | None] | None],
+        processed: torch.Tensor,
+        sp: SamplingParams,
+        rule: AcceptanceRule,
+        acceptance: str,
+        on_host: bool,
+    ) -> list[Any]:
+        """Every slot's acceptance of a batched forward (``states[s]``: slot s's state, None when idle):
+        ``slot.verify_slots`` (the batched loop's hook)."""
+        return verify_slots(cases, processed, sp, rule, acceptance, on_host)
+
     def chain(self) -> DraftTree:
         """The chain root → d_1 → … → d_m with its proposal rows (None when greedy)."""
         n = self.m + 1
@@ -683,13 +718,13 @@ def iteration(
     forward, accept, commit, redraw. Returns its clock marks (start, drafted, verified, done)."""
     start = clock.mark()
     st.plan(drafter)
-    tree = st.chain()
+    tree = st.tree()
     drafted = clock.mark()
     raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
     processed = process_logits(raw, st.g + 1 + tree.depth, target.layout, sp)
-    read = verify_cycle(tree, processed, sp.greedy, st.generator, rule, None, where)
+    read = st.verify(tree, processed, sp, rule, where)
     next_pos = target.next_pos
-    target.commit(read.keep, in_place=True)
+    target.commit(read.keep, in_place=st.in_place(read))
     verified = clock.mark()
     if drafter is not None:
         drafter.commit(read, feats, next_pos)
@@ -723,7 +758,7 @@ def decode_jacobi(
     root, res = prefill_token(target, inputs, sp, params.max_nodes, generator)
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
-    st = JacobiState.start(root, layout, params, sizer, sp, target.dtype, generator)
+    st = params.state_type.start(root, layout, params, sizer, sp, target.dtype, generator)
     st.limit = limit
     timing = Timing(t0, (begin, clock.mark()))
     while not st.done:
@@ -775,7 +810,7 @@ def generate_jacobi_batch(
 
     def start(s: int, inputs: PromptInputs, gen: torch.Generator | None) -> JacobiState:
         root = first_token(bt.admit(s, inputs), layout, sp, gen)
-        return JacobiState.start(root, layout, params, make_sizer(params, layout, window), sp, bt.dtype, gen)
+        return params.state_type.start(root, layout, params, make_sizer(params, layout, window), sp, bt.dtype, gen)
 
     def result(st: JacobiState, timing: Timing) -> GenerationResult:
         timing.stop(clock)
@@ -794,7 +829,7 @@ def generate_jacobi_batch(
                 chains.append(None)
                 continue
             sl.state.plan()
-            tree = sl.state.chain()
+            tree = sl.state.tree()
             trees.append(SlotTree(tree.tokens, tree.ancestor_mask, tree.depth))
             chains.append((tree, sl.state.generator))
             first[s] = sl.state.g + 1
@@ -805,8 +840,10 @@ def generate_jacobi_batch(
         _, N, V = raw.shape
         gen_idx = (gidx[:, None] + depth).reshape(-1)
         processed = process_logits(raw.view(bt.c, bt.B * N, V), gen_idx, layout, sp).view(bt.B, N, V)
-        reads = verify_slots(chains, processed, sp, rule, acceptance, on_host)
-        bt.commit([r.keep if isinstance(r, CycleRead) else None for r in reads], [True] * bt.B)
+        states = [None if sl is None else sl.state for sl in slots]
+        reads = params.state_type.verify_batch(states, chains, processed, sp, rule, acceptance, on_host)
+        in_place = [sl is None or not isinstance(r, CycleRead) or sl.state.in_place(r) for sl, r in zip(slots, reads)]
+        bt.commit([r.keep if isinstance(r, CycleRead) else None for r in reads], in_place)
         verified = clock.mark()
         for s, sl in enumerate(slots):
             read, chain = reads[s], chains[s]
@@ -893,7 +930,7 @@ def calibrate_window(
     grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
     taus: dict[int, float] = {}
     for L in grid:
-        p = JacobiParams(**{**params.__dict__, "window": L})
+        p = dataclasses.replace(params, window=L)
         committed = forwards = 0
         for x in inputs:
             generator.manual_seed(0)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -145,14 +146,15 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
     ``<paths.cache_dir>/jacobi/<sha256(key)[:16]>.json``, keyed by the cost model's key, the sampling, the policy's
     keys that change τ(L) and the calibration prompts; re-calibrated when the cost model is re-measured. ``cfg``: the
     ``policy`` and ``lantern`` nodes; ``conf``: the typed sampling, ``lantern.enabled`` and ``paths.cache_dir``."""
-    from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, calibrate_window, jacobi_params
-    from adtbench.algorithm.policies.jacobi import NAME_DEFAULTS
+    from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, JacobiParams, calibrate_window
+    from adtbench.algorithm.policies import POLICIES
     from adtbench.algorithm.verify import EXACT
 
     sp, cache_dir, lantern_on = conf.sampling, conf.cache_dir, conf.lantern is not None and conf.lantern.enabled
     assert sp is not None, "a checked config has a sampling node"
-    node = {**NAME_DEFAULTS[str(cfg.policy.name)], **{str(k): v for k, v in cfg.policy.items() if k != "name"}}
-    params = jacobi_params(node)
+    params = POLICIES.build(str(cfg.policy.name), {str(k): v for k, v in cfg.policy.items() if k != "name"}).params
+    base = {f.name for f in dataclasses.fields(JacobiParams)}
+    method = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name not in base}  # sjd_pac's
     levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
     cost = load_or_measure(target, drafter, sp, max(64, params.window_max), levels, cache_dir)
     use_cfg = sp.use_cfg and target.supports_cfg
@@ -174,7 +176,8 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
                 "group_gap",
                 "group_dist",
             )
-        },
+        }
+        | method,
         "lantern": lantern_on,
         "prompts": list(CALIBRATION_PROMPTS),
         "grid": list(CALIBRATION_GRID),

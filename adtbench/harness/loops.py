@@ -26,7 +26,7 @@ LOOP_MODELS: Registry[Any] = Registry("policy")  # policy.name → build(cfg, co
 LOOP_CHECKS: Registry[None] = Registry("policy")  # policy.name → check(cfg) (no weights read)
 LOOP_MODELS.register("mulo", "adtbench.harness.mulo:build_mulo_models")
 LOOP_CHECKS.register("mulo", "adtbench.harness.mulo:check_mulo_config")
-for _jacobi in ("sjd", "scd", "gsd"):
+for _jacobi in ("sjd", "scd", "gsd", "sjd_pac"):
     LOOP_MODELS.register(_jacobi, "adtbench.harness.loops:build_jacobi_models")
     LOOP_CHECKS.register(_jacobi, "adtbench.harness.loops:check_jacobi_config")
 

@@ -176,9 +176,23 @@ class JacobiConf:
     group_dist: float = 0.5  # rule=gsd: squared input-embedding distance
 
 
+@dataclass
+class SJDPACConf(JacobiConf):
+    """``policy=sjd_pac``: SJD-PAC (``algorithm.sjd_pac``): the SCD loop verifying a K-ary tree of depth D followed by
+    a chain; ``redraw`` coupled and ``rule`` exact only."""
+
+    name: str = "sjd_pac"
+    window: Any = 64  # L: tree + chain nodes, root included | cost | adaptive
+    redraw: str = "coupled"
+    branch: int = 3  # K: candidates at each of the first D − 1 positions
+    tree_depth: int = 3  # D: levels of the full K-ary tree, root included ((K^D − 1)/(K − 1) nodes)
+    variant: str = "exact"  # exact (lossless) | authors (the authors' code: lossy)
+
+
 POLICY_SCHEMAS: dict[str, type] = {
     "ar": ArConf, "chain": ChainConf, "static": StaticConf, "eagle2": Eagle2Conf, "adt": AdtConf,
     "zipar": ZiparConf, "mulo": MuloConf, "sjd": JacobiConf, "scd": JacobiConf, "gsd": JacobiConf,
+    "sjd_pac": SJDPACConf,
 }  # fmt: skip
 
 

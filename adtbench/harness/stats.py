@@ -300,8 +300,9 @@ def reference_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The Jacobi loops' counters pooled over a run (``policy=sjd|scd|gsd``; None for other policies): the
-    configured ``window``, ``init``, ``redraw``, ``rule`` (the first record's), the mean verified window
+    """The Jacobi loops' counters pooled over a run (``policy=sjd|scd|gsd|sjd_pac``; None for other policies): the
+    configured ``window``, ``init``, ``redraw``, ``rule`` (and sjd_pac's ``branch``, ``tree_depth``, ``variant``; the
+    first record's), the mean verified window
     ``window_mean`` (chain nodes per forward, weighted by forwards), ``accept_hist`` (forwards that accepted a = 0, 1, …
     drafts, summed) and ``kept_frac`` (coupled redraws that kept their draft, pooled)."""
     rows = [r["stats"] for r in records if isinstance(r.get("stats"), dict) and "accept_hist" in r["stats"]]
@@ -319,6 +320,7 @@ def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     first = rows[0]
     return {
         **{k: first.get(k) for k in ("window", "init", "redraw", "rule")},
+        **{k: first[k] for k in ("branch", "tree_depth", "variant") if k in first},  # policy=sjd_pac
         "window_mean": window / forwards if forwards else None,
         "accept_hist": hist,
         "kept_frac": kept / coupled if coupled else None,
