@@ -33,6 +33,9 @@ PRESETS: dict[str, tuple[str, bool, dict[str, object]]] = {
                                           "policy.proposal": "point", "policy.redraw": "coupled"}),
     "scd_gumbel_lumina": ("lumina_mgpt", False, {"policy.name": "scd", "policy.window": 32,
                                                  "policy.redraw": "gumbel", "policy.proposal": "point"}),
+    "sjd_pac_lumina": ("lumina_mgpt", False, {"policy.name": "sjd_pac", "policy.window": 64, "policy.branch": 3,
+                                              "policy.tree_depth": 3, "policy.variant": "exact",
+                                              "policy.init": "random"}),
     "gsd_lumina": ("lumina_mgpt", False, {"policy.name": "gsd", "policy.window": 16, "policy.rule": "gsd",
                                           "policy.group_size": 14, "policy.group_gap": 0.15}),
 }  # fmt: skip

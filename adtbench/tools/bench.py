@@ -204,7 +204,9 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
 
     jacobi = isinstance(policy, JacobiPolicy)  # a loop whose every forward is a cycle (its models: ``JacobiModels``)
     if not policy.uses_drafter and not jacobi:
-        raise ConfigError("policy", "the overhead benchmark needs a drafting policy or a Jacobi loop (sjd, scd, gsd)")
+        raise ConfigError(
+            "policy", "the overhead benchmark needs a drafting policy or a Jacobi loop (sjd, scd, gsd, sjd_pac)"
+        )
     from adtbench.harness.data.prompts import load_dataset
     from adtbench.harness.job import Job
     from adtbench.harness.loops import build_loop_models
