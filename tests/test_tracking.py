@@ -213,22 +213,106 @@ def test_stable_run_id_from_the_resolved_run_dir(tmp_path):
 
 @pytest.mark.slow
 def test_resumed_job_continues_its_own_wandb_run(tmp_path, monkeypatch):
-    """A requeued job (same run dir) resumes the W&B run of its first attempt: same id, resume='allow', and its
-    sample steps continue after the samples already in samples.jsonl."""
+    """A requeued job (same run dir) writes the W&B run of its first attempt (same id); offline it replays the
+    sample already in samples.jsonl at step 0, logs its own at step 1, and moves the first attempt's offline dir
+    aside, so wandb/ holds one whole offline run."""
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
     job = tmp_path / "job"
     decode(job, "logger=wandb", "logger.system_stats=false", "dataset.limit=1")
     # W&B names offline dirs by the start second (+ run id) and adds "-1" to a second dir of the same second; the
-    # first run started before its decode returned, so a second later the requeue starts in a later second (timing
-    # from before the first decode was not enough: its cold imports can delay that run's start past the sleep)
+    # first run started before its decode returned, so a second later the requeue starts in a later second
     time.sleep(1.05)
     decode(job, "logger=wandb", "logger.system_stats=false", "dataset.limit=2")  # the requeue
     first, second = tracking(job)
     assert first["id"] == second["id"] and first["status"] == second["status"] == "finished"
     assert (first["first_step"], first["samples_logged"]) == (0, 1)
-    assert (second["first_step"], second["samples_logged"]) == (1, 1)  # steps continue after the first attempt
-    assert second["resume"] == "allow"
-    offline = sorted((job / "wandb").glob("offline-run-*"))
-    assert len(offline) == 2 and all(p.name.endswith(first["id"]) for p in offline)
+    assert (second["first_step"], second["replayed"], second["samples_logged"]) == (0, 1, 2)
+    assert second["resume"] is None  # offline: no resume, the attempt is whole
+    (offline,) = (job / "wandb").glob("offline-run-*")
+    superseded = list((job / "wandb" / "superseded").iterdir())
+    assert [p.name for p in superseded] == second["superseded"] and offline.name.endswith(first["id"])
+    assert second["sync"] == f"wandb sync {offline}"
     assert len(samples(job)) == 2
+
+
+# ----------------------------------------------------------------------------------------------------
+# kill -9, rerun, sync: one W&B run with every sample (offline: each attempt is whole, earlier ones superseded)
+# ----------------------------------------------------------------------------------------------------
+
+
+def history_and_summaries(offline_dir: Path) -> tuple[list[dict], list[dict]]:
+    """(history rows, adtbench summary updates) of an offline run's transaction log, as a sync would upload
+    them: each history row ``{"_step": n, key: value}``; a summary update counts when it carries ``n_samples``
+    (W&B's own ``_runtime`` / per-step summary records do not)."""
+    from adtbench.harness.tracking import offline_records
+
+    rows, sums = [], []
+    for r in offline_records(offline_dir):
+        kind = r.WhichOneof("record_type")
+        if kind == "history":
+            rows.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.history.item})
+        elif kind == "summary":
+            upd = {"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in r.summary.update}
+            if "n_samples" in upd:
+                sums.append(upd)
+    return rows, sums
+
+
+@pytest.mark.slow
+def test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples(tmp_path, monkeypatch):
+    """The issue's check: a real process decoding 12 prompts with W&B offline is killed with SIGKILL once 5
+    samples are committed; the rerun into the same run dir ends with ONE offline run in ``wandb/`` (the killed
+    attempt's dir moved to ``wandb/superseded/``) whose log holds 12 sample steps 0…11 (one per prompt, in
+    ``samples.jsonl`` order), one adtbench summary (n_samples = 12, the speedup CI as lo/hi), a 12-row samples
+    table, and the written sync command names exactly that dir. The old code left two offline dirs of the same
+    id (a sync replaces the first) and a table of the rerun's 7 rows."""
+    pytest.importorskip("wandb")
+    import os
+    import signal
+    import subprocess
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"a red cube number {i}\n" for i in range(12)))
+    out = tmp_path / "run"
+    args = [sys.executable, str(ROOT / "run.py"), *TINY_OVERRIDES, "dataset=text", f"dataset.path={prompts}",
+            "warmup=0", "progress=false", "maps.per_run=false", "logger=wandb", "logger.system_stats=false",
+            f"hydra.run.dir={out}"]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"} | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    samples_file = out / "samples.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and (not samples_file.exists() or samples_file.read_text().count("\n") < 5):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    n_killed = samples_file.read_text().count("\n")
+    assert 5 <= n_killed < 12, n_killed
+    killed = list((out / "wandb").glob("offline-run-*"))
+    assert len(killed) == 1  # the killed attempt's offline run
+    time.sleep(1.05)  # W&B names offline dirs by the start second
+    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recs = samples(out)
+    assert len(recs) == 12 and len({r["prompt_id"] for r in recs}) == 12
+
+    (offline,) = list((out / "wandb").glob("offline-run-*"))  # one run to sync
+    assert [p.name for p in (out / "wandb" / "superseded").iterdir()] == [killed[0].name]
+    rows, sums = history_and_summaries(offline)
+    steps = [r["_step"] for r in rows if "sample/tau" in r]
+    assert steps == list(range(12))  # every sample, each once, replayed ones first
+    assert [r["sample/tau"] for r in rows if "sample/tau" in r] == [r["tau"] for r in recs]
+    (summary,) = sums
+    s = json.loads((out / "summary.json").read_text())
+    assert summary["n_samples"] == 12 and summary["complete"] is True
+    if s.get("speedup_ci") is not None:
+        assert [summary["speedup_ci/lo"], summary["speedup_ci/hi"]] == pytest.approx(s["speedup_ci"])
+    (table,) = list((offline / "files" / "media" / "table").glob("samples_*.table.json"))
+    assert [row[0] for row in json.loads(table.read_text())["data"]] == [r["prompt_id"] for r in recs]
+
+    first, second = tracking(out)
+    assert first["id"] == second["id"] and first["status"] == "running"  # the killed attempt never finished
+    assert second["status"] == "finished" and second["replayed"] == n_killed
+    assert (second["samples_logged"], second["history_steps"]) == (12, 12)
+    assert second["superseded"] == [killed[0].name]
+    assert second["sync"] == f"wandb sync {offline}"
