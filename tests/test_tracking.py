@@ -316,3 +316,98 @@ def test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples
     assert (second["samples_logged"], second["history_steps"]) == (12, 12)
     assert second["superseded"] == [killed[0].name]
     assert second["sync"] == f"wandb sync {offline}"
+
+
+# ----------------------------------------------------------------------------------------------------
+# adtbench eval attaches to the run it evaluates; merged runs and the speedup CI reach W&B
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_eval_logs_into_the_run_it_evaluates(tmp_path, monkeypatch):
+    """``adtbench eval <run dir>`` (``build_logger(attach=True)``) opens the evaluated run's W&B run: the same id,
+    job type, group and name as the decode, that run's config (run_config.json, choices) plus the eval node;
+    offline it replays the run's samples (its file is whole). The old code opened a separate ``eval`` run with
+    the eval command's default config and no group."""
+    mod = capture_wandb()
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    job = tmp_path / "arr" / "shard_0_of_2"
+    decode(job, "logger=wandb", "logger.group=grp", "dataset.shard=0/2")
+    dec = mod.inits[0]
+    from adtbench.harness.tracking import build_logger
+
+    cfg = compose_cfg("logger=wandb", "logger.group=grp")
+    calls_before = mod.calls["log"]
+    tracker = build_logger(cfg, job, {"policy": "eagle2", "model": "tiny_llamagen"}, attach=True)
+    tracker.log_summary({"n_samples": 1, "eval": {"clip_score": 0.3}})
+    tracker.finish()
+    ev = mod.inits[1]
+    assert (ev["id"], ev["job_type"], ev["group"], ev["name"]) == (dec["id"], "eagle2", "grp", dec["name"])
+    run_config = json.loads((job / "run_config.json").read_text())
+    assert ev["config"]["policy"] == run_config["policy"] and ev["config"]["dataset"]["shard"] == "0/2"
+    assert "eval" in ev["config"] and ev["config"]["choices"]["policy"] == "eagle2"
+    entry = tracking(job)[-1]
+    assert entry["attached"] == "eval" and entry["replayed"] == len(samples(job))
+    assert mod.calls["log"] - calls_before == len(samples(job)) + 1  # the replayed samples, then the table
+
+
+def test_eval_of_a_run_decoded_without_wandb_uses_the_decode_identity(tmp_path, monkeypatch):
+    mod = capture_wandb()
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    job = tmp_path / "arr" / "shard_1_of_2"
+    decode(job, "dataset.shard=1/2")  # logger=none
+    from adtbench.harness.tracking import build_logger, stable_run_id
+
+    build_logger(compose_cfg("logger=wandb"), job, {"policy": "eagle2"}, attach=True).finish()
+    (ev,) = mod.inits
+    assert ev["id"] == stable_run_id(job, "eagle2") and ev["group"] == "arr" and ev["job_type"] == "eagle2"
+
+
+def test_summary_flattening_keeps_the_speedup_ci():
+    from adtbench.harness.tracking import _flatten
+
+    flat = _flatten({"speedup": 1.5, "speedup_ci": [1.2, 1.8], "speedup_ref_ci": [1, 2], "x": [1, 2, 3],
+                     "nested": {"fid_ci": [3.0, 4.0]}, "pair": [1.0, 2.0], "bad_ci": [True, 1.0]})  # fmt: skip
+    assert flat == {"speedup": 1.5, "speedup_ci/lo": 1.2, "speedup_ci/hi": 1.8, "speedup_ref_ci/lo": 1.0,
+                    "speedup_ref_ci/hi": 2.0, "nested/fid_ci/lo": 3.0, "nested/fid_ci/hi": 4.0}  # fmt: skip
+
+
+def test_speedup_ci_reaches_wandb_summary(tmp_path, monkeypatch):
+    mod = capture_wandb()
+    runs = []
+    real_init = mod.init
+    mod.init = lambda **kw: runs.append(real_init(**kw)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    s = decode(tmp_path / "job", "logger=wandb", "dataset.limit=5", "timing.repeats=2")
+    assert s["speedup_ci"] is not None
+    assert [runs[0].summary["speedup_ci/lo"], runs[0].summary["speedup_ci/hi"]] == s["speedup_ci"]
+
+
+def test_merge_logs_the_merged_run_in_the_shards_group(tmp_path, monkeypatch):
+    """``adtbench merge`` of shards decoded with logger=wandb logs the merged run: its own id (its dir), the
+    shards' group, every merged sample and the merged summary with its speedup CI."""
+    mod = capture_wandb()
+    runs = []
+    real_init = mod.init
+    mod.init = lambda **kw: runs.append(real_init(**kw)) or runs[-1]
+    monkeypatch.setitem(sys.modules, "wandb", mod)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    arr = tmp_path / "arr"
+    for i in range(2):
+        d = arr / f"shard_{i}_of_2"
+        decode(d, "logger=wandb", "dataset.limit=4", f"dataset.shard={i}/2")
+        (d / ".hydra").mkdir()
+        (d / ".hydra" / "config.yaml").write_text("logger:\n  kind: wandb\n  mode: offline\n  project: p\n")
+    from adtbench.reporting.merge import main
+
+    calls_before = mod.calls["log"]
+    assert main([str(arr), "--out", str(arr / "merged")]) == 0
+    merged = mod.inits[-1]
+    assert merged["group"] == "arr" and merged["job_type"] == "eagle2" and merged["name"] == "merged"
+    assert merged["id"] not in {i["id"] for i in mod.inits[:2]} and merged["config"]["policy"]["name"] == "eagle2"
+    assert mod.calls["log"] - calls_before == 4 + 1  # four merged samples, then the table
+    m = json.loads((arr / "merged" / "summary.json").read_text())
+    assert runs[-1].summary["n_samples"] == 4
+    if m.get("speedup_ci") is not None:
+        assert runs[-1].summary["speedup_ci/lo"] == m["speedup_ci"][0]
+    assert main([str(arr), "--out", str(arr / "merged2"), "--no-wandb"]) == 0 and len(mod.inits) == 3
