@@ -411,3 +411,18 @@ def test_merge_logs_the_merged_run_in_the_shards_group(tmp_path, monkeypatch):
     if m.get("speedup_ci") is not None:
         assert runs[-1].summary["speedup_ci/lo"] == m["speedup_ci"][0]
     assert main([str(arr), "--out", str(arr / "merged2"), "--no-wandb"]) == 0 and len(mod.inits) == 3
+
+
+def test_wandb_pin_matches_the_api_used():
+    """pyproject pins wandb at the first release with every call tracking.py makes: ``reinit="finish_previous"``
+    and the Settings fields (0.19.10); the installed wandb has them, and writes the store version
+    ``offline_records`` reads."""
+    import inspect
+    import re
+
+    wandb = pytest.importorskip("wandb")
+    pins = re.findall(r'"wandb>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text())
+    assert len(pins) == 2 and all(tuple(int(x) for x in p.split(".")) == (0, 19, 10) for p in pins), pins
+    assert "finish_previous" in str(inspect.signature(wandb.init).parameters["reinit"].annotation)
+    fields = wandb.Settings.model_fields
+    assert {"init_timeout", "console", "silent", "x_disable_stats"} <= set(fields)

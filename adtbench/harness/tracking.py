@@ -504,8 +504,10 @@ def offline_records(path: str | os.PathLike[str]) -> list[Any]:
     if p.is_dir():
         (p,) = p.glob("*.wandb")
     data = p.read_bytes()
-    if data[:4] != b":W&B":
+    if data[:4] != b":W&B" or len(data) < 7:
         raise ValueError(f"{p} is not a W&B transaction log")
+    if data[6] != 0:
+        raise ValueError(f"{p}: W&B store version {data[6]}; this reader knows version 0 (wandb 0.19.10 … 0.31)")
     block, pos, parts, out = 32768, 7, b"", []
     while pos + 7 <= len(data):
         left = block - pos % block
