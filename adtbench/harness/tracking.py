@@ -61,6 +61,7 @@ from adtbench.harness.rundir import (
     TRACKING_FILE,
     count_sample_lines,
     map_file,
+    read_hydra_config,
     read_run_config,
     read_samples,
     read_traces,
@@ -384,7 +385,8 @@ def _build_wandb(
     if attach:  # adtbench eval: one more attempt of the evaluated run, with that run's config and identity
         target = evaluated_run(run_dir, choices)
         job_type, group, name = str(target["job_type"]), target["group"], target["name"] or run_dir.name
-        config: dict[str, Any] = dict(read_run_config(run_dir) or {})
+        # the decode's composed config (.hydra/config.yaml: plumbing keys too), its resolved experiment keys on top
+        config: dict[str, Any] = {**(read_hydra_config(run_dir) or {}), **(read_run_config(run_dir) or {})}
         config["eval"] = resolved.get("eval")
         entry["attached"] = "eval"
     else:
@@ -398,7 +400,9 @@ def _build_wandb(
     config["choices"] = dict(choices)
     config["run_dir"] = str(run_dir)
     run_id = stable_run_id(run_dir, job_type)
-    opened_before = any(r.get("id") == run_id and r.get("status") != "failed" for r in earlier)
+    opened_before = any(
+        r.get("id") == run_id and r.get("status") != "failed" and r.get("mode") == mode for r in earlier
+    )
     # offline: every attempt replays the earlier samples (its file is whole); online: the server has them
     replay = mode == "offline" or not opened_before
     tags = [str(t) for t in (node.get("tags") or [])]
