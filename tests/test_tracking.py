@@ -278,7 +278,9 @@ def test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples
     args = [sys.executable, str(ROOT / "run.py"), *TINY_OVERRIDES, "dataset=text", f"dataset.path={prompts}",
             "warmup=0", "progress=false", "maps.per_run=false", "logger=wandb", "logger.system_stats=false",
             f"hydra.run.dir={out}"]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"} | {"OMP_NUM_THREADS": "1"}
+    # no WANDB_* from this process: WANDB_SERVICE (set once an in-process test opened a run) would make both
+    # attempts share this process's wandb-core, which keeps the killed attempt's run open ("run ID is in use")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")} | {"OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     samples_file = out / "samples.jsonl"
     deadline = time.time() + 180
