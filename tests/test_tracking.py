@@ -428,3 +428,28 @@ def test_wandb_pin_matches_the_api_used():
     assert "finish_previous" in str(inspect.signature(wandb.init).parameters["reinit"].annotation)
     fields = wandb.Settings.model_fields
     assert {"init_timeout", "console", "silent", "x_disable_stats"} <= set(fields)
+
+
+@pytest.mark.slow
+def test_adtbench_eval_offline_lands_in_the_decoded_run(tmp_path, monkeypatch):
+    """Real wandb, offline: decode 2 prompts with logger=wandb, then ``adtbench eval <run dir> eval=mini
+    logger=wandb``: the run dir's wandb/ holds ONE offline run (the decode's dir superseded) with the decode's id,
+    both samples at steps 0, 1 and a summary holding the speed metrics and the evaluation together."""
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    from adtbench.harness.eval import main
+
+    job = tmp_path / "job"
+    decode(job, "logger=wandb", "logger.system_stats=false")
+    time.sleep(1.05)  # a later start second than the decode's offline dir
+    rc = main([str(job), "eval=mini", "eval.mini.loader=test_eval:_tiny_loader", "logger=wandb",
+               "logger.system_stats=false"])  # fmt: skip
+    assert rc == 0
+    dec, ev = tracking(job)
+    assert ev["id"] == dec["id"] and ev["attached"] == "eval" and ev["replayed"] == 2 and ev["status"] == "finished"
+    (offline,) = (job / "wandb").glob("offline-run-*")
+    assert offline.name.endswith(dec["id"]) and ev["superseded"] == [Path(dec["sync"].split()[-1]).name]
+    rows, sums = history_and_summaries(offline)
+    assert [r["_step"] for r in rows if "sample/tau" in r] == [0, 1]
+    (summary,) = sums
+    assert summary["n_samples"] == 2 and any(k.startswith("eval/") for k in summary) and "tau" in summary
