@@ -318,6 +318,13 @@ def test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples
     assert (second["samples_logged"], second["history_steps"]) == (12, 12)
     assert second["superseded"] == [killed[0].name]
     assert second["sync"] == f"wandb sync {offline}"
+    # the written command, and a sync of the whole wandb/ dir, would upload exactly this one log (no server needed)
+    wandb_cli = Path(sys.executable).parent / "wandb"
+    for target in (str(offline), str(out / "wandb")):
+        dry = subprocess.run([str(wandb_cli), "sync", "--dry-run", target], env=env, capture_output=True, text=True,
+                             timeout=120)  # fmt: skip
+        said = dry.stdout + dry.stderr
+        assert "Would sync 1 run(s)" in said and f"run-{first['id']}.wandb" in said, said
 
 
 # ----------------------------------------------------------------------------------------------------
