@@ -279,7 +279,10 @@ def main(args: list[str]) -> int:
         print(f"adtbench merge: {e}", file=sys.stderr)
         return 2
     if not ns.no_wandb:
-        log_merged_run(dirs, ns.out, s)
+        try:
+            log_merged_run(dirs, ns.out, s)
+        except Exception as e:  # W&B mirrors the merged files; it never fails the merge
+            print(f"adtbench merge: W&B logging skipped ({type(e).__name__}: {e})", file=sys.stderr)
     sp = "n/a" if s.get("speedup") is None else f"{s['speedup']:.3f}x"
     tau = "n/a" if s.get("tau") is None else f"{s['tau']:.3f}"
     print(
