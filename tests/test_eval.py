@@ -419,7 +419,8 @@ def test_app_runs_eval_after_decoding(tiny_clip, tmp_path):
 @pytest.mark.parametrize(("cli", "mode"), [([], "online"), (["logger.mode=offline"], "offline")])
 def test_adtbench_eval_tracker_mode_env_vs_command_line(tmp_path, monkeypatch, cli, mode):
     """`adtbench eval ... logger=wandb`: WANDB_MODE wins over the config unless logger.mode is on the command line;
-    the eval W&B run has its own stable id (resumed when the dir is evaluated again)."""
+    the evaluation logs into the evaluated run's W&B run (its stable id; a hand-made run without a policy or a
+    decode entry in tracking.json: job type "decode"), resumed online, a whole offline attempt offline."""
     import sys
     import types
 
@@ -444,8 +445,8 @@ def test_adtbench_eval_tracker_mode_env_vs_command_line(tmp_path, monkeypatch, c
     run = make_run(tmp_path / "run")
     assert main([str(run), "eval=mini", f"eval.mini.loader={__name__}:_tiny_loader", "logger=wandb", *cli]) == 0
     (kw,) = inits
-    assert kw["mode"] == mode and kw["job_type"] == "eval" and kw["resume"] == "allow"
-    assert kw["id"] == stable_run_id(run, "eval")
+    assert kw["mode"] == mode and kw["job_type"] == "decode" and kw["resume"] == ("allow" if mode == "online" else None)
+    assert kw["id"] == stable_run_id(run, "decode")
     entry = json.loads((run / "tracking.json").read_text())["runs"][0]
     assert entry["mode_source"] == ("cli" if cli else "env")
 

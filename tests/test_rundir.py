@@ -145,3 +145,132 @@ def test_read_jsonl_counts_complete_lines_only_and_never_writes(tmp_path: Path) 
     p.write_bytes(raw)
     assert [r["prompt_id"] for r in read_jsonl(p)] == ["a", "b"]  # "c" has no newline: not committed
     assert p.read_bytes() == raw  # read-only (ResultStore repairs on open; readers never do)
+
+
+# ----------------------------------------------------------------------------------------------------
+# the run-dir lock on a filesystem without flock
+# ----------------------------------------------------------------------------------------------------
+
+
+def _no_flock(err: int):
+    def flock(fd, op):
+        raise OSError(err, os.strerror(err))
+
+    return flock
+
+
+def _dead_pid() -> int:
+    import subprocess
+
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.mark.parametrize("err", ["ENOLCK", "EOPNOTSUPP", "ENOSYS"])
+def test_run_dir_lock_falls_back_to_a_lock_file_without_flock(tmp_path, monkeypatch, err):
+    """flock failing as on NFS/Lustre mounts without lock support: the lock becomes an O_EXCL lock file holding
+    ``<pid> <host>``; a second writer is refused in one line naming pid, host and the file; release removes it.
+    The old code let the OSError escape (a traceback)."""
+    import errno
+    import fcntl
+    import socket
+
+    from adtbench.errors import ConfigError
+    from adtbench.harness.lock import OWNER_FILE, RunDirLock
+
+    monkeypatch.delenv("ADTBENCH_RUN_LOCK", raising=False)
+    monkeypatch.setattr(fcntl, "flock", _no_flock(getattr(errno, err)))
+    run_dir = tmp_path / "run"
+    first = RunDirLock(run_dir)
+    owner = run_dir / OWNER_FILE
+    assert first.kind == "file" and owner.read_text().split() == [str(os.getpid()), socket.gethostname()]
+    with pytest.raises(ConfigError) as ei:
+        RunDirLock(run_dir)
+    msg = str(ei.value)
+    assert (
+        "\n" not in msg and msg.startswith("hydra.run.dir:") and f"pid {os.getpid()} on {socket.gethostname()}" in msg
+    )
+    assert str(owner) in msg
+    first.release()
+    assert not owner.exists()
+    RunDirLock(run_dir).release()  # free again
+
+
+def test_lock_file_stale_detection(tmp_path, monkeypatch):
+    """A lock file of a dead process on this host is stale and taken over; one from another host cannot be
+    checked: the one-line error says to delete it if that job is gone."""
+    import socket
+
+    from adtbench.errors import ConfigError
+    from adtbench.harness.lock import OWNER_FILE, RunDirLock
+
+    monkeypatch.setenv("ADTBENCH_RUN_LOCK", "file")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    owner = run_dir / OWNER_FILE
+    owner.write_text(f"{_dead_pid()} {socket.gethostname()}\n")
+    lock = RunDirLock(run_dir)
+    assert lock.kind == "file" and owner.read_text().split()[0] == str(os.getpid())
+    lock.release()
+    owner.write_text("4242 node-17\n")
+    with pytest.raises(ConfigError) as ei:
+        RunDirLock(run_dir)
+    assert "pid 4242 on node-17" in str(ei.value) and f"delete {owner}" in str(ei.value)
+    assert owner.read_text() == "4242 node-17\n"  # never removed from here
+
+
+def test_lock_mode_flock_none_and_bad_values(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from adtbench.errors import ConfigError
+    from adtbench.harness.lock import OWNER_FILE, RunDirLock
+
+    monkeypatch.setattr(fcntl, "flock", _no_flock(errno.EOPNOTSUPP))
+    monkeypatch.setenv("ADTBENCH_RUN_LOCK", "flock")  # flock or nothing: a one-line error naming the way out
+    with pytest.raises(ConfigError) as ei:
+        RunDirLock(tmp_path / "a")
+    assert ei.value.key == "ADTBENCH_RUN_LOCK" and "ADTBENCH_RUN_LOCK=file" in str(ei.value)
+    monkeypatch.setenv("ADTBENCH_RUN_LOCK", "none")
+    lock = RunDirLock(tmp_path / "b")
+    assert lock.kind == "none" and not (tmp_path / "b" / OWNER_FILE).exists()
+    lock.release()
+    monkeypatch.setenv("ADTBENCH_RUN_LOCK", "nfs")
+    with pytest.raises(ConfigError) as ei:
+        RunDirLock(tmp_path / "c")
+    assert ei.value.key == "ADTBENCH_RUN_LOCK" and "auto, flock, file, none" in str(ei.value)
+
+
+def test_app_on_a_filesystem_without_flock(tmp_path):
+    """A real ``run.py`` whose flock fails with ENOLCK (a sitecustomize patches it, as a mount without lock
+    support would): the run completes under the lock-file fallback; a run dir held from another host is refused
+    with exit 2 and one line on stderr, before any model is loaded."""
+    import subprocess
+    import sys
+
+    from conftest import TINY_OVERRIDES
+
+    from adtbench.harness.lock import OWNER_FILE
+
+    root = Path(__file__).resolve().parents[1]
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import errno, fcntl, os\n"
+        "def _flock(fd, op):\n    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))\n"
+        "fcntl.flock = _flock\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{root}", "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    env.pop("ADTBENCH_RUN_LOCK", None)
+    out = tmp_path / "run"
+    args = [sys.executable, str(root / "run.py"), *TINY_OVERRIDES, "dataset.limit=1", "warmup=0", "progress=false",
+            "maps.per_run=false", f"hydra.run.dir={out}"]  # fmt: skip
+    ok = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert (out / "summary.json").exists() and not (out / OWNER_FILE).exists()  # released at the end
+    (out / OWNER_FILE).write_text("4242 node-17\n")
+    busy = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    err = busy.stderr.strip().splitlines()
+    assert busy.returncode == 2 and len(err) == 1, busy.stderr
+    assert "hydra.run.dir" in err[0] and "node-17" in err[0] and "Traceback" not in busy.stderr

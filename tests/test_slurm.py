@@ -74,3 +74,68 @@ def test_sbatch_array_script_builds_the_shard_command(tmp_path):
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert merge.stdout.split() == ["-m", "adtbench.reporting.merge", "outputs/arrays/777", "--out",
                                     "outputs/arrays/777/merged", "--force"]  # fmt: skip
+
+
+def _fake_slurm(tmp_path: Path) -> tuple[Path, Path]:
+    """A ``scontrol`` on PATH that records its arguments, and an ``ADTBENCH_PYTHON`` that marks its start and
+    runs until a ``stop`` file appears (a decode SLURM would kill)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/usr/bin/env bash\necho "$@" >> {tmp_path}/scontrol.log\n')
+    (bin_dir / "fakepy").write_text(
+        f'#!/usr/bin/env bash\necho "$@" > {tmp_path}/started\n'
+        f"for _ in $(seq 200); do [[ -f {tmp_path}/stop ]] && exit 0; sleep 0.05; done\nexit 7\n"
+    )
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    return bin_dir, bin_dir / "fakepy"
+
+
+@pytest.mark.parametrize(("restarts", "requeued"), [("0", True), ("3", False)])
+def test_sbatch_array_script_requeues_on_the_time_limit_signal(tmp_path, restarts, requeued):
+    """``--signal=B:USR1@180`` makes SLURM signal the batch shell before the time limit; the script then runs
+    ``scontrol requeue <array job>_<task>`` (up to ADTBENCH_MAX_REQUEUE times by SLURM_RESTART_COUNT), keeps
+    waiting for the decode and exits with its status. The old script exec'd the decode and never requeued on
+    timeout (``--requeue`` covers preemption and node failure only)."""
+    import signal
+    import time
+
+    script = (ROOT / "jobs" / "decode_array.sbatch").read_text()
+    assert "#SBATCH --signal=B:USR1@" in script and "#SBATCH --requeue" in script
+    bin_dir, fakepy = _fake_slurm(tmp_path)
+    env = {**ENV, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "ADTBENCH_PYTHON": str(fakepy),
+           "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_ID": "1",
+           "SLURM_ARRAY_JOB_ID": "777", "SLURM_RESTART_COUNT": restarts}  # fmt: skip
+    proc = subprocess.Popen(["bash", str(ROOT / "jobs" / "decode_array.sbatch"), "policy=eagle2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    deadline = time.time() + 10
+    while not (tmp_path / "started").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(0.5)
+    assert proc.poll() is None  # still waiting for the decode
+    (tmp_path / "stop").touch()
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err  # the decode's own status
+    log = tmp_path / "scontrol.log"
+    if requeued:
+        assert log.read_text().split() == ["requeue", "777_1"] and "requeueing 777_1 (requeue 1 of 3)" in err
+    else:
+        assert not log.exists() and "3 requeue(s) used: not requeueing" in err
+    assert (tmp_path / "started").read_text().split()[:2] == ["run.py", "dataset.shard=1/4"]
+
+
+def test_eval_job_script_scores_the_merged_run(tmp_path):
+    """jobs/eval.sbatch <array dir> runs ``adtbench eval`` on <array dir>/merged (or on a run dir given
+    directly) with the extra overrides; an unmerged array dir is refused in one line naming the merge script."""
+    arr = tmp_path / "arr"
+    (arr / "merged").mkdir(parents=True)
+    env = {**ENV, "ADTBENCH_PYTHON": "echo", "SLURM_SUBMIT_DIR": str(ROOT)}
+    run = ["bash", str(ROOT / "jobs" / "eval.sbatch")]
+    proc = subprocess.run([*run, str(arr), "eval=clip"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "jobs/merge.sbatch" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    (arr / "merged" / "samples.jsonl").write_text("{}\n")
+    proc = subprocess.run([*run, str(arr), "eval=clip"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["-m", "adtbench.cli", "eval", f"{arr}/merged", "eval=clip"], proc.stderr
+    proc = subprocess.run([*run, str(arr / "merged")], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["-m", "adtbench.cli", "eval", f"{arr}/merged"]

@@ -1,6 +1,6 @@
 """Merge the shard runs of one config (``dataset.shard=i/n`` job-array tasks) into one run.
 
-    adtbench merge <shard dir>... | <array dir>  --out <dir> [--allow-partial] [--force]
+    adtbench merge <shard dir>... | <array dir>  --out <dir> [--allow-partial] [--force] [--no-wandb]
     python -m adtbench.reporting.merge ...
 
 Checks, before anything is written:
@@ -18,6 +18,12 @@ the speedup is mean baseline latency / mean method latency over every sample, no
 speedups. ``env_consistent`` says whether all shards ran on the same device and software (speedups are
 comparable only within one environment). Every file name comes from :mod:`adtbench.harness.rundir`, every write is
 atomic (:mod:`adtbench.io`).
+
+W&B: when the shards were decoded with ``logger=wandb`` (their ``.hydra/config.yaml``), the merged run is logged as
+its own W&B run in the shards' group (the array), job type = the policy, config = the merged ``run_config.json``:
+every sample (replayed from the merged ``samples.jsonl``), the summary (speedup CI included) and the samples
+table; the mode follows ``WANDB_MODE``, else the shards' ``logger.mode``. ``--no-wandb`` skips it. As everywhere,
+a W&B failure never fails the merge (:mod:`adtbench.harness.tracking`).
 """
 
 from __future__ import annotations
@@ -219,6 +225,37 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
     return summary.to_json()
 
 
+def log_merged_run(shard_dirs: list[Path], out: Path, summary: dict[str, Any]) -> bool:
+    """Log the merged run ``out`` to W&B when the shards were decoded with ``logger=wandb`` (module docstring);
+    returns whether a tracker was opened. The group is the shards' W&B group (their ``tracking.json``), else the
+    array dir's name, as :mod:`adtbench.harness.tracking` groups ``dataset.shard`` jobs."""
+    from omegaconf import OmegaConf
+
+    from adtbench.harness.tracking import NullLogger, build_logger
+
+    node = next(
+        (h["logger"] for d in shard_dirs if isinstance(h := read_hydra_config(d) or {}, dict) and h.get("logger")),
+        None,
+    )
+    if not node or str(node.get("kind", "none")) != "wandb":
+        return False
+    group = None
+    for d in shard_dirs:
+        tracking = d / "tracking.json"
+        runs = json.loads(tracking.read_text()).get("runs", []) if tracking.exists() else []
+        group = next((r["group"] for r in runs if r.get("kind") == "wandb" and r.get("group")), None)
+        if group:
+            break
+    cfg = OmegaConf.create({**(read_run_config(out) or {}), "logger": node})
+    choices = dict(summary.get("choices") or {})
+    tracker = build_logger(cfg, out, choices, mode_on_cli=False, group=group or out.resolve().parent.name)
+    try:
+        tracker.log_summary(summary)
+    finally:
+        tracker.finish()
+    return not isinstance(tracker, NullLogger)
+
+
 class _P:
     """A bare prompt-id holder for :func:`shard_prompts`."""
 
@@ -233,6 +270,7 @@ def main(args: list[str]) -> int:
     ap.add_argument("--out", type=Path, required=True, help="the merged run dir")
     ap.add_argument("--allow-partial", action="store_true", help="merge present shards/prompts only")
     ap.add_argument("--force", action="store_true", help="overwrite an existing merged run in --out")
+    ap.add_argument("--no-wandb", action="store_true", help="do not log the merged run to W&B")
     ns = ap.parse_args(args)
     try:
         dirs = find_shard_dirs(ns.inputs)
@@ -240,6 +278,11 @@ def main(args: list[str]) -> int:
     except (MergeError, ConfigError) as e:
         print(f"adtbench merge: {e}", file=sys.stderr)
         return 2
+    if not ns.no_wandb:
+        try:
+            log_merged_run(dirs, ns.out, s)
+        except Exception as e:  # W&B mirrors the merged files; it never fails the merge
+            print(f"adtbench merge: W&B logging skipped ({type(e).__name__}: {e})", file=sys.stderr)
     sp = "n/a" if s.get("speedup") is None else f"{s['speedup']:.3f}x"
     tau = "n/a" if s.get("tau") is None else f"{s['tau']:.3f}"
     print(

@@ -153,14 +153,15 @@ def main(args: list[str]) -> int:
 
 
 def _log_to_tracker(cfg: Any, run: Path, summary: Summary | None, overrides: list[str]) -> None:
-    """With ``logger=wandb``: one W&B run (job_type ``eval``, resumed on re-evaluation) per evaluated run dir;
+    """With ``logger=wandb``: the evaluation is logged into the W&B run of the run it evaluates (same id, job
+    type, group and name, that run's config plus this ``eval`` node; ``tracking.build_logger(attach=True)``);
     ``overrides`` (this command's) tell whether ``logger.mode`` was set on the command line."""
     if str(node_get(cfg, "logger.kind", "none")) == "none":
         return
     from adtbench.harness.tracking import build_logger, mode_on_cli
 
     choices = dict(summary.choices) if summary is not None else {}
-    tracker = build_logger(cfg, run, choices, job_type="eval", mode_on_cli=mode_on_cli(overrides))
+    tracker = build_logger(cfg, run, choices, mode_on_cli=mode_on_cli(overrides), attach=True)
     try:
         tracker.log_summary(summary.to_json() if summary is not None else {})
     finally:
