@@ -15,8 +15,7 @@
   6726825d.pth``, ``vgg16-397923af.pth``: the name carries the first hex digits of the file's sha256, which
   ``torch.hub`` checks on download), (3) OpenAI's CLIP files (``ViT-L-14.pt``, ...), whose download URL in
   open_clip's pretrained table carries the file's sha256 (``.../clip/models/<sha256>/ViT-L-14.pt``; OpenAI's
-  ``clip._download`` checks it) — read from open_clip's own table, only when open_clip is already imported or the
-  file's name is one of them. Hashes are memoised in ``eval.cache_dir/hashes.json`` when that folder exists.
+  ``clip._download`` checks it) — read from the text of open_clip's own table, for files named like them. Hashes are memoised in ``eval.cache_dir/hashes.json`` when that folder exists.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from adtbench.errors import ConfigError
-from adtbench.harness.eval.common import file_sha256, node_get, require_file
+from adtbench.harness.eval.common import file_sha256, require_file
 
 EXTRA = "metrics"
 PIP_NAMES = {"open_clip": "open_clip_torch", "torch_fidelity": "torch-fidelity", "scipy": "scipy"}
@@ -49,7 +48,7 @@ PACKAGES: dict[str, tuple[str, ...]] = {
 FORMATS = ("safetensors", "torch-zip", "torchscript", "pickle")
 STATE_DICT = ("safetensors", "torch-zip", "pickle")
 HUB_NAME = re.compile(r"-([a-f0-9]{8,64})\.(?:pth|pt|bin|ckpt)$")
-OPENAI_CLIP_URL = re.compile(r"/clip/models/([a-f0-9]{64})/([^/]+)$")
+OPENAI_CLIP_URL = re.compile(r"/clip/models/([a-f0-9]{64})/([^/\"']+\.pt)")
 
 
 def _missing(module: str) -> bool:
@@ -112,23 +111,22 @@ def weight_format(path: Path) -> str:
 
 
 def _openai_hashes() -> dict[str, str]:
-    """OpenAI CLIP file name → sha256, from the download URLs in open_clip's pretrained table."""
-    from open_clip.pretrained import _PRETRAINED
-
-    out = {}
-    for tags in _PRETRAINED.values():
-        for cfg in tags.values():
-            hit = OPENAI_CLIP_URL.search(str(cfg.get("url", "")))
-            if hit is not None:
-                out[hit.group(2)] = hit.group(1)
-    return out
+    """OpenAI CLIP file name → sha256, from the download URLs in open_clip's pretrained table — read from the text of
+    the installed ``open_clip/pretrained.py`` (importing open_clip takes seconds)."""
+    spec = importlib.util.find_spec("open_clip")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    source = Path(next(iter(spec.submodule_search_locations))) / "pretrained.py"
+    text = source.read_text() if source.is_file() else ""
+    return {m.group(2): m.group(1) for m in OPENAI_CLIP_URL.finditer(text)}
 
 
 def expected_sha256(path: Path, table: Any = None) -> tuple[str, str] | None:
     """``(expected hex digest or prefix, where it comes from)`` for a known file, else None (module docstring)."""
     name = path.name
-    if table is not None and node_get(table, name) is not None:
-        return str(node_get(table, name)).lower(), "eval.sha256"
+    entry = table.get(name) if hasattr(table, "get") else None  # a file name has dots: never a dotted lookup
+    if entry is not None:
+        return str(entry).lower(), "eval.sha256"
     hit = HUB_NAME.search(name)
     if hit is not None:
         return hit.group(1), "the torch hub file name's hash prefix"
