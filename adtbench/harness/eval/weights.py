@@ -15,7 +15,8 @@
   6726825d.pth``, ``vgg16-397923af.pth``: the name carries the first hex digits of the file's sha256, which
   ``torch.hub`` checks on download), (3) OpenAI's CLIP files (``ViT-L-14.pt``, ...), whose download URL in
   open_clip's pretrained table carries the file's sha256 (``.../clip/models/<sha256>/ViT-L-14.pt``; OpenAI's
-  ``clip._download`` checks it) — read from the text of open_clip's own table, for files named like them. Hashes are memoised in ``eval.cache_dir/hashes.json`` when that folder exists.
+  ``clip._download`` checks it) — read from the text of open_clip's own table, for files named like them.
+  Hashes are memoised in ``eval.cache_dir/hashes.json`` when that folder exists.
 """
 
 from __future__ import annotations
