@@ -113,7 +113,7 @@ def weight_format(path: Path) -> str:
 
 def _openai_hashes() -> dict[str, str]:
     """OpenAI CLIP file name → sha256, from the download URLs in open_clip's pretrained table — read from the text of
-    the installed ``open_clip/pretrained.py`` (importing open_clip takes seconds)."""
+    the installed open_clip package's ``pretrained`` module, without importing it (that takes seconds)."""
     spec = importlib.util.find_spec("open_clip")
     if spec is None or not spec.submodule_search_locations:
         return {}
