@@ -41,6 +41,11 @@ from adtbench.harness.eval.common import node_get, package_version
 from adtbench.harness.eval.context import EvalContext, MetricOutput
 from adtbench.io import atomic_write_with
 
+try:  # what torch.save pickles numpy arrays with (torch-fidelity's cached statistics)
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # numpy < 2
+    from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+
 log = logging.getLogger(__name__)
 
 FID_IMPL = "torch-fidelity fid_features_to_statistics + fid_statistics_to_metric (float64)"
@@ -102,8 +107,7 @@ def load_statistics(value: Any, key: str = "eval.reference.stats") -> Stats:
     path = require_file(value, key, "a .npz with mu [d] and sigma [d, d] (e.g. ADM's VIRTUAL_*.npz)")
     try:
         if path.suffix == ".pt":
-            safe = [np.core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.Float64DType,
-                    np.dtypes.Float32DType]  # fmt: skip
+            safe: list[Any] = [_reconstruct, np.ndarray, np.dtype, np.dtypes.Float64DType, np.dtypes.Float32DType]
             with torch.serialization.safe_globals(safe):
                 data = torch.load(path, map_location="cpu", weights_only=True)
             stats = {k: np.asarray(data[k]) for k in ("mu", "sigma") if k in data}
