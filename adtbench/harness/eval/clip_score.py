@@ -177,7 +177,7 @@ def load_open_clip(
     ``load_state_dict`` into the open_clip architecture (as open_clip's own loader does with a ScriptModule, without
     the unpickling ``weights_only=False`` would need), a pretrained tag from its cached file with the tag's
     QuickGELU."""
-    src = check_open_clip(node, prefix, model_key, weights_key, config_key)
+    src = check_open_clip(node, prefix, model_key, weights_key, config_key, cache_dir=ctx.cache_dir)
     name, weights = src.name, src.weights
     quick = bool(node_get(node, "quick_gelu", False)) if src.tag_quick_gelu is None else src.tag_quick_gelu
     cfg_file = node_get(node, config_key)
