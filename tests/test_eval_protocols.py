@@ -85,6 +85,12 @@ def test_bad_statistics_and_batches_are_one_line(tmp_path):
     with pytest.raises(ConfigError, match=r"not \[d\] and \[d, d\]"):
         load_statistics(str(bad))
     run = make_run(tmp_path / "run", PROMPTS)
+    w = tmp_path / "weights-inception-test.pth"
+    torch.save({}, w)
+    with pytest.raises(ConfigError) as e:  # 3-d statistics against the 2048-d Inception: refused before decoding
+        np.savez(bad, mu=np.zeros(3), sigma=np.eye(3))
+        run_eval(compose_cfg("eval=fid", f"eval.weights.inception={w}", f"eval.reference.stats={bad}"), run)
+    assert e.value.key == "eval.reference.stats" and "2048" in str(e.value)
     inject = {"extractor:inception": color_extractor([])}
     with pytest.raises(ConfigError) as e:  # a stats-only file is not an image batch
         np.savez(bad, mu=np.zeros(3), sigma=np.eye(3))

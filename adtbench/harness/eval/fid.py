@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 import adtbench.harness.eval.features as feat
+from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import node_get, package_version
 from adtbench.harness.eval.context import EvalContext, MetricOutput
 from adtbench.io import atomic_write_with
@@ -53,6 +54,7 @@ IS_IMPL = "torch-fidelity isc_features_to_metric (numpy-seeded shuffle, contiguo
 
 
 Stats = dict[str, np.ndarray]
+FEATURE_DIMS = {"inception": 2048, "vgg16": 4096, "dinov2": 1024}  # feature sizes of the fixed extractors
 KID_IMPL = "torch-fidelity kid_features_to_metric (unbiased MMD², polynomial kernel degree 3, coef0 1, γ = 1/d)"
 
 
@@ -101,7 +103,6 @@ def write_statistics(stats: Stats, path: Path) -> Path:
 def load_statistics(value: Any, key: str = "eval.reference.stats") -> Stats:
     """``{"mu", "sigma"}`` from a ``.npz`` (ADM, pytorch-fid, clean-fid, :func:`write_statistics`) or torch-fidelity's
     cached ``.pt``; a ``ConfigError(key)`` naming what is wrong (missing keys, shapes, unreadable)."""
-    from adtbench.errors import ConfigError
     from adtbench.harness.eval.common import require_file
 
     path = require_file(value, key, "a .npz with mu [d] and sigma [d, d] (e.g. ADM's VIRTUAL_*.npz)")
@@ -177,7 +178,13 @@ def validate(ecfg: Any) -> None:
     kind = str(node_get(ecfg, "fid.features", "inception"))
     feat.validate(ecfg, kind, "eval.fid.features")
     if node_get(ecfg, "reference.stats") is not None:
-        load_statistics(node_get(ecfg, "reference.stats"))
+        stats = load_statistics(node_get(ecfg, "reference.stats"))
+        dim = FEATURE_DIMS.get(kind)
+        if dim is not None and len(stats["mu"]) != dim:
+            raise ConfigError(
+                "eval.reference.stats",
+                f"holds {len(stats['mu'])}-d statistics; eval.fid.features={kind} gives {dim}-d features",
+            )
     else:
         reference_source(node_get(ecfg, "reference"))
 
