@@ -8,16 +8,19 @@
 - ``clip`` → ``clip_score`` (also per prompt) — :mod:`adtbench.harness.eval.clip_score`
 - ``hps`` → ``hpsv21`` / ``hpsv2`` (also per prompt) — :mod:`adtbench.harness.eval.hps`
 - ``aesthetic`` → ``aesthetic`` (also per prompt) — :mod:`adtbench.harness.eval.aesthetic`
-- ``fid`` → ``fid`` (against ``eval.reference``); ``is`` → ``is`` — :mod:`adtbench.harness.eval.fid`
-- ``prc`` → ``precision``, ``recall`` (improved P&R, k = 3) — :mod:`adtbench.harness.eval.prc`
+- ``fid`` → ``fid`` (against ``eval.reference``: images or precomputed statistics); ``is`` → ``is``; ``kid`` → ``kid``;
+  ``fd_dinov2`` → ``fd_dinov2`` — :mod:`adtbench.harness.eval.fid`
+- ``prc`` → ``precision``, ``recall`` (improved P&R, k = 3, Inception features: ADM's suite) —
+  :mod:`adtbench.harness.eval.prc`
 - ``mini`` → ``mini_agreement`` (+ ``mini_fid`` / ``mini_precision`` / ``mini_recall``) — :mod:`.mini`
 - ``geneval`` / ``dpg`` → exports for GenEval / DPG-Bench — :mod:`adtbench.harness.eval.export`
 
 Every block records ``value``, ``n``, the implementation and its version, the weights file (path + sha256)
 and the scale; ``summary["eval"]["values"]`` maps block → value. Per-prompt scores go to
 ``eval_samples.jsonl`` (one line per prompt id); the whole block also to ``eval.json``. Images are paired
-with prompts by ``prompt_id`` through ``samples.jsonl``. Every weights path is checked before any model
-loads; a missing one is a ``ConfigError`` naming the key and the expected file.
+with prompts by ``prompt_id`` through ``samples.jsonl``. Before any model loads, each metric's packages and weight
+files (format, size, sha256 of known files) are checked (:mod:`adtbench.harness.eval.weights`); a failure is a
+``ConfigError`` naming the key.
 """
 
 from __future__ import annotations

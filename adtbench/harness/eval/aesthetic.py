@@ -16,8 +16,9 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.harness.eval.clip_score import load_open_clip, mean_block
-from adtbench.harness.eval.common import batches, node_get, open_rgb, package_version, require_file, weights_record
+from adtbench.harness.eval.common import batches, node_get, open_rgb, package_version, weights_record
 from adtbench.harness.eval.context import EvalContext, MetricOutput
+from adtbench.harness.eval.weights import check_weight_file
 
 PREDICTOR_EXPECTED = "the LAION aesthetic MLP state dict, e.g. sac+logos+ava1-l14-linearMSE.pth"
 _LINEARS = (0, 2, 4, 6, 7)  # indices of the Linear layers in the released Sequential
@@ -63,14 +64,26 @@ def validate(ecfg: Any) -> None:
     from adtbench.harness.eval.clip_score import check_open_clip
 
     node = node_get(ecfg, "aesthetic")
-    require_file(node_get(node, "predictor"), "eval.aesthetic.predictor", PREDICTOR_EXPECTED)
-    check_open_clip(node, "eval.aesthetic", "clip_model", "clip_pretrained", "clip_model_config")
+    check_weight_file(
+        node_get(node, "predictor"), "eval.aesthetic.predictor", PREDICTOR_EXPECTED,
+        table=node_get(ecfg, "sha256"), cache_dir=node_get(ecfg, "cache_dir"),
+    )  # fmt: skip
+    check_open_clip(
+        node, "eval.aesthetic", "clip_model", "clip_pretrained", "clip_model_config",
+        table=node_get(ecfg, "sha256"), cache_dir=node_get(ecfg, "cache_dir"),
+    )  # fmt: skip
 
 
 def load_predictor(node: Any) -> tuple[AestheticMLP, Any]:
-    """The MLP from ``node.predictor`` (a state dict; ``{"state_dict": ...}`` unwrapped) and its path."""
-    path = require_file(node_get(node, "predictor"), "eval.aesthetic.predictor", PREDICTOR_EXPECTED)
-    sd = torch.load(path, map_location="cpu", weights_only=True)
+    """The MLP from ``node.predictor`` (a state dict, torch or safetensors; ``{"state_dict": ...}`` unwrapped) and
+    its path."""
+    path, fmt = check_weight_file(node_get(node, "predictor"), "eval.aesthetic.predictor", PREDICTOR_EXPECTED)
+    if fmt == "safetensors":
+        from safetensors.torch import load_file
+
+        sd: Any = load_file(str(path), device="cpu")
+    else:
+        sd = torch.load(path, map_location="cpu", weights_only=True)
     if isinstance(sd, dict) and "state_dict" in sd:
         sd = sd["state_dict"]
     return AestheticMLP.from_state_dict(sd), path

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import metadata
@@ -207,12 +208,70 @@ def batches(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
         yield items[i : i + size]
 
 
+def npz_arrays(path: Path) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """``{name: (shape, dtype)}`` of the arrays in an ``.npz`` file, read from their ``.npy`` headers only (an ADM
+    reference batch holds gigabytes of images)."""
+    out: dict[str, tuple[tuple[int, ...], np.dtype[Any]]] = {}
+    with zipfile.ZipFile(path) as z:
+        for name in z.namelist():
+            with z.open(name) as f:
+                version = np.lib.format.read_magic(f)
+                read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+                shape, _, dtype = read(f)
+            out[name.removesuffix(".npy")] = (tuple(shape), dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class ReferenceSource:
+    """The reference images of ``eval.reference``: ``files`` (a folder or a run dir), or ``batch`` (an ADM reference
+    batch ``.npz``, images in ``arr_0``); ``n`` images (after ``limit``); ``signature`` keys the feature cache."""
+
+    files: list[Path]
+    batch: Path | None
+    n: int
+    signature: str
+
+
+def reference_source(ref: Any, key: str = "eval.reference.dir") -> ReferenceSource:
+    """The reference set: every image file under ``ref.dir`` (sorted by relative path), or the images of an adtbench
+    run dir (it holds ``samples.jsonl``; commit order), or the ``arr_0`` images ``[N, H, W, 3]`` uint8 of an ADM
+    reference batch ``.npz`` (``VIRTUAL_*.npz``); the first ``ref.limit``. At least 2 images."""
+    value = node_get(ref, "dir")
+    limit = node_get(ref, "limit")
+    n_max = int(limit) if limit is not None and int(limit) > 0 else None
+    if value is not None and str(value).endswith(".npz"):
+        path = Path(str(value)).expanduser()
+        if not path.is_file():
+            raise ConfigError(key, f"no file at {str(value)!r}; expected an ADM reference batch .npz (arr_0 = images)")
+        try:
+            arrays = npz_arrays(path)
+        except (zipfile.BadZipFile, ValueError, OSError) as e:
+            raise ConfigError(key, f"{path} is not a readable .npz ({e})") from None
+        shape, dtype = arrays.get("arr_0", ((), np.dtype("float64")))
+        if len(shape) != 4 or shape[-1] != 3 or dtype != np.uint8:
+            raise ConfigError(
+                key, f"{path} has no image batch arr_0 [N, H, W, 3] uint8 (arrays: {sorted(arrays)}); ADM's "
+                "reference batches hold one; a file of mu/sigma only goes to eval.reference.stats",
+            )  # fmt: skip
+        n = shape[0] if n_max is None else min(shape[0], n_max)
+        if n < 2:
+            raise ConfigError(key, f"{path} holds {n} reference image(s); set metrics need at least 2")
+        st = path.stat()
+        return ReferenceSource([], path, n, f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{n}")
+    files = reference_files(ref, key)
+    return ReferenceSource(files, None, len(files), files_signature(files))
+
+
 def reference_files(ref: Any, key: str = "eval.reference.dir") -> list[Path]:
     """Reference images: every image file under ``ref.dir`` (sorted by relative path), first ``ref.limit``.
 
     ``ref.dir`` may also be an adtbench run dir (it holds ``samples.jsonl``): its images, in commit order.
     """
-    root = require_dir(node_get(ref, "dir"), key, "a folder of reference images (e.g. COCO val2017) or a run dir")
+    root = require_dir(
+        node_get(ref, "dir"), key,
+        "a folder of reference images (e.g. COCO val2017), a run dir or an ADM reference batch .npz",
+    )  # fmt: skip
     if has_samples(root):
         files = [s.image_path for s in load_run_samples(root)]
     else:

@@ -39,5 +39,6 @@ class EvalContext:
     batch_size: int
     cache_dir: Path | None
     inject: dict[str, Any] = field(default_factory=dict)
+    progress: bool = False  # tqdm bars on stderr (the config's ``progress``)
     # memo: loaded models and extracted features, shared between metrics of one evaluation
     memo: dict[Any, Any] = field(default_factory=dict)

@@ -8,22 +8,32 @@ Extractors map a uint8 batch ``[N, 3, R, R]`` (the images after ``eval.preproces
   Weights: ``eval.weights.inception`` = ``weights-inception-2015-12-05-6726825d.pth``.
 - ``vgg16``: torch-fidelity's VGG16 (torchvision weights ``eval.weights.vgg16`` = ``vgg16-397923af.pth``),
   ``features`` = ``fc2_relu`` (or ``fc2``; ``eval.prc.vgg16_layer``) — the improved P&R feature space.
+- ``dinov2``: torch-fidelity's DINOv2 extractor (``dinov2-vit-l-14``: its TF1-style bilinear resize to 224, ImageNet
+  normalisation, the ViT-L/14 CLS embedding, 1024-d) — the FD-DINOv2 space (Stein et al. 2023). The network is
+  built from a local copy of the ``facebookresearch/dinov2`` hub repository (``eval.dinov2.repo``; null = torch hub's
+  cache, ``$TORCH_HOME/hub/facebookresearch_dinov2_main``) with ``pretrained=False`` and loaded from
+  ``eval.weights.dinov2`` = ``dinov2_vitl14_pretrain.pth``: torch-fidelity itself only downloads.
 - ``clip``: the ``eval.clip`` open_clip model's L2-normalised image embedding.
 - ``mini``: the mini evaluator's ``features(images)`` (CPU default; no external weights).
 
+The reference set is ``eval.reference.dir``: a folder of images, an adtbench run dir, or an ADM reference batch
+(``VIRTUAL_*.npz``: ``arr_0`` = uint8 images ``[N, H, W, 3]``, as ADM's ``evaluations/evaluator.py`` reads it).
 Reference features are cached in ``eval.cache_dir/reference/`` under a key of the extractor identity (kind,
-layer, weights sha256), the reference files (path, size, mtime) and the preprocessing.
+layer, weights sha256), the reference files (path, size, mtime) and the preprocessing. Extraction shows a tqdm bar
+on stderr unless ``progress=false``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from adtbench.errors import ConfigError
@@ -31,11 +41,9 @@ from adtbench.harness.eval.common import (
     batches,
     center_square,
     file_sha256,
-    files_signature,
     node_get,
     open_rgb,
-    reference_files,
-    require_file,
+    reference_source,
     to_uint8_tensor,
     weights_record,
 )
@@ -44,11 +52,14 @@ from adtbench.io import atomic_write_with
 
 log = logging.getLogger(__name__)
 
-KINDS = ("inception", "vgg16", "clip", "mini")
+KINDS = ("inception", "vgg16", "dinov2", "clip", "mini")
 WEIGHT_FILES = {
     "inception": "weights-inception-2015-12-05-6726825d.pth (torch-fidelity's TF-ported Inception-v3)",
     "vgg16": "vgg16-397923af.pth (torchvision VGG16 ImageNet weights)",
+    "dinov2": "dinov2_vitl14_pretrain.pth (facebookresearch/dinov2 ViT-L/14)",
 }
+DINOV2_HUB = "facebookresearch_dinov2_main"
+DINOV2_MODEL = ("dinov2-vit-l-14", "dinov2_vitl14")  # torch-fidelity's name, the hub entry point
 
 
 @dataclass
@@ -68,14 +79,35 @@ def check_kind(kind: str, key: str) -> str:
     return kind
 
 
+def dinov2_repo(ecfg: Any) -> Path:
+    """The local ``facebookresearch/dinov2`` hub repository (``eval.dinov2.repo``, else torch hub's cache)."""
+    value = node_get(ecfg, "dinov2.repo")
+    return Path(str(value)).expanduser() if value is not None else Path(torch.hub.get_dir()) / DINOV2_HUB
+
+
 def validate(ecfg: Any, kind: str, key: str) -> None:
-    """Check the weights an extractor needs (nothing loaded)."""
+    """Check the packages and weights an extractor needs (nothing loaded; ``weights.check_weight_file``)."""
+    from adtbench.harness.eval.weights import check_weight_file, require_packages
+
     check_kind(kind, key)
     if kind in WEIGHT_FILES:
-        require_file(node_get(ecfg, f"weights.{kind}"), f"eval.weights.{kind}", WEIGHT_FILES[kind])
+        require_packages("fid", key)
+        check_weight_file(
+            node_get(ecfg, f"weights.{kind}"), f"eval.weights.{kind}", WEIGHT_FILES[kind],
+            table=node_get(ecfg, "sha256"), cache_dir=node_get(ecfg, "cache_dir"),
+        )  # fmt: skip
+    if kind == "dinov2":
+        repo = dinov2_repo(ecfg)
+        if not (repo / "hubconf.py").is_file():
+            raise ConfigError(
+                "eval.dinov2.repo",
+                f"no facebookresearch/dinov2 hub repository at {repo} (hubconf.py); nothing is downloaded: copy "
+                "a clone of github.com/facebookresearch/dinov2 there, or set eval.dinov2.repo=<its folder>",
+            )
     elif kind == "clip":
         from adtbench.harness.eval.clip_score import validate as clip_validate
 
+        require_packages("clip", key)
         clip_validate(ecfg)
 
 
@@ -91,6 +123,8 @@ def build(ecfg: Any, kind: str, ctx: EvalContext, key: str) -> Extractor:
         ext = injected
     elif kind in ("inception", "vgg16"):
         ext = _torch_fidelity(ecfg, kind, layer, ctx)
+    elif kind == "dinov2":
+        ext = _dinov2(ecfg, ctx)
     elif kind == "clip":
         ext = _clip(ecfg, ctx)
     else:
@@ -107,7 +141,9 @@ def build(ecfg: Any, kind: str, ctx: EvalContext, key: str) -> Extractor:
 
 
 def _torch_fidelity(ecfg: Any, kind: str, layer: str | None, ctx: EvalContext) -> Extractor:
-    path = require_file(node_get(ecfg, f"weights.{kind}"), f"eval.weights.{kind}", WEIGHT_FILES[kind])
+    from adtbench.harness.eval.weights import check_weight_file
+
+    path, _ = check_weight_file(node_get(ecfg, f"weights.{kind}"), f"eval.weights.{kind}", WEIGHT_FILES[kind])
     sha = file_sha256(path, ctx.cache_dir)
     if kind == "inception":
         from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
@@ -130,6 +166,42 @@ def _torch_fidelity(ecfg: Any, kind: str, layer: str | None, ctx: EvalContext) -
         return {n: t.float().cpu() for n, t in zip(names, net(x.to(ctx.device)))}
 
     return Extractor(kind, f"{kind}:{layer or 'pool3+logits'}:{sha}", fn, path, info)
+
+
+def dinov2_extractor(model: torch.nn.Module) -> torch.nn.Module:
+    """torch-fidelity's ``FeatureExtractorDinoV2`` (its forward: TF1-style bilinear resize to 224, ImageNet
+    normalisation, ``model``) around a DINOv2 network built here: its own constructor only downloads."""
+    from torch_fidelity.feature_extractor_base import FeatureExtractorBase
+    from torch_fidelity.feature_extractor_dinov2 import FeatureExtractorDinoV2
+
+    class LocalDinoV2(FeatureExtractorDinoV2):
+        def __init__(self, net: torch.nn.Module) -> None:
+            FeatureExtractorBase.__init__(self, DINOV2_MODEL[0], ["dinov2"])
+            self.feature_extractor_internal_dtype = torch.float32
+            self.model = net
+            self.to(torch.float32)
+            self.requires_grad_(False)
+            self.eval()
+
+    return LocalDinoV2(model)
+
+
+def _dinov2(ecfg: Any, ctx: EvalContext) -> Extractor:
+    from adtbench.harness.eval.weights import check_weight_file
+
+    path, _ = check_weight_file(node_get(ecfg, "weights.dinov2"), "eval.weights.dinov2", WEIGHT_FILES["dinov2"])
+    repo = dinov2_repo(ecfg)
+    net = torch.hub.load(str(repo), DINOV2_MODEL[1], source="local", pretrained=False)
+    net.load_state_dict(torch.load(path, map_location="cpu", weights_only=True), strict=True)
+    ext = dinov2_extractor(net).to(ctx.device)
+
+    @torch.no_grad()
+    def fn(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"features": ext(x.to(ctx.device))[0].float().cpu()}
+
+    sha = file_sha256(path, ctx.cache_dir)
+    info = {"impl": f"torch-fidelity {DINOV2_MODEL[0]} (network from {repo})", "layer": "CLS embedding (1024)"}
+    return Extractor("dinov2", f"dinov2:{DINOV2_MODEL[1]}:{sha}", fn, path, info)
 
 
 def _clip(ecfg: Any, ctx: EvalContext) -> Extractor:
@@ -159,18 +231,51 @@ def preprocess_spec(ecfg: Any) -> tuple[int | None, str]:
     return (None if res is None else int(res)), str(node_get(ecfg, "preprocess.resize", "lanczos"))
 
 
-def extract_files(ext: Extractor, files: Sequence[Path], ecfg: Any, batch_size: int) -> dict[str, torch.Tensor]:
+def _bar(total: int, desc: str, progress: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="img", disable=not progress, file=sys.stderr, leave=False)
+
+
+def _prepare(ims: list[Any], res: int | None, resize: str) -> torch.Tensor:
+    if res is not None:
+        ims = [center_square(im, res, resize) for im in ims]
+    elif len({im.size for im in ims}) > 1:
+        raise ConfigError("eval.preprocess.resolution", "images differ in size; set a resolution")
+    return to_uint8_tensor(ims)
+
+
+def extract_files(
+    ext: Extractor, files: Sequence[Path], ecfg: Any, batch_size: int, progress: bool = False, desc: str = ""
+) -> dict[str, torch.Tensor]:
     """Run ``ext`` over image files (preprocessed per ``eval.preprocess``); concatenated outputs."""
     res, resize = preprocess_spec(ecfg)
     out: dict[str, list[torch.Tensor]] = {}
-    for chunk in batches(list(files), batch_size):
-        ims = [open_rgb(p) for p in chunk]
-        if res is not None:
-            ims = [center_square(im, res, resize) for im in ims]
-        elif len({im.size for im in ims}) > 1:
-            raise ConfigError("eval.preprocess.resolution", "images differ in size; set a resolution")
-        for name, t in ext.fn(to_uint8_tensor(ims)).items():
-            out.setdefault(name, []).append(t.detach().float().cpu())
+    with _bar(len(files), desc or f"{ext.kind} features", progress) as bar:
+        for chunk in batches(list(files), batch_size):
+            for name, t in ext.fn(_prepare([open_rgb(p) for p in chunk], res, resize)).items():
+                out.setdefault(name, []).append(t.detach().float().cpu())
+            bar.update(len(chunk))
+    return {k: torch.cat(v) for k, v in out.items()}
+
+
+def extract_batch(
+    ext: Extractor, path: Path, limit: int | None, ecfg: Any, batch_size: int, progress: bool = False
+) -> dict[str, torch.Tensor]:
+    """Run ``ext`` over the images of an ADM reference batch (``arr_0`` of ``path``, first ``limit``)."""
+    from PIL import Image
+
+    res, resize = preprocess_spec(ecfg)
+    with np.load(path, mmap_mode="r") as z:
+        arr = z["arr_0"]
+        n = len(arr) if limit is None else min(len(arr), limit)
+        out: dict[str, list[torch.Tensor]] = {}
+        with _bar(n, f"{ext.kind} features (reference batch)", progress) as bar:
+            for i in range(0, n, max(1, batch_size)):
+                ims = [Image.fromarray(np.asarray(a, dtype=np.uint8)) for a in arr[i : min(n, i + batch_size)]]
+                for name, t in ext.fn(_prepare(ims, res, resize)).items():
+                    out.setdefault(name, []).append(t.detach().float().cpu())
+                bar.update(len(ims))
     return {k: torch.cat(v) for k, v in out.items()}
 
 
@@ -178,23 +283,26 @@ def generated(ext: Extractor, ecfg: Any, ctx: EvalContext) -> dict[str, torch.Te
     """Features of the run's images (rows in ``ctx.samples`` order), extracted once per evaluation."""
     key = ("generated", ext.ident)
     if key not in ctx.memo:
-        ctx.memo[key] = extract_files(ext, [s.image_path for s in ctx.samples], ecfg, ctx.batch_size)
+        files = [s.image_path for s in ctx.samples]
+        ctx.memo[key] = extract_files(ext, files, ecfg, ctx.batch_size, ctx.progress, f"{ext.kind} features (run)")
     return ctx.memo[key]
 
 
 def reference(ext: Extractor, ecfg: Any, ctx: EvalContext) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Features of the reference set (cached on disk) and a description of the set for the summary."""
     ref = node_get(ecfg, "reference")
-    files = reference_files(ref)
+    source = reference_source(ref)
     res, resize = preprocess_spec(ecfg)
-    h = hashlib.sha256(f"{ext.ident}|{res}|{resize}|{files_signature(files)}".encode()).hexdigest()[:20]
+    h = hashlib.sha256(f"{ext.ident}|{res}|{resize}|{source.signature}".encode()).hexdigest()[:20]
     desc: dict[str, Any] = {
         "dir": str(node_get(ref, "dir")),
-        "n": len(files),
+        "n": source.n,
         "resolution": res,
         "resize": f"centre crop + {resize}" if res is not None else "native size",
         "key": h,
     }
+    if source.batch is not None:
+        desc["format"] = "ADM reference batch (arr_0)"
     memo_key = ("reference", h)
     if memo_key in ctx.memo:
         return ctx.memo[memo_key], desc | {"cached": True}
@@ -203,8 +311,11 @@ def reference(ext: Extractor, ecfg: Any, ctx: EvalContext) -> tuple[dict[str, to
         feats = torch.load(path, map_location="cpu", weights_only=True)
         desc["cached"] = True
     else:
-        log.info("extracting %s features of %d reference images", ext.kind, len(files))
-        feats = extract_files(ext, files, ecfg, ctx.batch_size)
+        log.info("extracting %s features of %d reference images", ext.kind, source.n)
+        if source.batch is not None:
+            feats = extract_batch(ext, source.batch, source.n, ecfg, ctx.batch_size, ctx.progress)
+        else:
+            feats = extract_files(ext, source.files, ecfg, ctx.batch_size, ctx.progress, f"{ext.kind} features (ref)")
         desc["cached"] = False
         if path is not None:
             atomic_write_with(path, lambda tmp: torch.save(feats, tmp))

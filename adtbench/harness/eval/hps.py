@@ -35,7 +35,10 @@ def validate(ecfg: Any) -> None:
     metric_name(node)
     version = str(node_get(node, "version", "v2.1"))
     try:
-        check_open_clip(node, "eval.hps", "model", "checkpoint")
+        check_open_clip(
+            node, "eval.hps", "model", "checkpoint",
+            table=node_get(ecfg, "sha256"), cache_dir=node_get(ecfg, "cache_dir"),
+        )  # fmt: skip
     except ConfigError as e:
         if e.key == "eval.hps.checkpoint":
             raise ConfigError(e.key, f"{e.message} — the HPS {version} file is {VERSIONS[version][1]}") from None

@@ -53,6 +53,8 @@ for _name, _metric in (
     ("aesthetic", Metric(aesthetic.validate, aesthetic.compute)),
     ("fid", Metric(fid.validate, fid.compute)),
     ("is", Metric(fid.validate_is, fid.compute_is)),
+    ("kid", Metric(fid.validate_kid, fid.compute_kid)),
+    ("fd_dinov2", Metric(fid.validate_fd_dinov2, fid.compute_fd_dinov2)),
     ("prc", Metric(prc.validate, prc.compute)),
     ("mini", Metric(mini.validate, mini.compute)),
     ("geneval", Metric(export.validate_geneval, export.geneval)),
@@ -73,16 +75,24 @@ def selected(cfg: Any) -> list[str]:
     return names
 
 
+SET_METRICS = ("fid", "prc", "is", "kid", "fd_dinov2")
+
+
 def validate(cfg: Any, inject: dict[str, Any] | None = None) -> list[str]:
-    """Check every selected metric's config and weight paths without loading anything (call it before a long
-    decode so a missing file fails in seconds). Injected modules stand in for their weights. Returns the
-    metric names."""
+    """Check every selected metric without loading anything (call it before a long decode so that a missing package
+    or a bad file fails in seconds): the Python packages it imports (``weights.require_packages``: key
+    ``eval.<metric>``, the pip extra), then its config, weight files (format, size, sha256 of known files:
+    ``weights.check_weight_file``) and reference. Injected modules stand in for their packages and weights.
+    Returns the metric names."""
+    from adtbench.harness.eval.weights import require_packages
+
     names = selected(cfg)
     inject = inject or {}
     stand_ins = {"clip": "clip", "hps": "hps", "mini": "mini", "aesthetic": "aesthetic_mlp"}
     for name in names:
-        if stand_ins.get(name) in inject or (name in ("fid", "prc", "is") and _extractor_injected(cfg, name, inject)):
+        if stand_ins.get(name) in inject or (name in SET_METRICS and _extractor_injected(cfg, name, inject)):
             continue
+        require_packages(name)
         _metric_of(name).validate(cfg.eval)
     return names
 
@@ -94,7 +104,11 @@ def _metric_of(name: str) -> Metric:
 
 
 def _extractor_injected(cfg: Any, name: str, inject: dict[str, Any]) -> bool:
-    kind = {"fid": node_get(cfg.eval, "fid.features", "inception"), "is": "inception"}.get(
-        name, node_get(cfg.eval, "prc.features", "vgg16")
-    )
+    kind = {
+        "fid": node_get(cfg.eval, "fid.features", "inception"),
+        "is": "inception",
+        "kid": node_get(cfg.eval, "kid.features", "inception"),
+        "fd_dinov2": "dinov2",
+        "prc": node_get(cfg.eval, "prc.features", "inception"),
+    }[name]
     return f"extractor:{kind}" in inject

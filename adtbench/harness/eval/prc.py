@@ -2,6 +2,11 @@
 torch-fidelity's own ``metric_prc.prc_features_to_metric`` (the features come from our injectable extractors,
 :mod:`adtbench.harness.eval.features`).
 
+Feature space (``eval.prc.features``): ``inception`` by default — the 2048-d pool3 features of the FID Inception, the
+protocol of ADM's evaluator suite (``evaluations/evaluator.py``: FID, IS, precision and recall with k = 3 on the same
+pool features), which LlamaGen and LANTERN report; ``vgg16`` (``fc2_relu``) is the feature space of Kynkäänniemi
+et al.'s paper and of torch-fidelity's own default.
+
 Each set's manifold is the union of balls centred at its points with radius = the distance to the point's
 k-th nearest neighbour within the same set (the point itself excluded: torch-fidelity's ``kthvalue(k + 1)``).
 Precision = fraction of generated points inside the reference manifold; recall = fraction of reference points
@@ -41,15 +46,15 @@ def precision_recall(real: torch.Tensor, fake: torch.Tensor, k: int = 3) -> tupl
 
 
 def validate(ecfg: Any) -> None:
-    from adtbench.harness.eval.common import reference_files
+    from adtbench.harness.eval.common import reference_source
 
-    feat.validate(ecfg, str(node_get(ecfg, "prc.features", "vgg16")), "eval.prc.features")
-    reference_files(node_get(ecfg, "reference"))
+    feat.validate(ecfg, str(node_get(ecfg, "prc.features", "inception")), "eval.prc.features")
+    reference_source(node_get(ecfg, "reference"))
 
 
 def compute(ecfg: Any, ctx: EvalContext) -> MetricOutput:
     """Improved precision / recall of the run's images against ``eval.reference``."""
-    kind = str(node_get(ecfg, "prc.features", "vgg16"))
+    kind = str(node_get(ecfg, "prc.features", "inception"))
     k = int(node_get(ecfg, "prc.k", 3))
     ext = feat.build(ecfg, kind, ctx, "eval.prc.features")
     gen = feat.generated(ext, ecfg, ctx)["features"]

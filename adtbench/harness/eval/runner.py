@@ -19,6 +19,9 @@ from adtbench.harness.records import Summary
 from adtbench.harness.rundir import (
     has_samples,
     has_summary,
+    is_merged_run,
+    merged_sources,
+    read_run_config,
     read_summary_typed,
     sample_dirs,
     samples_path,
@@ -64,6 +67,7 @@ def run_eval(
         batch_size=int(node_get(ecfg, "batch_size", 32)),
         cache_dir=None if cache is None else Path(str(cache)).expanduser(),
         inject=dict(inject or {}),
+        progress=bool(cfg.get("progress", True)) if hasattr(cfg, "get") else False,
         memo=shared if shared is not None else {},
     )
     # features of generated images are per run: drop those of a previous run sharing the memo
@@ -114,10 +118,30 @@ def eval_line(summary: Summary | None) -> str:
 
 
 def find_run_dirs(root: Path) -> list[Path]:
-    """``root`` if it is a run dir, else every run dir (holding ``samples.jsonl``) below it, sorted."""
+    """``root`` if it is a run dir, else every run dir (holding ``samples.jsonl``) below it, sorted — where a merged
+    run (``adtbench merge``) is among them, without the shard runs it was built from: a set metric (FID, P&R, KID)
+    of a sharded config is the merged run's, not a mean over shards. Shard runs (``dataset.shard`` set) without
+    their merged run are a ``ConfigError`` naming ``eval`` and the merge command."""
     if has_samples(root):
         return [root]
-    return [d for d in sample_dirs(root) if "export" not in d.parts]
+    runs = [d for d in sample_dirs(root) if "export" not in d.relative_to(root).parts]
+    merged_from = {src.resolve() for d in runs if is_merged_run(d) for src in merged_sources(d)}
+    runs = [d for d in runs if d.resolve() not in merged_from]
+    shards = [d for d in runs if _shard_of(d) is not None]
+    if shards:
+        raise ConfigError(
+            "eval",
+            f"{len(shards)} shard run(s) under {root} (first: {shards[0]}) have no merged run: set metrics are not "
+            f"additive over shards; merge first (adtbench merge {root} --out {root}/merged), then evaluate",
+        )
+    return runs
+
+
+def _shard_of(run: Path) -> str | None:
+    """``dataset.shard`` of a run (its ``run_config.json``), None for an unsharded run."""
+    cfg = read_run_config(run) or {}
+    shard = (cfg.get("dataset") or {}).get("shard") if isinstance(cfg.get("dataset"), dict) else None
+    return None if shard in (None, "", "null") else str(shard)
 
 
 def main(args: list[str]) -> int:
@@ -133,7 +157,11 @@ def main(args: list[str]) -> int:
     except ConfigError as e:
         print(f"adtbench eval: config error: {e}", file=sys.stderr)
         return 2
-    runs = find_run_dirs(root)
+    try:
+        runs = find_run_dirs(root)
+    except ConfigError as e:
+        print(f"adtbench eval: config error: {e}", file=sys.stderr)
+        return 2
     if not runs:
         print(f"adtbench eval: no run dir (with samples.jsonl) at or under {root}", file=sys.stderr)
         return 1
