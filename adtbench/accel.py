@@ -567,6 +567,7 @@ class Simulation(TorchFunctionMode):
         self.counts: Counter[str] = Counter()
         self.reads_by_op: Counter[str] = Counter()
         self._saved: dict[str, Any] = {}
+        self.report_at_exit: Callable[[], None] | None = None  # ``activate_from_env``'s exit line
 
     # --- tags ---
     def is_device(self, t: torch.Tensor) -> bool:
@@ -794,5 +795,9 @@ def activate_from_env() -> Simulation | None:
     log.info("simulated device: model.device=cuda runs on the CPU with CUDA's placement rules (%s)", SIMULATE_ENV)
     import atexit
 
-    atexit.register(lambda: print(f"adtbench: simulated cuda: {sim.report()}", file=sys.stderr))
+    def report_at_exit() -> None:
+        print(f"adtbench: simulated cuda: {sim.report()}", file=sys.stderr)
+
+    sim.report_at_exit = report_at_exit  # a caller running the entry point in process unregisters it (tests)
+    atexit.register(report_at_exit)
     return sim
