@@ -393,7 +393,7 @@ class _Trace(TorchFunctionMode):
         super().__init__()
         self.capturing = capturing
         self.generators = generators
-        self.ops: list[tuple[str, Any]] = []
+        self.ops: list[tuple[str, Any, Any]] = []
         self.reads: set[int] = set()
         self.made: set[int] = set()
         self.held: dict[int, torch.UntypedStorage] = {}
