@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import logging
@@ -118,8 +119,9 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None, timeout: int =
     ``subprocess.run(..., capture_output=True, text=True)`` would: the exit status (``SystemExit``'s code) and the
     text written to stdout and stderr. What a process exit does is undone: run-dir locks are released, the lock
     module's record of created dirs, Hydra's global state, the logging setup, ``sys.argv`` and ``env`` (set for the
-    run) restored; a run still going after ``timeout`` seconds is interrupted (``TimeoutError``: Hydra reports it,
-    exit 1). Tests that kill a run, or check what a fresh interpreter prints, use a real process."""
+    run) restored, the simulated device ``ADTBENCH_SIMULATE_DEVICE=cuda`` entered left (its exit line printed); a
+    run still going after ``timeout`` seconds is interrupted (``TimeoutError``: Hydra reports it, exit 1). Tests
+    that kill a run, or check what a fresh interpreter prints, use a real process."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.hydra_config import HydraConfig
 
@@ -135,6 +137,7 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None, timeout: int =
         raise TimeoutError(f"run.py {' '.join(argv)}: still running after {timeout} s (in process)")
 
     GlobalHydra.instance().clear()
+    sim_before = accel.simulation()
     alarm = signal.signal(signal.SIGALRM, expired)
     with _logging_restored(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         sys.argv = [str(ROOT / "run.py"), *argv]
@@ -162,6 +165,12 @@ def run_in_process(*argv: str, env: dict[str, str] | None = None, timeout: int =
             GlobalHydra.instance().clear()
             HydraConfig.instance().cfg = hydra_cfg
             app.RESUME.clear()
+            sim = accel.simulation()
+            if sim is not None and sim is not sim_before:  # ADTBENCH_SIMULATE_DEVICE=cuda entered it for the process
+                sim.__exit__(None, None, None)
+                if sim.report_at_exit is not None:
+                    atexit.unregister(sim.report_at_exit)
+                    sim.report_at_exit()  # the line the process would print at exit
     return subprocess.CompletedProcess(["run.py", *argv], code, out.getvalue(), err.getvalue())
 
 

@@ -136,3 +136,72 @@ def test_graphed_cfg_decoding_equals_eager_and_the_planted_capture_bug_fails(mod
         target.net.new_cache = rows_set_after_the_capture
         with pytest.raises(RuntimeError, match=r"invalid for input of size|must have same slice shapes"):
             decode_ar(target, target.encode_prompt("a red circle", cfg=True), sp, None)
+
+
+def _cached_buffer_step(pinning: bool):
+    """A forward that writes a buffer it takes from a cache (as ``lean.scratch`` hands out ``Scratch``), and the
+    cache's eviction: a least-recently-used cache making room drops the entry — unless, with ``pinning``, a live
+    graph was captured over it (``accel.Pins``)."""
+    cache: dict[str, tuple[torch.Tensor, accel.Pins]] = {}
+    x = torch.arange(3.0)
+
+    def forward() -> torch.Tensor:
+        if "buf" not in cache:
+            cache["buf"] = (torch.empty(3), accel.Pins())
+        buf, pins = cache["buf"]
+        pins.note()
+        torch.mul(x, 2, out=buf)
+        return buf + 1
+
+    def evict() -> None:
+        if not (pinning and cache["buf"][1]):
+            cache.clear()
+
+    return x, cache, forward, evict
+
+
+def test_the_graph_stand_in_refuses_a_replay_over_a_storage_no_live_tensor_owns() -> None:
+    """Issue 40's hazard at its smallest, and its negative control: the cache evicts a buffer after the capture —
+    on CUDA the graph keeps writing an address the allocator hands out again — and the stand-in's replay refuses,
+    naming the op that first used it at capture. The graph holds what its capture touched (``held``); a cache that
+    pins what it hands out during a capture keeps it, the replay runs, and the pin lapses with the graph."""
+    with accel.standin_graphs():
+        x, cache, forward, evict = _cached_buffer_step(pinning=False)
+        g = accel.capture(forward, torch.device("cpu"))
+        assert g.held_bytes() == 2 * 3 * 4 and not g.orphans()  # x and the cached buffer, float32
+        evict()
+        assert len(g.orphans()) == 1
+        with pytest.raises(GraphError, match=r"no live tensor owns any more \(the first used at capture by mul at "):
+            g.replay()
+
+        x, cache, forward, evict = _cached_buffer_step(pinning=True)
+        g = accel.capture(forward, torch.device("cpu"))
+        evict()
+        x.copy_(torch.tensor([1.0, 2.0, 3.0]))
+        g.replay()
+        assert g.out.tolist() == [3.0, 5.0, 7.0] and "buf" in cache
+        del g
+        evict()
+        assert not cache
+
+
+def test_a_random_op_in_a_capture_needs_its_generator_registered() -> None:
+    """A graph replays the draws of its capture unless the generator is registered with it (CUDA's
+    ``register_generator_state``): a random op during a capture from an unregistered generator — or the default one
+    — is refused naming the op (planted controls); with the generator registered each replay draws afresh."""
+    with accel.simulate():
+        dev = accel.resolve("cuda")
+        g = accel.generator(dev, 0)
+        base = torch.zeros(4, device=dev)
+
+        def draw() -> torch.Tensor:
+            return base + torch.rand(4, generator=g, device=dev)
+
+        with pytest.raises(GraphError, match=r"rand at .*test_accel\.py.* not registered with the graph"):
+            accel.capture(draw, dev)
+        with pytest.raises(GraphError, match=r"normal_ at .*test_accel\.py.*the default generator"):
+            accel.capture(lambda: base.clone().normal_(), dev)
+        graph = accel.capture(draw, dev, generators=(g,))
+        first = graph.out.clone()
+        graph.replay()
+        assert not torch.equal(first, graph.out) and bool(((graph.out >= 0) & (graph.out < 1)).all())

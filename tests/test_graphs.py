@@ -21,13 +21,16 @@ from omegaconf import OmegaConf
 from adtbench import accel
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleDrafter
-from adtbench.algorithm.engine import decode_ar, generate
+from adtbench.algorithm.engine import decode_ar, generate, prefill
+from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
+from adtbench.errors import ConfigError
 from adtbench.harness import job
-from adtbench.models import graphs
-from adtbench.models.base import Capabilities
+from adtbench.models import graphs, lean
+from adtbench.models.base import Capabilities, PromptInputs
+from adtbench.models.chameleon.target import prompt_rows
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of, capacity_buckets
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
@@ -350,3 +353,70 @@ def test_engine_compile_on_cuda_requests_the_drafters_graphs() -> None:
     calls.clear()
     job.compile_models(fake("target", True), None, cfg)
     assert calls == [("target", True)]
+    calls.clear()  # torch.compile cannot trace under the simulated device: a target without graphs is refused there
+    with accel.simulate(), pytest.raises(ConfigError, match=r"engine.compile: under .* declares none"):
+        job.compile_models(fake("target", False), fake("drafter", True), cfg)
+    assert calls == []
+
+
+def _lru_scratch(memo: dict | None, R: int, n: int, layers: Any, D: int, dtype: torch.dtype, rot: Any, device: Any):
+    """``lean.scratch`` as it was before issue 40 (planted): the 16 most recently used shapes, captured or not."""
+    if memo is None:
+        return lean.Scratch(R, n, layers, D, dtype, rot, device)
+    key = (R, n, dtype, torch.device(device), None if rot is None else (rot.style, rot.dtype), id(layers))
+    ws = memo.pop(key, None)
+    if ws is None:
+        ws = lean.Scratch(R, n, layers, D, dtype, rot, device)
+        while len(memo) >= lean.SCRATCH_SHAPES:
+            memo.pop(next(iter(memo)))
+    memo[key] = ws
+    return ws
+
+
+def _prompt_of(target: Any, k: int) -> PromptInputs:
+    """The tiny Chameleon's CFG rows of a prompt of ``k`` text tokens (``k + 3`` columns with its specials)."""
+    sp = target.special
+    return prompt_rows(
+        f"{k} tokens", True, [sp["bos"], *[87] * k, sp["eot"], sp["boi"]], [sp["bos"], sp["boi"]], sp["pad"]
+    )
+
+
+@pytest.mark.parametrize("memo", ["pinned", "planted_lru"])
+def test_captured_graphs_keep_their_buffers_through_twenty_prompt_lengths(memo: str) -> None:
+    """Issue 40's hazard: the lean layers' ``Scratch`` of every captured bucket is pinned to its graphs, so 22
+    distinct prompt lengths after the capture (each a new shape for the target's and the drafter's prefill) evict
+    none, every graph still owns live storage, and greedy speculation through the graphs — a dynamic tree and SCD —
+    is AR's tokens. Negative control (``planted_lru``, the 16-entry LRU of before): the prompt lengths evict the
+    captured buffers and the stand-in refuses the next replay over storage no live tensor owns."""
+    sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    with pytest.MonkeyPatch.context() as mp, accel.simulate():
+        if memo == "planted_lru":
+            mp.setattr(lean, "scratch", _lru_scratch)
+        target, drafter = tiny("tiny_chameleon", dtype="float32", device="cuda")
+        inputs = target.encode_prompt("a red circle", cfg=True)
+        eager = decode_ar(target, inputs, sp, None).tokens
+        target.request_static(graphs=True)
+        drafter.request_static(graphs=True)
+        tree = Eagle2Policy(depth=3, top_k=4, total_tokens=20)
+        assert generate(target, drafter, tree, inputs, sp, None).tokens == eager  # captures, replays
+        lengths = {target.prompt_length(_prompt_of(target, k)) for k in range(1, 23)}
+        for k in range(1, 23):
+            prefill(target, drafter, _prompt_of(target, k), sp, 20, 20, None)
+        assert len(lengths) == 22
+        assert target.static is not None and drafter.static is not None
+        graphs_ = [g for st in (target.static, drafter.static) for s in st.steps.values() for g in s.graphs.values()]
+        if memo == "planted_lru":
+            assert any(g.orphans() for g in graphs_)
+            with pytest.raises(accel.GraphError, match=r"no live tensor owns any more .* in lean_stack"):
+                generate(target, drafter, tree, inputs, sp, None)
+            return
+        assert not any(g.orphans() for g in graphs_)
+        for net, st in ((target.net, target.static), (drafter, drafter.static)):
+            scratch = net.__dict__["_lean_scratch"]
+            pinned = sorted(key[1] for key, ws in scratch.items() if ws.pins)
+            assert pinned == list(st.buckets)  # one Scratch per node bucket, kept
+            assert len(scratch) == len(pinned) + lean.SCRATCH_SHAPES  # the prompt lengths filled the rest, evicting
+        assert generate(target, drafter, tree, inputs, sp, None).tokens == eager
+        scd = POLICIES.build("scd", {"window": 8, "init": "up"})
+        assert generate(target, None, scd, inputs, sp, accel.generator(target.device, 0)).tokens == eager
+        assert sum(g.replays for g in graphs_ if isinstance(g, accel.StandInGraph)) > 0

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_OVERRIDES, synthetic_cost_model, tiny
+from conftest import ROOT, TINY_OVERRIDES, run_in_process, synthetic_cost_model, tiny
 from hydra import compose, initialize_config_dir
 
 from adtbench import accel
@@ -162,6 +162,22 @@ def test_the_command_line_runs_on_the_simulated_device(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["simulated_device"]["graph_replays"] > 0
     assert "adtbench: simulated cuda:" in proc.stderr
+
+
+@pytest.mark.parametrize("model", ["default", "tiny"])
+def test_compile_on_the_simulated_device_without_model_device_cuda_says_what_to_set(model: str, tmp_path: Path) -> None:
+    """``ADTBENCH_SIMULATE_DEVICE=cuda python run.py engine.compile=true`` with the model on the host (the mini
+    model's ``model.device: cpu``, or the tiny one's): torch.compile cannot trace under the simulation, so the command
+    line refuses it in one line naming ``model.device=cuda`` (exit 2, nothing written) rather than a traceback."""
+    args = ["engine.compile=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    if model == "tiny":
+        args = [*TINY_OVERRIDES, "dataset=smoke", "dataset.limit=1", "model.device=cpu", *args]
+    proc = run_in_process(*args, env={accel.SIMULATE_ENV: "cuda", "HYDRA_FULL_ERROR": "0"})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("adtbench: config error")]
+    assert len(lines) == 1 and "model.device=cuda" in lines[0] and "Traceback" not in proc.stderr
+    assert "adtbench: simulated cuda:" in proc.stderr and accel.simulation() is None
+    assert not (tmp_path / "run").exists()
 
 
 def test_an_unknown_simulated_device_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -454,9 +454,9 @@ def refuse_reference_in_bench(cfg: DictConfig, tool: str) -> None:
 
 def check_engine(cfg: DictConfig) -> None:
     """``engine.compile`` (a flag: compile the target's, and drafter's, forward before the warm-up, which then needs
-    ``warmup ≥ 1``; false without the node) and ``engine.acceptance`` (where tree acceptance runs: ``auto`` — the
-    float64 host walk when the target is on the CPU, on the device otherwise —, ``device`` or ``host``:
-    ``algorithm.verify.verify_cycle``)."""
+    ``warmup ≥ 1``, and ``model.device=cuda`` under the simulated device, ``accel``; false without the node) and
+    ``engine.acceptance`` (where tree acceptance runs: ``auto`` — the float64 host walk when the target is on the CPU,
+    on the device otherwise —, ``device`` or ``host``: ``algorithm.verify.verify_cycle``)."""
     from adtbench.algorithm.verify import ACCEPTANCE
 
     node = cfg.get("engine")
@@ -467,8 +467,16 @@ def check_engine(cfg: DictConfig) -> None:
     value = node.get("acceptance", "auto")
     if value not in ACCEPTANCE:
         raise ConfigError("engine.acceptance", f"must be one of {list(ACCEPTANCE)}, got {value!r}")
-    if check_flag(node.get("compile", False), "engine.compile") and int(cfg.warmup) < 1:
+    compile = check_flag(node.get("compile", False), "engine.compile")
+    if compile and int(cfg.warmup) < 1:
         raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
+    if compile and accel.simulation() is not None and not _on_cuda(cfg):
+        raise ConfigError(
+            "model.device",
+            f"engine.compile=true under {accel.SIMULATE_ENV}=cuda needs model.device=cuda (got "
+            f"{cfg.model.get('device', 'auto')}): the simulated device runs the CUDA graphs through their stand-in, "
+            "and torch.compile cannot trace the host model under the simulation",
+        )
 
 
 def prompt_seed(base: int, prompt_id: str) -> int:

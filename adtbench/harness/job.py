@@ -341,6 +341,17 @@ def compile_models(target: Any, drafter: EagleDrafter | None, cfg: DictConfig, b
         log.info("engine.compile: the drafter's extend / expand will run as CUDA graphs (captured at its first reset)")
     if not graphs and not caps.compile:
         raise ConfigError("engine.compile", f"model family {family} does not support compile")
+    if accel.simulation() is not None and not graphs:
+        raise ConfigError(
+            "model.device" if not accel.is_cuda(target.device) else "engine.compile",
+            f"under {accel.SIMULATE_ENV}=cuda engine.compile runs CUDA graphs through their stand-in "
+            + (
+                "and needs model.device=cuda; torch.compile cannot trace under the simulation"
+                if not accel.is_cuda(target.device)
+                else f"and model family {family} declares none; torch.compile cannot trace under the simulation: "
+                "use engine.compile=false"
+            ),
+        )
     for name, obj in (("target", target), ("drafter", drafter)):
         if obj is None or (graphs and name == "target") or (drafter_graphs and name == "drafter"):
             continue

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-WINDOWS = 16  # attention widths whose views a cache keeps
+from adtbench import accel
+
+WINDOWS = 16  # attention widths whose views a cache keeps (besides those a live CUDA graph was captured over)
 
 
 class StaticKVCache:
@@ -29,16 +31,21 @@ class StaticKVCache:
         self.v = [b[:, kv_heads:] for b in self.kv]
         self.kv_heads, self.capacity = kv_heads, capacity
         self._windows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._window_pins: dict[int, accel.Pins] = {}
 
     def window(self, layer: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V views ``[R, kv_heads, width, d]`` of ``layer``'s first ``width`` columns; the views of the last
-        ``WINDOWS`` widths are kept (a static bucket's attention reads the same ones every call)."""
+        ``WINDOWS`` widths are kept (a static bucket's attention reads the same ones every call), and those of the
+        widths a live CUDA graph was captured over (``accel.Pins``: its stand-in replays the capture's views)."""
         views = self._windows.pop(width, None)
         if views is None:
             views = [(k[:, :, :width], v[:, :, :width]) for k, v in zip(self.k, self.v, strict=True)]
-            while len(self._windows) >= WINDOWS:
-                self._windows.pop(next(iter(self._windows)))
+            unpinned = [w for w in self._windows if not self._window_pins.get(w)]  # least recently used first
+            for w in unpinned[: max(0, len(unpinned) + 1 - WINDOWS)]:
+                del self._windows[w]
         self._windows[width] = views  # most recently used last
+        if accel.capturing() is not None:
+            self._window_pins.setdefault(width, accel.Pins()).note()
         return views[layer]
 
     def write_kv(self, layer: int, start: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

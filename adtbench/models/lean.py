@@ -14,8 +14,9 @@ dispatch:
   the rotated K and the V leave it adjacent and enter the KV cache in one copy;
 - SwiGLU's gate|up (LlamaGen ``w1|w3``) is one matmul; ``silu_`` and ``mul_`` work on its two halves in place;
 - every intermediate of a layer lives in buffers made once per shape (``Scratch``: per network, the last
-  ``SCRATCH_SHAPES`` shapes), written with ``out=`` and read through views made with them, so a layer issues its
-  kernels and almost no view ops — and a static bucket (``models.graphs``) the same addresses every call;
+  ``SCRATCH_SHAPES`` shapes and every shape a live CUDA graph was captured over: ``scratch``), written with
+  ``out=`` and read through views made with them, so a layer issues its kernels and almost no view ops — and a
+  static bucket (``models.graphs``) the same addresses every call;
 - the attention mask is one additive float tensor (0 / −inf, compute dtype) per forward (``additive_mask``)
   instead of a boolean mask that SDPA converts again in every layer; grouped K/V heads are read as they are
   (``enable_gqa``), not repeated.
@@ -228,6 +229,16 @@ class Scratch:
         self.table: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
         self.cols: torch.Tensor | None = None
+        self.pins = accel.Pins()  # the live graphs captured over these buffers (``scratch`` keeps them)
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers (their storages, each counted once)."""
+        seen = {
+            t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+            for t in vars(self).values()
+            if isinstance(t, torch.Tensor)
+        }
+        return sum(seen.values())
 
     def begin(self, rot: Any, start: int | torch.Tensor, cache: StaticKVCache) -> None:
         """Per forward: the rotary tables of the rotated heads, the written columns (an int ``start``) or the
@@ -349,23 +360,31 @@ def functional_layer(
     return torch.addmm(x, F.silu(gate) * up, w.down)
 
 
-SCRATCH_SHAPES = 16  # shapes a network keeps scratch for (least recently used dropped first)
+SCRATCH_SHAPES = 16  # unpinned shapes a network keeps scratch for (least recently used dropped first)
 
 
 def scratch(
     memo: dict | None, R: int, n: int, layers: list[LayerWeights], D: int, dtype: torch.dtype, rot: Any, device: Any
 ) -> Scratch:
-    """The ``Scratch`` of this shape: from ``memo`` (a network's dict, at most ``SCRATCH_SHAPES`` shapes kept) or
-    new (``memo`` None)."""
+    """The ``Scratch`` of this shape: from ``memo`` (a network's dict) or new (``memo`` None).
+
+    ``memo`` keeps the ``SCRATCH_SHAPES`` most recently used shapes, plus every shape a live CUDA graph (or its
+    stand-in) uses: a ``Scratch`` handed out while a graph is being captured (``accel.capturing()``, its warm-ups
+    included) is pinned to that graph (``Scratch.pins``) and never evicted while the graph lives — its replays write
+    these buffers at the captured addresses without calling ``scratch`` again, so recency cannot protect them (the
+    hazard: each distinct prompt length adds a shape, and an evicted captured buffer is memory a replay writes after
+    the allocator has handed it to someone else). A shape's pins lapse with its graphs (weak references)."""
     if memo is None:
         return Scratch(R, n, layers, D, dtype, rot, device)
     key = (R, n, dtype, torch.device(device), None if rot is None else (rot.style, rot.dtype), id(layers))
     ws = memo.pop(key, None)
     if ws is None:
         ws = Scratch(R, n, layers, D, dtype, rot, device)
-        while len(memo) >= SCRATCH_SHAPES:
-            memo.pop(next(iter(memo)))
+        unpinned = [k for k, v in memo.items() if not v.pins]  # least recently used first
+        for k in unpinned[: max(0, len(unpinned) + 1 - SCRATCH_SHAPES)]:
+            del memo[k]
     memo[key] = ws  # most recently used last
+    ws.pins.note()
     return ws
 
 
