@@ -269,7 +269,7 @@ def test_the_scd_authors_stored_proposal_fails(name: str, monkeypatch: pytest.Mo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["scd-up-warped", "eagle2-warped"])
+@pytest.mark.parametrize("name", ["eagle2-warped", "static-sampled-warped"])
 def test_a_residual_reprocessed_by_the_warper_fails(name: str, record_property) -> None:
     """SJD's / GSD's / SCD-janus's residual: top-k, top-p and the temperature applied again to norm(max(p − q, 0))
     — fails the test ``scd`` and EAGLE-2 pass at T = 0.7, top-k 3, top-p 0.9."""
