@@ -148,6 +148,7 @@ def test_branch_one_is_scd_seed_for_seed() -> None:
 # T = 1: the joint law of a whole image
 # ---------------------------------------------------------------------------------------------------------
 
+PLANTED_N = 1000  # the planted bugs and the authors' variant fail at p < 1e-40 at 2000 (measured): half is plenty
 PAC = "sjd_pac-K3D3-t1"
 PAC_LEFT = "sjd_pac-left-device-t1"
 NODES = {
@@ -176,7 +177,7 @@ def test_the_law_tests_leave_the_main_path(record_property) -> None:
 
 @pytest.mark.slow
 def test_sampling_law_rejects_planted_bugs(monkeypatch: pytest.MonkeyPatch, record_property) -> None:
-    """The harness's law test (``SETTING_N`` images) fails (1) when the alternatives are drawn *with* replacement
+    """The harness's law test (``PLANTED_N`` images) fails (1) when the alternatives are drawn *with* replacement
     from q (branch 0 not removed: the verifier's without-replacement q_k is then the wrong proposal) and (2) when a
     coupled redraw leaves the redrawn draft with its old proposal instead of q := p (left init: a point mass)."""
 
@@ -186,7 +187,7 @@ def test_sampling_law_rejects_planted_bugs(monkeypatch: pytest.MonkeyPatch, reco
 
     with monkeypatch.context() as mp:
         mp.setattr(S.SJDPACState, "alternatives", with_replacement)
-        r, *_ = pac_law(PAC, T.SETTING_N, record_property)
+        r, *_ = pac_law(PAC, PLANTED_N, record_property)
         assert r.pvalue < 1e-3, r.line()
     redraw = J.redraw
 
@@ -195,18 +196,18 @@ def test_sampling_law_rejects_planted_bugs(monkeypatch: pytest.MonkeyPatch, reco
         return tok, torch.where(has_old[:, None], q_old, q), keep
 
     monkeypatch.setattr(J, "redraw", q_old_kept)
-    r, *_ = pac_law(PAC_LEFT, T.SETTING_N, record_property)
+    r, *_ = pac_law(PAC_LEFT, PLANTED_N, record_property)
     assert r.pvalue < 1e-3, r.line()
 
 
 @pytest.mark.slow
 def test_the_authors_variant_is_not_ar(record_property) -> None:
     """The authors' variant (longest accepted row, residual-drawn alternatives, the uniform fill) on the same
-    harness: its law is not AR's (χ² p < 1e-3 at ``SETTING_N``). Measured over 20 000 images of the earlier 4-code
+    harness: its law is not AR's (χ² p < 1e-3 at ``PLANTED_N``). Measured over 20 000 images of the earlier 4-code
     setup, device acceptance (docs/methods.md, "SJD-PAC"): joint TV from AR's law 0.147 (the exact variant's, the
     sampling noise at that size: 0.039), the last token's marginal TV 0.055 (exact: 0.004) — the uniform fill after
     a full accept."""
-    r, *_ = pac_law(PAC, T.SETTING_N, record_property, variant="authors")
+    r, *_ = pac_law(PAC, PLANTED_N, record_property, variant="authors")
     assert r.pvalue < 1e-3, r.line()
     assert not policy(variant="authors").lossless and policy().lossless
 
