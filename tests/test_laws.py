@@ -373,3 +373,22 @@ def test_power_arithmetic() -> None:
     heads = torch.binomial(torch.full((400,), float(n)), torch.full((400,), 0.55), generator=g)
     rejected = sum(chisquare([h, n - h], [n / 2, n / 2]).pvalue < L.ALPHA for h in heads.tolist())
     assert rejected >= 0.86 * 400, rejected
+
+
+@pytest.mark.parametrize("setup,k", [("warped", 3), ("eol", 2), ("long", 3)])
+def test_exact_law_is_teacher_forced_ar(setup: str, k: int) -> None:
+    """The harness's enumeration (one tree forward per level) against ``test_engine``'s teacher-forced one (one
+    sequential forward per token of every sequence): the law of the first k tokens agrees to 1e-12, under top-k /
+    top-p / T ≠ 1 and the end-of-line layout; the whole law sums to 1 and forced positions hold their token."""
+    from test_engine import _exact_joint
+
+    s = setup_of(setup)
+    want = {key: p for key, p in _exact_joint(s.target, s.inputs, s.sp, k).items() if p > 0}
+    got = L.marginal(s.law, tuple(range(k)))
+    assert got.keys() == want.keys()
+    assert max(abs(got[key] - want[key]) for key in want) < 1e-12
+    assert abs(sum(s.law.values()) - 1) < 1e-12
+    lay = s.target.layout
+    forced = {g: f for g in range(lay.num_gen_tokens) if (f := lay.forced_token(g)) >= 0}
+    assert all(img[g] == f for img in s.law for g, f in forced.items())
+    assert (setup != "eol") or len(forced) == 3
