@@ -3,7 +3,7 @@
 Every lossless path (the tree policies, Jacobi's ``sjd`` / ``scd``, SJD-PAC's exact variant, LANTERN at δ = 0) is
 tested the same way (``tests/test_laws.py``):
 
-1. **The exact law.** :func:`exact_law` enumerates every image of a tiny float64 target (a few tokens over 4 codes;
+1. **The exact law.** :func:`exact_law` enumerates every image of a tiny float64 target (a few tokens over 3 or 4 codes;
    any layout, forced end-of-line tokens included; any temperature / top-k / top-p) with positive probability under
    AR: level by level, one tree forward per first token and level, every node's processed row the exact conditional
    there.
