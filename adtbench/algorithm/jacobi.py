@@ -48,7 +48,8 @@ position's noise row E was drawn when the position entered the window and has si
 which were never tested and fed only logits right of j; so given the left information E is still i.i.d. Exp(1), and
 the race argmax p_j / E is a draw from p_j (``sampling.sample_rows``) — q := p_j again. Keeping q_old as a redrawn
 draft's proposal breaks it, and so does keeping q_old for the *kept* drafts only (the SCD reference code's rule):
-``tests/test_laws.py`` plants both and its law tests reject them (p < 10⁻¹¹).
+``tests/test_laws.py`` (the latter) and ``tests/test_sjd_pac.py`` (the former) plant them and the law tests reject
+both (p < 10⁻¹¹).
 The window size may depend on past acceptance only (never on a draft being tested), so sizing keeps the law.
 
 **GSD** (arXiv 2508.07747, lossy): ``GroupedRule`` accepts with min(1, Σ_G p / Σ_G q) over x's group G (tokens
