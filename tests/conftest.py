@@ -266,3 +266,20 @@ def static_runs() -> Iterator[Counter]:
         yield counts
     finally:
         graphs._Step.run = original
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """List every law test's power line (``tests/laws.py``: ``record_property("law", …)``, xdist workers included):
+    draws, cells, the TV it detects at 90 % power, its p-value."""
+    lines = [
+        value
+        for outcome in ("passed", "failed")
+        for rep in terminalreporter.stats.get(outcome, [])
+        if getattr(rep, "when", None) == "call"
+        for key, value in getattr(rep, "user_properties", [])
+        if key == "law"
+    ]
+    if lines:
+        terminalreporter.section("law tests: the TV each detects at 90 % power (α = 1e-3)")
+        for line in lines:
+            terminalreporter.write_line(str(line))

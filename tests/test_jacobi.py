@@ -2,9 +2,9 @@
 
 - T = 0: token-identical to AR greedy for every redraw × init × window (fixed, adaptive, a calibrated cost window),
   acceptance on the device and as the host walk, CFG rows, an end-of-line layout (Lumina) with forced tokens;
-- T = 1: the joint law of a whole 2×2 image equals AR's exact law (χ², float64 tiny model) for ``sjd`` and ``scd``
-  with every initialiser, and the same test rejects a planted bug (a coupled redraw that keeps the old proposal for
-  a kept draft instead of q := p);
+- T = 1: the law tests (``sjd`` / ``scd`` with every init, redraw and proposal, longer images, T ≠ 1 / top-k / top-p,
+  the end-of-line layout; the SCD authors' stored proposal and the other planted failure modes rejected) are
+  ``tests/test_laws.py``'s, at stated power;
 - batched: B = 3 slots with ragged windows equal B = 1 token for token (greedy and seeded T = 1, both acceptance
   paths);
 - GSD's grouped rule: vectorised = a per-row reference loop; an empty group is the exact rule;
@@ -16,20 +16,19 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from itertools import product
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, pooled_chisquare, synthetic_cost_model, tiny
+from conftest import TINY_OVERRIDES, synthetic_cost_model, tiny
 
 import adtbench.algorithm.jacobi as J
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.jacobi import INITS, AdaptiveWindow, GroupedRule, calibrate_window, jacobi_params
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.batch import BatchTarget
@@ -101,105 +100,8 @@ def test_init_sources_left_and_up() -> None:
     assert J.init_sources(lay, tables, 1, 3, "up").tolist() == [0, 0, 0]  # the first row: the left neighbour
 
 
-# ---------------------------------------------------------------------------------------------------------
-# T = 1: the joint law of a whole image
-# ---------------------------------------------------------------------------------------------------------
-
-
-def exact_law(target, inputs, sp) -> dict[tuple[int, ...], float]:
-    """AR probability of every token sequence of a 4-token image: per first token, one tree forward holding every
-    continuation (the logits at each node are the exact conditional there)."""
-    lay = target.layout
-    codes = list(lay.image_ids)
-    res = target.start(inputs, 64)
-    p0 = process_logits(res.logits[:, None], 0, lay, sp)[0].softmax(-1)
-    paths = [()] + [p for d in (1, 2) for p in product(codes, repeat=d)]
-    index = {p: i for i, p in enumerate(paths)}
-    depth = torch.tensor([len(p) for p in paths])
-    law = {}
-    for x0 in codes:
-        target.start(inputs, 64)
-        tokens = torch.tensor([x0] + [p[-1] for p in paths[1:]])
-        mask = torch.zeros(len(paths), len(paths), dtype=torch.bool)
-        for i, p in enumerate(paths):
-            for k in range(len(p) + 1):
-                mask[i, index[p[:k]]] = True
-        raw, _ = target.verify_forward(tokens, mask, depth)
-        probs = process_logits(raw, depth + 1, lay, sp).softmax(-1)
-        for rest in product(codes, repeat=3):
-            pr = float(p0[x0])
-            for k in range(3):
-                pr *= float(probs[index[rest[:k]], rest[k]])
-            law[(x0, *rest)] = pr
-    assert abs(sum(law.values()) - 1) < 1e-9
-    return law
-
-
-@pytest.fixture(scope="module")
-def law_setup():
-    """A 2×2-token image over 4 codes (float64), T = 1 with CFG 3, its exact AR law, and a random EAGLE drafter."""
-    target, drafter = tiny("tiny_llamagen", **{"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"})
-    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
-    inputs = target.encode_prompt("a red circle", cfg=True)
-    return target, drafter, sp, inputs, exact_law(target, inputs, sp)
-
-
-def sample_law(setup, node: dict, n: int, where: str = "host") -> tuple[float, Counter, float]:
-    target, drafter, sp, inputs, law = setup
-    pol = policy(node.pop("name"), **node)
-    g = torch.Generator().manual_seed(7)
-    counts, accepted = Counter(), 0
-    for _ in range(n):
-        res = generate(target, JacobiModels(drafter), pol, inputs, sp, g, acceptance=where)
-        counts[tuple(res.tokens)] += 1
-        accepted += sum(c.accepted for c in res.cycles)
-    return pooled_chisquare(counts, law, n)[0], counts, accepted / n
-
-
-LAW_CASES = [
-    ({"name": "sjd", "init": "random"}, "host"),
-    ({"name": "sjd", "init": "left"}, "device"),
-    ({"name": "sjd", "init": "up", "window": "adaptive", "window_min": 2, "window_max": 4}, "host"),
-    ({"name": "sjd", "init": "drafter"}, "host"),
-    ({"name": "scd", "init": "random"}, "device"),
-    ({"name": "scd", "init": "left"}, "host"),
-    ({"name": "scd", "init": "up"}, "host"),
-    ({"name": "scd", "init": "drafter"}, "device"),
-    ({"name": "sjd", "init": "random", "proposal": "point"}, "device"),
-    ({"name": "scd", "init": "random", "proposal": "point"}, "host"),
-    ({"name": "scd", "init": "random", "redraw": "gumbel", "proposal": "point"}, "device"),
-    ({"name": "scd", "init": "up", "redraw": "gumbel"}, "host"),
-]
-N_LAW = 500
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "node,where", LAW_CASES, ids=lambda x: "-".join(map(str, x.values())) if isinstance(x, dict) else x
-)
-def test_sampling_law_equals_ar(law_setup, node: dict, where: str) -> None:
-    """T = 1: the joint law of all 4 tokens equals AR's exact law (χ², pooled cells), acceptance on the host or the
-    device; drafts are accepted often enough for the rejection and redraw paths to matter."""
-    p, _, accepted = sample_law(law_setup, dict(node, window=node.get("window", 3)), N_LAW, where)
-    assert accepted > 0.3
-    assert p > 1e-3, p
-
-
-@pytest.mark.slow
-def test_sampling_law_rejects_a_planted_bug(law_setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same test fails when the coupled redraw forgets q := p and leaves each redrawn draft with the proposal of
-    the draft it replaced (left init: a point mass, so a redrawn draft is accepted with p(x) instead of
-    min(1, p(x)/p_stale(x))). (Keeping q_old for the *kept* drafts only — what the SCD reference code does — is as
-    wrong but a smaller effect: p ≈ 0.04 at this size.)"""
-    redraw = J.redraw
-
-    def buggy(kind, probs, old, q_old, has_old, generator, noise=None):
-        tok, q, keep = redraw(kind, probs, old, q_old, has_old, generator, noise)
-        return tok, torch.where(has_old[:, None], q_old, q), keep
-
-    monkeypatch.setattr(J, "redraw", buggy)
-    p, _, _ = sample_law(law_setup, {"name": "scd", "init": "left", "window": 3}, N_LAW)
-    assert p < 1e-3, p
+# T = 1: the joint law of whole images, every init / redraw / proposal / window, the planted failure modes and
+# their power: tests/test_laws.py (the harness: tests/laws.py)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ batching, the simulated device, the app.
 - T = 0: token-identical to AR greedy for both variants over K, D, L (L below the tree's size, beyond the image,
   the image end), both acceptance paths, random / up init and an adaptive window, an end-of-line layout; K = 1 is
   SCD seed for seed (one algorithm: the tree only adds nodes);
-- T = 1: the joint law of a whole 2×2 image equals AR's exact law (χ², ``N_LAW`` images: the power below) for the
-  exact variant, random and left init, host and device acceptance; the same test rejects two planted bugs
+- T = 1: the exact variant's law tests are ``tests/test_laws.py``'s (``sjd_pac-*``: TV ≤ 0.05 detected for the
+  K = D = 3 tree); here, that they leave the main path, and that the same test rejects two planted bugs
   (alternatives drawn with replacement; a redrawn draft left with its old proposal) and the authors' variant;
 - batched B = 3 equals B = 1 token for token (greedy and seeded T = 1, both variants);
 - the simulated CUDA device: one host read per forward (the verdict) and one per image (the kept count), graphs;
@@ -22,10 +22,12 @@ from collections import Counter
 from itertools import product
 from pathlib import Path
 
+import laws
 import pytest
+import test_laws as T
 import torch
-from conftest import pooled_chisquare, run_in_process, synthetic_cost_model, tiny
-from test_jacobi import PROMPTS, compose_run, exact_law
+from conftest import run_in_process, synthetic_cost_model, tiny
+from test_jacobi import PROMPTS, compose_run
 
 import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.sjd_pac as S
@@ -146,59 +148,38 @@ def test_branch_one_is_scd_seed_for_seed() -> None:
 # T = 1: the joint law of a whole image
 # ---------------------------------------------------------------------------------------------------------
 
-N_LAW = 2000
-"""Images per law test. Power: the χ² test at α = 1e-3 over this law's 139 cells (138 outcomes expected ≥ 5 times
-in 2000, the rest pooled: 138 degrees of freedom) detects an alternative at Cohen's w ≥ 0.211 with probability
-≥ 0.9 (noncentral χ², λ = N w²). Since w² = Σ (p' − p)²/p ≥ (Σ |p' − p|)² = 4 TV² (Cauchy–Schwarz), any law at
-total-variation distance ≥ 0.105 from AR's (over the pooled cells) is rejected with probability ≥ 0.9.
-test_jacobi's law test (500 images, 20 cells) detects w ≥ 0.29 (TV 0.146), test_engine's (400, 27 outcomes)
-w ≥ 0.34."""
+PLANTED_N = 1000  # the planted bugs and the authors' variant fail at p < 1e-40 at 2000 (measured): half is plenty
+PAC = "sjd_pac-K3D3-t1"
+PAC_LEFT = "sjd_pac-left-device-t1"
+NODES = {
+    PAC: {"window": 16, "branch": 3, "tree_depth": 3},
+    PAC_LEFT: {"window": 16, "branch": 3, "tree_depth": 3, "init": "left"},
+}  # test_laws.py's cases
 
 
-@pytest.fixture(scope="module")
-def law_setup():
-    """A 2×2-token image over 4 codes (float64), T = 1 with CFG 3, and its exact AR law (test_jacobi's)."""
-    target, _ = tiny("tiny_llamagen", **{"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"})
-    inputs = target.encode_prompt("a red circle", cfg=True)
-    return target, inputs, exact_law(target, inputs, T1)
-
-
-def sample_law(setup, node: dict, where: str, n: int = N_LAW) -> tuple[float, float, float, float]:
-    """(χ² p-value, drafts accepted per image, forwards off the main path per image, TV of the empirical law)."""
-    target, inputs, law = setup
-    pol = policy(**node)
-    g = torch.Generator().manual_seed(7)
-    counts: Counter = Counter()
-    accepted = off = 0
-    for _ in range(n):
-        res = generate(target, None, pol, inputs, T1, g, acceptance=where)
-        counts[tuple(res.tokens)] += 1
-        accepted += sum(c.accepted for c in res.cycles)
-        off += res.stats["off_main"]
-    tv = 0.5 * sum(abs(counts.get(k, 0) / n - law[k]) for k in law)
-    return pooled_chisquare(counts, law, n)[0], accepted / n, off / n, tv
-
-
-TREE = {"window": 16, "branch": 3, "tree_depth": 3}  # at g = 0 the whole 13-node tree (room: 2 drafts)
-LAW_CASES = [({**TREE}, "host"), ({**TREE, "init": "left"}, "device"), ({"window": 5, "branch": 2}, "device")]
+def pac_law(name: str, n: int, record, **node):
+    """``tests/test_laws.py``'s law test of case ``name`` (its setup, path and N unless ``n``), the policy node
+    updated by ``node``: (result, drafts accepted per image, commits off the main path per image)."""
+    setup, _, aux, rule_of, where, slots = T.ALL[name][0]
+    case = (setup, lambda: policy(**{**NODES[name], **node}), aux, rule_of, where, slots)
+    counts, accepted, off = T.sample_images(case, n, stat="off_main")
+    return laws.report(laws.chi2_law(name, counts, T.setup_of(setup).law, n), record), accepted, off
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("node,where", LAW_CASES, ids=["K3D3-random-host", "K3D3-left-device", "K2L5-device"])
-def test_sampling_law_equals_ar(law_setup, node: dict, where: str) -> None:
-    """T = 1: the exact variant's joint law of all 4 tokens equals AR's (χ², ``N_LAW``); drafts are accepted and
-    the path leaves the main path often enough for the tree's rejection and residual paths to matter."""
-    p, accepted, off, tv = sample_law(law_setup, node, where)
-    print(f"sjd_pac exact {node} {where}: p = {p:.3g}, accepted {accepted:.2f}/image, off-main {off:.2f}, TV {tv:.3f}")
-    assert accepted > 0.5 and off > 0.05
-    assert p > 1e-3, p
+def test_the_law_tests_leave_the_main_path(record_property) -> None:
+    """The law tests of the exact variant (``tests/test_laws.py``: ``sjd_pac-*``, TV ≤ 0.05 for the K = D = 3 tree)
+    exercise the tree: drafts are accepted and a commit leaves the main path often enough for the tree's rejection
+    and residual paths to matter (checked here on a short run of the same case)."""
+    _, accepted, off = pac_law(PAC, 300, record_property)
+    assert accepted > 0.5 and off > 0.05, (accepted, off)
 
 
 @pytest.mark.slow
-def test_sampling_law_rejects_planted_bugs(law_setup, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same test fails (1) when the alternatives are drawn *with* replacement from q (branch 0 not removed: the
-    verifier's without-replacement q_k is then the wrong proposal) and (2) when a coupled redraw leaves the redrawn
-    draft with its old proposal instead of q := p (left init: a point mass)."""
+def test_sampling_law_rejects_planted_bugs(monkeypatch: pytest.MonkeyPatch, record_property) -> None:
+    """The harness's law test (``PLANTED_N`` images) fails (1) when the alternatives are drawn *with* replacement
+    from q (branch 0 not removed: the verifier's without-replacement q_k is then the wrong proposal) and (2) when a
+    coupled redraw leaves the redrawn draft with its old proposal instead of q := p (left init: a point mass)."""
 
     def with_replacement(self, dist, lo):
         draws = torch.stack([sample_rows(dist, self.generator) for _ in range(self.K - 1)], 1)
@@ -206,8 +187,8 @@ def test_sampling_law_rejects_planted_bugs(law_setup, monkeypatch: pytest.Monkey
 
     with monkeypatch.context() as mp:
         mp.setattr(S.SJDPACState, "alternatives", with_replacement)
-        p, *_ = sample_law(law_setup, {**TREE}, "host")
-        assert p < 1e-3, p
+        r, *_ = pac_law(PAC, PLANTED_N, record_property)
+        assert r.pvalue < 1e-3, r.line()
     redraw = J.redraw
 
     def q_old_kept(kind, probs, old, q_old, has_old, generator, noise=None):
@@ -215,19 +196,19 @@ def test_sampling_law_rejects_planted_bugs(law_setup, monkeypatch: pytest.Monkey
         return tok, torch.where(has_old[:, None], q_old, q), keep
 
     monkeypatch.setattr(J, "redraw", q_old_kept)
-    p, *_ = sample_law(law_setup, {**TREE, "init": "left"}, "device")
-    assert p < 1e-3, p
+    r, *_ = pac_law(PAC_LEFT, PLANTED_N, record_property)
+    assert r.pvalue < 1e-3, r.line()
 
 
 @pytest.mark.slow
-def test_the_authors_variant_is_not_ar(law_setup) -> None:
+def test_the_authors_variant_is_not_ar(record_property) -> None:
     """The authors' variant (longest accepted row, residual-drawn alternatives, the uniform fill) on the same
-    harness: its law is not AR's (χ² p < 1e-3 at ``N_LAW``; 1e-12 here). Measured over 20 000 images, device
-    acceptance (docs/methods.md, "SJD-PAC"): joint TV from AR's law 0.147 (the exact variant's, the sampling noise at
-    that size: 0.039), the last token's marginal TV 0.055 (exact: 0.004) — the uniform fill after a full accept."""
-    p, accepted, off, tv = sample_law(law_setup, {**TREE, "variant": "authors"}, "device")
-    print(f"sjd_pac authors: p = {p:.3g}, accepted {accepted:.2f}/image, off-main {off:.2f}, TV {tv:.3f}")
-    assert p < 1e-3, p
+    harness: its law is not AR's (χ² p < 1e-3 at ``PLANTED_N``). Measured over 20 000 images of the earlier 4-code
+    setup, device acceptance (docs/methods.md, "SJD-PAC"): joint TV from AR's law 0.147 (the exact variant's, the
+    sampling noise at that size: 0.039), the last token's marginal TV 0.055 (exact: 0.004) — the uniform fill after
+    a full accept."""
+    r, *_ = pac_law(PAC, PLANTED_N, record_property, variant="authors")
+    assert r.pvalue < 1e-3, r.line()
     assert not policy(variant="authors").lossless and policy().lossless
 
 

@@ -47,8 +47,9 @@ Hence q := p_j is the new draft's law given the left information — the invaria
 position's noise row E was drawn when the position entered the window and has since decided only its own drafts,
 which were never tested and fed only logits right of j; so given the left information E is still i.i.d. Exp(1), and
 the race argmax p_j / E is a draw from p_j (``sampling.sample_rows``) — q := p_j again. Keeping q_old as a redrawn
-draft's proposal breaks it: the tests plant that bug and the law test rejects it (keeping q_old for the *kept* drafts
-only, as the SCD reference code does, is as wrong, with a smaller effect).
+draft's proposal breaks it, and so does keeping q_old for the *kept* drafts only (the SCD reference code's rule):
+``tests/test_laws.py`` (the latter) and ``tests/test_sjd_pac.py`` (the former) plant them and the law tests reject
+both (p < 10⁻¹¹).
 The window size may depend on past acceptance only (never on a draft being tested), so sizing keeps the law.
 
 **GSD** (arXiv 2508.07747, lossy): ``GroupedRule`` accepts with min(1, Σ_G p / Σ_G q) over x's group G (tokens

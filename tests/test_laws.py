@@ -1,0 +1,394 @@
+"""Law tests of every lossless path at T > 0, with stated power (the harness: ``tests/laws.py``).
+
+Each test draws N images of a tiny float64 target, compares their law with AR's exact law (χ² over the pooled
+cells, α = 10⁻³) and prints / records the total-variation distance it detects with probability 0.9
+(``laws.detectable_tv``), asserting it is at most the bound its tier states. The setups (one prompt, CFG 3):
+
+- ``t1``: a 2 × 2 image over 3 codes at T = 1 (81 images; N = 6000 keeps 51 cells, pooled mass < 0.01);
+- ``t3``: a 1 × 3 image over 3 codes at T = 1 (27 images; N = 4500: 21 cells) — the tree policies' headline (a
+  depth-2 tree from the first token covers the image; a third fewer forwards per image than ``t1``);
+- ``long``: a 2 × 3 image over 3 codes at T = 1, top-k 2 (64 images): six tokens, so a Jacobi draft is redrawn
+  (coupled) several times and an adaptive window holds drafts past a shrunken chain;
+- ``warped``: a 2 × 2 image over 4 codes at T = 0.7, top-k 3, top-p 0.9 (the warper is not the identity);
+- ``eol``: Lumina's layout on the tiny target, 2 rows of 2 codes (3 codes) + end-of-line, then end-of-image: 7
+  generation indices, 3 forced; T = 1.
+
+Tiers (``TIERS``): *headline*, one test per lossless policy, TV ≤ 0.05; *setting* (longer images, the warper,
+the end-of-line layout) and *variant* (the other inits, acceptance paths, proposals and windows), cheaper, at the
+weaker bound each states (CI time: docs/development.md, "Law tests with stated power"). The negative controls are
+the real failure modes, each planted into the library's path and each rejected (p < 10⁻³) by the same test that
+the exact code passes at the same N: the SCD authors' stored proposal for a kept draft, a residual re-processed by
+the warper, a bonus after a full accept drawn from the wrong row. A direct test checks that the coupled redraw's
+output is distributed as p (``jacobi.redraw`` on x ~ q_old).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import laws as L
+import pytest
+import torch
+from conftest import synthetic_cost_model, tiny
+
+import adtbench.algorithm.jacobi as J
+import adtbench.algorithm.verify as V
+from adtbench.algorithm.cost import TreeBudget
+from adtbench.algorithm.engine import generate
+from adtbench.algorithm.lantern import LanternRule
+from adtbench.algorithm.policies import POLICIES
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+from adtbench.algorithm.policies.jacobi import JacobiModels
+from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
+from adtbench.algorithm.sampling import SamplingParams, sample
+from adtbench.algorithm.verify import EXACT, AcceptanceRule
+from adtbench.models.batch import BatchTarget
+
+HEADLINE_N, HEADLINE_TV = {"t1": 6000, "t3": 4500}, 0.05
+SETTING_N, SETTING_TV = 2000, 0.095
+VARIANT_N, VARIANT_TV = 1000, 0.12
+"""Images per test and the TV it detects from AR's law over its cells with probability ≥ 0.9 at α = 10⁻³, per tier
+(``TIERS``; each test prints its own, smaller or equal)."""
+
+
+@dataclasses.dataclass
+class Setup:
+    """A tiny target with its drafter, the sampling parameters, the prompt, and AR's exact law of the image."""
+
+    name: str
+    target: Any
+    drafter: Any
+    sp: SamplingParams
+    inputs: Any
+    law: dict
+
+
+def _setup(name: str, vocab: int, sp: SamplingParams, layout: dict | None = None) -> Setup:
+    target, drafter = tiny("tiny_llamagen", **{"arch.vocab_size": vocab, "arch.block_size": 16, "vq.kind": "none"})
+    target.layout = dataclasses.replace(target.layout, **{"grid_h": 2, "grid_w": 2, **(layout or {})})
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    return Setup(name, target, drafter, sp, inputs, L.exact_law(target, inputs, sp))
+
+
+SETUPS: dict[str, Callable[[], Setup]] = {
+    "t1": lambda: _setup("t1", 3, SamplingParams(temperature=1.0, cfg_scale=3.0)),
+    "t3": lambda: _setup("t3", 3, SamplingParams(temperature=1.0, cfg_scale=3.0), {"grid_h": 1, "grid_w": 3}),
+    "long": lambda: _setup("long", 3, SamplingParams(temperature=1.0, top_k=2, cfg_scale=3.0), {"grid_w": 3}),
+    "warped": lambda: _setup("warped", 4, SamplingParams(temperature=0.7, top_k=3, top_p=0.9, cfg_scale=3.0)),
+    "eol": lambda: _setup(
+        "eol", 5, SamplingParams(temperature=1.0, cfg_scale=3.0), {"num_codes": 3, "eol_token": 3, "eoi_token": 4}
+    ),
+}
+_CACHE: dict[str, Setup] = {}
+
+
+def setup_of(name: str) -> Setup:
+    if name not in _CACHE:
+        _CACHE[name] = SETUPS[name]()
+    return _CACHE[name]
+
+
+def with_cost(policy):
+    """A synthetic cost model (steep verify cost: trees of every size occur) instead of a measured one."""
+    policy.cost.tree = TreeBudget(synthetic_cost_model(), calibrate=True)
+    return policy
+
+
+def lantern_zero(s: Setup) -> AcceptanceRule:
+    """LANTERN at δ = 0 with a fixed neighbour table over the codes (each code's two others)."""
+    c = s.target.layout.num_codes
+    table = torch.tensor([[(i + j) % c for j in range(1, c)] for i in range(c)])
+    return LanternRule(table, s.target.layout.image_token_offset, delta=0.0)
+
+
+# name → (setup, policy factory, aux: "drafter" / "jacobi" / None, rule factory, acceptance, batch slots)
+Case = tuple[str, Callable[[], Any], str, Callable[[Setup], AcceptanceRule], str, int]
+
+
+def jac(name: str, **node: Any) -> Callable[[], Any]:
+    return lambda: POLICIES.build(name, node)
+
+
+def exact(s: Setup) -> AcceptanceRule:
+    return EXACT
+
+
+HEADLINE: dict[str, Case] = {
+    "chain-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "device", 1),
+    "static-sampled-t3": ("t3", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), "drafter", exact,
+                          "host", 1),
+    "eagle2-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "device", 1),
+    "adt-sampled-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost",
+                                                         draft_sampling="sample")), "drafter", exact, "host", 1),
+    "sjd-random-t1": ("t1", jac("sjd", init="random", window=3), "jacobi", exact, "host", 16),
+    "scd-up-t1": ("t1", jac("scd", init="up", window=3), "jacobi", exact, "host", 1),
+    "scd-gumbel-point-t1": ("t1", jac("scd", init="random", redraw="gumbel", proposal="point", window=3), "jacobi",
+                            exact, "device", 16),
+    "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 1),
+}  # fmt: skip
+"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power."""
+
+SETTING: dict[str, Case] = {
+    "scd-adaptive-long": ("long", jac("scd", init="up", window="adaptive", window_min=2, window_max=5), "jacobi",
+                          exact, "device", 16),
+    "scd-window5-long": ("long", jac("scd", init="random", window=5), "jacobi", exact, "host", 16),
+    "scd-up-warped": ("warped", jac("scd", init="up", window=3), "jacobi", exact, "host", 16),
+    "eagle2-warped": ("warped", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "host", 1),
+    "scd-up-eol": ("eol", jac("scd", init="up", window=4), "jacobi", exact, "device", 16),
+    "sjd-random-eol": ("eol", jac("sjd", init="random", window=4), "jacobi", exact, "host", 16),
+}  # fmt: skip
+"""Longer images (repeated couplings, held drafts), T ≠ 1 / top-k / top-p, the end-of-line layout: ``SETTING_N``."""
+
+VARIANT: dict[str, Case] = {
+    "sjd-left-device-t1": ("t1", jac("sjd", init="left", window=3), "jacobi", exact, "device", 1),
+    "sjd-up-adaptive-t1": ("t1", jac("sjd", init="up", window="adaptive", window_min=2, window_max=4), "jacobi",
+                           exact, "host", 1),
+    "sjd-drafter-t1": ("t1", jac("sjd", init="drafter", window=3), "jacobi", exact, "host", 1),
+    "scd-random-device-t1": ("t1", jac("scd", init="random", window=3), "jacobi", exact, "device", 1),
+    "scd-left-t1": ("t1", jac("scd", init="left", window=3), "jacobi", exact, "host", 1),
+    "scd-drafter-device-t1": ("t1", jac("scd", init="drafter", window=3), "jacobi", exact, "device", 1),
+    "scd-random-point-t1": ("t1", jac("scd", init="random", proposal="point", window=3), "jacobi", exact, "host", 1),
+    "scd-up-gumbel-t1": ("t1", jac("scd", init="up", redraw="gumbel", window=3), "jacobi", exact, "host", 1),
+    "sjd_pac-left-device-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3, init="left"), "jacobi",
+                               exact, "device", 1),
+    "sjd_pac-K2L5-device-t1": ("t1", jac("sjd_pac", window=5, branch=2), "jacobi", exact, "device", 1),
+    "chain-host-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "host", 1),
+    "eagle2-host-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "host", 1),
+    "adt-sampled-device-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8,
+                              budget="cost", draft_sampling="sample")), "drafter", exact, "device", 1),
+}  # fmt: skip
+"""The other inits, acceptance paths, proposals and windows of each policy: ``VARIANT_N``."""
+
+TIERS: dict[str, tuple[dict[str, Case], int | dict[str, int], float]] = {
+    "headline": (HEADLINE, HEADLINE_N, HEADLINE_TV),
+    "setting": (SETTING, SETTING_N, SETTING_TV),
+    "variant": (VARIANT, VARIANT_N, VARIANT_TV),
+}
+"""tier → (cases, images per test (per setup), the TV each test states it detects at 90 % power)."""
+ALL: dict[str, tuple[Case, int, float]] = {
+    name: (case, n if isinstance(n, int) else n[case[0]], tv)
+    for cases, n, tv in TIERS.values()
+    for name, case in cases.items()
+}
+
+
+def sample_images(
+    case: Case, n: int, seed: int = 7, rule: AcceptanceRule | None = None, stat: str | None = None
+) -> tuple[Counter, float, float]:
+    """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
+    ``res.stats[stat]`` (0 without ``stat``). One slot: the engine's B = 1 loop with one generator; more (Jacobi
+    only): ``generate_batch`` with a generator per image."""
+    setup_name, make, aux, rule_of, where, slots = case
+    s = setup_of(setup_name)
+    rule = rule_of(s) if rule is None else rule
+    counts: Counter = Counter()
+    accepted = extra = 0.0
+    if slots > 1:
+        pol = make()
+        bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
+        items = [(i, s.inputs, torch.Generator().manual_seed(seed * 1_000_003 + i)) for i in range(n)]
+
+        def done(key: Any, res: Any) -> None:
+            nonlocal accepted, extra
+            counts[tuple(res.tokens)] += 1
+            accepted += sum(c.accepted for c in res.cycles)
+            extra += res.stats[stat] if stat else 0
+
+        pol.generate_batch(bt, None, items, s.sp, done, rule, where)
+        return counts, accepted / n, extra / n
+    g = torch.Generator().manual_seed(seed)
+    models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
+    pol = make()
+    for _ in range(n):
+        res = generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, g, rule, acceptance=where)
+        counts[tuple(res.tokens)] += 1
+        accepted += sum(c.accepted for c in res.cycles)
+        extra += res.stats[stat] if stat else 0
+    return counts, accepted / n, extra / n
+
+
+def law_test(name: str, case: Case, n: int, record: Any, rule: AcceptanceRule | None = None) -> L.LawResult:
+    counts, accepted, _ = sample_images(case, n, rule=rule)
+    result = L.report(L.chi2_law(name, counts, setup_of(case[0]).law, n), record)
+    print(f"  drafts accepted per image: {accepted:.2f}")
+    if rule is None:
+        assert accepted > 0.3, accepted  # the acceptance, rejection and redraw paths all ran
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(ALL))
+def test_law(name: str, record_property) -> None:
+    """The law of ``name``'s images is AR's (p > 10⁻³) at its tier's N, and the test detects its tier's TV."""
+    case, n, tv = ALL[name]
+    r = law_test(name, case, n, record_property)
+    assert r.tv90 <= tv, r.line()
+    assert r.pvalue > L.ALPHA, r.line()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("where", ["device", "host"])
+def test_lantern_delta_zero_replays_exact_acceptance(where: str) -> None:
+    """LANTERN at δ = 0 against exact acceptance: on the headline case ``eagle2-t3`` (its law test detects TV ≤ 0.05
+    from AR's), 400 seeds give the same images and the same accepted lengths with the LANTERN rule as with EXACT,
+    on either acceptance path. The two samplers are then one function of the seed, so δ = 0 has EAGLE-2's law.
+    Stronger than a second χ² test at the same N, and a tenth of its cost."""
+    s = setup_of("t3")
+    zero = lantern_zero(s)
+    for seed in range(400):
+        runs = [
+            generate(s.target, s.drafter, HEADLINE["eagle2-t3"][1](), s.inputs, s.sp,
+                     torch.Generator().manual_seed(seed), rule, acceptance=where)
+            for rule in (zero, EXACT)
+        ]  # fmt: skip
+        assert runs[0].tokens == runs[1].tokens, seed
+        assert [c.accepted for c in runs[0].cycles] == [c.accepted for c in runs[1].cycles], seed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# negative controls: the real failure modes, planted, fail the same tests
+# ---------------------------------------------------------------------------------------------------------
+
+
+_REDRAW = J.redraw
+_CHAIN = V._chain_proposal
+
+
+def authors_redraw(kind, probs, old, q_old, has_old, generator, noise=None):
+    """The SCD authors' lumina / janus rule (``..._SCDMC.py`` ≈ 293): a draft the coupling *kept* stays with its old
+    proposal q_old (only a replaced one gets q := p)."""
+    tok, q, keep = _REDRAW(kind, probs, old, q_old, has_old, generator, noise)
+    return tok, torch.where(keep[:, None], q_old, q), keep
+
+
+def wrong_row_bonus(tree, probs, proposal, generator, rule=None):
+    """A lost bonus draw: after a full accept of the chain the bonus comes from the last draft's row p_{m−1} (an
+    off-by-one), not from p_m (``verify._chain_proposal``, the host's chain walk)."""
+    acc = _CHAIN(tree, probs, proposal, generator, rule)
+    if len(acc.path) == tree.size:
+        return dataclasses.replace(acc, bonus=sample(probs[-2], generator))
+    return acc
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["scd-left-t1", "scd-adaptive-long"])
+def test_the_scd_authors_stored_proposal_fails(name: str, monkeypatch: pytest.MonkeyPatch, record_property) -> None:
+    """The SCD authors' rule (q_old kept for a kept draft) fails the law test that ``scd`` passes, at its N: the
+    2 × 2 image (left init, 1000 images) and the 6-token image under an adaptive window (repeated couplings)."""
+    case, n, _ = ALL[name]
+    monkeypatch.setattr(J, "redraw", authors_redraw)
+    r = law_test(f"{name} + the SCD authors' stored proposal", case, n, record_property, EXACT)
+    assert r.pvalue < L.ALPHA, r.line()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["eagle2-warped"])
+def test_a_residual_reprocessed_by_the_warper_fails(name: str, record_property) -> None:
+    """SJD's / GSD's / SCD-janus's residual: top-k, top-p and the temperature applied again to norm(max(p − q, 0))
+    — fails the test EAGLE-2 passes at T = 0.7, top-k 3, top-p 0.9. (On the Jacobi chain the same plant moves the
+    law by less than this tier detects — ``scd-up-warped``: p = 0.50 at 2000 — since the residual there has one or
+    two entries and is used only after a rejection; docs/development.md.)"""
+    case, n, _ = ALL[name]
+    r = law_test(f"{name} + the residual re-warped", case, n, record_property, L.WarpedResidual(setup_of(case[0]).sp))
+    assert r.pvalue < L.ALPHA, r.line()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["scd-left-t1"])
+def test_a_bonus_from_the_wrong_row_fails(name: str, monkeypatch: pytest.MonkeyPatch, record_property) -> None:
+    """A lost bonus draw — after a full accept the bonus drawn from the last draft's row instead of the row after
+    it — fails the test that ``scd`` (host acceptance) passes."""
+    monkeypatch.setattr(V, "_chain_proposal", wrong_row_bonus)
+    case, n, _ = ALL[name]
+    r = law_test(f"{name} + the bonus from the wrong row", case, n, record_property, EXACT)
+    assert r.pvalue < L.ALPHA, r.line()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the coupled redraw's marginal, directly
+# ---------------------------------------------------------------------------------------------------------
+
+REDRAW_N = 200_000
+
+
+@pytest.mark.parametrize("q_kind", ["softmax", "point", "uniform", "disjoint"])
+def test_coupled_redraw_outputs_p(q_kind: str, record_property) -> None:
+    """``jacobi.redraw('coupled', p, x, q_old)`` with x ~ q_old: the output y is distributed as p, and (x, y) is the
+    maximal coupling — P(y = x) = Σ min(p, q_old). χ² of y over V = 6 tokens and of the pair (x, y) over its
+    positive cells, ``REDRAW_N`` rows in one call (TV detected at 90 % power printed: ≈ 0.006 for y). The SCD
+    authors' stored proposal does not change y (their bug is in the q a kept draft carries into its *next* test:
+    the law tests above reject it)."""
+    g = torch.Generator().manual_seed(11)
+    Vn = 6
+    p = torch.softmax(torch.randn(Vn, generator=g, dtype=torch.float64) * 1.5, -1)
+    q = {
+        "softmax": torch.softmax(torch.randn(Vn, generator=g, dtype=torch.float64) * 1.5, -1),
+        "point": torch.nn.functional.one_hot(torch.tensor(int(p.argmin())), Vn).to(torch.float64),
+        "uniform": torch.full((Vn,), 1.0 / Vn, dtype=torch.float64),
+        "disjoint": torch.tensor([0.0, 0.0, 0.0, 0.0, 0.5, 0.5], dtype=torch.float64),
+    }[q_kind]
+    if q_kind == "disjoint":
+        p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0, 0.0], dtype=torch.float64)
+    n = REDRAW_N
+    x = torch.multinomial(q, n, replacement=True, generator=g)
+    y, q_new, kept = J.redraw("coupled", p.expand(n, Vn), x, q.expand(n, Vn), torch.ones(n, dtype=torch.bool), g)
+    assert torch.equal(q_new[0], p) and bool((y[kept] == x[kept]).all())
+    r = L.report(L.chi2_law(f"redraw coupled, q_old {q_kind}: y", Counter(y.tolist()), L.categorical_law(p), n),
+                 record_property)  # fmt: skip
+    assert r.pvalue > L.ALPHA and r.tv90 < 0.01, r.line()
+    overlap = torch.minimum(p, q)
+    joint = torch.diag(overlap) + torch.outer(q - overlap, (p - overlap) / max(float((p - overlap).sum()), 1e-300))
+    pairs = Counter(zip(x.tolist(), y.tolist()))
+    r2 = L.report(L.chi2_law(f"redraw coupled, q_old {q_kind}: (x, y)", pairs, L.pairs_law(joint), n),
+                  record_property)  # fmt: skip
+    assert r2.pvalue > L.ALPHA, r2.line()
+    # the negative control of this test: a redraw that ignores q_old (y ~ p fresh, the coupling lost) keeps the
+    # marginal but not the coupling — unless q_old is a point mass or disjoint from p, where the two coincide
+    if q_kind in ("softmax", "uniform"):
+        fresh = torch.multinomial(p, n, replacement=True, generator=g)
+        lost = L.chi2_law("fresh", Counter(zip(x.tolist(), fresh.tolist())), L.pairs_law(joint), n)
+        assert lost.pvalue < L.ALPHA, lost.line()
+
+
+def test_power_arithmetic() -> None:
+    """``detectable_tv`` against closed forms: one degree of freedom at α = 10⁻³, power 0.9 needs
+    λ = (z_{1−α/2} + z_{0.9})² ≈ 20.9 (the normal approximation, exact for df = 1 up to the far tail), so 2 091
+    draws for TV 0.05; more cells need more draws; the bound w ≥ 2 TV is attained by a two-cell alternative."""
+    from scipy.stats import norm
+
+    lam = (norm.isf(L.ALPHA / 2) + norm.isf(1 - L.POWER)) ** 2
+    assert L.draws_for(0.05, 1) == pytest.approx(lam / 0.01, rel=2e-3)
+    assert L.detectable_tv(L.draws_for(0.05, 30), 30) <= 0.05 < L.detectable_tv(L.draws_for(0.05, 30) - 50, 30)
+    assert L.draws_for(0.05, 1) < L.draws_for(0.05, 15) < L.draws_for(0.05, 60)
+    # a law at TV d = 0.05 from a uniform two-cell law: w = 2d exactly, and the χ² test at draws_for's N rejects it
+    # in ≥ 90 % of 400 simulated runs
+    from scipy.stats import chisquare
+
+    n = L.draws_for(0.05, 1)
+    g = torch.Generator().manual_seed(0)
+    heads = torch.binomial(torch.full((400,), float(n)), torch.full((400,), 0.55), generator=g)
+    rejected = sum(chisquare([h, n - h], [n / 2, n / 2]).pvalue < L.ALPHA for h in heads.tolist())
+    assert rejected >= 0.86 * 400, rejected
+
+
+@pytest.mark.parametrize("setup,k", [("warped", 3), ("eol", 2), ("long", 3)])
+def test_exact_law_is_teacher_forced_ar(setup: str, k: int) -> None:
+    """The harness's enumeration (one tree forward per level) against ``test_engine``'s teacher-forced one (one
+    sequential forward per token of every sequence): the law of the first k tokens agrees to 1e-12, under top-k /
+    top-p / T ≠ 1 and the end-of-line layout; the whole law sums to 1 and forced positions hold their token."""
+    from test_engine import _exact_joint
+
+    s = setup_of(setup)
+    want = {key: p for key, p in _exact_joint(s.target, s.inputs, s.sp, k).items() if p > 0}
+    got = L.marginal(s.law, tuple(range(k)))
+    assert got.keys() == want.keys()
+    assert max(abs(got[key] - want[key]) for key in want) < 1e-12
+    assert abs(sum(s.law.values()) - 1) < 1e-12
+    lay = s.target.layout
+    forced = {g: f for g in range(lay.num_gen_tokens) if (f := lay.forced_token(g)) >= 0}
+    assert all(img[g] == f for img in s.law for g, f in forced.items())
+    assert (setup != "eol") or len(forced) == 3
