@@ -102,6 +102,7 @@ __all__ = [
     "read_summary",
     "read_summary_typed",
     "read_traces",
+    "read_tracking",
     "run_config_dirs",
     "safe_stem",
     "sample_dirs",
@@ -543,6 +544,17 @@ def update_tracking(run_dir: str | os.PathLike[str], entry: dict[str, Any]) -> N
     runs = [r for r in doc.get("runs", []) if r.get("started") != entry.get("started")]
     doc["runs"] = [*runs, entry]
     atomic_write_json(path, doc, indent=2, default=str, newline=False)
+
+
+def read_tracking(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The entries of the run's ``tracking.json`` (one per tracked job, oldest first); [] when it has none or the
+    file is unreadable (a half-written file from a killed job is not an error: the tracker starts afresh)."""
+    path = Path(run_dir) / TRACKING_FILE
+    try:
+        runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [r for r in runs if isinstance(r, dict)]
 
 
 def write_merged_run(

@@ -58,13 +58,13 @@ from pathlib import Path
 from typing import Any
 
 from adtbench.harness.rundir import (
-    TRACKING_FILE,
     count_sample_lines,
     map_file,
     read_hydra_config,
     read_run_config,
     read_samples,
     read_traces,
+    read_tracking,
     safe_stem,
     update_tracking,
 )
@@ -297,14 +297,7 @@ def _hydra_context(run_dir: Path, cfg: Any) -> tuple[str | None, str]:
 
 def _earlier_entries(run_dir: Path) -> list[dict[str, Any]]:
     """The W&B entries of ``tracking.json`` (earlier attempts on this run dir), oldest first; [] if none."""
-    import json
-
-    path = run_dir / TRACKING_FILE
-    try:
-        runs = json.loads(path.read_text()).get("runs", []) if path.exists() else []
-    except (OSError, ValueError):
-        return []
-    return [r for r in runs if isinstance(r, dict) and r.get("kind") == "wandb"]
+    return [r for r in read_tracking(run_dir) if r.get("kind") == "wandb"]
 
 
 def evaluated_run(run_dir: Path, choices: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from adtbench.harness.rundir import (
     read_hydra_config,
     read_run_config,
     read_summary_typed,
+    read_tracking,
     run_config_dirs,
     write_merged_run,
 )
@@ -241,8 +242,7 @@ def log_merged_run(shard_dirs: list[Path], out: Path, summary: dict[str, Any]) -
         return False
     group = None
     for d in shard_dirs:
-        tracking = d / "tracking.json"
-        runs = json.loads(tracking.read_text()).get("runs", []) if tracking.exists() else []
+        runs = read_tracking(d)
         group = next((r["group"] for r in runs if r.get("kind") == "wandb" and r.get("group")), None)
         if group:
             break
