@@ -283,3 +283,23 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("law tests: the TV each detects at 90 % power (α = 1e-3)")
         for line in lines:
             terminalreporter.write_line(str(line))
+
+
+def tiny_open_clip(d: Path, seed: int, quick_gelu: bool = False):
+    """A tiny open_clip architecture (``d/adtbench-tiny-clip.json``, registered with open_clip) and a model of it with
+    random weights from ``seed`` (the eval tests' CLIP stand-in); ``d/tiny_clip.pt`` holds its state dict."""
+    import json
+
+    import open_clip
+
+    cfg = {
+        "embed_dim": 16,
+        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
+        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
+    }
+    (d / "adtbench-tiny-clip.json").write_text(json.dumps(cfg))
+    open_clip.add_model_config(str(d / "adtbench-tiny-clip.json"))
+    torch.manual_seed(seed)
+    model = open_clip.create_model("adtbench-tiny-clip", pretrained=None, force_quick_gelu=quick_gelu)
+    torch.save(model.state_dict(), d / "tiny_clip.pt")
+    return model

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import TINY_OVERRIDES
+from conftest import TINY_OVERRIDES, tiny_open_clip
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
@@ -115,18 +115,9 @@ def test_precision_recall_matches_prdc():
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
     """A tiny open_clip architecture (config json) and random weights saved to a file."""
-    open_clip = pytest.importorskip("open_clip")
+    pytest.importorskip("open_clip")
     d = tmp_path_factory.mktemp("clip")
-    cfg = {
-        "embed_dim": 16,
-        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-    }
-    (d / "adtbench-tiny-clip.json").write_text(json.dumps(cfg))
-    open_clip.add_model_config(str(d / "adtbench-tiny-clip.json"))
-    torch.manual_seed(0)
-    model = open_clip.create_model("adtbench-tiny-clip", pretrained=None)
-    torch.save(model.state_dict(), d / "tiny_clip.pt")
+    tiny_open_clip(d, seed=0)
     mlp = {  # aesthetic MLP over the 16-d embedding, released key layout
         "layers.0.weight": torch.randn(32, 16), "layers.0.bias": torch.randn(32),
         "layers.2.weight": torch.randn(8, 32), "layers.2.bias": torch.randn(8),

@@ -5,7 +5,6 @@ load from the local Hugging Face cache (a fake cache layout here)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_open_clip
 from test_eval import clip_overrides, compose_cfg, make_run
 
 from adtbench.errors import ConfigError
@@ -193,20 +193,11 @@ class _Holder(torch.nn.Module):
 def tiny_quick(tmp_path_factory):
     """The tiny open_clip architecture of test_eval with QuickGELU, saved as a state dict, a TorchScript archive
     and a safetensors file."""
-    open_clip = pytest.importorskip("open_clip")
+    pytest.importorskip("open_clip")
     from safetensors.torch import save_file
 
     d = tmp_path_factory.mktemp("quick")
-    cfg = {
-        "embed_dim": 16,
-        "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "patch_size": 16, "head_width": 16},
-        "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 1},
-    }
-    (d / "adtbench-tiny-clip.json").write_text(json.dumps(cfg))
-    open_clip.add_model_config(str(d / "adtbench-tiny-clip.json"))
-    torch.manual_seed(1)
-    model = open_clip.create_model("adtbench-tiny-clip", pretrained=None, force_quick_gelu=True)
-    torch.save(model.state_dict(), d / "tiny_clip.pt")
+    model = tiny_open_clip(d, seed=1, quick_gelu=True)
     torch.jit.script(_Holder(model)).save(str(d / "tiny_clip.jit.pt"))
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "open_clip_model.safetensors"))
     return {"dir": d, "json": d / "adtbench-tiny-clip.json", "weights": d / "tiny_clip.pt",
