@@ -303,3 +303,18 @@ def tiny_open_clip(d: Path, seed: int, quick_gelu: bool = False):
     model = open_clip.create_model("adtbench-tiny-clip", pretrained=None, force_quick_gelu=quick_gelu)
     torch.save(model.state_dict(), d / "tiny_clip.pt")
     return model
+
+
+def batched_against_single(target, pol, inputs, sp, where: str) -> tuple[list[list[int]], dict]:
+    """``inputs`` decoded one at a time by ``pol`` (seed i for prompt i) and through 3 slots of a ``BatchTarget``
+    (``pol.generate_batch``, the same seeds): (the single decodes' tokens, the batched results by prompt index)."""
+    from adtbench.algorithm.engine import generate
+    from adtbench.models.batch import BatchTarget
+
+    single = [generate(target, None, pol, x, sp, torch.Generator().manual_seed(i), acceptance=where).tokens
+              for i, x in enumerate(inputs)]  # fmt: skip
+    got: dict = {}
+    bt = BatchTarget(target, 3, True, 64 + target.layout.num_gen_tokens)
+    items = [(i, x, torch.Generator().manual_seed(i)) for i, x in enumerate(inputs)]
+    pol.generate_batch(bt, None, items, sp, got.__setitem__, None, where)
+    return single, got

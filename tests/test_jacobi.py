@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_OVERRIDES, synthetic_cost_model, tiny
+from conftest import TINY_OVERRIDES, batched_against_single, synthetic_cost_model, tiny
 
 import adtbench.algorithm.jacobi as J
 from adtbench.algorithm.engine import decode_ar, generate
@@ -121,12 +121,7 @@ def test_batched_equals_single(sp: SamplingParams) -> None:
     )
     for node, where in nodes:
         pol = policy("scd", **node)
-        single = [generate(target, None, pol, x, sp, torch.Generator().manual_seed(i), acceptance=where).tokens
-                  for i, x in enumerate(inputs)]  # fmt: skip
-        got: dict = {}
-        bt = BatchTarget(target, 3, True, 64 + target.layout.num_gen_tokens)
-        items = [(i, x, torch.Generator().manual_seed(i)) for i, x in enumerate(inputs)]
-        pol.generate_batch(bt, None, items, sp, got.__setitem__, None, where)
+        single, got = batched_against_single(target, pol, inputs, sp, where)
         assert [got[i].tokens for i in range(len(prompts))] == single, (node, where)
         assert len({len(got[i].cycles) for i in got}) > 1 or sp.greedy  # ragged: slots advance by their own a
 

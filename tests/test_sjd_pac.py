@@ -26,7 +26,7 @@ import laws
 import pytest
 import test_laws as T
 import torch
-from conftest import run_in_process, synthetic_cost_model, tiny
+from conftest import batched_against_single, run_in_process, synthetic_cost_model, tiny
 from test_jacobi import PROMPTS, compose_run
 
 import adtbench.algorithm.jacobi as J
@@ -36,7 +36,6 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.sampling import SamplingParams, sample_rows
 from adtbench.errors import ConfigError
-from adtbench.models.batch import BatchTarget
 
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)
@@ -225,12 +224,7 @@ def test_batched_equals_single(sp: SamplingParams) -> None:
     for node, where in (({"window": 13}, "host"), ({"window": 9, "branch": 2, "variant": "authors"}, "device"),
                         ({"window": 16, "init": "up"}, "device")):  # fmt: skip
         pol = policy(**node)
-        single = [generate(target, None, pol, x, sp, torch.Generator().manual_seed(i), acceptance=where).tokens
-                  for i, x in enumerate(inputs)]  # fmt: skip
-        got: dict = {}
-        bt = BatchTarget(target, 3, True, 64 + target.layout.num_gen_tokens)
-        items = [(i, x, torch.Generator().manual_seed(i)) for i, x in enumerate(inputs)]
-        pol.generate_batch(bt, None, items, sp, got.__setitem__, None, where)
+        single, got = batched_against_single(target, pol, inputs, sp, where)
         assert [got[i].tokens for i in range(len(prompts))] == single, (node, where)
         assert sum(got[i].stats["off_main"] for i in got) > 0 or sp.greedy  # slots committed off the main path
 
