@@ -64,6 +64,7 @@ POLICIES = {
     "zipar": lambda: ZipARPolicy(window=64),  # a window past the row length: ZipAR's lossless setting
     "sjd": lambda: POLICY_BUILDERS.build("sjd", {"window": 6, "init": "left"}),  # Jacobi: no drafter, lossless
     "scd": lambda: POLICY_BUILDERS.build("scd", {"window": 6}),
+    "sjd_pac": lambda: POLICY_BUILDERS.build("sjd_pac", {"window": 8, "branch": 2, "tree_depth": 2}),
 }
 LOSSY = {"zipar_w2": lambda: ZipARPolicy(window=2)}
 
@@ -119,7 +120,7 @@ def test_lantern_runs_on_the_device(name: str, temperature: float) -> None:
 
 
 LAW_POLICIES = ["static_sampled", "eagle2", "eagle2_cost", "eagle2_sampled", "adt_cost", "adt_cost_sampled", "zipar",
-                "scd"]  # fmt: skip
+                "scd", "sjd_pac"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LAW_POLICIES)
