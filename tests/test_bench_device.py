@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 from conftest import static_runs, tiny
 
 from adtbench import accel
@@ -181,3 +183,21 @@ def test_a_jacobi_forward_launches_a_bounded_number_of_kernels(tmp_path: Path) -
     r = json.loads(out.read_text())
     assert r["host_reads_per_cycle"] == pytest.approx(1.0 + r["prompts"] / r["cycles"])
     assert r["engine_kernels_per_cycle"] <= 90, r["phases"]
+
+
+def test_top_kernels_ranks_device_rows_by_time_per_call() -> None:
+    """The probe's per-bucket kernel list: device rows only (no copies), most device time first, per call."""
+    from types import SimpleNamespace
+
+    from adtbench.tools.bench_probe import top_kernels
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def row(key: str, us: float, count: int, dev: Any = cuda) -> SimpleNamespace:
+        return SimpleNamespace(key=key, device_time_total=us, count=count, device_type=dev)
+
+    rows = [row("sgemm_small", 300.0, 6), row("Memcpy DtoD", 900.0, 3), row("aten::mm", 999.0, 3, cpu),
+            row("flash_fwd", 600.0, 3), row("elementwise", 30.0, 30)]  # fmt: skip
+    top = top_kernels(rows, 3, k=2)
+    assert [t["name"] for t in top] == ["flash_fwd", "sgemm_small"]
+    assert top[0]["us"] == 200.0 and top[1]["count"] == 2.0

@@ -420,3 +420,56 @@ def test_captured_graphs_keep_their_buffers_through_twenty_prompt_lengths(memo: 
         scd = POLICIES.build("scd", {"window": 8, "init": "up"})
         assert generate(target, None, scd, inputs, sp, accel.generator(target.device, 0)).tokens == eager
         assert sum(g.replays for g in graphs_ if isinstance(g, accel.StandInGraph)) > 0
+
+
+def test_routing_sends_a_bucket_to_a_cheaper_larger_one_and_keeps_its_outputs() -> None:
+    """``route_by``: a bucket goes to the cheapest larger bucket only when that one is under ``ROUTE_MARGIN`` of its
+    time (mini's H200 case: buckets 4 and 8 three times slower than 16); routed verifies equal the variable-shape
+    forward in float64 (padding is inert); near the pinned capacity a routed bucket that no longer fits falls back to
+    the smallest."""
+    plain, _ = tiny("tiny_llamagen")
+    static, _ = tiny("tiny_llamagen")
+    static.request_static(graphs=False)
+    for t in (plain, static):
+        t.start(t.encode_prompt("a red circle", cfg=True), 32)
+    st = static.static
+    times = {1: 0.8, 2: 0.8, 4: 2.5, 8: 2.5, 16: 0.85, 32: 0.9}
+    assert st.route_by(times) == {4: 16, 8: 16}
+    assert st.route_by({1: 1.0, 2: 0.9, 4: 1.0}) == {}  # within the margin: the smallest stays
+    st.route_by(times)
+    used: list[int] = []
+    run = StaticVerify.run
+
+    def spy(self: StaticVerify) -> tuple[torch.Tensor, torch.Tensor]:
+        used.append(self.b)
+        return run(self)
+
+    gen = torch.Generator().manual_seed(0)
+    lay = plain.layout
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(StaticVerify, "run", spy)
+        for n in (3, 5, 2, 9):
+            mask, depth = random_tree(n, gen)
+            toks = lay.image_token_offset + torch.randint(0, lay.num_codes, (n,), generator=gen)
+            (a, fa), (b, fb) = (t.verify_forward(toks, mask, depth) for t in (plain, static))
+            assert (a - b).abs().max() <= 1e-10 and (fa - fb).abs().max() <= 1e-10, n
+            path = torch.nonzero(mask[-1]).view(-1)
+            for t in (plain, static):
+                t.commit(path)
+    assert used == [16, 16, 2, 16]
+    assert st.bucket_for(3, st.capacity - 10) == 4  # bucket 16 would run past the pinned capacity
+
+
+def test_measure_times_every_captured_bucket_on_the_stand_in() -> None:
+    """``measure`` replays each captured bucket at its median width and records ms per replay (the stand-in's host
+    times here: the path a GPU's capture runs before ``route_by``)."""
+    with accel.simulate() as sim:
+        target, _ = tiny("tiny_llamagen", dtype="float32", device="cuda")
+        target.request_static(graphs=True)
+        target.start(target.encode_prompt("a red circle", cfg=True), 16)
+        st = target.static
+        before = sim.counts["graph_replays"]
+        ms = st.measure(repeats=2)
+        assert set(ms) == set(st.buckets) and all(t > 0 for t in ms.values())
+        assert sim.counts["graph_replays"] - before == 4 * len(st.buckets)
+        assert st.route == {}  # off a GPU nothing routes by itself

@@ -312,6 +312,14 @@ class StaticGPTTarget(Target):
             self.static = StaticVerifier(self, rows, capacity + extra)
             if graphs:
                 self.static.capture()
+                if self.device.type == "cuda":  # a real GPU: route buckets by their measured replay times
+                    moved = self.static.route_by(self.static.measure())
+                    if moved:
+                        log.info(
+                            "verify buckets routed by measured replay time: %s (ms: %s)",
+                            moved,
+                            {b: round(t, 3) for b, t in self.static.replay_ms.items()},
+                        )
         if self.static is not None:
             if rows == self.static.rows and capacity <= self.static.capacity:
                 return self.pinned

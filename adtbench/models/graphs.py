@@ -44,6 +44,14 @@ each (node bucket, capacity bucket) forward is captured once (``capture``: the t
 drafter's at its first reset) — outside the timed scope, its time reported — and replayed by every call of that
 pair, the AR step (node bucket 1) included, so the AR baseline and speculation get the same treatment. A captured
 graph reads the weights and caches of its capture: no parameter may change after it.
+
+**Routing by measured cost** (real CUDA only): a node bucket is not always faster than the next larger one — on an
+H200 mini's buckets 4 and 8 replay in ≈ 2.5 ms against ≈ 0.8 ms at 2 and at 16 (another kernel choice at those
+row counts). After the target's capture ``StaticVerifier.measure`` times one replay of every bucket (CUDA events,
+the bucket's median width) and ``route_by`` sends n nodes to the cheapest bucket b ≥ n whose time is below
+``ROUTE_MARGIN`` × the smallest fitting bucket's (ties and noise keep the smallest). Padding is inert, so a routed
+forward computes what the smallest bucket computes; only its kernels differ. Off a GPU (the stand-in's times are
+host times) the route is the smallest bucket, as before.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from adtbench import accel
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CAPACITY_BUCKETS = 8  # attention widths per node bucket: the pinned capacity in this many equal steps
 CAPACITY_ALIGN = 64  # a step is a multiple of this many columns
+ROUTE_MARGIN = 0.8  # a larger bucket takes n nodes only when it replays in under 0.8× the smallest fitting one
 _Out = TypeVar("_Out")
 
 
@@ -216,16 +225,60 @@ class StaticVerifier(_Buckets):
         self.widths = capacity_buckets(capacity) if widths is None else widths
         assert self.widths[-1] == capacity, "the largest width is the pinned capacity"
         self.steps = {b: StaticVerify(target, b, rows, self.widths) for b in self.buckets}
+        self.route: dict[int, int] = {}  # smallest fitting bucket → the bucket that runs it (``route_by``)
+        self.replay_ms: dict[int, float] = {}  # ``measure``'s figures
+
+    def bucket_for(self, n: int, length: int) -> int | None:
+        """The bucket a verify of ``n`` nodes after ``length`` committed columns runs at: where ``route_by`` sent the
+        smallest bucket holding it when that one fits the pinned capacity, else the smallest."""
+        b = bucket_of(n, self.buckets)
+        if b is None:
+            return None
+        routed = self.route.get(b, b)
+        return routed if length + routed <= self.capacity else b
+
+    def route_by(self, times: dict[int, float], margin: float = ROUTE_MARGIN) -> dict[int, int]:
+        """Route each bucket b to the cheapest bucket c ≥ b by ``times`` (ms per replay) when t(c) < ``margin`` ·
+        t(b), else keep b; returns the routes that moved (also kept in ``route``)."""
+        self.route = {}
+        for b in self.buckets:
+            if b not in times:
+                continue
+            best = min((c for c in self.buckets if c >= b and c in times), key=lambda c: (times[c], c))
+            if times[best] < margin * times[b]:
+                self.route[b] = best
+        return dict(self.route)
+
+    def measure(self, repeats: int = 5) -> dict[int, float]:
+        """ms per replay of every captured bucket at its median width (two warm-up replays, then ``repeats`` back to
+        back between two ``accel.mark``s, one synchronisation): ``replay_ms``. The inputs are whatever the buffers
+        hold (a replay's time does not depend on them; its writes land past the committed columns)."""
+        for b, step in self.steps.items():
+            K = step.widths[len(step.widths) // 2]
+            graph = step.graphs.get(K)
+            if graph is None:
+                continue
+            step.width = K
+            for _ in range(2):
+                graph.replay()
+            accel.synchronize(step.device)
+            t0 = accel.mark(step.device)
+            for _ in range(repeats):
+                graph.replay()
+            t1 = accel.mark(step.device)
+            accel.synchronize(step.device)
+            self.replay_ms[b] = 1e3 * accel.elapsed_s(t0, t1) / repeats
+        return dict(self.replay_ms)
 
     def fits(self, n: int, length: int, rows: int) -> bool:
-        b = bucket_of(n, self.buckets)
+        b = self.bucket_for(n, length)
         return b is not None and rows == self.rows and length + b <= self.capacity
 
     def forward(
         self, tokens: torch.Tensor, block: torch.Tensor, pos: torch.Tensor, length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n = tokens.numel()
-        b = bucket_of(n, self.buckets)
+        b = self.bucket_for(n, length)
         assert b is not None
         step = self.steps[b]
         step.load(tokens, block, pos, length)

@@ -134,6 +134,33 @@ def _logit_diff(graphed: torch.Tensor, eager: torch.Tensor) -> dict[str, float]:
 
 
 @torch.no_grad()
+def top_kernels(events: Any, n: int, k: int = 3) -> list[dict[str, Any]]:
+    """The ``k`` kernels with the most device time in ``torch.profiler`` ``key_averages()`` rows of ``n`` calls:
+    name (cut to 80 characters), µs and count per call — what tells one bucket's kernel choice from another's."""
+    rows = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA and not e.key.startswith("Mem")]
+    rows.sort(key=lambda e: -float(getattr(e, "device_time_total", 0.0)))
+    return [{"name": e.key[:80], "us": float(e.device_time_total) / n, "count": e.count / n} for e in rows[:k]]
+
+
+def replay_kernels(fn: Callable[[], Any], n: int, device: torch.device) -> list[dict[str, Any]] | None:
+    """``top_kernels`` of ``n`` calls of ``fn`` on CUDA (None elsewhere: no GPU figure, or a profiler the machine
+    lacks)."""
+    if device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize(device)
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize(device)
+        return top_kernels(prof.key_averages(), n)
+    except Exception:  # CUPTI missing must not cost the rest of the probe
+        return None
+
+
 def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, Any]:
     """The measurement of the module docstring; returns its JSON. ``overhead``: ``tools.bench.overhead`` (the caller
     passes it: the overhead run is that command's), called as ``overhead(cfg, target=…, drafter=…)``; None skips it."""
@@ -201,7 +228,16 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
         replay = _timed_ms(step.graph.replay, repeats, dev)
         call = _timed_ms(lambda c=case: target.verify_forward(*c), repeats, dev)
         step_ms = call if n == 1 else step_ms
-        rows_out.append({"bucket": n, "replay_ms": replay, "verify_ms": call, **diff})
+        rows_out.append(
+            {
+                "bucket": n,
+                "replay_ms": replay,
+                "verify_ms": call,
+                "routed_to": st.bucket_for(n, length),
+                "kernels": replay_kernels(step.graph.replay, 3, dev),
+                **diff,
+            }
+        )
     for r in rows_out:
         r["x_step"] = None if step_ms is None else r["verify_ms"] / step_ms
 
@@ -315,6 +351,16 @@ def table(r: dict[str, Any]) -> str:
             f"{num(x['floor_x'], '.2f')} | {num(x['max_abs_diff'], '.2e')} | {num(x['rel_diff'], '.2e')} | "
             f"{num(x['argmax_agree'], '.3f')} |"
         )
+    routed = {x["bucket"]: x.get("routed_to") for x in r["verify"] if x.get("routed_to") not in (None, x["bucket"])}
+    if routed:
+        lines += ["", "verify calls routed by measured replay time (bucket → bucket run): " + str(routed)]
+    tops = [(x["bucket"], x["kernels"][0]) for x in r["verify"] if x.get("kernels")]
+    if tops:
+        lines += [
+            "",
+            "top kernel per replay: "
+            + "; ".join(f"{b}: {k['name'][:48]} {k['us']:.0f} µs ×{k['count']:.0f}" for b, k in tops),
+        ]
     if r["drafter"]:
         lines += [
             "",
