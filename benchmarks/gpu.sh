@@ -20,6 +20,10 @@
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
 #           $JACOBI_WINDOWS, SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
 #           prompts (the verify cost against L is the probe's verify(n))             → jacobi.json
+#   policies `adtbench bench probe` on $POLICY_MODEL (the 7B shape at $POLICY_GRID) judging every policy of
+#           $POLICY_NAMES at a pinned shape on one set of captured models: per policy the cycle split, the overhead
+#           share with a CI over $POLICY_PROMPTS prompts, synchronisations and launches per cycle, a host µs-per-launch
+#           figure and the τ × AR step / cycle projection                                  → policies.json
 #   all     every stage in turn (a machine without the 10-minute limit; up to 9 files)
 #
 # Models: anole = the 7B shape (`model=anole model.random_init=true`, bfloat16, random weights) with $ANOLE_ARCH
@@ -64,8 +68,13 @@ PROBE_BUCKETS=${PROBE_BUCKETS:-[1,2,4,8,16,32,64,128]}
 TEST_WORKERS=${TEST_WORKERS:-4}
 TESTS_ARGS=${TESTS_ARGS:-}
 ANOLE_ARCH=${ANOLE_ARCH:-}
+POLICY_MODEL=${POLICY_MODEL:-anole}
+POLICY_GRID=${POLICY_GRID-[16,16]}  # set and empty: the model's own grid
+POLICY_NAMES=${POLICY_NAMES:-[ar,scd,sjd_pac,eagle2,adt,static]}
+POLICY_PROMPTS=${POLICY_PROMPTS:-3}
+POLICY_BUCKETS=${POLICY_BUCKETS:-[1,16,64]}
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
-STAGES=(tests cost speed batch probe jacobi)
+STAGES=(tests cost speed batch probe jacobi policies)
 
 usage() { echo "usage: benchmarks/gpu.sh STAGE [STAGE ...]; stages: ${STAGES[*]} all" >&2; exit 2; }
 (($#)) || usage
@@ -73,7 +82,7 @@ todo=()
 for s in "$@"; do
     case $s in
         all) todo+=("${STAGES[@]}") ;;
-        tests | cost | speed | batch | probe | jacobi) todo+=("$s") ;;
+        tests | cost | speed | batch | probe | jacobi | policies) todo+=("$s") ;;
         *) echo "gpu.sh: unknown stage '$s'" >&2; usage ;;
     esac
 done
@@ -85,7 +94,7 @@ over_of() {  # over_of MODEL: the model's overrides into the array `over`
         *) echo "gpu.sh: MODELS holds '$1'; known: anole mini tiny" >&2; exit 2 ;;
     esac
 }
-for m in $MODELS $SPEED_MODEL; do over_of "$m"; done  # unknown models fail before anything runs
+for m in $MODELS $SPEED_MODEL $POLICY_MODEL; do over_of "$m"; done  # unknown models fail before anything runs
 mkdir -p "$OUT" "$RUN_DIR"
 failed=()
 step() {  # step NAME COMMAND...: run it, record a failure and go on
@@ -201,6 +210,18 @@ stage_jacobi() {
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
+    md ""
+}
+
+stage_policies() {
+    local extra=()
+    over_of "$POLICY_MODEL"
+    [[ $POLICY_MODEL == anole && -n $POLICY_GRID ]] && extra=("model.grid=$POLICY_GRID")
+    md "### every policy at a pinned shape, $POLICY_MODEL ${extra[*]}"
+    # shellcheck disable=SC2086  # STAGE_POLICY is a list of overrides
+    step "policies" bench probe "${over[@]}" "${extra[@]}" $STAGE_POLICY "bench.buckets=$POLICY_BUCKETS" \
+        "bench.repeats=$REPEATS" "bench.prompts=$POLICY_PROMPTS" "bench.policies=$POLICY_NAMES" dataset=mini \
+        "bench.out=$OUT/policies.json" >> "$OUT/gpu.md"
     md ""
 }
 

@@ -201,3 +201,30 @@ def test_top_kernels_ranks_device_rows_by_time_per_call() -> None:
     top = top_kernels(rows, 3, k=2)
     assert [t["name"] for t in top] == ["flash_fwd", "sgemm_small"]
     assert top[0]["us"] == 200.0 and top[1]["count"] == 2.0
+
+
+def test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models(tmp_path: Path, capsys) -> None:
+    """``bench.policies`` (issue 40.4): the probe's compiled models reused for AR, SCD, SJD-PAC, EAGLE-2, ADT and the
+    static tree — each a cycle split with an overhead CI over 3 prompts, synchronisations and launches per cycle,
+    and the τ projection (AR's is 1 at every τ); a host µs-per-launch figure; an unknown policy a key-named error."""
+    out = tmp_path / "probe.json"
+    with accel.simulate():
+        args = ["probe", *SHRUNK_ANOLE, "bench.buckets=[1,64]", "bench.repeats=1", "bench.prompts=3", "dataset=smoke",
+                "bench.policies=[ar,scd,sjd_pac,eagle2,adt,static]", "bench.project_tau=[2.0,4.0]",
+                f"bench.out={out}"]  # fmt: skip
+        assert bench_main(args) == 0
+        text = capsys.readouterr().out
+        assert bench_main([*args[:-2], "bench.policies=[ar,nonsense]"]) == 2
+        assert "bench.policies" in capsys.readouterr().out
+    p = json.loads(out.read_text())
+    rows = {x["policy"]: x for x in p["policies"]}
+    assert list(rows) == ["ar", "scd", "sjd_pac", "eagle2", "adt", "static"]
+    assert rows["ar"]["projection"] == {"2.0": 1.0, "4.0": 1.0} and p["host_launch_us"] > 0
+    for name in ("scd", "sjd_pac", "eagle2", "adt", "static"):
+        x = rows[name]
+        assert x["prompts"] == 3 and len(x["cycle_ms_per_image"]) == 3 and x["cycles"] > 0
+        lo, hi = x["overhead_frac_ci"]
+        assert lo <= hi and x["syncs_per_cycle"] is not None and x["work_per_cycle"]["graph_replays"] >= 1
+        assert x["projection"]["4.0"] == pytest.approx(2 * x["projection"]["2.0"])
+    assert rows["eagle2"]["drafter_ms"] > 0 and rows["scd"]["drafter_ms"] == 0
+    assert "| sjd_pac |" in text and "× AR at τ 4" in text

@@ -39,6 +39,10 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
         "PROBE_BUCKETS": "[1,2]",
         "TESTS_ARGS": "-k test_clock_synchronises_only_on_cuda",
         "JACOBI_WINDOWS": "4",
+        "POLICY_MODEL": "tiny",
+        "POLICY_NAMES": "[ar,scd,static]",
+        "POLICY_PROMPTS": "2",
+        "POLICY_BUCKETS": "[1,2]",
         "ADTBENCH_ROOT": str(tmp_path),  # cost-model caches and outputs stay in tmp
         **over,
     }
@@ -47,12 +51,12 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    stages = ["tests", "cost", "speed", "batch", "probe", "jacobi"]
+    stages = ["tests", "cost", "speed", "batch", "probe", "jacobi", "policies"]
     res = subprocess.run(["bash", str(SCRIPT), *stages], env=_env(tmp_path), capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["batch.json", "batch_tiny.png", "cost.json", "device.txt", "gpu.md", "jacobi.json", "probe.json",
-                     "speed.json", "tests.log"]  # fmt: skip
+    assert names == ["batch.json", "batch_tiny.png", "cost.json", "device.txt", "gpu.md", "jacobi.json",
+                     "policies.json", "probe.json", "speed.json", "tests.log"]  # fmt: skip
     table = (out / "gpu.md").read_text()
     assert [line for line in table.splitlines() if line.startswith("## ")] == [f"## {s}" for s in stages]
     assert "ADTBENCH_SIMULATE_DEVICE=cuda" in (out / "device.txt").read_text()
@@ -79,11 +83,16 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     assert [x["bucket"] for x in p["verify"]] == [1, 2] and all(x["argmax_agree"] == 1.0 for x in p["verify"])
     assert p["ar_step"]["graphed_work"]["graph_replays"] == 1 and p["ar_step"]["eager_work"]["graph_replays"] == 0
     assert p["goals"]["syncs_per_cycle"]["met"] is True and p["goals"]["verify64_steps"]["met"] is None
-    assert table.count("| bucket | replay (ms) |") == 1 and "(stage probe: " in table
+    assert table.count("| bucket | replay (ms) |") == 2 and "(stage probe: " in table  # probe, policies
     # jacobi: SCD / SJD / GSD / window=cost and the default head to head with AR, graphed, on the device
     j = json.loads((out / "jacobi.json").read_text())
-    assert [x["variant"] for x in j["rows"]] == ["scd_4", "sjd_16", "gsd_16", "scd_cost", "static_sampled"]
+    variants = ["scd_4", "sjd_16", "gsd_16", "sjd_pac_32", "scd_cost", "static_sampled"]
+    assert [x["variant"] for x in j["rows"]] == variants
     assert all(x["tau"] >= 1 for x in j["rows"])
+    # policies: every named policy judged on one set of captured models, with its CI and projection
+    pol = json.loads((out / "policies.json").read_text())
+    assert [x["policy"] for x in pol["policies"]] == ["ar", "scd", "static"] and pol["host_launch_us"] > 0
+    assert all(len(x["cycle_ms_per_image"]) == 2 for x in pol["policies"][1:])
 
 
 def test_a_failing_step_is_recorded_and_the_next_ones_still_run(tmp_path: Path) -> None:

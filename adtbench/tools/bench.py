@@ -240,12 +240,18 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     from adtbench.tools.bench_cycle import DRAFTER, DRAFTER_HEAD, TARGET, CycleTimer
 
     cycles, cycle_s = 0, 0.0
+    per_image: list[dict[str, float]] = []
+    model_labels = (TARGET, DRAFTER, DRAFTER_HEAD)
     with CycleTimer(target, drafter) as timer:
         for p in prompts:
+            before = sum(timer.totals.get(k, 0.0) for k in model_labels)
             res = run(p)
             timer.settle()  # the image's end synchronised the device: its marks can be read
-            cycles += len(res.cycles)
-            cycle_s += res.latency_s - res.prefill_s
+            n, s = len(res.cycles), res.latency_s - res.prefill_s
+            model_s = sum(timer.totals.get(k, 0.0) for k in model_labels) - before
+            per_image.append({"cycles": n, "cycle_ms": 1e3 * s / max(n, 1), "overhead_frac": 1 - model_s / s})
+            cycles += n
+            cycle_s += s
     per: dict[str, Any] = {
         "cycle_ms": 1e3 * cycle_s / cycles,
         "target_forward_ms": 1e3 * timer.totals[TARGET] / cycles,
@@ -254,6 +260,14 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     per["overhead_ms"] = per["cycle_ms"] - per["target_forward_ms"] - per["drafter_ms"]
     per["overhead_frac"] = per["overhead_ms"] / per["cycle_ms"]
     counted = timer.source is not None
+    work = None
+    if bool(cfg.bench.get("launches", False)):  # one more image under the profiler (CUDA) / the op counter
+        from adtbench.tools.bench_probe import device_work
+
+        n_first = per_image[0]["cycles"]
+        raw = device_work(lambda: run(prompts[0]), 1, device)
+        work = {k: (v / n_first if isinstance(v, float) else v) for k, v in raw.items()}
+        work["scope"] = "one image's decode per cycle, its prefill included"
     return {
         "model": str(cfg.model.name),
         "policy": job.policy.name,
@@ -275,6 +289,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         "prefill_syncs_per_image": timer.prefill_syncs / len(prompts) if counted else None,
         "explicit_syncs_per_image": timer.explicit / len(prompts),
         "sync_count": timer.source,
+        "per_image": per_image,
+        "work_per_cycle": work,
     }
 
 
@@ -479,7 +495,8 @@ def main(args: list[str]) -> int:
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
     if args[0] == "probe":
-        extra = ["+bench.prompts=1", "+bench.out=null", "+bench.buckets=null", "+bench.repeats=20"]
+        extra = ["+bench.prompts=1", "+bench.out=null", "+bench.buckets=null", "+bench.repeats=20",
+                 "+bench.policies=null", "+bench.project_tau=[2.0,3.0,4.0]"]  # fmt: skip
     try:
         cfg = compose_config("config", [*extra, *args[1:]])
         refuse_reference_in_bench(cfg, args[0])
@@ -487,7 +504,7 @@ def main(args: list[str]) -> int:
         if args[0] == "probe":
             from adtbench.tools.bench_probe import probe
 
-            r = probe(cfg, overhead)
+            r = probe(cfg, overhead, overrides=[*extra, *args[1:]])
         else:
             r = overhead(cfg) if args[0] == "overhead" else cost(cfg)
     except ConfigError as e:

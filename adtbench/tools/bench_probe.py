@@ -34,6 +34,7 @@ cycle (``bench_cycle``). Writes the JSON to ``bench.out`` and prints a Markdown 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,16 @@ from adtbench import accel
 from adtbench.errors import ConfigError
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# ``bench.policies``: each policy at a pinned shape (random weights give τ ≈ 1, so a tree left to adapt would shrink)
+PINNED_POLICIES: dict[str, list[str]] = {
+    "ar": [],  # the probe's own AR step
+    "scd": ["policy=scd", "policy.window=32"],
+    "sjd": ["policy=sjd", "policy.window=16"],
+    "sjd_pac": ["policy=sjd_pac", "policy.window=32"],
+    "eagle2": ["policy=eagle2", "policy.budget=fixed"],  # depth 4, top-k 10, 59 nodes
+    "adt": ["policy=adt", "policy.adapt=false", "policy.budget=fixed"],  # D0 = 5, K0 = 10: ADT's own loop and reads
+    "static": ["policy=static"],
+}
 GOALS = {"step_floor_x": 2.0, "verify64_steps": 1.3, "overhead_frac": 0.10, "syncs_per_cycle": 2.0}
 
 
@@ -161,9 +172,88 @@ def replay_kernels(fn: Callable[[], Any], n: int, device: torch.device) -> list[
         return None
 
 
-def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, Any]:
+def host_launch_us(device: torch.device, n: int = 2000) -> float:
+    """Host µs per launch of a one-element add, ``n`` back to back with no synchronisation in between (what one
+    kernel launch costs this host: the figure that lets two hosts' overheads compare); on the CPU, µs per op."""
+    x = torch.zeros(1, device=device)
+    y = torch.empty_like(x)
+    for _ in range(50):
+        torch.add(x, 1, out=y)
+    accel.synchronize(device)
+    t = time.perf_counter()
+    for _ in range(n):
+        torch.add(x, 1, out=y)
+    us = 1e6 * (time.perf_counter() - t) / n
+    accel.synchronize(device)
+    return us
+
+
+def judge_policies(
+    cfg: Any,
+    overrides: list[str],
+    names: list[str],
+    overhead: Callable[..., dict],
+    target: Any,
+    drafter: Any,
+    ar_step_ms: float,
+    ar_replay_ms: float,
+    taus: list[float],
+) -> list[dict[str, Any]]:
+    """Each policy of ``names`` (``PINNED_POLICIES``) through ``overhead`` on the probe's compiled models: its cycle
+    split, overhead share with a 95 % bootstrap CI over the prompts, synchronisations and launches per cycle
+    (``bench.launches``), and the projection τ × AR step / cycle at each τ of ``taus`` (a projection: random weights
+    accept nothing, so τ is stated, not measured). ``ar``: the probe's graphed AR step, its overhead the step outside
+    the bucket-1 replay."""
+    import numpy as np
+
+    from adtbench.harness.config import compose_config, resolve_paths
+    from adtbench.harness.stats import bootstrap_ci
+
+    # the command line's policy overrides belong to the probe's own overhead run, not to the pinned policies
+    base = [o for o in overrides if not o.lstrip("+~").startswith(("policy=", "policy."))]
+    rows: list[dict[str, Any]] = []
+    for name in names:
+        if name == "ar":
+            rows.append(
+                {
+                    "policy": "ar",
+                    "overrides": [],
+                    "cycle_ms": ar_step_ms,
+                    "overhead_frac": 1 - ar_replay_ms / ar_step_ms,
+                    "projection": {str(t): 1.0 for t in taus},
+                }
+            )
+            continue
+        pcfg = compose_config("config", [*base, *PINNED_POLICIES[name], "+bench.launches=true"])
+        resolve_paths(pcfg)
+        built_on = "cuda" if accel.is_cuda(target.device) else str(target.device)
+        pcfg.model.dtype, pcfg.model.device = str(target.dtype).replace("torch.", ""), built_on
+        o = overhead(pcfg, target=target, drafter=drafter)
+        fracs = np.array([x["overhead_frac"] for x in o["per_image"]])
+        cyc = np.array([x["cycle_ms"] for x in o["per_image"]])
+        ci = bootstrap_ci(fracs) if len(fracs) > 1 else (float(fracs[0]), float(fracs[0]))
+        rows.append(
+            {
+                "policy": name,
+                "overrides": PINNED_POLICIES[name],
+                **{k: o[k] for k in ("cycle_ms", "target_forward_ms", "drafter_ms", "overhead_ms", "overhead_frac")},
+                "overhead_frac_ci": [float(ci[0]), float(ci[1])],
+                "cycle_ms_per_image": cyc.tolist(),
+                "cycles": o["cycles"],
+                "prompts": o["prompts"],
+                "syncs_per_cycle": o["syncs_per_cycle"],
+                "graph_replays_per_cycle": o["graph_replays_per_cycle"],
+                "work_per_cycle": o["work_per_cycle"],
+                "projection": {str(t): t * ar_step_ms / o["cycle_ms"] for t in taus},
+            }
+        )
+    return rows
+
+
+def probe(cfg: Any, overhead: Callable[..., dict] | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
     """The measurement of the module docstring; returns its JSON. ``overhead``: ``tools.bench.overhead`` (the caller
-    passes it: the overhead run is that command's), called as ``overhead(cfg, target=…, drafter=…)``; None skips it."""
+    passes it: the overhead run is that command's), called as ``overhead(cfg, target=…, drafter=…)``; None skips it.
+    ``overrides``: the command line's (``bench.policies`` recomposes the config with each policy's pins)."""
     from omegaconf import OmegaConf
 
     from adtbench.algorithm.ar import ar_step
@@ -307,6 +397,18 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None) -> dict[str, An
             cfg, {"bench": {"prompts": n_over}, "model": {"dtype": result["dtype"], "device": built_on}}
         )
         result["overhead"] = overhead(over_cfg, target=target, drafter=drafter)
+    names = [str(x) for x in (b.get("policies") or [])]
+    if names:
+        unknown = [x for x in names if x not in PINNED_POLICIES]
+        if unknown or overhead is None:
+            raise ConfigError("bench.policies", f"unknown {unknown}; known: {sorted(PINNED_POLICIES)}")
+        taus = [float(t) for t in (b.get("project_tau") or [2.0, 3.0, 4.0])]
+        result["host_launch_us"] = host_launch_us(dev)
+        result["policies"] = judge_policies(
+            cfg, list(overrides or []), names, overhead, target, drafter, ar["graphed_ms"],
+            rows_out[0]["replay_ms"] if rows_out[0]["bucket"] == 1 else ar["graphed_ms"], taus,
+        )  # fmt: skip
+        result["project_tau"] = taus
     result["goals"] = goals(result)
     return result
 
@@ -397,6 +499,40 @@ def table(r: dict[str, Any]) -> str:
 
         o = r["overhead"]
         lines += ["", f"policy={o['policy']}, {o['prompts']} prompt(s), {o['cycles']} cycles: {overhead_line(o)}"]
+    if r.get("policies"):
+        taus = r["project_tau"]
+
+        def ci(x: dict[str, Any]) -> str:
+            lo_hi = x.get("overhead_frac_ci")
+            return "" if not lo_hi else f" [{100 * lo_hi[0]:.1f}, {100 * lo_hi[1]:.1f}]"
+
+        def launches(x: dict[str, Any]) -> str:
+            w = x.get("work_per_cycle") or {}
+            if "kernel_launches" in w:
+                return f"{w['kernel_launches']:.0f} + {w['graph_launches']:.1f} graphs"
+            if "aten_ops" in w:
+                return f"{w['aten_ops']:.0f} ops, {w['graph_replays']:.1f} replays"
+            return "–"
+
+        lines += [
+            "",
+            f"Every policy at a pinned shape ({r['policies'][-1].get('prompts', '–')} prompts; host "
+            f"{r['host_launch_us']:.1f} µs per launch). Projection = τ × AR step / cycle at a stated τ "
+            "(random weights accept nothing: a projection, not a measurement).",
+            "",
+            "| policy | cycle (ms) | target | drafter | overhead [95 % CI] | syncs / cycle | launches / cycle | "
+            + " | ".join(f"× AR at τ {t:g}" for t in taus)
+            + " |",
+            "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(taus),
+        ]
+        for x in r["policies"]:
+            lines.append(
+                f"| {x['policy']} | {x['cycle_ms']:.2f} | {num(x.get('target_forward_ms'), '.2f')} | "
+                f"{num(x.get('drafter_ms'), '.2f')} | {100 * x['overhead_frac']:.1f} %{ci(x)} | "
+                f"{num(x.get('syncs_per_cycle'), '.2f')} | {launches(x)} | "
+                + " | ".join(f"{x['projection'][str(t)]:.2f}" for t in taus)
+                + " |"
+            )
     lines += ["", "| goal | value | target | met |", "|---|---:|---:|---|"]
     names = {
         "step_floor_x": "AR step replay / weight-read floor",
