@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from adtbench.harness.maps import MAP_LABELS, colormap, map_norm
 from adtbench.harness.rundir import has_summary, is_plumbing, read_run_config, read_run_maps, read_summary
 from adtbench.io import atomic_write_with
 from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
@@ -47,11 +48,6 @@ __all__ = [
     "tau_vs_dbar",
 ]
 
-MAP_LABELS = {
-    "accept": "accepted length a + 1 (tokens committed by the cycle)",
-    "depth": "drafted depth D (drafter levels)",
-    "width": "tree width K (top-k per level)",
-}
 AXIS_LABELS = {
     "tau": r"$\tau$: tokens committed per cycle (incl. bonus)",
     "d_bar": r"$\bar{d}$: mean drafted depth per cycle",
@@ -170,12 +166,6 @@ def _save(fig: Any, path: str | Path) -> Path:
         path, lambda tmp: fig.savefig(tmp, format=fmt, dpi=DPI, bbox_inches="tight", pad_inches=0.15, facecolor="white")
     )
     return path
-
-
-def _cmap() -> Any:
-    import matplotlib
-
-    return matplotlib.colormaps["viridis"].with_extremes(bad="0.75")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -373,17 +363,9 @@ def _grids(run_dir: str | Path) -> tuple[dict[str, np.ndarray], int | None] | No
     return g, (read_run_maps(run_dir) or {}).get("n_prompts")
 
 
-def _norm(finite: np.ndarray) -> Any:
-    """Colour range [min, max] of the finite values; a constant map is centred in [v − ½, v + ½] (mid-colour)."""
-    from matplotlib.colors import Normalize
-
-    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
-    return Normalize(lo, hi) if hi > lo else Normalize(lo - 0.5, lo + 0.5)
-
-
 def _map_axes(ax: Any, grid: np.ndarray, norm: Any) -> Any:
     h, w = grid.shape
-    im = ax.imshow(np.ma.masked_invalid(grid), cmap=_cmap(), norm=norm, interpolation="nearest", origin="upper")
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=colormap(), norm=norm, interpolation="nearest", origin="upper")
     ax.set_xlabel("grid column", fontsize=9)
     ax.set_ylabel("grid row", fontsize=9)
     ax.tick_params(labelsize=8)
@@ -406,7 +388,7 @@ def montage_figure(runs: Any, kind: str = "accept", cols: int = 4) -> Any:
     common, varying = split_common([c for c, _, _ in items])
     always = ("policy", "lantern", "budget", "sampling")
     finite = np.concatenate([g[np.isfinite(g)] for _, g, _ in items])
-    norm = _norm(finite)
+    norm = map_norm(finite)
     cols = min(cols, len(items))
     rows = math.ceil(len(items) / cols)
     fig = _figure(3.4 * cols + 1.2, 3.7 * rows + 1.0)
@@ -446,7 +428,7 @@ def run_maps_figure(run_dir: str | Path, row: Mapping[str, Any] | None = None) -
     axes = fig.subplots(1, len(kinds), squeeze=False)[0]
     for ax, kind in zip(axes, kinds):
         g = grids[kind]
-        im = _map_axes(ax, g, _norm(g[np.isfinite(g)]))
+        im = _map_axes(ax, g, map_norm(g[np.isfinite(g)]))
         bar = fig.colorbar(im, ax=ax, shrink=0.8)
         bar.set_label("\n".join(textwrap.wrap(MAP_LABELS[kind], 30)), fontsize=9)
         ax.set_title({"accept": "accepted length", "depth": "drafted depth D", "width": "width K"}[kind], fontsize=10)
