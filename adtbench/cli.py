@@ -21,6 +21,7 @@ Help: ``adtbench --help`` (or ``-h``, ``help``) lists the subcommands, one line 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 SUBCOMMANDS = {
@@ -76,9 +77,10 @@ def _module_help(module_name: str) -> str:
 
 
 def main() -> None:
-    from adtbench import accel
+    if os.environ.get("ADTBENCH_SIMULATE_DEVICE", "").strip():  # accel.SIMULATE_ENV, read before importing torch
+        from adtbench import accel
 
-    accel.activate_from_env()  # ADTBENCH_SIMULATE_DEVICE=cuda: every command on the simulated CUDA device
+        accel.activate_from_env()  # every command on the simulated CUDA device
     args = sys.argv[1:]
     if args[:1] and args[0] in HELP_WORDS:
         print(usage())

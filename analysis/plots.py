@@ -38,7 +38,9 @@ from adtbench.io import atomic_write_with
 from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
 
 __all__ = [
+    "accept_histogram",
     "acceptance_montage",
+    "accepted_lengths",
     "config_labels",
     "montage_figure",
     "pareto_front",
@@ -347,6 +349,40 @@ def speedup_figure(table: Any, by: Sequence[str] | None = None, runs: Any = None
 def speedup_bars(table: Any, path: str | Path, by: Sequence[str] | None = None, runs: Any = None) -> Path:
     """:func:`speedup_figure` saved as PNG."""
     return _save(speedup_figure(table, by, runs), path)
+
+
+def accepted_lengths(run_dirs: Sequence[str | Path]) -> np.ndarray:
+    """Every cycle's accepted length a + 1 (tokens it committed: τ is their mean) over the runs' ``trace.jsonl``."""
+    from adtbench.harness.rundir import read_traces
+
+    return np.array([a + 1 for d in run_dirs for t in read_traces(d) for a in t.get("a", [])], dtype=np.int64)
+
+
+def accept_histogram_figure(lengths: Mapping[str, np.ndarray]) -> Any:
+    """Per setting (legend label → accepted lengths), the share of cycles that committed 1, 2, … tokens: one
+    step line each on shared integer bins, so settings overlay; the mean (τ) of each is in its legend entry."""
+    items = [(k, v) for k, v in lengths.items() if len(v)]
+    if not items:
+        raise ValueError("nothing to plot: no cycle in the runs' traces")
+    top = int(max(v.max() for _, v in items))
+    edges = np.arange(0.5, top + 1.5)
+    fig = _figure(9.0, 4.6)
+    ax = fig.add_subplot()
+    for label, v in items:
+        share, _ = np.histogram(v, bins=edges)
+        ax.stairs(share / len(v), edges, lw=1.8, label=f"{label} (τ = {v.mean():.2f}, {len(v)} cycles)")
+    ax.set_xlabel("accepted length a + 1 (tokens committed by one cycle / forward)", fontsize=11)
+    ax.set_ylabel("share of cycles", fontsize=11)
+    ax.set_yscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=9)
+    fig.suptitle("Accepted length per cycle (log scale)", fontsize=11)
+    return fig
+
+
+def accept_histogram(lengths: Mapping[str, np.ndarray], path: str | Path) -> Path:
+    """:func:`accept_histogram_figure` saved as PNG."""
+    return _save(accept_histogram_figure(lengths), path)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -33,17 +33,21 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 from PIL import Image, ImageDraw
 
 from adtbench.harness.rundir import safe_stem, write_maps
-from adtbench.layout import TokenLayout
+
+if TYPE_CHECKING:  # the layout module imports torch; a reader of maps (adtbench report) needs none
+    from adtbench.layout import TokenLayout
 
 __all__ = [
     "MAP_LABELS",
+    "GridLayout",
     "colorize",
     "colormap",
     "layout_doc",
@@ -101,17 +105,58 @@ def map_norm(finite: np.ndarray) -> Any:
     return Normalize(lo, hi) if hi > lo else Normalize(lo - 0.5, lo + 0.5)
 
 
-def layout_doc(layout: TokenLayout) -> dict[str, Any]:
+class Grid(Protocol):
+    """What :func:`position_grids` reads of a layout: :class:`~adtbench.layout.TokenLayout` or :class:`GridLayout`."""
+
+    @property
+    def grid_h(self) -> int: ...
+    @property
+    def grid_w(self) -> int: ...
+    @property
+    def num_gen_tokens(self) -> int: ...
+    def grid_position(self, gen_idx: int) -> tuple[int, int] | None: ...
+
+
+@dataclass(frozen=True)
+class GridLayout:
+    """The grid of a :class:`~adtbench.layout.TokenLayout` without its vocabulary (and without torch): a reader's
+    view, rebuilt from a maps sidecar's ``layout`` (:func:`layout_doc`). Same invariants: ``row_len`` ∈ {grid_w,
+    grid_w + 1} (an end-of-line slot), ``num_gen_tokens = grid_h · row_len + eoi``; ``tests/test_maps.py`` checks
+    that :meth:`grid_position` agrees with ``TokenLayout.grid_position`` on every index."""
+
+    grid_h: int
+    grid_w: int
+    row_len: int
+    eoi: bool = False
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> GridLayout:
+        """From :func:`layout_doc`'s dict."""
+        return cls(int(doc["grid_h"]), int(doc["grid_w"]), int(doc["row_len"]), bool(doc.get("eoi", False)))
+
+    @property
+    def num_gen_tokens(self) -> int:
+        return self.grid_h * self.row_len + int(self.eoi)
+
+    def grid_position(self, gen_idx: int) -> tuple[int, int] | None:
+        """(row, col) of a generation index; None for end-of-line / end-of-image slots."""
+        if gen_idx >= self.grid_h * self.row_len:
+            return None
+        row, col = divmod(gen_idx, self.row_len)
+        return (row, col) if col < self.grid_w else None
+
+
+def layout_doc(layout: Grid | TokenLayout) -> dict[str, Any]:
     """What a reader needs to place a trace's generation indices on the grid (``TokenLayout.grid_position``)."""
     return {
         "grid_h": layout.grid_h,
         "grid_w": layout.grid_w,
-        "row_len": layout.row_len,
-        "eoi": layout.eoi_token is not None,
+        "row_len": getattr(layout, "row_len", layout.grid_w),
+        "eoi": layout.eoi if isinstance(layout, GridLayout) else getattr(layout, "eoi_token", None) is not None,
     }
 
 
-def position_grids(trace: dict[str, Any], layout: TokenLayout) -> dict[str, np.ndarray]:
+def position_grids(trace: dict[str, Any], layout: Grid) -> dict[str, np.ndarray]:
     """``{kind: float [grid_h, grid_w]}`` from one trace line (module docstring); NaN where uncovered."""
     grids = {kind: np.full((layout.grid_h, layout.grid_w), np.nan) for kind in KINDS}
     pos, acc = trace.get("pos", []), trace.get("a", [])
@@ -146,19 +191,27 @@ def colorize(grid: np.ndarray, vmin: float | None = None, vmax: float | None = N
 
 
 def render_map(
-    grid: np.ndarray, kind: str = "accept", title: str = "", how: str | None = None
+    grid: np.ndarray,
+    kind: str = "accept",
+    title: str = "",
+    how: str | None = None,
+    vrange: tuple[float, float] | None = None,
 ) -> tuple[Image.Image, dict[str, str]]:
     """``grid`` as a heat-map picture with its colour bar (module docstring) and the PNG text chunks.
 
-    ``how``: ``matplotlib`` / ``pil`` (default: :func:`renderer`). ``kind`` names the quantity on the colour bar."""
+    ``how``: ``matplotlib`` / ``pil`` (default: :func:`renderer`). ``kind`` names the quantity on the colour bar.
+    ``vrange``: the colour scale's (min, max) — several maps on one scale (``adtbench report``: one prompt's maps
+    across settings); default the grid's own finite range."""
     if how is None and (how := renderer()) == "pil" and not _warned:
         _warned.append(True)
         log.warning("maps: matplotlib is not installed (pip install -e '.[plots]'); drawing maps with PIL")
     if how not in ("matplotlib", "pil"):
         raise ValueError(f"map renderer must be 'matplotlib' or 'pil', got {how!r}")
     finite = grid[np.isfinite(grid)]
+    if vrange is not None:
+        finite = np.array(vrange, dtype=np.float64)
     h, w = grid.shape
-    img = _render_matplotlib(grid, kind, title) if how == "matplotlib" else _render_pil(grid)
+    img = _render_matplotlib(grid, kind, title, finite) if how == "matplotlib" else _render_pil(grid, finite)
     text = {
         "vmin": f"{finite.min():.6g}" if finite.size else "nan",
         "vmax": f"{finite.max():.6g}" if finite.size else "nan",
@@ -169,7 +222,7 @@ def render_map(
     return img, text
 
 
-def _render_matplotlib(grid: np.ndarray, kind: str, title: str) -> Image.Image:
+def _render_matplotlib(grid: np.ndarray, kind: str, title: str, finite: np.ndarray) -> Image.Image:
     """A fixed-layout Agg figure (no pyplot state, no layout engine: ≈ 0.1 s): map left, colour bar right."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -179,7 +232,7 @@ def _render_matplotlib(grid: np.ndarray, kind: str, title: str) -> Image.Image:
     ax = fig.add_axes((0.03, 0.03, 0.62, 0.80))
     cax = fig.add_axes((0.69, 0.06, 0.045, 0.74))
     im = ax.imshow(
-        np.ma.masked_invalid(grid), cmap=colormap(), norm=map_norm(grid[np.isfinite(grid)]), interpolation="nearest"
+        np.ma.masked_invalid(grid), cmap=colormap(), norm=map_norm(finite), interpolation="nearest"
     )
     ax.set_xticks([])
     ax.set_yticks([])
@@ -198,21 +251,20 @@ def _wrap(text: str, width: int) -> list[str]:
     return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
 
 
-def _render_pil(grid: np.ndarray) -> Image.Image:
+def _render_pil(grid: np.ndarray, finite: np.ndarray) -> Image.Image:
     """The fallback: the cells (:func:`colorize`, nearest-upscaled) and a colour bar strip labelled max / min."""
-    finite = grid[np.isfinite(grid)]
     h, w = grid.shape
     scale = max(1, math.ceil(MIN_SIDE / max(h, w)))
-    heat = Image.fromarray(colorize(grid)).resize((w * scale, h * scale), Image.NEAREST)
+    lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+    heat = Image.fromarray(colorize(grid, lo, hi)).resize((w * scale, h * scale), Image.NEAREST)
     ramp = colorize(np.linspace(1.0, 0.0, heat.height)[:, None].repeat(16, axis=1), 0.0, 1.0)
     canvas = Image.new("RGB", (heat.width + 16 + 12 + 64, heat.height), "white")
     canvas.paste(heat, (0, 0))
     canvas.paste(Image.fromarray(ramp), (heat.width + 12, 0))
     draw = ImageDraw.Draw(canvas)
-    lo, hi = (f"{finite.min():.3g}", f"{finite.max():.3g}") if finite.size else ("n/a", "n/a")
     x = heat.width + 12 + 16 + 4
-    draw.text((x, 0), hi, fill="black")
-    draw.text((x, heat.height - 12), lo, fill="black")
+    draw.text((x, 0), "n/a" if hi is None else f"{hi:.3g}", fill="black")
+    draw.text((x, heat.height - 12), "n/a" if lo is None else f"{lo:.3g}", fill="black")
     return canvas
 
 
@@ -231,7 +283,7 @@ def write_sample_maps(run_dir: str | Path, trace: dict[str, Any], layout: TokenL
     return _write(run_dir, safe_stem(pid), position_grids(trace, layout), extra, pid)
 
 
-def run_grids(traces: Sequence[dict[str, Any]], layout: TokenLayout) -> dict[str, np.ndarray]:
+def run_grids(traces: Sequence[dict[str, Any]], layout: Grid) -> dict[str, np.ndarray]:
     """NaN-mean over prompts of ``position_grids`` (NaN where no prompt covered a cell)."""
     per = [position_grids(t, layout) for t in traces]
     out = {}
