@@ -71,9 +71,17 @@ def _is_app_argument(word: str) -> bool:
 
 
 def _module_help(module_name: str) -> str:
-    """A subcommand module's docstring: the usage and options it documents."""
-    module = importlib.import_module(module_name)
-    return (module.__doc__ or f"{module_name}: no documentation").strip()
+    """A subcommand module's docstring — the usage and options it documents — read from its source without
+    importing it (no torch, no side effects: help is instant)."""
+    import ast
+    import importlib.util
+
+    spec = importlib.util.find_spec(module_name)
+    if spec is None or spec.origin is None:
+        raise ModuleNotFoundError(f"no module named {module_name!r}", name=module_name)
+    with open(spec.origin, encoding="utf-8") as f:
+        doc = ast.get_docstring(ast.parse(f.read()))
+    return (doc or f"{module_name}: no documentation").strip()
 
 
 def main() -> None:

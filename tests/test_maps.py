@@ -123,3 +123,19 @@ def test_run_maps_average_over_prompts(tmp_path):
     side = json.loads((tmp_path / "maps" / "run_maps.json").read_text())
     assert side["n_prompts"] == 2 and side["depth"] == [[4.0, 4.0, 4.0], [4.5, 3.5, 3.5]]
     assert Image.open(paths[1]).text["vmin"] == "3.5"
+
+
+@pytest.mark.parametrize("eol, eoi", [(None, None), (10, None), (10, 11), (None, 11)])
+def test_grid_layout_places_every_index_as_the_token_layout(eol, eoi):
+    """The torch-free reader's view (rebuilt from the sidecar's ``layout``) agrees with ``TokenLayout`` on every
+    generation index, and so gives the same grids for a trace."""
+    layout = TokenLayout(vocab_size=12, image_token_offset=0, num_codes=10, grid_h=3, grid_w=4, eol_token=eol,
+                         eoi_token=eoi)  # fmt: skip
+    grid = maps.GridLayout.from_doc(json.loads(json.dumps(maps.layout_doc(layout))))
+    assert grid.num_gen_tokens == layout.num_gen_tokens
+    assert [grid.grid_position(g) for g in range(layout.num_gen_tokens + 2)] == [
+        layout.grid_position(g) for g in range(layout.num_gen_tokens + 2)
+    ]
+    trace = {"pos": [0, 5], "a": [4, layout.num_gen_tokens - 7], "D": [1, 2], "K": [3, 4]}
+    a, b = position_grids(trace, layout), position_grids(trace, grid)
+    assert all(np.array_equal(a[k], b[k], equal_nan=True) for k in a)
