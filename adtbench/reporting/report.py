@@ -19,9 +19,9 @@ folder into a paper's supplement. Sections:
   acceptance heat map of that prompt (accepted length a + 1 per grid cell, drawn by
   :func:`adtbench.harness.maps.render_map` from the run's ``trace.jsonl``, with its colour bar; one colour scale
   across the settings of a prompt).
-- **Plots** (the ``plots`` extra; without matplotlib the section says so): speedup per setting with its CIs, speedup
-  against each quality metric with the Pareto front, τ against d̄ (:mod:`analysis.plots` on the same table), and the
-  accepted-length histogram per setting.
+- **Plots** (the ``plots`` extra; without matplotlib the section says so), by :mod:`adtbench.reporting.plots` from
+  the same table: speedup per setting with its CIs, speedup against each quality metric with the Pareto front, τ
+  against d̄, and the accepted-length histogram per setting.
 - **Provenance**: the git commit of the checkout that made the page (runs record none), each run's command line
   (``python run.py`` + its recorded overrides), software and device, and its full config (collapsed ``<details>``).
 
@@ -418,13 +418,10 @@ def _figure(
 def _plots(table: Any, runs: Any, settings: list[Setting], by: Sequence[str], assets: Assets) -> str:
     try:
         import matplotlib  # noqa: F401
-
-        from analysis import plots
     except ImportError as e:
-        return (
-            f"<p class=note>No plots: {_e(e)}. They need matplotlib (<code>pip install -e '.[plots]'</code>) and "
-            "the checkout's <code>analysis/</code> package.</p>"
-        )
+        return f"<p class=note>No plots: {_e(e)}. They need matplotlib: <code>pip install -e '.[plots]'</code>.</p>"
+    from adtbench.reporting import plots
+
     out = []
 
     def add(draw: Any, stem: str, caption: str) -> None:
