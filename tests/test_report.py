@@ -246,3 +246,52 @@ def test_lossless_flag_comes_from_the_policy_registry(tmp_path, policy, lantern,
 def test_no_runs_is_exit_1_naming_the_dir(tmp_path):
     proc = cli("report", str(tmp_path), "--out", str(tmp_path / "page"))
     assert proc.returncode == 1 and "no summary.json under" in proc.stderr and str(tmp_path) in proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not on PATH")
+def test_page_script_is_valid_javascript(tmp_path):
+    """The inline script parses (``node --check``): a syntax error would stop sorting and the self-test."""
+    js = tmp_path / "page.js"
+    js.write_text(report.JS)
+    proc = subprocess.run(["node", "--check", str(js)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+SHIM = r"""
+// a minimal DOM: one leaderboard (header cells, body rows of data-v cells), enough for the page's script
+function cell(v, i){ return {cellIndex: i, attrs: {'data-v': v},
+  getAttribute(k){ return k in this.attrs ? this.attrs[k] : null; },
+  setAttribute(k, v){ this.attrs[k] = v; }, removeAttribute(k){ delete this.attrs[k]; }}; }
+const spec = JSON.parse(process.argv[2]);
+const heads = spec.types.map((t, i) => { const c = cell(null, i); c.attrs = {'data-type': t}; return c; });
+const body = {rows: spec.rows.map((r, j) => ({id: j, cells: r.map(cell)})),
+  appendChild(r){ this.rows = this.rows.filter(x => x !== r).concat([r]); }};
+const table = {tBodies: [body], tHead: {rows: [{cells: heads}]}};
+heads.forEach(h => { h.closest = () => table; h.addEventListener = (e, f) => { h.click = f; }; });
+global.window = {addEventListener(){}}; global.location = {hash: ''};
+global.document = {getElementById(){ return {}; }, querySelectorAll(q){ return q === 'table.lb th' ? heads : []; }};
+eval(require('fs').readFileSync(process.argv[3], 'utf8'));
+const out = [];
+for (const col of spec.clicks){ heads[col].click(); out.push(body.rows.map(r => r.id)); }
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="node is not on PATH")
+def test_header_click_sorts_numbers_by_value_and_text_alphabetically(tmp_path):
+    """The page's sort, run by node on a stand-in DOM: numbers by value (missing last), a second click reverses,
+    text alphabetically."""
+    (tmp_path / "page.js").write_text(report.JS)
+    (tmp_path / "shim.js").write_text(SHIM)
+    spec = {
+        "types": ["text", "num"],
+        "rows": [["gsd", "2.5"], ["ar", "10"], ["scd", ""], ["adt", "1.25"]],
+        "clicks": [1, 1, 0],
+    }
+    proc = subprocess.run(["node", str(tmp_path / "shim.js"), json.dumps(spec), str(tmp_path / "page.js")],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    asc, desc, text = json.loads(proc.stdout)
+    assert asc == [3, 0, 1, 2]  # 1.25 < 2.5 < 10 (not "10" < "2.5"), the missing value last
+    assert desc == [1, 0, 3, 2]  # reversed; missing still last
+    assert text == [3, 1, 0, 2]  # adt, ar, gsd, scd
