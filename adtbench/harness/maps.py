@@ -231,9 +231,7 @@ def _render_matplotlib(grid: np.ndarray, kind: str, title: str, finite: np.ndarr
     canvas = FigureCanvasAgg(fig)
     ax = fig.add_axes((0.03, 0.03, 0.62, 0.80))
     cax = fig.add_axes((0.69, 0.06, 0.045, 0.74))
-    im = ax.imshow(
-        np.ma.masked_invalid(grid), cmap=colormap(), norm=map_norm(finite), interpolation="nearest"
-    )
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap=colormap(), norm=map_norm(finite), interpolation="nearest")
     ax.set_xticks([])
     ax.set_yticks([])
     bar = fig.colorbar(im, cax=cax)
@@ -256,7 +254,7 @@ def _render_pil(grid: np.ndarray, finite: np.ndarray) -> Image.Image:
     h, w = grid.shape
     scale = max(1, math.ceil(MIN_SIDE / max(h, w)))
     lo, hi = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
-    heat = Image.fromarray(colorize(grid, lo, hi)).resize((w * scale, h * scale), Image.NEAREST)
+    heat = Image.fromarray(colorize(grid, lo, hi)).resize((w * scale, h * scale), Image.Resampling.NEAREST)
     ramp = colorize(np.linspace(1.0, 0.0, heat.height)[:, None].repeat(16, axis=1), 0.0, 1.0)
     canvas = Image.new("RGB", (heat.width + 16 + 12 + 64, heat.height), "white")
     canvas.paste(heat, (0, 0))

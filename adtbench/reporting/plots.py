@@ -399,7 +399,7 @@ def acceptance_grids(run_dir: str | Path) -> dict[str, np.ndarray] | None:
     doc = read_run_maps(run_dir)
     if doc is None:
         return None
-    out = {}
+    out: dict[str, np.ndarray] = {}
     for kind in ("accept", "depth", "width"):
         if kind in doc:
             out[kind] = np.array([[np.nan if v is None else float(v) for v in row] for row in doc[kind]])
