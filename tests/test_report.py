@@ -209,6 +209,8 @@ def test_ar_reference_matches_every_key_but_the_policy():
     settings = [ar_hot, ar_cold, gsd_cold]
     assert report.ar_reference(settings, gsd_cold) is ar_cold  # same temperature; policy.* keys ignored
     assert report.ar_reference(settings, ar_hot) is ar_hot
+    lantern_on = _setting(4, "chain", **{"sampling.temperature": "1.0", "lantern": "on", "lantern.delta": "0.3"})
+    assert report.ar_reference([*settings, lantern_on], lantern_on) is ar_hot  # the relaxation is the method's
     other_model = _setting(3, "gsd", **{"sampling.temperature": "0.7"})
     other_model.describe["model"] = "mini_lowres"
     assert report.ar_reference(settings, other_model) is None

@@ -69,6 +69,8 @@ from adtbench.reporting.tables import (
 
 SETTING_COLUMNS = ("model", "policy", "lantern", "drafter", "sampling")
 """What names a setting on the page (``lantern``: the relaxation), shown whether or not it varies."""
+METHOD_KEYS = ("policy", "lantern", "drafter")
+"""Row keys that describe the method, not the images' conditions: an AR image is compared whatever they are."""
 NOT_QUALITY = ("tau", "d_bar", "speedup", "latency_s", "window_mean")
 """Value columns of the table that are no quality metric (no Pareto plot against them)."""
 ASSETS = "assets"
@@ -148,12 +150,13 @@ def settings_of(runs: Any, by: Sequence[str]) -> list[Setting]:
 
 def ar_reference(settings: list[Setting], s: Setting) -> Setting | None:
     """The AR setting to show beside ``s`` (itself when it is AR): a ``policy=ar`` setting with the same model,
-    dataset and sampling choices and the same value of every row key except the policy and its ``policy.*``
-    overrides (e.g. the same ``sampling.temperature``); None when the dirs hold none."""
+    dataset and sampling choices and the same value of every row key that is not the method's (:data:`METHOD_KEYS`:
+    the policy, the relaxation, the drafter and their ``.*`` overrides) — e.g. the same ``sampling.temperature``;
+    None when the dirs hold none."""
     if s.describe.get("policy") == "ar":
         return s
     same = [k for k in ("model", "sampling", "dataset") if k in s.describe]
-    keys = [k for k in s.key if k != "policy" and not k.startswith("policy.")]
+    keys = [k for k in s.key if k not in METHOD_KEYS and not k.startswith(tuple(f"{m}." for m in METHOD_KEYS))]
     for cand in settings:
         if cand.describe.get("policy") != "ar":
             continue
