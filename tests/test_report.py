@@ -197,23 +197,30 @@ def test_page_in_headless_chromium(page, tmp_path):
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _setting(i: int, policy: str, **key: str) -> report.Setting:
-    describe = {"model": "mini", "policy": policy, "sampling": "default", "dataset": "mini_quick"}
-    return report.Setting(i, {"model": "mini", "policy": policy, **key}, policy, [], describe, None, "cpu", "—")
+def _setting(i: int, policy: str, temperature: float = 1.0, model: str = "mini") -> report.Setting:
+    describe = {"model": model, "policy": policy}
+    s = report.Setting(i, {"policy": policy}, policy, [], describe, None, "cpu", "—")
+    s.conditions = json.dumps({"model": model, "sampling": {"temperature": temperature}, "seed": 0})
+    return s
 
 
-def test_ar_reference_matches_every_key_but_the_policy():
-    ar_hot = _setting(0, "ar", **{"sampling.temperature": "1.0"})
-    ar_cold = _setting(1, "ar", **{"sampling.temperature": "0.7"})
-    gsd_cold = _setting(2, "gsd", **{"sampling.temperature": "0.7", "policy.window": "8"})
+def test_ar_reference_is_the_ar_run_with_the_same_conditions(tmp_path):
+    ar_hot, ar_cold, gsd_cold = _setting(0, "ar"), _setting(1, "ar", 0.7), _setting(2, "gsd", 0.7)
     settings = [ar_hot, ar_cold, gsd_cold]
-    assert report.ar_reference(settings, gsd_cold) is ar_cold  # same temperature; policy.* keys ignored
+    assert report.ar_reference(settings, gsd_cold) is ar_cold  # same temperature
     assert report.ar_reference(settings, ar_hot) is ar_hot
-    lantern_on = _setting(4, "chain", **{"sampling.temperature": "1.0", "lantern": "on", "lantern.delta": "0.3"})
-    assert report.ar_reference([*settings, lantern_on], lantern_on) is ar_hot  # the relaxation is the method's
-    other_model = _setting(3, "gsd", **{"sampling.temperature": "0.7"})
-    other_model.describe["model"] = "mini_lowres"
-    assert report.ar_reference(settings, other_model) is None
+    lantern_chain = _setting(4, "chain")
+    assert report.ar_reference([*settings, lantern_chain], lantern_chain) is ar_hot  # the method's keys do not count
+    assert report.ar_reference(settings, _setting(3, "gsd", 0.7, "mini_lowres")) is None
+    from adtbench.harness.rundir import RUN_CONFIG_FILE
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, shard, policy in ((a, "0/2", "ar"), (b, None, "gsd")):
+        d.mkdir()
+        cfg = {"model": {"name": "mini"}, "dataset": {"kind": "text", "shard": shard}, "sampling": {"temperature": 1.0},
+               "seed": 0, "policy": {"name": policy}, "lantern": {"enabled": policy == "gsd"}}  # fmt: skip
+        (d / RUN_CONFIG_FILE).write_text(json.dumps(cfg))
+    assert report.conditions(a) == report.conditions(b)  # shard, policy and LANTERN aside, the same conditions
 
 
 def test_grid_layout_of_a_run_without_a_recorded_layout(tmp_path):

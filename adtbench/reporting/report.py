@@ -15,7 +15,8 @@ folder into a paper's supplement. Sections:
   LANTERN is off), the device and the load (the highest ``load_peak`` of its runs over their ``cpu_count``).
   Clicking a header sorts by that column (numbers by value, the rest as text); a second click reverses.
 - **Prompts**: per prompt, the image of every setting beside AR's for the same seed (AR: a run of ``policy=ar`` with
-  the same model, dataset and sampling in the given dirs; without one the page says so), and under each the
+  the same resolved model, dataset, sampling and seed in the given dirs, :func:`conditions`; without one the page
+  says so), and under each the
   acceptance heat map of that prompt (accepted length a + 1 per grid cell, drawn by
   :func:`adtbench.harness.maps.render_map` from the run's ``trace.jsonl``, with its colour bar; one colour scale
   across the settings of a prompt).
@@ -69,8 +70,6 @@ from adtbench.reporting.tables import (
 
 SETTING_COLUMNS = ("model", "policy", "lantern", "drafter", "sampling")
 """What names a setting on the page (``lantern``: the relaxation), shown whether or not it varies."""
-METHOD_KEYS = ("policy", "lantern", "drafter")
-"""Row keys that describe the method, not the images' conditions: an AR image is compared whatever they are."""
 NOT_QUALITY = ("tau", "d_bar", "speedup", "latency_s", "window_mean")
 """Value columns of the table that are no quality metric (no Pareto plot against them)."""
 ASSETS = "assets"
@@ -90,6 +89,7 @@ class Setting:
     device: str
     load: str
     samples: dict[str, tuple[Path, dict[str, Any]]] = field(default_factory=dict)  # prompt id → (run dir, record)
+    conditions: str = ""  # :func:`conditions` of its first run: what its AR image must share
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -138,6 +138,7 @@ def settings_of(runs: Any, by: Sequence[str]) -> list[Setting]:
         load = "—" if peak is None else f"{peak:.2f}" + (f" / {cpus} cores" if cpus else "")
         label = ", ".join(f"{k}={v}" for k, v in keyd.items())
         out.append(Setting(i, keyd, label, dirs, describe, lossless, _common(grp["device"].tolist()), load))
+        out[-1].conditions = conditions(dirs[0])
     varying = [k for k in (out[0].key if out else {}) if len({s.key[k] for s in out}) > 1]
     for s in out:  # a label names what differs between the rows (all keys when nothing does)
         s.label = ", ".join(f"{k}={s.key[k]}" for k in varying) or s.label
@@ -148,21 +149,24 @@ def settings_of(runs: Any, by: Sequence[str]) -> list[Setting]:
     return out
 
 
+def conditions(run_dir: Path) -> str:
+    """What an image is conditioned on besides the method: the run's resolved ``model``, ``dataset`` (its shard
+    dropped), ``sampling`` and ``seed`` nodes of ``run_config.json``, as canonical JSON. Two runs with equal
+    conditions decode the same prompts with the same seeds from the same distribution — AR's image is comparable."""
+    cfg = read_run_config(run_dir) or {}
+    dataset = {k: v for k, v in (cfg.get("dataset") or {}).items() if k != "shard"}
+    node = {"model": cfg.get("model"), "dataset": dataset, "sampling": cfg.get("sampling"), "seed": cfg.get("seed")}
+    return json.dumps(node, sort_keys=True, default=str)
+
+
 def ar_reference(settings: list[Setting], s: Setting) -> Setting | None:
-    """The AR setting to show beside ``s`` (itself when it is AR): a ``policy=ar`` setting with the same model,
-    dataset and sampling choices and the same value of every row key that is not the method's (:data:`METHOD_KEYS`:
-    the policy, the relaxation, the drafter and their ``.*`` overrides) — e.g. the same ``sampling.temperature``;
-    None when the dirs hold none."""
+    """The AR setting to show beside ``s`` (itself when it is AR): the first ``policy=ar`` setting whose runs have
+    the same :func:`conditions` as ``s``'s — whatever the method's keys (policy, LANTERN, drafter) and however the
+    sampling was spelled (an override equal to the default matches the default); None when the dirs hold none."""
     if s.describe.get("policy") == "ar":
         return s
-    same = [k for k in ("model", "sampling", "dataset") if k in s.describe]
-    keys = [k for k in s.key if k not in METHOD_KEYS and not k.startswith(tuple(f"{m}." for m in METHOD_KEYS))]
     for cand in settings:
-        if cand.describe.get("policy") != "ar":
-            continue
-        if all(cand.describe.get(k) == s.describe.get(k) for k in same) and all(
-            cand.key.get(k, "—") in (s.key[k], "—") for k in keys
-        ):
+        if cand.describe.get("policy") == "ar" and cand.conditions == s.conditions:
             return cand
     return None
 
@@ -343,7 +347,7 @@ def _prompt_section(settings: list[Setting], assets: Assets, limit: int | None) 
     parts = []
     if missing_ar:
         parts.append(
-            "<p class=note>No AR run (<code>policy=ar</code>) with the same model, dataset and sampling in these "
+            "<p class=note>No AR run (<code>policy=ar</code>) with the same model, dataset, sampling and seed in these "
             f"dirs for: {_e('; '.join(missing_ar))}. Add <code>policy=ar</code> to the sweep to see AR's images "
             "(same seeds) beside them.</p>"
         )
