@@ -20,9 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from adtbench.harness.rundir import find_runs, read_run_maps
+from adtbench.harness.rundir import find_runs
+from adtbench.reporting.plots import acceptance_grids
 from adtbench.reporting.tables import aggregate, load_tree
 from adtbench.resources import root_dir
 
@@ -59,16 +58,3 @@ def load_runs(root: str | Path) -> Any:
 def load_samples(root: str | Path) -> Any:
     """The per-sample DataFrame only."""
     return load_tree(root)[1]
-
-
-def acceptance_grids(run_dir: str | Path) -> dict[str, np.ndarray] | None:
-    """A run's per-position maps (``maps/run_maps.json``: accept, depth, width) as float arrays (NaN where no
-    cycle covered a cell); None when the run wrote no maps (``maps.per_run=false``)."""
-    doc = read_run_maps(run_dir)
-    if doc is None:
-        return None
-    out = {}
-    for kind in ("accept", "depth", "width"):
-        if kind in doc:
-            out[kind] = np.array([[np.nan if v is None else float(v) for v in row] for row in doc[kind]])
-    return out

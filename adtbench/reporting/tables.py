@@ -1,6 +1,6 @@
 """Results tree → pandas → paper tables (markdown / LaTeX booktabs / CSV) with bootstrap confidence intervals.
 
-    adtbench table <results dir> [--by model,policy] [--metrics clip_score,fid] [--format md|latex|csv]
+    adtbench table <results dir>... [--by model,policy] [--metrics clip_score,fid] [--format md|latex|csv]
                    [--n-boot 1000] [--ci 0.95] [--seed 0] [--digits 3] [--out FILE]
                    [--write DIR] [--pivot lantern] [--into README.md --marker NAME]
 
@@ -110,13 +110,28 @@ def _config_id(run_dir: Path, summary: Summary) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
-def load_tree(root: str | Path) -> tuple[Any, Any]:
-    """(``runs``, ``samples``) DataFrames of a results tree (module docstring).
+def find_trees(roots: str | Path | Sequence[str | Path]) -> list[Path]:
+    """Every job dir under one results dir or several (:func:`~adtbench.harness.rundir.find_runs` of each, in the
+    order given); a dir reached from two roots is listed once."""
+    roots = [roots] if isinstance(roots, str | Path) else list(roots)
+    seen: set[Path] = set()
+    out = []
+    for root in roots:
+        for d in find_runs(root):
+            if d.resolve() not in seen:
+                seen.add(d.resolve())
+                out.append(d)
+    return out
+
+
+def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
+    """(``runs``, ``samples``) DataFrames of a results tree, or of several (:func:`find_trees`; module docstring).
 
     ``runs``: one row per job dir — ``run_dir``, ``job``, ``config_id``, the choices (``model``, ``drafter``,
     ``policy``, ``lantern``, ``dataset``, ``sampling``), ``shard``, ``merged``, ``n_samples``, ``n_prompts``,
     ``complete``, ``tau``, ``d_bar``, ``d_bar_tree``, ``speedup``, ``latency_s``, ``baseline_latency_s``,
-    ``device``, one column per evaluated metric (``summary["eval"]["values"]``), ``ov.<key>`` per override.
+    ``device``, ``load_before`` / ``load_peak`` (the 1-minute load average at the start / its peak) and
+    ``cpu_count``, one column per evaluated metric (``summary["eval"]["values"]``), ``ov.<key>`` per override.
     ``samples``: one row per sample — ``run_dir``, ``config_id``, ``prompt_id``, ``seed``, ``committed``,
     ``cycles``, ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``, ``baseline_latency_s``, ``tau``,
     ``speedup``, ``window_mean`` (the Jacobi loops' mean verified window, from ``stats``; absent for other
@@ -124,7 +139,7 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
     """
     import pandas as pd
 
-    dirs = find_runs(root)
+    dirs = find_trees(root)
     superseded: set[str] = set()
     for d in dirs:  # merged runs supersede their shard sources
         superseded |= {str(src.resolve()) for src in merged_sources(d)}
@@ -152,6 +167,7 @@ def load_tree(root: str | Path) -> tuple[Any, Any]:
             "complete": s.complete,
             **{k: s.stats.get(k) for k in ("tau", "d_bar", "d_bar_tree", "speedup", "latency_s", "baseline_latency_s")},
             "device": env.get("gpu") or env.get("device"),
+            **{k: (s.run or {}).get(k) for k in ("load_before", "load_peak", "cpu_count")},
             **{k: v for k, v in (ev.get("values") or {}).items() if isinstance(v, int | float) or v is None},
         }
         row |= {f"ov.{k}": v for k, v in read_overrides(d).items()}
@@ -239,16 +255,9 @@ def aggregate(
     if len(runs) == 0:
         return pd.DataFrame()
     by = list(by) if by else default_by(runs)
-    missing = [c for c in by if c not in runs]
-    if missing:
-        raise KeyError(f"unknown --by column(s) {missing}; available: {sorted(runs.columns)}")
-    runs = runs.copy()
-    for c in by:
-        runs[c] = runs[c].astype(object).where(runs[c].notna(), "—")
     metric_cols = list(metrics) if metrics is not None else _metric_columns(runs, samples)
     rows = []
-    for key, grp in runs.groupby(by, sort=False, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
+    for key, grp in run_groups(runs, by):
         row: dict[str, Any] = dict(zip(by, key))
         smp = samples[samples["run_dir"].isin(grp["run_dir"])] if len(samples) else samples
         row |= _group_stats(smp, grp, metric_cols, n_boot, ci, seed)
@@ -256,6 +265,21 @@ def aggregate(
     table = pd.DataFrame(rows)
     stats = [f"{m}{s}" for m in ("tau", "d_bar", "speedup", "latency_s", *metric_cols) for s in ("", "_lo", "_hi")]
     return table[[*by, "n", "runs", *(c for c in stats if c in table)]]
+
+
+def run_groups(runs: Any, by: Sequence[str]) -> list[tuple[tuple[Any, ...], Any]]:
+    """The groups of :func:`aggregate`, in its row order: ``(key, runs of the group)`` per row, a missing key value
+    spelled ``—``. ``adtbench report`` reads a row's run dirs (images, maps, configs) from here."""
+    missing = [c for c in by if c not in runs]
+    if missing:
+        raise KeyError(f"unknown --by column(s) {missing}; available: {sorted(runs.columns)}")
+    runs = runs.copy()
+    for c in by:
+        runs[c] = runs[c].astype(object).where(runs[c].notna(), "—")
+    return [
+        (key if isinstance(key, tuple) else (key,), grp)
+        for key, grp in runs.groupby(list(by), sort=False, dropna=False)
+    ]
 
 
 def _metric_columns(runs: Any, samples: Any) -> list[str]:
@@ -369,16 +393,15 @@ def _is_numeric(col: Any) -> bool:
     return bool(pd.api.types.is_numeric_dtype(col)) and not pd.api.types.is_bool_dtype(col)
 
 
-def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> str:
-    """The aggregated table as markdown (``md``), LaTeX booktabs (``latex``) or ``csv`` (raw numbers).
+def cells(table: Any, digits: int = 3, latex: bool = False) -> tuple[Any, int, bool]:
+    """The aggregated table as text cells, the one formatting of ``adtbench table`` and ``adtbench report``:
+    (DataFrame of strings with the display headers, number of row-key columns, whether a caveat mark was set).
 
-    Row keys first (left-aligned), then the counts and every value column (right-aligned); CIs of groups with
-    fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark, explained under the table."""
+    Row keys first (``ov.`` dropped from override names), then the counts, then per value column
+    ``v [lo, hi]`` (:func:`_fmt`) under its label (:data:`LABELS`, ↓ where lower is better); CIs of groups with
+    fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark."""
     import pandas as pd
 
-    if fmt == "csv":
-        return table.to_csv(index=False)
-    latex = fmt == "latex"
     vals = _value_columns(table)
     rest = [c for c in table.columns if c not in vals and not c.endswith(("_lo", "_hi"))]
     keys = [c for c in rest if not _is_numeric(table[c])]
@@ -397,13 +420,24 @@ def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> st
     for c in vals:
         label = LABELS.get(c, (c, c))[1 if latex else 0]
         arrow = ("↓" if not latex else r"$\downarrow$") if c in LOWER_IS_BETTER else ""
-        cells = [
+        column = [
             _fmt(v, lo, hi, digits, latex, bool(f))
             for v, lo, hi, f in zip(table[c], table[f"{c}_lo"], table[f"{c}_hi"], few)
         ]
-        marked |= any(CAVEAT_MARK[1 if latex else 0] in x for x in cells)
-        out[f"{label} {arrow}".strip()] = cells
-    n_left = len(keys)
+        marked |= any(CAVEAT_MARK[1 if latex else 0] in x for x in column)
+        out[f"{label} {arrow}".strip()] = column
+    return out, len(keys), marked
+
+
+def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> str:
+    """The aggregated table as markdown (``md``), LaTeX booktabs (``latex``) or ``csv`` (raw numbers).
+
+    Row keys first (left-aligned), then the counts and every value column (right-aligned): :func:`cells`; CIs of
+    groups with fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark, explained under the table."""
+    if fmt == "csv":
+        return table.to_csv(index=False)
+    latex = fmt == "latex"
+    out, n_left, marked = cells(table, digits, latex)
     if latex:
         styler = out.style.hide(axis="index")
         styler = styler.format(escape="latex", subset=list(out.columns[:n_left]))
@@ -494,7 +528,7 @@ def write_between_markers(path: Path, marker: str, text: str) -> None:
 def main(args: list[str]) -> int:
     """``adtbench table <dir>``: print (or write) a paper table of a results tree."""
     ap = argparse.ArgumentParser(prog="adtbench table", description="Paper tables from a results tree.")
-    ap.add_argument("root", type=Path, help="results dir: a run, a multirun, shards, or any tree of them")
+    ap.add_argument("root", type=Path, nargs="+", help="results dir(s): a run, a multirun, shards, or any tree of them")
     ap.add_argument("--by", default=None, help="comma-separated row keys (default: what varies across runs)")
     ap.add_argument("--metrics", default=None, help="comma-separated metric columns (default: all evaluated)")
     ap.add_argument("--format", choices=("md", "latex", "csv"), default="md")
@@ -530,7 +564,7 @@ def main(args: list[str]) -> int:
         return 2
     runs, samples = load_tree(ns.root)
     if len(runs) == 0:
-        print(f"adtbench table: no summary.json under {ns.root}", file=sys.stderr)
+        print(f"adtbench table: no summary.json under {' '.join(map(str, ns.root))}", file=sys.stderr)
         return 1
     by = ns.by.split(",") if ns.by else None
     metrics = ns.metrics.split(",") if ns.metrics else None
