@@ -9,7 +9,8 @@ folder is. Then ``python run.py model=<family> model.path=DIR policy=eagle2`` ru
 
 Families and their writers (each beside the loader it must mirror; the module docstrings list the layouts):
 ``anole``, ``lumina_mgpt`` → ``models/chameleon/tiny.py``; ``llamagen_t2i``, ``llamagen_c2i`` (``layout=official|
-bare|lantern``) → ``models/llamagen/tiny.py``; ``tar`` → ``models/tar/tiny.py``; ``emu3`` → ``models/emu3/tiny.py``. Drafters (``DRAFTERS``, not
+bare|lantern``) → ``models/llamagen/tiny.py``; ``tar`` → ``models/tar/tiny.py``;
+``emu3`` → ``models/emu3/tiny.py``. Drafters (``DRAFTERS``, not
 targets: no sidecar): ``anole_drafter``, ``lumina_mgpt_drafter`` → ``models/chameleon/tiny.py``, LANTERN's published
 drafter layout sized for the tiny Chameleon targets, its embedding copied from ``target=DIR`` (a tiny target folder;
 default: the tiny target of the same seed). Shared helpers (sizes, tokenizers,
