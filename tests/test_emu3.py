@@ -147,7 +147,7 @@ def test_random_init_gives_both_paths_the_same_weights() -> None:
     cfg = OmegaConf.load(ROOT / "conf" / "model" / "emu3.yaml")
     cfg.random_init, cfg.device, cfg.dtype, cfg.grid = True, "cpu", "float64", [2, 2]
     cfg.arch = {"vocab_size": 300, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                "num_attention_heads": 4, "num_key_value_heads": 2, "num_codes": 16, "attention_dropout": 0.0}  # fmt: skip
+                "num_attention_heads": 4, "num_key_value_heads": 2, "num_codes": 16}  # fmt: skip
     cfg.vq.kind = "tiny"
     lean, hf = build_target(cfg), build_target(OmegaConf.merge(cfg, {"impl": "hf"}))
     inputs = lean.encode_prompt(TEXT, cfg=True)
