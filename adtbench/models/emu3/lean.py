@@ -135,7 +135,10 @@ class Emu3LM(ChameleonLM):
 
 
 def _fuse(
-    arch: Emu3Arch, get: Callable[[str], torch.Tensor], dtype: torch.dtype, layer_done: Callable[[int], None] | None
+    arch: ChameleonArch,
+    get: Callable[[str], torch.Tensor],
+    dtype: torch.dtype,
+    layer_done: Callable[[int], None] | None,
 ) -> dict[str, torch.Tensor]:
     """``Emu3LM`` state dict from canonical-key tensors (``get``), cast to ``dtype``, layer by layer."""
     H, KV, hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
@@ -165,7 +168,7 @@ def _fuse(
     return sd
 
 
-def _assemble(arch: Emu3Arch, config: Any, sd: dict[str, torch.Tensor]) -> Emu3LM:
+def _assemble(arch: ChameleonArch, config: Any, sd: dict[str, torch.Tensor]) -> Emu3LM:
     with torch.device("meta"):
         net = Emu3LM(arch, config)
     net.load_state_dict(sd, strict=True, assign=True)
@@ -178,7 +181,7 @@ def lean_from_hf(lm: nn.Module, config: Any) -> Emu3LM:
     not use it afterwards."""
     arch = Emu3Arch.from_config(config.text_config)
     sd = {canonical_key(k): v for k, v in lm.state_dict().items() if not canonical_key(k).startswith("vq.")}
-    text: Any = lm.model.text_model if hasattr(lm.model, "text_model") else lm.model  # type: ignore[union-attr]
+    text: Any = lm.model.text_model if hasattr(lm.model, "text_model") else lm.model
 
     def layer_done(i: int) -> None:
         for k in [k for k in sd if k.startswith(f"model.layers.{i}.")]:
@@ -236,7 +239,8 @@ def load_emu3_net(path: Path, dtype: torch.dtype, device: torch.device, key: str
 
     def get(k: str) -> torch.Tensor:
         h, raw = handles[k]
-        return h.get_tensor(raw)
+        t: torch.Tensor = h.get_tensor(raw)
+        return t
 
     return _assemble(arch, config, _fuse(arch, get, dtype, None))
 

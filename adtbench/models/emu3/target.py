@@ -123,17 +123,19 @@ class Emu3VQDecoder(nn.Module):
     ``decode_codes(codes [B, h·w], h, w)`` → pixels ``[B, 3, 8h, 8w]`` in ``[-1, 1]``, ``codebook()`` ``[K, d]``,
     ``codebook_size``."""
 
-    def __init__(self, vqvae: nn.Module) -> None:
+    def __init__(self, vqvae: Any) -> None:
         super().__init__()
-        self.vqvae = vqvae.eval()
+        self.vqvae: Any = vqvae.eval()
         self.codebook_size = int(vqvae.config.codebook_size)
 
     @torch.no_grad()
     def decode_codes(self, codes: torch.Tensor, h: int, w: int) -> torch.Tensor:
-        return self.vqvae.decode(codes.reshape(-1, h, w).long())  # type: ignore[operator]
+        pixels: torch.Tensor = self.vqvae.decode(codes.reshape(-1, h, w).long())
+        return pixels
 
     def codebook(self) -> torch.Tensor:
-        return self.vqvae.quantize.embedding.weight.detach()  # type: ignore[union-attr]
+        weight: torch.Tensor = self.vqvae.quantize.embedding.weight.detach()
+        return weight
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -227,9 +229,9 @@ class _TextLM(nn.Module):
     """transformers' Emu3 text model and head as the ``.model`` + ``.lm_head`` + ``.config`` ``HFCausalTarget``
     drives (``Emu3ForConditionalGeneration.model`` is the multimodal wrapper, without ``embed_tokens``)."""
 
-    def __init__(self, lm: nn.Module) -> None:
+    def __init__(self, lm: Any) -> None:
         super().__init__()
-        inner: Any = lm.model  # type: ignore[union-attr]
+        inner: Any = lm.model
         self.model = inner.text_model if hasattr(inner, "text_model") else inner
         self.lm_head = lm.lm_head
         self.config = self.model.config
@@ -353,13 +355,13 @@ def random_emu3(cfg: Any) -> tuple[nn.Module, Any]:
         **arch, pad_token_id=vm["<|endoftext|>"], bos_token_id=vm["<|extra_203|>"], eos_token_id=vm["<|extra_204|>"]
     )
     text_config._attn_implementation = attn
-    config = Emu3Config(text_config=text_config.to_dict(), vq_config=tiny_vq_config(k), vocabulary_map=vm)
+    config = Emu3Config(text_config=text_config.to_dict(), vq_config=tiny_vq_config(k), vocabulary_map=vm)  # type: ignore[arg-type]
     config.text_config._attn_implementation = attn
     with torch.random.fork_rng(devices=[]), torch.device(device):
         torch.manual_seed(seed)
         lm = Emu3ForCausalLM(config.text_config)
     spread_init_(lm, seed, float(get(cfg, "head_std", 2.0)))
-    return lm.to(dtype).eval(), config
+    return lm.to(dtype).eval(), config  # type: ignore[arg-type]
 
 
 def build_target(cfg: Any) -> LeanEmu3Target | Emu3Target:

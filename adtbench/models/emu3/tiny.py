@@ -62,7 +62,7 @@ def tiny_emu3(seed: int) -> Any:
         "bos_token_id": vm["<|extra_203|>"],
         "eos_token_id": vm["<|extra_204|>"],
     }
-    config = Emu3Config(text_config=text, vq_config=tiny_vq_config(K_CODES), vocabulary_map=vm)
+    config = Emu3Config(text_config=text, vq_config=tiny_vq_config(K_CODES), vocabulary_map=vm)  # type: ignore[arg-type]
     config.architectures = ["Emu3ForConditionalGeneration"]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
