@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from adtbench.models.tiny_common import GRID, K_CODES, spread_init, write_sidecar
+from adtbench.models.tiny_common import GRID, K_CODES, spread_init, write_json, write_sidecar
 
 EMU3_TEXT: dict[str, Any] = {
     "hidden_size": 64,
@@ -106,6 +106,14 @@ def write_tokenizer(out: Path, vm: dict[str, int]) -> None:
         },
     )
     fast.save_pretrained(str(out))
+    # the slow-tokenizer files the hub repository also holds (transformers 5 no longer writes them for a fast one)
+    if not (out / "vocab.json").is_file():
+        write_json(out / "vocab.json", vm)
+    if not (out / "merges.txt").is_file():
+        (out / "merges.txt").write_text("#version: 0.2\n")
+    if not (out / "special_tokens_map.json").is_file():
+        names = {"bos_token": "bos", "eos_token": "eos", "pad_token": "pad"}
+        write_json(out / "special_tokens_map.json", {k: SPECIAL_NAMES[v] for k, v in names.items()})
 
 
 def write_tiny(out: Path, seed: int = 0, layout: str = "official") -> dict[str, Any]:
