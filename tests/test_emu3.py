@@ -108,6 +108,24 @@ def test_tiny_folder_is_the_hub_layout(tiny_dir: Path) -> None:
     assert ids[1][valid[1]].tolist() == neg and not valid[1, 0]  # the shorter negative row is left-padded
 
 
+def test_the_full_shape_vocabulary_and_layout() -> None:
+    """``random_init``'s full-shape map (Qwen's 151,643 text ids, then Emu3's specials and 32,768 visual tokens) has
+    the real ids — BOS / EOS / pad as ``Emu3TextConfig``'s defaults, image tokens from 151,854 — and the 720² layout
+    is 90 rows of 90 codes + end-of-line (8,190 tokens), then end-of-frame."""
+    from transformers import Emu3TextConfig
+
+    from adtbench.layout import TokenLayout
+    from adtbench.models.emu3.target import emu3_vocabulary_map, image_token_range, special_token_ids
+
+    vm = emu3_vocabulary_map(151643, 32768)
+    sp, (offset, k), ref = special_token_ids(vm), image_token_range(vm), Emu3TextConfig()
+    assert len(vm) == ref.vocab_size == 184622 and (offset, k) == (151854, 32768)
+    assert (sp["bos"], sp["eos"], sp["pad"]) == (ref.bos_token_id, ref.eos_token_id, ref.pad_token_id)
+    lay = TokenLayout(len(vm), offset, k, 90, 90, eol_token=sp["eol"], eoi_token=sp["eof"])
+    assert lay.grid_h * lay.row_len == 8190 and lay.num_gen_tokens == 8191
+    assert [lay.forced_token(g) for g in (89, 90, 8189, 8190)] == [-1, sp["eol"], sp["eol"], sp["eof"]]
+
+
 # --- the lean target = transformers ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_lean_equals_transformers(tiny_dir: Path, dtype: str) -> None:
