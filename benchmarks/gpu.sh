@@ -28,7 +28,11 @@
 #
 # Models: anole = the 7B shape (`model=anole model.random_init=true`, bfloat16, random weights) with $ANOLE_ARCH
 # appended (leave it empty for the 7B shape); mini = the shipped mini model; tiny = tiny_llamagen with a random EAGLE
-# drafter (the CPU smoke's vehicle: 16 tokens per image, no transformers import).
+# drafter (the CPU smoke's vehicle: 16 tokens per image, no transformers import); emu3 = the Emu3-Gen 8B shape
+# (`model=emu3 model.random_init=true`, bfloat16, random weights: GQA 32 / 8 heads, 184,622-token vocabulary, 90 × 90
+# codes + end-of-line = 8,191 tokens per image) with $EMU3_ARCH appended (empty: the 8B shape), not in the default
+# MODELS (`MODELS=emu3 benchmarks/gpu.sh probe cost`: its AR step and verify(n) against the weight-read floor; the
+# batch stage runs it at $EMU3_BATCH_GRID).
 # Sizing (docs/speed.md "GPU": measured on an H200 — probe 57 s with a drafting default (375 s with SCD's cost window
 # calibrating on the 7B shape: hence STAGE_POLICY), tests 77–83 s with 4 workers, cost with MODES=graphs 58 s, batch
 # on mini 13 s, jacobi 13 s; the rest estimated from its step times, an eager 7B step being 52–67 ms and host-bound, a
@@ -73,6 +77,8 @@ POLICY_GRID=${POLICY_GRID-[16,16]}  # set and empty: the model's own grid
 POLICY_NAMES=${POLICY_NAMES:-[ar,scd,sjd_pac,eagle2,adt,static]}
 POLICY_PROMPTS=${POLICY_PROMPTS:-3}
 POLICY_BUCKETS=${POLICY_BUCKETS:-[1,16,64]}
+EMU3_ARCH=${EMU3_ARCH:-}
+EMU3_BATCH_GRID=${EMU3_BATCH_GRID-[16,16]}  # set and empty: the model's own grid (90 × 90)
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
 STAGES=(tests cost speed batch probe jacobi policies)
 
@@ -91,7 +97,8 @@ over_of() {  # over_of MODEL: the model's overrides into the array `over`
         anole) over=(model=anole model.random_init=true "model.device=$DEVICE" $ANOLE_ARCH) ;;
         mini) over=(model=mini "model.device=$DEVICE") ;;
         tiny) over=(model=tiny_llamagen drafter=eagle "model.device=$DEVICE") ;;  # the CPU smoke's vehicle
-        *) echo "gpu.sh: MODELS holds '$1'; known: anole mini tiny" >&2; exit 2 ;;
+        emu3) over=(model=emu3 model.random_init=true "model.device=$DEVICE" $EMU3_ARCH) ;;
+        *) echo "gpu.sh: MODELS holds '$1'; known: anole mini tiny emu3" >&2; exit 2 ;;
     esac
 }
 for m in $MODELS $SPEED_MODEL $POLICY_MODEL; do over_of "$m"; done  # unknown models fail before anything runs
@@ -172,6 +179,7 @@ stage_batch() {
         over_of "$m"
         extra=()
         [[ $m == anole && -n $ANOLE_BATCH_GRID ]] && extra=("model.grid=$ANOLE_BATCH_GRID")
+        [[ $m == emu3 && -n $EMU3_BATCH_GRID ]] && extra=("model.grid=$EMU3_BATCH_GRID")
         rm -rf "$RUN_DIR/batch_$m"
         md "### batch sizes, $m, eager"
         # shellcheck disable=SC2086  # STAGE_POLICY is a list of overrides

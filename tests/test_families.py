@@ -374,6 +374,8 @@ CAPABILITY_CASES = [  # every registered family (``models.registry.FAMILIES``), 
     ("tar", {}),
     ("tar", {"stage": "detok"}),
     ("mini", None),  # shipped weights: conf/model/mini.yaml as it is
+    ("emu3", {}),
+    ("emu3", {"impl": "hf"}),
 ]
 
 
@@ -438,6 +440,7 @@ def test_codebooks_for_lantern(tiny) -> None:
         ("llamagen_t2i", {}, refs["llamagen_t2i"]["vq"].codebook()),
         ("tar", {}, refs["tar"]["tatok"].codebook()),
         ("tar", {"stage": "detok"}, refs["tar"]["vq"].codebook()),
+        ("emu3", {}, refs["emu3"]["model"].model.vqmodel.quantize.embedding.weight),
     ]
     node = OmegaConf.create({"enabled": True, "k": 3, "delta": 0.1, "normalize": False, "cache_dir": None})
     for fam, over, ref in cases:

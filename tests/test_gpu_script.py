@@ -107,3 +107,28 @@ def test_a_failing_step_is_recorded_and_the_next_ones_still_run(tmp_path: Path) 
         ["bash", str(SCRIPT), "cost", "nope"], env=_env(tmp_path / "x"), capture_output=True, text=True
     )
     assert bad.returncode == 2 and "unknown stage 'nope'" in bad.stderr and not (tmp_path / "x").exists()
+
+
+EMU3_TINY_ARCH = (
+    "model.arch.vocab_size=300 model.arch.hidden_size=32 model.arch.intermediate_size=64 "
+    "model.arch.num_hidden_layers=2 model.arch.num_attention_heads=4 model.arch.num_key_value_heads=2 "
+    "model.arch.num_codes=16 model.grid=[3,3] "
+    "model.dtype=float32"
+)
+
+
+@pytest.mark.slow
+def test_the_emu3_shape_probes_on_the_simulated_device(tmp_path: Path) -> None:
+    """``MODELS=emu3`` (the Emu3-Gen shape: random init, GQA, end-of-line layout), here at tiny sizes through
+    ``EMU3_ARCH``: the probe stage replays its verify buckets (graphed = eager argmax), times its AR step and counts
+    its weights (the floor's bytes: every parameter of the lean network)."""
+    out = tmp_path / "out"
+    env = _env(tmp_path, MODELS="emu3", EMU3_ARCH=EMU3_TINY_ARCH, PROBE_PROMPTS="1")
+    res = subprocess.run(["bash", str(SCRIPT), "probe"], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    p = json.loads((out / "probe.json").read_text())["emu3"]
+    assert p["model"] == "emu3" and p["cfg_rows"] == 2
+    assert [x["bucket"] for x in p["verify"]] == [1, 2] and all(x["argmax_agree"] == 1.0 for x in p["verify"])
+    assert p["ar_step"]["graphed_work"]["graph_replays"] == 1
+    # 2 layers of (q 32×32 + k, v 16×32 each + o 32×32 + 3 MLP 32×64) + embedding and head 300×32 + final norm, fp32
+    assert p["weight_bytes"] == 4 * (2 * (32 * 32 * 2 + 16 * 32 * 2 + 3 * 32 * 64) + 2 * 300 * 32 + 32)

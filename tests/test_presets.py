@@ -38,6 +38,9 @@ PRESETS: dict[str, tuple[str, bool, dict[str, object]]] = {
                                               "policy.init": "random"}),
     "gsd_lumina": ("lumina_mgpt", False, {"policy.name": "gsd", "policy.window": 16, "policy.rule": "gsd",
                                           "policy.group_size": 14, "policy.group_gap": 0.15}),
+    "sjd_emu3": ("emu3", False, {"policy.name": "sjd", "policy.window": 16, "policy.init": "random",
+                                 "policy.proposal": "point", "policy.redraw": "independent",
+                                 "sampling.top_k": 2048, "model.grid": [90, 90]}),
 }  # fmt: skip
 COMMON = {"sampling.temperature": 1.0, "sampling.top_k": 2000, "sampling.cfg_scale": 3.0}
 
@@ -56,6 +59,8 @@ def test_preset_composes_to_the_authors_setting(name: str) -> None:
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         cfg = compose("config", overrides=[f"experiment={name}"])
     assert cfg.model.name == family
+    if family == "emu3":  # BAAI's CFG form: the negative prompt is the unconditional row
+        assert cfg.model.negative_prompt.startswith("lowres, bad anatomy")
     for key, want in {**COMMON, **keys}.items():
         got = cfg
         for part in key.split("."):
@@ -67,7 +72,9 @@ def test_preset_composes_to_the_authors_setting(name: str) -> None:
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("presets")
     dirs = {fam: root / fam for fam in ("anole", "lumina_mgpt")}
-    for fam, out in list(dirs.items()):
+    dirs["emu3"] = root / "emu3"
+    write_tiny("emu3", dirs["emu3"], seed=0)
+    for fam, out in list(dirs.items())[:2]:
         write_tiny(fam, out, seed=0)
         dirs[f"{fam}_drafter"] = root / f"{fam}_drafter"  # LANTERN's published layout (pytorch_model.bin)
         write_tiny(f"{fam}_drafter", dirs[f"{fam}_drafter"], seed=0, target=out)
