@@ -339,7 +339,7 @@ def validate(cfg: DictConfig) -> Checked:
     return Checked(conf, policy)
 
 
-BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina")  # static-cache targets (``models.batch``)
+BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina", "janus")  # static-cache targets (``models.batch``)
 
 
 def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:
