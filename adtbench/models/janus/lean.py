@@ -337,6 +337,13 @@ def lean_from_hf(model: nn.Module) -> JanusLM:
     return _assemble(arch, config, _fuse(arch, lambda k: sd[k].detach().clone(), next(model.parameters()).dtype))
 
 
+def safetensors_device(device: torch.device | str) -> str:
+    """``safe_open``'s device string: ``cpu`` for any CPU device (the simulated CUDA device is ``cpu:0``, which
+    safetensors refuses), else the device as named."""
+    d = torch.device(device)
+    return "cpu" if d.type == "cpu" else str(d)
+
+
 def open_janus_checkpoint(path: Path, key: str = "model.path") -> tuple[Any, list[Path], dict[str, tuple[int, ...]]]:
     """``(JanusConfig, shard files, tensor name → shape)`` of an HF Janus folder; no tensor is read.
 
@@ -388,7 +395,7 @@ def load_janus_net(path: Path, dtype: torch.dtype, device: torch.device, key: st
         )
     handles = {}
     for f in files:
-        h = safe_open(str(f), framework="pt", device=str(device))
+        h = safe_open(str(f), framework="pt", device=safetensors_device(device))
         handles.update(dict.fromkeys(h.keys(), h))
     return _assemble(arch, config, _fuse(arch, lambda k: handles[k].get_tensor(k), dtype))
 
@@ -402,4 +409,5 @@ __all__ = [
     "lean_from_hf",
     "load_janus_net",
     "open_janus_checkpoint",
+    "safetensors_device",
 ]

@@ -270,8 +270,8 @@ def build_target(cfg: Any) -> LeanJanusTarget | JanusHFTarget:
         raise ConfigError("model.prompt_template", f"must hold {{text}} (where the caption goes), got {template!r}")
     device, dtype, attn, _ = common_options(cfg)
     base = resolve_dir("model.path", get(cfg, "path"), ["config.json", "*.safetensors"])
-    tok_dir = resolve_dir("model.tokenizer", get(cfg, "tokenizer", str(base)), ["tokenizer*.json"], base)
     config, _, _ = open_janus_checkpoint(base)
+    tok_dir = resolve_dir("model.tokenizer", get(cfg, "tokenizer", str(base)), ["tokenizer*.json"], base)
     grid = grid_of(cfg, config)
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))

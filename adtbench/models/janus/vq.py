@@ -60,10 +60,11 @@ def load_janus_vq(path: Path, config: Any, device: torch.device | str, key: str 
     from transformers.models.janus.modeling_janus import JanusVQVAE
 
     from adtbench.models.hf_checkpoint import safetensors_files
+    from adtbench.models.janus.lean import safetensors_device
 
     sd: dict[str, torch.Tensor] = {}
     for f in safetensors_files(path):
-        with safe_open(str(f), framework="pt", device=str(device)) as h:
+        with safe_open(str(f), framework="pt", device=safetensors_device(device)) as h:
             for k in h.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if k.startswith(PREFIX):
                     sd[k[len(PREFIX) :]] = h.get_tensor(k).float()
