@@ -38,6 +38,10 @@ PRESETS: dict[str, tuple[str, bool, dict[str, object]]] = {
                                               "policy.init": "random"}),
     "gsd_lumina": ("lumina_mgpt", False, {"policy.name": "gsd", "policy.window": 16, "policy.rule": "gsd",
                                           "policy.group_size": 14, "policy.group_gap": 0.15}),
+    "scd_janus_pro": ("janus_pro", False, {"policy.name": "scd", "policy.window": 16, "policy.init": "random",
+                                           "policy.proposal": "point", "policy.redraw": "coupled",
+                                           "sampling.top_k": 1000, "sampling.cfg_scale": 5.0,
+                                           "model.path": "deepseek-community/Janus-Pro-7B"}),
 }  # fmt: skip
 COMMON = {"sampling.temperature": 1.0, "sampling.top_k": 2000, "sampling.cfg_scale": 3.0}
 
@@ -66,8 +70,10 @@ def test_preset_composes_to_the_authors_setting(name: str) -> None:
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("presets")
-    dirs = {fam: root / fam for fam in ("anole", "lumina_mgpt")}
-    for fam, out in list(dirs.items()):
+    dirs = {fam: root / fam for fam in ("anole", "lumina_mgpt", "janus_pro")}
+    write_tiny("janus_pro", dirs["janus_pro"], seed=0)  # no drafter: its preset's SCD drafts for itself
+    for fam in ("anole", "lumina_mgpt"):
+        out = dirs[fam]
         write_tiny(fam, out, seed=0)
         dirs[f"{fam}_drafter"] = root / f"{fam}_drafter"  # LANTERN's published layout (pytorch_model.bin)
         write_tiny(f"{fam}_drafter", dirs[f"{fam}_drafter"], seed=0, target=out)

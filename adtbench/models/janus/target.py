@@ -22,8 +22,9 @@ tokenizer (``bos_token``, ``pad_token``, ``boi_token``).
 
 ``model.impl``: ``lean`` (default) — ``LeanJanusTarget`` on ``StaticGPTTarget`` (static KV cache, static buckets,
 CUDA graphs, batching, ``compile_forward``); ``hf`` — ``JanusHFTarget``, transformers' ``JanusForConditionalGeneration``
-(its ``language_model`` on explicit 4-D masks, ``prepare_embeddings_for_image_generation``, ``generation_head``): the
-reference the lean path is tested against, and the papers' baseline (``timing.reference_baseline``).
+(its ``language_model`` on explicit 4-D masks, its generation embedding + aligner, ``generation_head``:
+``ImageGenerationLM``): the reference the lean path is tested against, and the papers' baseline
+(``timing.reference_baseline``).
 """
 
 from __future__ import annotations
@@ -133,16 +134,23 @@ class LeanJanusTarget(JanusPrompt, StaticGPTTarget):
 
 
 class ImageGenerationLM(nn.Module):
-    """What ``HFCausalTarget`` drives, over a transformers ``JanusForConditionalGeneration`` ``janus``: ``model`` its
-    Llama ``language_model`` (``embed_tokens``: the text embeddings), ``lm_head`` its ``generation_head``, ``config``
-    the text config (sizes, attention implementation, cache layout)."""
+    """The part of a transformers ``JanusForConditionalGeneration`` that generates images, what ``HFCausalTarget``
+    drives: ``model`` its Llama ``language_model`` (``embed_tokens``: the text embeddings), ``generation_embeddings``
+    and ``generation_aligner`` (``embed_codes``: ``prepare_embeddings_for_image_generation``), ``lm_head`` its
+    ``generation_head``, ``config`` the text config (sizes, attention implementation, cache layout). The vision
+    encoder, the VQ model and the text ``lm_head`` are not kept: ``parameters()`` are what a forward reads."""
 
     def __init__(self, janus: nn.Module) -> None:
         super().__init__()
-        self.janus = janus
+        m: Any = janus.model
         self.config = janus.config.text_config
-        self.model = janus.model.language_model  # type: ignore[union-attr]
-        self.lm_head = janus.model.generation_head  # type: ignore[union-attr]
+        self.model = m.language_model
+        self.generation_embeddings, self.generation_aligner = m.generation_embeddings, m.generation_aligner
+        self.lm_head = m.generation_head
+
+    def embed_codes(self, ids: torch.Tensor) -> torch.Tensor:
+        """``JanusForConditionalGeneration.prepare_embeddings_for_image_generation``: aligner(embedding(ids))."""
+        return self.generation_aligner(self.generation_embeddings(ids))
 
 
 class JanusHFTarget(JanusPrompt, HFCausalTarget):
@@ -169,7 +177,7 @@ class JanusHFTarget(JanusPrompt, HFCausalTarget):
 
     def _run(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any) -> torch.Tensor:
         lm: Any = self.lm
-        x = lm.model.embed_tokens(ids) if self._text else lm.janus.prepare_embeddings_for_image_generation(ids)
+        x = lm.model.embed_tokens(ids) if self._text else lm.embed_codes(ids)
         out = lm.model(
             inputs_embeds=x,
             attention_mask=additive_mask(mask, self.dtype),
@@ -190,13 +198,7 @@ class JanusHFTarget(JanusPrompt, HFCausalTarget):
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         lm: Any = self.lm
-        return lm.janus.prepare_embeddings_for_image_generation(ids.to(self.device))
-
-    def weights(self) -> list[torch.Tensor]:
-        """The tensors a generation forward reads: the Llama decoder, the generation embedding, aligner and head."""
-        m: Any = self.lm.janus.model  # type: ignore[union-attr]
-        mods = (m.language_model, m.generation_embeddings, m.generation_aligner, m.generation_head)
-        return [p for mod in mods for p in mod.parameters()]
+        return lm.embed_codes(ids.to(self.device))
 
 
 # ---------------------------------------------------------------------------------------------------------
