@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -348,3 +349,53 @@ def test_engine_compile_runs_the_static_buckets_on_the_simulated_device(tiny, tm
             assert summary["graph_capture_s"] is not None, summary
             assert summary["simulated_device"]["graph_replays"] > 0, summary["simulated_device"]
     assert runs["graphs"] == runs["eager"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# On the device (``pytest -m gpu tests/test_janus.py``; skipped without CUDA, ``ADTBENCH_SIMULATE_DEVICE=cuda`` runs
+# them on the simulated device, ``ADTBENCH_GPU_TEST_DEVICE=cpu`` on the plain CPU: ``tests/test_gpu.py``'s modes)
+# ---------------------------------------------------------------------------------------------------------
+
+GPU_DEVICE = os.environ.get("ADTBENCH_GPU_TEST_DEVICE", "cuda")
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_replay_the_eager_decode(tiny) -> None:
+    """``engine.compile`` on the device: with every verify of the lean target through captured CUDA graphs over the
+    pinned cache, greedy AR, SCD and SJD at CFG 5 give the eager target's tokens, prompt after prompt."""
+    out, _ = tiny
+    eager = build_target(model_cfg(out, device=GPU_DEVICE))
+    graphed = build_target(model_cfg(out, device=GPU_DEVICE))
+    graphed.request_static(graphs=GPU_DEVICE == "cuda")
+    sp = SamplingParams(temperature=0.0, cfg_scale=5.0)
+    for prompt in ("two dogs", "a blue house by the sea"):
+        ins_e, ins_g = eager.encode_prompt(prompt, cfg=True), graphed.encode_prompt(prompt, cfg=True)
+        ar = decode_ar(eager, ins_e, sp, None).tokens
+        assert decode_ar(graphed, ins_g, sp, None).tokens == ar
+        for name, node in (("scd", {"window": 16, "init": "random", "proposal": "point"}), ("sjd", {"window": 8})):
+            res = generate(graphed, None, POLICIES.build(name, node), ins_g, sp, torch.Generator().manual_seed(1))
+            assert res.tokens == ar, (prompt, name)
+        assert graphed.cache is graphed.pinned
+    if GPU_DEVICE == "cuda":
+        assert graphed.static.capture_s > 0 and all(s.graph is not None for s in graphed.static.steps.values())
+
+
+@pytest.mark.gpu
+def test_lean_and_hf_agree_on_the_device(tiny) -> None:
+    """On the device, float32: lean and transformers' logits within 1e-4 (prefill and a cached chain, both rows);
+    bfloat16: the lean path no further from the float32 reference than transformers' bf16 path is (+ 0.05)."""
+    out, ref = tiny
+    steps = [torch.tensor([5, 17, 42, 9])]
+    errs = {}
+    for dtype in ("float32", "bfloat16"):
+        got = {}
+        for impl in ("lean", "hf"):
+            t = build_target(model_cfg(out, dtype=dtype, device=GPU_DEVICE, impl=impl))
+            inp = t.encode_prompt(TEXT, cfg=True)
+            res = t.start(inp, 8)
+            chain, _ = t.verify_forward(steps[0], torch.ones(4, 4, dtype=torch.bool).tril(), torch.arange(4))
+            got[impl] = torch.cat([res.logits[:, None], chain], 1).float().cpu()
+        want = torch.cat(reference_logits(ref, inp.data["ids"], steps), 1)
+        errs[dtype] = {impl: (g - want).abs().max().item() for impl, g in got.items()}
+    assert errs["float32"]["lean"] <= 1e-4 and errs["float32"]["hf"] <= 1e-4, errs
+    assert errs["bfloat16"]["lean"] <= errs["bfloat16"]["hf"] + 0.05, errs
