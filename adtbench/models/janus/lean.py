@@ -172,7 +172,7 @@ class GenerationEmbedder(nn.Module):
         self.hidden = nn.ModuleList(nn.Linear(a.projection_dim, a.projection_dim) for _ in range(a.aligner_layers - 1))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.fc1(self.embed(ids))
+        h: torch.Tensor = self.fc1(self.embed(ids))
         for layer in self.hidden:
             h = layer(F.gelu(h))
         return h
@@ -193,7 +193,8 @@ class GenerationHead(nn.Module):
         return self.vision_head.bias
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.vision_head(F.gelu(self.proj_out(features)))
+        logits: torch.Tensor = self.vision_head(F.gelu(self.proj_out(features)))
+        return logits
 
 
 class LlamaBlock(nn.Module):
@@ -252,7 +253,8 @@ class JanusLM(InferenceWeights, nn.Module):
         return StaticKVCache(a.num_layers, rows, a.num_kv_heads, capacity, a.head_dim, p.dtype, p.device)
 
     def _build_inference_weights(self) -> list[LayerWeights]:
-        return [b.inference_weights() for b in self.layers]
+        blocks: list[Any] = list(self.layers)
+        return [b.inference_weights() for b in blocks]
 
     def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
         """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``, in float32 (HF's rotary embedding),
@@ -271,7 +273,10 @@ class JanusLM(InferenceWeights, nn.Module):
         rot = self.rope_tables(pos, x.dtype)
         layers, eps = self.inference_weights(), self.arch.rms_norm_eps
         memo = stack_memo(self)
-        return stack_fn(self)(layers, self.norm_weight, eps, x, rot, mask, cache, start, NORM_DTYPE, memo=memo)
+        out: torch.Tensor = stack_fn(self)(
+            layers, self.norm_weight, eps, x, rot, mask, cache, start, NORM_DTYPE, memo=memo
+        )
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -143,14 +143,16 @@ class ImageGenerationLM(nn.Module):
     def __init__(self, janus: nn.Module) -> None:
         super().__init__()
         m: Any = janus.model
-        self.config = janus.config.text_config
+        config: Any = janus.config
+        self.config = config.text_config
         self.model = m.language_model
         self.generation_embeddings, self.generation_aligner = m.generation_embeddings, m.generation_aligner
         self.lm_head = m.generation_head
 
     def embed_codes(self, ids: torch.Tensor) -> torch.Tensor:
         """``JanusForConditionalGeneration.prepare_embeddings_for_image_generation``: aligner(embedding(ids))."""
-        return self.generation_aligner(self.generation_embeddings(ids))
+        x: torch.Tensor = self.generation_aligner(self.generation_embeddings(ids))
+        return x
 
 
 class JanusHFTarget(JanusPrompt, HFCausalTarget):
@@ -185,7 +187,8 @@ class JanusHFTarget(JanusPrompt, HFCausalTarget):
             past_key_values=cache,
             use_cache=True,
         )
-        return out.last_hidden_state
+        feats: torch.Tensor = out.last_hidden_state
+        return feats
 
     def _prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
         self._text = True
@@ -198,7 +201,8 @@ class JanusHFTarget(JanusPrompt, HFCausalTarget):
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         lm: Any = self.lm
-        return lm.embed_codes(ids.to(self.device))
+        x: torch.Tensor = lm.embed_codes(ids.to(self.device))
+        return x
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -248,7 +252,7 @@ def grid_of(cfg: Any, config: Any) -> tuple[int, int]:
     g = (int(grid), int(grid)) if isinstance(grid, int) else tuple(int(x) for x in grid)
     if len(g) != 2 or min(g) < 1:
         raise ConfigError("model.grid", f"expected [h, w] with positive entries, got {grid}")
-    return g  # type: ignore[return-value]
+    return g[0], g[1]
 
 
 def build_target(cfg: Any) -> LeanJanusTarget | JanusHFTarget:

@@ -28,6 +28,8 @@ PREFIX = "model.vqmodel."
 class JanusVQ(nn.Module):
     """``VQDecoder`` over a transformers ``JanusVQVAE`` (module docstring)."""
 
+    vqvae: Any
+
     def __init__(self, vqvae: nn.Module) -> None:
         super().__init__()
         self.vqvae = vqvae.eval()
@@ -38,11 +40,13 @@ class JanusVQ(nn.Module):
 
     @property
     def downsample_factor(self) -> int:
-        return 2 ** (len(self.vqvae.config.channel_multiplier) - 1)
+        levels: int = len(self.vqvae.config.channel_multiplier)
+        return int(2 ** (levels - 1))
 
     def codebook(self) -> torch.Tensor:
         """The raw codebook ``[K, e]`` (``VQDecoder``: decode L2-normalises its rows)."""
-        return self.vqvae.quantize.embedding.weight.detach()
+        weight: torch.Tensor = self.vqvae.quantize.embedding.weight
+        return weight.detach()
 
     @torch.no_grad()
     def decode_codes(self, codes: torch.Tensor, h: int, w: int) -> torch.Tensor:
@@ -50,7 +54,8 @@ class JanusVQ(nn.Module):
         q = self.vqvae.quantize
         emb = F.normalize(q.embedding(codes), p=2, dim=-1)
         z = emb.view(codes.shape[0], h, w, -1).permute(0, 3, 1, 2).contiguous()
-        return self.vqvae.decoder(self.vqvae.post_quant_conv(z))
+        pixels: torch.Tensor = self.vqvae.decoder(self.vqvae.post_quant_conv(z))
+        return pixels
 
 
 def load_janus_vq(path: Path, config: Any, device: torch.device | str, key: str = "model.path") -> JanusVQ:
@@ -68,6 +73,7 @@ def load_janus_vq(path: Path, config: Any, device: torch.device | str, key: str 
             for k in h.keys():  # noqa: SIM118 - safe_open has no __iter__
                 if k.startswith(PREFIX):
                     sd[k[len(PREFIX) :]] = h.get_tensor(k).float()
+    vqvae: Any
     with torch.device("meta"):
         vqvae = JanusVQVAE(config.vq_config)
     try:
