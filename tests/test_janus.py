@@ -305,13 +305,14 @@ def test_size_picks_the_hub_id() -> None:
 
 
 def test_app_decodes_and_writes_images(tiny, tmp_path: Path) -> None:
-    """``python run.py model=janus_pro model.path=<tiny> policy=scd`` on two prompts: images through the VQ decoder."""
+    """``python run.py model=janus_pro model.path=<tiny> policy=scd`` on two prompts: images through the VQ decoder;
+    with ``timing.reference_baseline=true`` the AR baseline is timed through transformers' classes too."""
     out, _ = tiny
     run = tmp_path / "run"
     r = run_in_process("model=janus_pro", f"model.path={out}", "policy=scd", "dataset=smoke", "dataset.limit=2",
-                       f"hydra.run.dir={run}", "model.dtype=float32")  # fmt: skip
+                       f"hydra.run.dir={run}", "model.dtype=float32", "timing.reference_baseline=true")  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "model=janus_pro policy=scd" in r.stdout
+    assert "model=janus_pro policy=scd" in r.stdout and "speedup_ref=" in r.stdout
     pngs = sorted((run / "images").glob("*.png"))
     assert len(pngs) == 2
     from PIL import Image
