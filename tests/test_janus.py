@@ -322,6 +322,23 @@ def test_app_decodes_and_writes_images(tiny, tmp_path: Path) -> None:
     assert len(rows) == 2 and all(len(row["tokens"]) == 16 for row in rows)
 
 
+def test_batched_decoding_equals_single(tiny, tmp_path: Path) -> None:
+    """``decode.batch_size=3`` (continuous batching over the lean static cache, ``models.batch``) with greedy SCD at
+    CFG 5 in float64: every prompt's tokens equal its B = 1 run's."""
+    out, _ = tiny
+    tokens = {}
+    for b in (1, 3):
+        run = tmp_path / f"b{b}"
+        r = run_in_process("model=janus_pro", f"model.path={out}", "policy=scd", "sampling=greedy",
+                           "sampling.cfg_scale=5.0", "dataset=smoke", "dataset.limit=3", "model.dtype=float64",
+                           "save_images=false", f"decode.batch_size={b}", f"hydra.run.dir={run}")  # fmt: skip
+        assert r.returncode == 0, r.stderr[-3000:]
+        rows = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+        tokens[b] = {row["prompt_id"]: row["tokens"] for row in rows}
+        assert json.loads((run / "summary.json").read_text()).get("batch_size", 1) == b
+    assert len(tokens[1]) == 3 and tokens[3] == tokens[1]
+
+
 def test_tree_policy_without_a_drafter_says_how_to_train_one(tiny, tmp_path: Path) -> None:
     out, _ = tiny
     r = run_in_process("model=janus_pro", f"model.path={out}", "policy=eagle2", "dataset=smoke", "dataset.limit=1",
