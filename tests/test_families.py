@@ -373,6 +373,8 @@ CAPABILITY_CASES = [  # every registered family (``models.registry.FAMILIES``), 
     ("llamagen_c2i", {}),
     ("tar", {}),
     ("tar", {"stage": "detok"}),
+    ("janus_pro", {}),
+    ("janus_pro", {"impl": "hf"}),
     ("mini", None),  # shipped weights: conf/model/mini.yaml as it is
     ("emu3", {}),
     ("emu3", {"impl": "hf"}),

@@ -41,6 +41,10 @@ PRESETS: dict[str, tuple[str, bool, dict[str, object]]] = {
     "sjd_emu3": ("emu3", False, {"policy.name": "sjd", "policy.window": 16, "policy.init": "random",
                                  "policy.proposal": "point", "policy.redraw": "independent",
                                  "sampling.top_k": 2048, "model.grid": [90, 90]}),
+    "scd_janus_pro": ("janus_pro", False, {"policy.name": "scd", "policy.window": 16, "policy.init": "random",
+                                           "policy.proposal": "point", "policy.redraw": "coupled",
+                                           "sampling.top_k": 1000, "sampling.cfg_scale": 5.0,
+                                           "model.path": "deepseek-community/Janus-Pro-7B"}),
 }  # fmt: skip
 COMMON = {"sampling.temperature": 1.0, "sampling.top_k": 2000, "sampling.cfg_scale": 3.0}
 
@@ -71,10 +75,12 @@ def test_preset_composes_to_the_authors_setting(name: str) -> None:
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("presets")
-    dirs = {fam: root / fam for fam in ("anole", "lumina_mgpt")}
+    dirs = {fam: root / fam for fam in ("anole", "lumina_mgpt", "janus_pro")}
+    write_tiny("janus_pro", dirs["janus_pro"], seed=0)  # no drafter: its preset's SCD drafts for itself
     dirs["emu3"] = root / "emu3"
     write_tiny("emu3", dirs["emu3"], seed=0)
-    for fam, out in list(dirs.items())[:2]:
+    for fam in ("anole", "lumina_mgpt"):
+        out = dirs[fam]
         write_tiny(fam, out, seed=0)
         dirs[f"{fam}_drafter"] = root / f"{fam}_drafter"  # LANTERN's published layout (pytorch_model.bin)
         write_tiny(f"{fam}_drafter", dirs[f"{fam}_drafter"], seed=0, target=out)

@@ -339,7 +339,7 @@ def validate(cfg: DictConfig) -> Checked:
     return Checked(conf, policy)
 
 
-BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina", "emu3")  # static-cache targets (``models.batch``)
+BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina", "emu3", "janus")  # static-cache targets (``models.batch``)
 
 
 def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:

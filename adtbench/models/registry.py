@@ -42,6 +42,7 @@ for _family, _module in (
     ("llamagen", "llamagen.target"), ("chameleon", "chameleon.target"), ("anole", "chameleon.target"),
     ("lumina", "chameleon.lumina"), ("tar", "tar.target"), ("mini", "mini.target"),
     ("emu3", "emu3.target"),
+    ("janus", "janus.target"),
 ):  # fmt: skip
     FAMILIES.register(_family, f"adtbench.models.{_module}:build_target")
 
@@ -51,11 +52,11 @@ _REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 IMPLS = ("lean", "hf")
-"""``model.impl`` of the families with two implementations (Chameleon: Anole, Lumina-mGPT; Emu3): ``lean`` (default, the
-project's own static-cache network) or ``hf`` (transformers, the reference)."""
+"""``model.impl`` of the families with two implementations (Chameleon: Anole, Lumina-mGPT; Emu3; Janus-Pro): ``lean``
+(default, the project's own static-cache network) or ``hf`` (transformers, the reference)."""
 
 
-REFERENCE_IMPLS: dict[str, str] = {"chameleon": "hf", "anole": "hf", "lumina": "hf", "emu3": "hf"}
+REFERENCE_IMPLS: dict[str, str] = {"chameleon": "hf", "anole": "hf", "lumina": "hf", "emu3": "hf", "janus": "hf"}
 """``model.family`` → the ``model.impl`` that is the published reference implementation (the papers' AR baseline:
 transformers' eager forward), for the families whose default implementation is the project's own (``lean``).
 ``timing.reference_baseline`` times the AR baseline through it too."""

@@ -10,7 +10,7 @@ folder is. Then ``python run.py model=<family> model.path=DIR policy=eagle2`` ru
 Families and their writers (each beside the loader it must mirror; the module docstrings list the layouts):
 ``anole``, ``lumina_mgpt`` → ``models/chameleon/tiny.py``; ``llamagen_t2i``, ``llamagen_c2i`` (``layout=official|
 bare|lantern``) → ``models/llamagen/tiny.py``; ``tar`` → ``models/tar/tiny.py``;
-``emu3`` → ``models/emu3/tiny.py``. Drafters (``DRAFTERS``, not
+``emu3`` → ``models/emu3/tiny.py``; ``janus_pro`` → ``models/janus/tiny.py``. Drafters (``DRAFTERS``, not
 targets: no sidecar): ``anole_drafter``, ``lumina_mgpt_drafter`` → ``models/chameleon/tiny.py``, LANTERN's published
 drafter layout sized for the tiny Chameleon targets, its embedding copied from ``target=DIR`` (a tiny target folder;
 default: the tiny target of the same seed). Shared helpers (sizes, tokenizers,
@@ -37,6 +37,7 @@ _WRITER_PATHS = {
     "llamagen_c2i": "adtbench.models.llamagen.tiny:write_tiny_c2i",
     "tar": "adtbench.models.tar.tiny:write_tiny",
     "emu3": "adtbench.models.emu3.tiny:write_tiny",
+    "janus_pro": "adtbench.models.janus.tiny:write_tiny",
 }
 _DRAFTER_PATHS = {  # tiny drafters in a published layout, for the tiny target of the same family
     "anole_drafter": "adtbench.models.chameleon.tiny:write_tiny_anole_drafter",

@@ -1,0 +1,418 @@
+"""Janus-Pro's generation path on the project's lean stack: a static-cache Llama and the image-token modules.
+
+``JanusLM`` computes the function of transformers' ``JanusForConditionalGeneration`` (4.57) as its ``generate``
+runs it for images:
+
+- prompt positions: ``x = language_model.embed_tokens(text ids)``;
+- generated positions: ``x = generation_aligner(generation_embeddings(code))`` — ``Embedding(K, e)`` (K = 16384,
+  e = 8) then the aligner MLP ``fc1 → [GELU → Linear] × (n − 1)`` (``JanusVQVAEAlignerMLP``) into the LM width D;
+- the Llama decoder (per layer, ``x`` the residual stream):
+
+      h  = x + o(SDPA(rope(q), rope(k), v; mask)),  q|k|v = RMSNorm(x)·W_qkvᵀ
+      x' = h + down(silu(gate) ⊙ up),               gate|up = RMSNorm(h)·W_13ᵀ
+
+  then the final RMSNorm: the features (EAGLE's ``f_t``, transformers' ``last_hidden_state``);
+- raw logits over the K codes from the generation head ``vision_head(GELU(proj_out(f)))`` (``JanusVQVAEHead``),
+  never the text ``lm_head``.
+
+So the token space of generation is the VQ code space itself: token id = code (``TokenLayout`` offset 0,
+vocabulary K), no end-of-line or end-of-image tokens. ``tok_embeddings`` (``GenerationEmbedder``) and ``output``
+(``GenerationHead``) are what ``StaticGPTTarget`` drives; ``text_embeddings`` embeds the prompt.
+
+Numerics (float32 equals transformers to float rounding): RMSNorm statistics in float32 (``lean.rms``,
+``NORM_DTYPE``), the norm weights folded into the following products; RoPE with the checkpoint's θ, HF's
+``rotate_half`` pairing stored interleaved (``lean.interleave_pairs`` on the q and k rows: no attention score
+changes), tables in float32; SDPA with an additive 0/−inf mask, scale ``head_dim^-½``; GELU exact (erf), as
+``ACT2FN["gelu"]``.
+
+Loading: ``load_janus_net`` reads the HF folder (``config.json`` + safetensors shards, the
+``deepseek-community/Janus-Pro-*`` layout) tensor by tensor onto the device, after checking every tensor it needs
+is present with its config's shape; ``lean_from_hf`` converts an in-memory ``JanusForConditionalGeneration``.
+Architectures this module does not implement (biases, RoPE scaling, another activation) are a ``ConfigError`` on
+``model.impl``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from adtbench.errors import ConfigError
+from adtbench.models.kv import StaticKVCache
+from adtbench.models.lean import (
+    InferenceWeights,
+    LayerWeights,
+    additive_mask,
+    fold_t,
+    interleave_pairs,
+    stack_fn,
+    stack_memo,
+)
+from adtbench.models.rope import Rope1D, Rotary, rotary
+
+NORM_DTYPE = torch.float32  # HF's Llama RMSNorm and rotary tables are float32 whatever the model dtype
+LM = "model.language_model."  # key prefix of the Llama decoder in the HF Janus layout
+GEN = "model.generation_"  # key prefix of the generation embedding, aligner and head
+
+
+@dataclass(frozen=True)
+class JanusArch:
+    """The sizes ``JanusLM`` needs, read from a ``JanusConfig`` (its ``text_config`` and ``vq_config``)."""
+
+    vocab_size: int  # text vocabulary (prompt ids)
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    num_codes: int  # K: the generation head's width, the generation embedding's rows
+    code_dim: int  # e: the generation embedding's width
+    projection_dim: int  # the aligner's and head's inner width
+    aligner_layers: int  # Linear layers of the aligner MLP (vq_config.num_hidden_layers)
+
+    @classmethod
+    def from_config(cls, config: Any, key: str = "model.impl") -> JanusArch:
+        """Sizes of a ``JanusConfig``; a feature the lean path does not implement is a ``ConfigError`` on ``key``."""
+        from adtbench.models.chameleon.lean import _rope_scaled
+        from adtbench.models.hf_causal import _rope_theta
+
+        t, vq = config.text_config, config.vq_config
+        act, gen_act = getattr(t, "hidden_act", "silu"), getattr(vq, "hidden_act", "gelu")
+        unsupported = [
+            name
+            for name, on in (
+                ("attention_bias", bool(getattr(t, "attention_bias", False))),
+                ("mlp_bias", bool(getattr(t, "mlp_bias", False))),
+                ("rope_scaling", _rope_scaled(t)),
+                (f"text_config.hidden_act={act}", act != "silu"),
+                (f"vq_config.hidden_act={gen_act}", gen_act != "gelu"),
+            )
+            if on
+        ]
+        if unsupported:
+            raise ConfigError(key, f"the lean Janus does not implement {unsupported}; use model.impl=hf")
+        heads = int(t.num_attention_heads)
+        head_dim = int(getattr(t, "head_dim", None) or int(t.hidden_size) // heads)
+        if int(vq.image_token_embed_dim) != int(t.hidden_size):
+            raise ConfigError(
+                key, f"vq_config.image_token_embed_dim {vq.image_token_embed_dim} ≠ the LM width {t.hidden_size}"
+            )
+        return cls(
+            vocab_size=int(t.vocab_size),
+            hidden_size=int(t.hidden_size),
+            intermediate_size=int(t.intermediate_size),
+            num_layers=int(t.num_hidden_layers),
+            num_heads=heads,
+            num_kv_heads=int(getattr(t, "num_key_value_heads", None) or heads),
+            head_dim=head_dim,
+            rms_norm_eps=float(t.rms_norm_eps),
+            rope_theta=_rope_theta(t),
+            num_codes=int(vq.num_embeddings),
+            code_dim=int(vq.embed_dim),
+            projection_dim=int(vq.projection_dim),
+            aligner_layers=int(vq.num_hidden_layers),
+        )
+
+    def hf_shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF key → shape of every tensor this module reads (the vision encoder, its aligner, the VQ model and the
+        text ``lm_head`` are not read)."""
+        D, F_, hd, H, KV = self.hidden_size, self.intermediate_size, self.head_dim, self.num_heads, self.num_kv_heads
+        K, e, P = self.num_codes, self.code_dim, self.projection_dim
+        out: dict[str, tuple[int, ...]] = {
+            LM + "embed_tokens.weight": (self.vocab_size, D),
+            LM + "norm.weight": (D,),
+            GEN + "embeddings.weight": (K, e),
+            GEN + "aligner.fc1.weight": (P, e),
+            GEN + "aligner.fc1.bias": (P,),
+            GEN + "head.proj_out.weight": (P, D),
+            GEN + "head.proj_out.bias": (P,),
+            GEN + "head.vision_head.weight": (K, P),
+            GEN + "head.vision_head.bias": (K,),
+        }
+        for j in range(self.aligner_layers - 1):
+            out[GEN + f"aligner.hidden_layers.{j}.weight"] = (P, P)
+            out[GEN + f"aligner.hidden_layers.{j}.bias"] = (P,)
+        for i in range(self.num_layers):
+            p = LM + f"layers.{i}."
+            out |= {
+                p + "self_attn.q_proj.weight": (H * hd, D),
+                p + "self_attn.k_proj.weight": (KV * hd, D),
+                p + "self_attn.v_proj.weight": (KV * hd, D),
+                p + "self_attn.o_proj.weight": (D, H * hd),
+                p + "mlp.gate_proj.weight": (F_, D),
+                p + "mlp.up_proj.weight": (F_, D),
+                p + "mlp.down_proj.weight": (D, F_),
+                p + "input_layernorm.weight": (D,),
+                p + "post_attention_layernorm.weight": (D,),
+            }
+        return out
+
+
+def _frozen(*shape: int) -> nn.Parameter:
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class GenerationEmbedder(nn.Module):
+    """Code ids → LM inputs: ``Embedding(K, e)`` then the aligner ``fc1 → [GELU → Linear] × (n − 1)``
+    (``JanusVQVAEAlignerMLP``), ``[..., D]``."""
+
+    def __init__(self, a: JanusArch) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(a.num_codes, a.code_dim)
+        self.fc1 = nn.Linear(a.code_dim, a.projection_dim)
+        self.hidden = nn.ModuleList(nn.Linear(a.projection_dim, a.projection_dim) for _ in range(a.aligner_layers - 1))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.fc1(self.embed(ids))
+        for layer in self.hidden:
+            h = layer(F.gelu(h))
+        return h
+
+
+class GenerationHead(nn.Module):
+    """Features ``[..., D]`` → raw logits over the K codes: ``vision_head(GELU(proj_out(f)))`` (``JanusVQVAEHead``).
+    ``bias`` is the last product's (``StaticGPTTarget.logits_head`` reads it: a head with a bias is computed
+    whole)."""
+
+    def __init__(self, a: JanusArch) -> None:
+        super().__init__()
+        self.proj_out = nn.Linear(a.hidden_size, a.projection_dim)
+        self.vision_head = nn.Linear(a.projection_dim, a.num_codes)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        return self.vision_head.bias
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.vision_head(F.gelu(self.proj_out(features)))
+        return logits
+
+
+class LlamaBlock(nn.Module):
+    """One Llama decoder layer in inference form: ``wqkv``, ``w13`` fused with their RMSNorm weights folded in (q and
+    k rows in interleaved rotary pairs), ``wo``, ``w2`` (``[out, in]`` like ``nn.Linear``)."""
+
+    def __init__(self, a: JanusArch) -> None:
+        super().__init__()
+        D, F_, H, KV, hd = a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads, a.head_dim
+        self.eps = a.rms_norm_eps
+        self.wqkv = _frozen((H + 2 * KV) * hd, D)
+        self.wo = _frozen(D, H * hd)
+        self.w13 = _frozen(2 * F_, D)
+        self.w2 = _frozen(D, F_)
+        self.heads, self.kv_heads, self.head_dim = H, KV, hd
+
+    def inference_weights(self) -> LayerWeights:
+        """``lean.decoder_layer``'s view of this layer (transposed views, no copies)."""
+        return LayerWeights(
+            qkv=self.wqkv.t(),
+            qkv_bias=None,
+            o=self.wo.t(),
+            up=self.w13.t(),
+            down=self.w2.t(),
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            norm_in=True,
+            eps_in=self.eps,
+            eps_ffn=self.eps,
+            norm_dtype=NORM_DTYPE,
+        )
+
+
+class JanusLM(InferenceWeights, nn.Module):
+    """Janus-Pro's image-generation network (module docstring): ``text_embeddings``, ``tok_embeddings``
+    (``GenerationEmbedder``: codes → D), ``layers`` (``LlamaBlock``), ``norm_weight``, ``output``
+    (``GenerationHead``), ``rope``; ``config`` is the checkpoint's ``JanusConfig``.
+
+    The interface ``StaticGPTTarget`` drives: ``tok_embeddings(ids)``, ``output(features)``,
+    ``forward_embeds(x, pos, mask, cache, start)`` and ``new_cache(rows, capacity)``. Inference only."""
+
+    def __init__(self, arch: JanusArch, config: Any = None) -> None:
+        super().__init__()
+        self.arch, self.config = arch, config
+        self.text_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
+        self.tok_embeddings = GenerationEmbedder(arch)
+        self.layers = nn.ModuleList(LlamaBlock(arch) for _ in range(arch.num_layers))
+        self.norm_weight = _frozen(arch.hidden_size)
+        self.output = GenerationHead(arch)
+        self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
+        self.requires_grad_(False)
+
+    def new_cache(self, rows: int, capacity: int) -> StaticKVCache:
+        a, p = self.arch, self.norm_weight
+        return StaticKVCache(a.num_layers, rows, a.num_kv_heads, capacity, a.head_dim, p.dtype, p.device)
+
+    def _build_inference_weights(self) -> list[LayerWeights]:
+        blocks: list[Any] = list(self.layers)
+        return [b.inference_weights() for b in blocks]
+
+    def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
+        """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``, in float32 (HF's rotary embedding),
+        cast to float64 for a float64 model."""
+        a = self.arch
+        rot = rotary(self.rope, pos, NORM_DTYPE, a.num_heads + a.num_kv_heads, a.num_kv_heads)
+        return rot.to(dtype) if dtype == torch.float64 else rot
+
+    def forward_embeds(
+        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor
+    ) -> torch.Tensor:
+        """Input embeddings ``[R, n, D]`` at positions ``[R, n]`` → post-final-norm features ``[R, n, D]``; the n
+        new K/V entries are written at ``start`` (``lean.lean_stack``). ``mask [R, 1, n, W]``: boolean (True =
+        attend) or additive in x's dtype."""
+        mask = additive_mask(mask, x.dtype)
+        rot = self.rope_tables(pos, x.dtype)
+        layers, eps = self.inference_weights(), self.arch.rms_norm_eps
+        memo = stack_memo(self)
+        out: torch.Tensor = stack_fn(self)(
+            layers, self.norm_weight, eps, x, rot, mask, cache, start, NORM_DTYPE, memo=memo
+        )
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Building the inference weights from HF-layout tensors
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _fuse(
+    arch: JanusArch,
+    get: Callable[[str], torch.Tensor],
+    dtype: torch.dtype,
+    layer_done: Callable[[int], None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """``JanusLM`` state dict from HF-layout tensors (``get(key)`` → tensor on the target device, any dtype), every
+    tensor cast to ``dtype`` first; layer by layer, ``layer_done(i)`` after layer i is fused."""
+    H, KV, hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
+
+    def t(key: str) -> torch.Tensor:
+        return get(key).to(dtype)
+
+    def folded(keys: list[str], norm_key: str) -> torch.Tensor:
+        return fold_t(torch.cat([t(k) for k in keys], 0), t(norm_key)).t().contiguous()  # W · diag(norm)
+
+    sd: dict[str, torch.Tensor] = {}
+    for i in range(arch.num_layers):
+        p, q = LM + f"layers.{i}.", f"layers.{i}."
+        qkv = folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
+        qk = (H + KV) * hd
+        sd[q + "wqkv"] = torch.cat([interleave_pairs(qkv[:qk], H + KV, hd), qkv[qk:]], 0)
+        sd[q + "w13"] = folded(
+            [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "post_attention_layernorm.weight"
+        )
+        sd[q + "wo"] = t(p + "self_attn.o_proj.weight")
+        sd[q + "w2"] = t(p + "mlp.down_proj.weight")
+        if layer_done is not None:
+            layer_done(i)
+    sd["norm_weight"] = t(LM + "norm.weight")
+    sd["text_embeddings.weight"] = t(LM + "embed_tokens.weight")
+    sd["tok_embeddings.embed.weight"] = t(GEN + "embeddings.weight")
+    for part in ("weight", "bias"):
+        sd[f"tok_embeddings.fc1.{part}"] = t(GEN + f"aligner.fc1.{part}")
+        for j in range(arch.aligner_layers - 1):
+            sd[f"tok_embeddings.hidden.{j}.{part}"] = t(GEN + f"aligner.hidden_layers.{j}.{part}")
+        sd[f"output.proj_out.{part}"] = t(GEN + f"head.proj_out.{part}")
+        sd[f"output.vision_head.{part}"] = t(GEN + f"head.vision_head.{part}")
+    return sd
+
+
+def _assemble(arch: JanusArch, config: Any, sd: dict[str, torch.Tensor]) -> JanusLM:
+    """``JanusLM`` built on the meta device with ``sd``'s tensors assigned (no copy, no init pass)."""
+    with torch.device("meta"):
+        net = JanusLM(arch, config)
+    net.load_state_dict(sd, strict=True, assign=True)
+    return net.requires_grad_(False).eval()
+
+
+def lean_from_hf(model: nn.Module) -> JanusLM:
+    """The lean form of an in-memory ``JanusForConditionalGeneration`` (its weights are read, not moved: ``model``
+    stays usable, the reference of the tests)."""
+    config = model.config
+    arch = JanusArch.from_config(config)
+    sd = model.state_dict()
+    return _assemble(arch, config, _fuse(arch, lambda k: sd[k].detach().clone(), next(model.parameters()).dtype))
+
+
+def safetensors_device(device: torch.device | str) -> str:
+    """``safe_open``'s device string: ``cpu`` for any CPU device (the simulated CUDA device is ``cpu:0``, which
+    safetensors refuses), else the device as named."""
+    d = torch.device(device)
+    return "cpu" if d.type == "cpu" else str(d)
+
+
+def open_janus_checkpoint(path: Path, key: str = "model.path") -> tuple[Any, list[Path], dict[str, tuple[int, ...]]]:
+    """``(JanusConfig, shard files, tensor name → shape)`` of an HF Janus folder; no tensor is read.
+
+    Checks (``ConfigError(key, …)``): a ``config.json`` of ``model_type`` janus, at least one safetensors shard (the
+    index's shards all present), each structurally whole (``io.check_weights``)."""
+    import json
+
+    from transformers import JanusConfig
+
+    from adtbench.io import check_weights
+    from adtbench.models.hf_checkpoint import checkpoint_shapes, safetensors_files
+
+    cfg_file = path / "config.json"
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(key, f"{cfg_file}: unreadable config.json ({e})") from e
+    if raw.get("model_type") != "janus":
+        raise ConfigError(
+            key,
+            f"{cfg_file}: model_type {raw.get('model_type')!r}, expected 'janus' (an HF-converted Janus-Pro folder)",
+        )
+    config = JanusConfig.from_pretrained(str(path))
+    files = safetensors_files(path)
+    if not files:
+        raise ConfigError(key, f"{path} holds no *.safetensors weights")
+    for f in files:
+        check_weights(key, f)
+    return config, files, checkpoint_shapes(files)
+
+
+def load_janus_net(path: Path, dtype: torch.dtype, device: torch.device, key: str = "model.path") -> JanusLM:
+    """``JanusLM`` from an HF Janus folder (``config.json`` + ``model.safetensors`` or shards + index), read tensor by
+    tensor onto ``device``. Every tensor ``JanusArch.hf_shapes`` names must be present with that shape (a
+    ``ConfigError`` on ``key`` before any tensor is read); others (the vision encoder, the VQ model, ``lm_head``)
+    are not read."""
+    from safetensors import safe_open
+
+    from adtbench.models.hf_checkpoint import shape_mismatches
+
+    config, files, shapes = open_janus_checkpoint(path, key)
+    arch = JanusArch.from_config(config)
+    own = arch.hf_shapes()
+    bad = shape_mismatches(shapes, own)
+    missing = [k for k in own if k not in shapes]
+    if bad or missing:
+        raise ConfigError(
+            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
+        )
+    handles = {}
+    for f in files:
+        h = safe_open(str(f), framework="pt", device=safetensors_device(device))
+        handles.update(dict.fromkeys(h.keys(), h))
+    return _assemble(arch, config, _fuse(arch, lambda k: handles[k].get_tensor(k), dtype))
+
+
+__all__ = [
+    "GenerationEmbedder",
+    "GenerationHead",
+    "JanusArch",
+    "JanusLM",
+    "LlamaBlock",
+    "lean_from_hf",
+    "load_janus_net",
+    "open_janus_checkpoint",
+    "safetensors_device",
+]
