@@ -158,8 +158,10 @@ class JacobiStep:
         self.device, self.greedy = dev, sp.greedy
         self.n = self.layout.num_gen_tokens
         static = target.static
-        self.b = bucket_of(L, static.buckets)
-        self.bucket = static.steps[self.b]
+        bucket = bucket_of(L, static.buckets)
+        assert bucket is not None, "refusal() checked the bucket"
+        self.b: int = bucket
+        self.bucket = static.steps[bucket]
         self.rows, self.capacity = static.rows, static.capacity
         D, V, b, pad = L - 1, self.layout.vocab_size, self.b, L + 1
         self.tables = layout_tables(self.layout, dev, torch.promote_types(target.dtype, torch.float32), pad)
@@ -232,7 +234,8 @@ class JacobiStep:
     def width_for(self, g_hi: int) -> int:
         """The attention width of a step whose root is at most ``g_hi``: the smallest capacity bucket holding the
         committed columns and the bucket's block."""
-        return self.bucket._width_for(int(self.target.length) + min(g_hi, self.n - 1) + self.b)
+        width: int = self.bucket._width_for(int(self.target.length) + min(g_hi, self.n - 1) + self.b)
+        return width
 
     def launch(self, K: int) -> None:
         """One step at attention width ``K``: its graph's replay (captured at the first use of ``K``, with the step
