@@ -46,6 +46,9 @@ MODEL_CALLS: tuple[tuple[str, str, str], ...] = (
     ("drafter", "extend", DRAFTER),
     ("drafter", "expand", DRAFTER),
     ("target", "lm_head", DRAFTER_HEAD),
+    # the device-resident Jacobi step (``policy.step``): its replay holds the verify and the engine work on the device,
+    # so the overhead left is the host's (the draws, the verdict's copy, the wait one step late, the records)
+    ("adtbench.algorithm.jacobi_step:JacobiStep", "launch", TARGET),
 )
 """(owner, attribute, label): the public calls every model forward of a cycle goes through, eager or graphed."""
 _PREFILL: tuple[tuple[str, str], ...] = (
