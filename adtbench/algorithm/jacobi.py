@@ -64,7 +64,9 @@ D = drafter levels (``init=drafter``; else 0), d = m, a = accepted drafts; ``ext
 kept their draft), ``target_forwards``.
 
 Device discipline: every tensor of the loop is born on the target's device, draws use the generator handed in,
-and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image.
+and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image. At a
+fixed window on graphed verifies the same iteration runs as one fixed-shape device step, one graph replay per forward
+with the verdict read one step late (``jacobi_step``, ``policy.step``).
 """
 
 from __future__ import annotations
