@@ -155,6 +155,44 @@ def generator(device: torch.device, seed: int) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(int(seed))
 
 
+def pinned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A host buffer that ``copy_to_host`` fills without synchronising: page-locked memory when ``device`` is a GPU
+    (a copy into pageable memory waits for the device), plain host memory elsewhere (the simulated device notes it as
+    pinned, so its copies count as asynchronous)."""
+    if device.type == "cuda":
+        return torch.zeros(shape, dtype=dtype, pin_memory=True)
+    out = torch.zeros(shape, dtype=dtype)
+    _PINNED[out] = True
+    return out
+
+
+def copy_to_host(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Enqueue ``dst.copy_(src)`` from the device into a ``pinned`` host buffer without waiting for it: read ``dst``
+    only after a ``Fence`` recorded after this call has been waited on. Counted as ``async_copies`` on the simulated
+    device (its work is done when the call returns)."""
+    dst.copy_(src, non_blocking=True)
+
+
+class Fence:
+    """A point in the device's queue the host can wait for later: ``record()`` after enqueuing work (a CUDA event on a
+    GPU; a no-op elsewhere, where the work is done when its call returns), ``wait()`` blocks until the device passed
+    it. Waiting on a fence recorded one step earlier, while the next step is queued, leaves the device busy (the
+    graphed Jacobi loop's one-step-late read). Counted as ``fence_waits`` on the simulated device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.event = torch.cuda.Event() if device.type == "cuda" else None
+
+    def record(self) -> None:
+        if self.event is not None:
+            self.event.record()
+
+    def wait(self) -> None:
+        if self.event is not None:
+            self.event.synchronize()
+        elif _active is not None:
+            _active.counts["fence_waits"] += 1
+
+
 def device_name(device: torch.device) -> str:
     """What to print for the device: the GPU's name, or the CPU."""
     if device.type == "cuda":
@@ -546,6 +584,7 @@ _BASE_GENERATOR = torch.Generator
 
 
 _ON_DEVICE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+_PINNED: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # ``pinned`` host buffers (page-locked on CUDA)
 _HOST_SITE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
 
@@ -682,7 +721,12 @@ class Simulation(TorchFunctionMode):
             self._h2d("__setitem__ of a Python number at an index")  # a blocking copy on CUDA (seen on an H200)
         if dev_in:
             host = [t for t in tensors if t not in self.on_device and t.dim() > 0]
-            if host:
+            if name == "copy_" and tensors[0] not in self.on_device and tensors[1] in self.on_device:
+                if kwargs.get("non_blocking") and tensors[0] in _PINNED:
+                    self.counts["async_copies"] += 1  # into page-locked memory: CUDA copies without waiting
+                else:
+                    self._read("copy_ to the host")  # device → host: the host waits for the value
+            elif host:
                 if name in _CROSS:
                     self._h2d(name)
                 else:

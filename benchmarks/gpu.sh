@@ -18,7 +18,8 @@
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
-#           $JACOBI_WINDOWS, SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
+#           $JACOBI_WINDOWS (the device-resident step: policy.step=auto), SCD 32 through the host-driven loop
+#           (policy.step=eager), SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
 #           prompts (the verify cost against L is the probe's verify(n))             → jacobi.json
 #   policies `adtbench bench probe` on $POLICY_MODEL (the 7B shape at $POLICY_GRID) judging every policy of
 #           $POLICY_NAMES at a pinned shape on one set of captured models: per policy the cycle split, the overhead
@@ -214,7 +215,8 @@ stage_jacobi() {
     for w in $JACOBI_WINDOWS; do variants+=(--variant "scd_$w" policy=scd "policy.window=$w"); done
     variants+=(--variant sjd_16 policy=sjd policy.window=16 --variant gsd_16 policy=gsd policy.window=16
                --variant sjd_pac_32 policy=sjd_pac policy.window=32
-               --variant scd_cost policy=scd policy.window=cost --variant static_sampled policy=static_sampled)
+               --variant scd_cost policy=scd policy.window=cost --variant static_sampled policy=static_sampled
+               --variant scd_32_eager policy=scd policy.window=32 policy.step=eager)  # the host-driven SCD loop
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"

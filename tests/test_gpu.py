@@ -383,3 +383,33 @@ def test_a_graphed_cycle_synchronises_once_or_twice_with_budget_cost(case) -> No
     assert timer.source is not None and cycles > 3 and timer.replays >= res.target_forwards - 1
     assert timer.syncs <= bound * cycles, (timer.sites, cycles)
     assert timer.explicit == 2  # the image's start and end (records.Clock.now), outside the count
+
+
+@pytest.mark.gpu_sim
+@pytest.mark.parametrize("name", ["scd", "sjd", "gsd"])
+def test_the_jacobi_step_is_one_graph_replay_and_no_read_per_forward(name: str) -> None:
+    """The device-resident Jacobi step (``algorithm.jacobi_step``, ``policy.step=auto`` on graphed verifies): greedy
+    = AR greedy token for token, and at T = 1 every forward is one graph replay with no synchronisation inside the
+    loop — the host waits only on the previous forward's fence (one step late; ``CycleTimer`` counts the
+    ``set_sync_debug_mode`` warnings on CUDA, the simulated device's reads and blocking copies elsewhere): the image's
+    end reads the tokens once. Issue 40's goal: ≤ 3 host launches and 0 blocking reads per SCD forward."""
+    from adtbench.algorithm.policies.jacobi import JacobiModels
+    from adtbench.tools.bench_cycle import CycleTimer
+
+    target, _ = _graphed("tiny_llamagen", "float32")
+    node = {"window": 6, "init": "up"} if name != "sjd" else {"window": 6, "init": "random"}
+    pol = POLICY_BUILDERS.build(name, node)
+    inputs = target.encode_prompt("a red circle", cfg=True)
+    greedy = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    ar = decode_ar(target, inputs, greedy, _generator(0))
+    res = generate(target, JacobiModels(), pol, inputs, greedy, _generator(0))
+    assert res.stats["step"] == "graph" and res.tokens == ar.tokens
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+    generate(target, JacobiModels(), pol, inputs, sp, _generator(1))  # captures every width the image needs
+    with CycleTimer(target, None) as timer:
+        res = generate(target, JacobiModels(), pol, inputs, sp, _generator(2))
+        timer.settle()
+    forwards = len(res.cycles) + res.stats["idle_forwards"]
+    assert res.stats["step"] == "graph" and len(res.cycles) > 3 and res.stats["idle_forwards"] <= 1
+    assert len(res.tokens) == target.layout.num_gen_tokens
+    assert timer.source is not None and timer.syncs <= 2, (timer.sites, forwards)  # the tokens' read at the end

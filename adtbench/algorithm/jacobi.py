@@ -64,7 +64,9 @@ D = drafter levels (``init=drafter``; else 0), d = m, a = accepted drafts; ``ext
 kept their draft), ``target_forwards``.
 
 Device discipline: every tensor of the loop is born on the target's device, draws use the generator handed in,
-and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image.
+and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image. At a
+fixed window on graphed verifies the same iteration runs as one fixed-shape device step, one graph replay per forward
+with the verdict read one step late (``jacobi_step``, ``policy.step``).
 """
 
 from __future__ import annotations
@@ -100,6 +102,7 @@ REDRAWS = ("independent", "coupled", "gumbel")
 PROPOSALS = ("uniform", "point")
 WINDOW_MODES = ("cost", "adaptive")
 RULES = ("exact", "gsd")
+STEPS = ("auto", "graph", "eager")  # policy.step (``jacobi_step``)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -110,10 +113,11 @@ RULES = ("exact", "gsd")
 @dataclass(frozen=True)
 class JacobiParams:
     """One Jacobi method (module docstring). ``window``: L, the chain's nodes (root + L − 1 drafts), or ``cost`` /
-    ``adaptive`` (then L ∈ [``window_min``, ``window_max``]); ``rule``: ``exact`` or ``gsd`` (``group_*``: its
-    group); ``proposal``: the stored q of an ``init: random`` draft, ``uniform`` or ``point`` (a point mass on the
-    draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``: ``window: cost`` decodes the first that many
-    tokens of each calibration image."""
+    ``adaptive`` (then L ∈ [``window_min``, ``window_max``]); ``step``: ``auto`` / ``graph`` / ``eager``, how a
+    forward runs (``jacobi_step``: the fixed-shape step captured as one graph, or the host-driven loop); ``rule``:
+    ``exact`` or ``gsd`` (``group_*``: its group); ``proposal``: the stored q of an ``init: random`` draft,
+    ``uniform`` or ``point`` (a point mass on the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``:
+    ``window: cost`` decodes the first that many tokens of each calibration image."""
 
     window: int | str = 16
     init: str = "random"
@@ -128,6 +132,7 @@ class JacobiParams:
     group_size: int = 14
     group_gap: float = 0.15
     group_dist: float = 0.5
+    step: str = "auto"
 
     @property
     def max_nodes(self) -> int:
@@ -169,6 +174,7 @@ def jacobi_params(node: dict[str, Any]) -> JacobiParams:
         group_size=check_number(node.get("group_size", d.group_size), "policy.group_size", int, lo=0),
         group_gap=check_number(node.get("group_gap", d.group_gap), "policy.group_gap", float, lo=0.0),
         group_dist=check_number(node.get("group_dist", d.group_dist), "policy.group_dist", float, lo=0.0),
+        step=check_choice(node.get("step", d.step), "policy.step", STEPS),
     )
 
 
@@ -261,12 +267,13 @@ def _chain(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, to
 class LayoutTables:
     """Per (layout, device): ``forced [n_gen + pad]`` (the forced token at each generation index, −1 where none, on
     the device), ``prev_image`` (host: the latest non-forced index before each index, −1 for none), ``uniform [V]``
-    (the uniform proposal over the image tokens), ``has_forced``."""
+    (the uniform proposal over the image tokens), ``has_forced``, ``prev_device`` (``prev_image`` on the device)."""
 
     forced: torch.Tensor
     prev_image: list[int]
     uniform: torch.Tensor
     has_forced: bool
+    prev_device: torch.Tensor  # ``prev_image`` on the device (the fixed-shape step's ``init_sources``)
 
 
 def layout_tables(layout: TokenLayout, device: torch.device, dtype: torch.dtype, pad: int) -> LayoutTables:
@@ -296,7 +303,8 @@ def _tables(key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, pad:
     uniform = torch.zeros(layout.vocab_size, dtype=dtype, device=device)
     uniform[layout.image_token_offset : layout.image_token_offset + layout.num_codes] = 1.0 / layout.num_codes
     fd = torch.tensor(forced, dtype=torch.long, device=device)
-    return LayoutTables(fd, prev, uniform, any(f >= 0 for f in forced))
+    pd = torch.tensor(prev, dtype=torch.long, device=device)
+    return LayoutTables(fd, prev, uniform, any(f >= 0 for f in forced), pd)
 
 
 @lru_cache(maxsize=16)
@@ -317,6 +325,7 @@ def redraw(
     has_old: torch.Tensor,
     generator: torch.Generator | None,
     noise: torch.Tensor | None = None,
+    draws: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """New drafts from this forward's rows ``probs [r, V]`` (module docstring, step 2): returns (tokens ``[r]``, their
     proposals ``[r, V]`` = ``probs``, kept ``[r]`` bool). ``coupled``: row i keeps ``old[i]`` (drawn from
@@ -324,31 +333,34 @@ def redraw(
     norm(max(p − q_old, 0)) (rows without an old draft: ``q_old`` is 0, so from p). ``gumbel``: the exponential race
     argmax_v p(v) / E_v (Gumbel-max) on the position's own Exp(1) row ``noise [r, V]``, drawn once when the position
     entered the window and reused by every redraw there (the SCD authors' Gumbel coupling); kept = the old draft
-    won again."""
+    won again. ``draws``: (the keep test's uniforms ``[r]``, the residual draws' ``[r]``), drawn by the caller (the
+    graphed step, ``jacobi_step``); None: both drawn from ``generator`` here."""
+    keep_u, resid_u = (None, None) if draws is None else draws
     if kind == "independent":
-        return sample_rows_cdf(probs, generator), probs, torch.zeros_like(has_old)
+        return sample_rows_cdf(probs, generator, resid_u), probs, torch.zeros_like(has_old)
     if kind == "gumbel":
         assert noise is not None, "redraw=gumbel needs the window's noise rows"
         tok = (probs.to(noise.dtype) / noise).argmax(-1)
         return tok, probs, has_old & (tok == old)
-    u = uniforms((probs.shape[0],), generator, probs.device)
+    u = uniforms((probs.shape[0],), generator, probs.device) if keep_u is None else keep_u
     px = probs.gather(1, old[:, None])[:, 0]
     qx = q_old.gather(1, old[:, None])[:, 0]
     keep = has_old & (u * qx < px)  # u is float64: the test runs in float64
     resid = (probs - q_old).clamp_min(0.0)
     resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, probs)  # zero only if p = q_old: then keep is sure
-    return torch.where(keep, old, sample_rows_cdf(resid, generator)), probs, keep
+    return torch.where(keep, old, sample_rows_cdf(resid, generator, resid_u)), probs, keep
 
 
-def init_sources(layout: TokenLayout, tables: LayoutTables, s: int, t: int, init: str) -> torch.Tensor:
+def init_sources(layout: TokenLayout, tables: LayoutTables, s: int | torch.Tensor, t: int, init: str) -> torch.Tensor:
     """Generation indices whose tokens ``left`` / ``up`` copy into positions s … s + t − 1 (all known: committed, the
     root or drafts before s). ``left``: the latest non-forced index before s, for every position (a repeated
-    neighbour); ``up``: the same column in the nearest row above that is known (before s), else ``left``'s."""
+    neighbour); ``up``: the same column in the nearest row above that is known (before s), else ``left``'s. ``s``: a
+    host int, or a device ``[1]`` tensor (the fixed-shape step, ``jacobi_step``: no read)."""
     dev = tables.forced.device
-    left = tables.prev_image[s]
+    left: int | torch.Tensor = tables.prev_image[s] if isinstance(s, int) else tables.prev_device[s]
     j = s + arange_on(t, dev)
     if init == "left":
-        return torch.full_like(j, left)
+        return torch.full_like(j, left) if isinstance(left, int) else left.expand(t)
     src = j - layout.row_len * ((j - s) // layout.row_len + 1)
     return torch.where(src >= 0, src, left)
 
@@ -356,26 +368,30 @@ def init_sources(layout: TokenLayout, tables: LayoutTables, s: int, t: int, init
 def init_drafts(
     init: str,
     seq: torch.Tensor,
-    s: int,
+    s: int | torch.Tensor,
     t: int,
     layout: TokenLayout,
     tables: LayoutTables,
     generator: torch.Generator | None,
     greedy: bool,
     proposal: str = "uniform",
+    u: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """New drafts for positions s … s + t − 1 (``random`` / ``left`` / ``up``; module docstring, step 3): (tokens
     ``[t]``, proposals ``[t, V]``, None when greedy). ``proposal``: ``random`` drafts' stored q, ``uniform`` or
-    ``point`` (a point mass on the draft: exact too, the draft is known once q is)."""
+    ``point`` (a point mass on the draft: exact too, the draft is known once q is). ``s``: a host int or a device
+    ``[1]`` tensor (``init_sources``); ``u [t]``: ``random``'s uniforms drawn by the caller (None: from
+    ``generator``)."""
     dev, V = seq.device, layout.vocab_size
     if init == "random":
-        u = uniforms((t,), generator, dev)
+        if u is None:
+            u = uniforms((t,), generator, dev)
         tok = layout.image_token_offset + (u * layout.num_codes).long().clamp_max(layout.num_codes - 1)
     else:
         tok = seq[init_sources(layout, tables, s, t, init)]
     forced = None
     if tables.has_forced:
-        f = tables.forced[s : s + t]
+        f = tables.forced[s : s + t] if isinstance(s, int) else tables.forced[s + arange_on(t, dev)]
         forced = f >= 0
         tok = torch.where(forced, f, tok)
     if greedy:
@@ -614,6 +630,7 @@ class JacobiState:
             "coupled": self.coupled,
             "kept_frac": kept / self.coupled if self.coupled else None,
             "target_forwards": len(self.cycles),
+            "step": "eager",
         }
 
 
@@ -759,6 +776,12 @@ def decode_jacobi(
     root, res = prefill_token(target, inputs, sp, params.max_nodes, generator)
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
+    step = _fixed_shape_step(target, params, sp, rule, acceptance, window)
+    if step is not None and step.fits():  # the device-resident step (``jacobi_step``; policy.step)
+        timing = Timing(t0, (begin, clock.mark()))
+        tokens, stats, rec = step.run_image(root, generator, limit, clock, timing)
+        timing.stop(clock)
+        return timing.result(clock, tokens[: layout.num_gen_tokens], rec.cycles, 0, stats, target.forwards)
     st = params.state_type.start(root, layout, params, sizer, sp, target.dtype, generator)
     st.limit = limit
     timing = Timing(t0, (begin, clock.mark()))
@@ -775,6 +798,23 @@ def decode_jacobi(
         st.stats(),
         target.forwards,
     )
+
+
+def _fixed_shape_step(
+    target: Target, params: JacobiParams, sp: SamplingParams, rule: AcceptanceRule, acceptance: str, window: int | None
+) -> Any:
+    """The ``jacobi_step.JacobiStep`` this decode runs (``policy.step``: ``jacobi_step.chooses_graph``), or None for the
+    host-driven loop. Decided after the prefill: the first prefill under ``engine.compile`` pins the cache and
+    captures the verifies."""
+    if params.step == "eager":
+        return None
+    from adtbench.algorithm import jacobi_step
+
+    if not jacobi_step.chooses_graph(params, rule, target, window, decides_on_host(acceptance, target.device)):
+        return None
+    L = params.window if isinstance(params.window, int) else window
+    assert L is not None
+    return jacobi_step.step_for(target, params, sp, rule, L)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -931,7 +971,7 @@ def calibrate_window(
     grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
     taus: dict[int, float] = {}
     for L in grid:
-        p = dataclasses.replace(params, window=L)
+        p = dataclasses.replace(params, window=L, step="eager")  # τ(L) is the law's: no graphs captured per L
         committed = forwards = 0
         for x in inputs:
             generator.manual_seed(0)

@@ -141,14 +141,20 @@ def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch
     return token
 
 
-def sample_rows_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def sample_rows_cdf(
+    probs: torch.Tensor, generator: torch.Generator | None, u: torch.Tensor | None = None
+) -> torch.Tensor:
     """One draw per row of (possibly unnormalised) probabilities ``[m, V]`` on their device by inverse CDF: the first v
     with ``cumsum(p)[v] > u · Σp`` for one ``u ~ U[0, 1)`` per row (``sample_np``'s rule, vectorised; a zero-probability
     entry is never first). The categorical law exactly, like ``sample_rows``, with m uniforms instead of m·V
-    exponentials (the Jacobi loops' redraws: a window of rows every forward). Returns long ``[m]``."""
+    exponentials (the Jacobi loops' redraws: a window of rows every forward). ``u [m]``: the uniforms, drawn by the
+    caller (the graphed Jacobi step fills them outside its graph); None: drawn from ``generator``. Returns long
+    ``[m]``."""
     cdf = probs.to(torch.float64).cumsum(-1)
     total = cdf[:, -1:]
-    u = uniforms((probs.shape[0], 1), generator, probs.device) * total
+    if u is None:
+        u = uniforms((probs.shape[0], 1), generator, probs.device)
+    u = u.view(-1, 1).to(torch.float64) * total
     u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u·Σp rounded up to Σp: stay below it
     return torch.searchsorted(cdf, u, right=True)[:, 0]
 

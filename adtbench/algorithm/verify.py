@@ -478,33 +478,57 @@ def accept_chain(
     generator: torch.Generator | None = None,
     rule: AcceptanceRule = EXACT,
 ) -> Verdict:
-    """``accept`` of a chain (``is_chain``) greedy or with proposals, in a fixed handful of ops. Node i's one child is
-    i + 1, so the accepted length is a = Σ_i Π_{j≤i} ok_j and the bonus comes from row a. The same decisions from the
-    same draws as the general paths (tested token for token): greedy, ok_i = the rule's argmax test of row i; with
-    proposals (``_by_rank`` at its one rank), one uniform per node, ok_i = U_i < acc_i (``rule.proposal_rows``), the
-    bonus drawn from row a's normalised residual when a < n − 1 (a rejection there), else from p_{n−1}."""
-    n, dev = tree.size, processed.device
-    x = tree.tokens[1:]
+    """``accept`` of a chain (``is_chain``) greedy or with proposals, in a fixed handful of ops (``chain_verdict``,
+    drawing its n uniforms and the bonus's exponential race from ``generator``). The same decisions from the same
+    draws as the general paths (tested token for token): greedy, ok_i = the rule's argmax test of row i; with
+    proposals (``_by_rank`` at its one rank), one uniform per node, ok_i = U_i < acc_i (``rule.proposal_rows``)."""
+    n = tree.size
+    u = None if greedy else uniforms((n,), generator, processed.device)[:-1]
+    return chain_verdict(
+        tree.tokens[1:], processed, tree.proposal, greedy, rule, u, n - 1, lambda p: sample_rows(p, generator)
+    )
+
+
+def chain_verdict(
+    x: torch.Tensor,
+    processed: torch.Tensor,
+    proposal: torch.Tensor | None,
+    greedy: bool,
+    rule: AcceptanceRule,
+    u: torch.Tensor | None,
+    live: int | torch.Tensor,
+    draw: Callable[[torch.Tensor], torch.Tensor],
+) -> Verdict:
+    """The chain's acceptance law, one place for the eager loop (``accept_chain``) and the fixed-shape Jacobi step
+    (``jacobi_step``): drafts ``x [n − 1]`` (node i's child is i + 1) against processed rows ``[n, V]``, proposal
+    rows ``[n, V]`` (row i: draft x_i's q; None when greedy), uniforms ``u [n − 1]`` (None when greedy), the first
+    ``live`` drafts testable (an int, or a device ``[1]`` tensor: the fixed-shape step's room clamp; drafts past it are
+    never accepted) and ``draw`` (one token from an unnormalised probability row ``[1, V]`` or ``[V]``).
+
+    ok_i = (greedy: the rule's argmax test of row i; else U_i < acc_i, ``rule.proposal_rows``) and i < live; the
+    accepted length a = Σ_i Π_{j≤i} ok_j and the bonus comes from row a: its argmax (greedy), a draw from row a's
+    normalised residual when a < live (a rejection there), else from p_a (every live draft accepted)."""
+    n = processed.shape[0]
     if greedy:
         ok = rule.greedy_accept(processed[:-1], x)
     else:
+        assert proposal is not None and u is not None
         p = processed.softmax(-1)
-        q = tree.proposal
-        assert q is not None
-        q = q[:-1].to(p.dtype)
+        q = proposal[:-1].to(p.dtype)
         head = p[:-1]
         acc, residual = rule.proposal_rows(head, x, q, head.gather(1, x[:, None])[:, 0], q.gather(1, x[:, None])[:, 0])
-        u = uniforms((n,), generator, dev).to(p.dtype)
-        ok = u[:-1] < acc
+        ok = u.to(p.dtype) < acc
+    if isinstance(live, torch.Tensor):
+        ok = ok & (arange_on(n - 1, processed.device) < live)
     a = ok.to(torch.long).cumprod(0).sum().view(1)  # [1]: a 0-d index would be read to the host
     row = processed.index_select(0, a)[0]
     if greedy:
         bonus = row.argmax()
     else:
         p_a = p.index_select(0, a)
-        after_rejection = _normalise_rows(residual.index_select(0, a.clamp_max(n - 2)), p_a)  # row a's, a < n − 1
-        bonus = sample_rows(torch.where(a < n - 1, after_rejection, p_a)[0], generator)
-    return Verdict(arange_on(n, dev) <= a, a[0], bonus, row)
+        after_rejection = _normalise_rows(residual.index_select(0, a.clamp_max(n - 2)), p_a)  # row a's, a < live
+        bonus = draw(torch.where(a < live, after_rejection, p_a)[0])
+    return Verdict(arange_on(n, processed.device) <= a, a[0], bonus, row)
 
 
 def read_chain(tree: DraftTree, verdict: Verdict) -> CycleRead:

@@ -174,6 +174,7 @@ class JacobiConf:
     group_size: int = 14  # rule=gsd: ranks in the window: x, group_size // 2 below, the rest above
     group_gap: float = 0.15  # rule=gsd: probability gap
     group_dist: float = 0.5  # rule=gsd: squared input-embedding distance
+    step: str = "auto"  # auto | graph | eager: a forward as the fixed-shape device step (algorithm.jacobi_step)
 
 
 @dataclass

@@ -87,7 +87,8 @@ from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead
 # in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
 TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
 EMBEDDING = "token embedding"
-NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING})  # ``bench.count``: not engine ops
+JACOBI_STEP = "jacobi: step (one graph replay)"  # ``algorithm.jacobi_step``: the verify and the engine work, one launch
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP})  # ``bench.count``: not engine ops
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -114,6 +115,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.jacobi:JacobiState", "chain", "jacobi: the chain's tree"),
     ("adtbench.algorithm.jacobi:JacobiState", "advance", "jacobi: advance (bonus, window, records)"),
     ("adtbench.algorithm.jacobi", "redraw", "jacobi: redraw"),
+    ("adtbench.algorithm.jacobi_step:JacobiStep", "launch", JACOBI_STEP),
 )
 
 
@@ -348,6 +350,7 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
         ("adtbench.algorithm.engine", "prefill", PREFILL),
         ("adtbench.algorithm.jacobi", "prefill_token", PREFILL),
         ("target", "encode_prompt", PREFILL),
+        ("adtbench.algorithm.jacobi_step:JacobiStep", "start_image", PREFILL),  # the image's first window
         *PHASES,
     )
     cycles = 0
