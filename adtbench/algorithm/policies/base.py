@@ -8,6 +8,7 @@ image positions left), never the model. ``observe`` feeds back the verification 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -166,6 +167,26 @@ def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the ``k`` largest entries along the last dim, ties toward the lower index — the order of
-    :func:`desc_stable` — on ``scores``' device (one stable sort; ``torch.topk`` breaks ties arbitrarily)."""
-    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
-    return vals[..., :k], idx[..., :k]
+    :func:`desc_stable` — on ``scores``' device, in fixed shapes (no read: a CUDA graph captures it).
+
+    Scores of 32 bits or fewer take one ``torch.topk`` over an int64 key per entry: the score's bits made monotone
+    (a float's sign-magnitude bits, negatives' magnitude bits flipped; ``−0.0`` counted as ``+0.0``) in the high 32
+    bits, ``2³² − 1 − index`` in the low ones, so the key orders by score, then by lower index, exactly — no
+    full-row sort (``torch.topk`` alone breaks ties arbitrarily). float64 scores (the exactness tests) keep one
+    stable descending sort."""
+    n = scores.shape[-1]
+    k = min(k, n)
+    if scores.dtype == torch.float64 or not scores.is_floating_point() or n >= 2**32:
+        vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+        return vals[..., :k], idx[..., :k]
+    x = (scores.to(torch.float32) + 0.0).view(torch.int32)  # + 0.0: −0.0 → +0.0 (sort treats them as equal)
+    bits = torch.where(x < 0, x ^ 0x7FFFFFFF, x).to(torch.int64)  # monotone in the float's order
+    key = bits * 2**32 + (2**32 - 1 - _index_row(n, scores.device))
+    idx = torch.topk(key, k, dim=-1).indices
+    return scores.gather(-1, idx), idx
+
+
+@lru_cache(maxsize=64)
+def _index_row(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` int64 on ``device`` (cached, never written)."""
+    return torch.arange(n, dtype=torch.int64, device=device)
