@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adtbench import accel
 from adtbench.algorithm.drafters.graphed import LevelGraphs
 from adtbench.models.graphs import StaticDrafter
 from adtbench.models.kv import StaticKVCache
@@ -359,8 +360,8 @@ class EagleDrafter(InferenceWeights, nn.Module):
         if graphs:  # the captured forwards write K/V into the pinned cache: the next prefill overwrites them
             self.inference_weights()  # built on the current stream, before the graphs read them
             self.static.capture()
-            # tree policies' drafting levels as graphs of their own, captured at first use (``drafters.graphed``)
-            self.level_graphs = LevelGraphs(self, rows, capacity, self.static.widths)
+            if accel.graphs_supported(p.device):  # tree policies' levels as graphs, captured at first use
+                self.level_graphs = LevelGraphs(self, rows, capacity, self.static.widths)  # (``drafters.graphed``)
 
     def _pinned_fits(self, rows: int, capacity: int) -> bool:
         return self.static is not None and rows == self.static.rows and capacity <= self.static.capacity
