@@ -66,9 +66,9 @@ def _recording(policy):
 )  # fmt: skip
 def test_graphed_levels_build_the_eager_trees(name: str, temperature: float) -> None:
     """float64 on the simulated CUDA device (acceptance on the device, the path a GPU runs): the graphed levels and
-    the eager levels of the same drafter (graphs switched off) draft the same tree in every cycle — same tokens, parents, live nodes and,
-    for sampled drafts, the same proposal rows (the noise drawn outside the graph from the same generator, in the
-    eager path's order) — so the decode is the same, token for token."""
+    the eager levels of the same drafter (graphs switched off) draft the same tree in every cycle — same tokens,
+    parents, live nodes and, for sampled drafts, the same proposal rows (the noise drawn outside the graph from the
+    same generator, in the eager path's order) — so the decode is the same, token for token."""
     with accel.simulate():
         target, drafter = tiny("tiny_llamagen", device="cuda")
         drafter.request_static(graphs=True)
