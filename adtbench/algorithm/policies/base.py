@@ -19,6 +19,7 @@ from adtbench.algorithm.drafters.session import DraftSession, Steps, drive
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
+from adtbench.errors import check_flag
 from adtbench.registry import Registry
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
     name: str = "policy"
     uses_drafter: bool = True
     gate: DraftGate | None = None  # draft gating (``algorithm.gate``, ``policy.gate_tokens``); None: draft every cycle
+    graph_levels: bool = True  # ``policy.graph_levels``: drafting levels as graph replays where the drafter has them
 
     @property
     def drafts_with_eagle(self) -> bool:
@@ -121,16 +123,18 @@ POLICIES: Registry[Policy] = Registry("policy")
 (``adtbench.harness.schema``); constructors check ranges and choices, naming ``policy.<key>``."""
 
 
-GATE_KEYS = ("gate_tokens", "gate_explore")
+GATE_KEYS = ("gate_tokens", "gate_explore", "graph_levels")  # ``with_gate``'s keys
 P = TypeVar("P", bound=TreePolicy)
 
 
 def with_gate(policy: P, node: Any) -> P:
-    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``."""
+    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``, and
+    its ``policy.graph_levels`` flag (graphed drafting levels, ``drafters.graphed``; default on)."""
     from adtbench.algorithm.gate import DraftGate
 
     tokens = node.get("gate_tokens")
     policy.gate = None if tokens is None else DraftGate(float(tokens), int(node.get("gate_explore", 8)))
+    policy.graph_levels = check_flag(node.get("graph_levels", True), "policy.graph_levels")
     return policy
 
 

@@ -48,6 +48,7 @@ def eagle2_steps(
     total_tokens: int,
     max_depth: int,
     budget: TreeBudget | None = None,
+    graphed: bool = True,
 ) -> Steps:
     """EAGLE-2's tree (module docstring) as a coroutine (``drafters.session.Steps``; ``drive(eagle2_steps(session,
     …), session)`` builds it for one session). With a ``budget`` (``adtbench.algorithm.cost``) the rerank keeps the N
@@ -63,7 +64,7 @@ def eagle2_steps(
     live = budget is not None and budget.live(session.device)
     if getattr(session, "on_host", False):
         return (yield from eagle2_host_steps(session, depth, top_k, total_tokens, max_depth, budget, live))
-    return (yield from eagle2_device_steps(session, depth, top_k, total_tokens, max_depth, budget, live))
+    return (yield from eagle2_device_steps(session, depth, top_k, total_tokens, max_depth, budget, live, graphed))
 
 
 def eagle2_device_steps(
@@ -74,10 +75,12 @@ def eagle2_device_steps(
     max_depth: int,
     budget: TreeBudget | None,
     live: bool,
+    graphed: bool = True,
 ) -> Steps:
     """``eagle2_steps`` on the drafter's device. ``live``: the budget's level rule reads this cycle's candidates before
     each round (one small read per round); otherwise the rounds are planned and building the tree reads nothing but
-    the budget's node count (``TreeBudget.choose``).
+    the budget's node count (``TreeBudget.choose``). ``graphed`` (planned rounds, a drafter with graphed levels:
+    ``drafters.graphed``): level 0 and each round one graph replay (``_graphed_candidates``), the same candidates.
 
     Candidates are kept in creation order (level 0: the root's K best children; round r: K·K children of the K
     frontier nodes) with their cumulative drafter log-prob as score; a candidate the drafter gives probability 0
@@ -89,7 +92,7 @@ def eagle2_device_steps(
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
     dev = session.device
-    graphs = None if live else levels_for(session, 1 + rounds * K, rounds * K)
+    graphs = levels_for(session, 1 + rounds * K, rounds * K) if graphed and not live else None
     if graphs is not None:
         score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds)
     else:
@@ -366,7 +369,7 @@ class Eagle2Policy(TreePolicy):
         d, k, n = self.depth, self.top_k, self.total_tokens
         if self.sampled.applies(session):
             return (yield from self.sampled.steps(session, d, k, n, max_depth, budget))
-        return (yield from eagle2_steps(session, d, k, n, max_depth, budget))
+        return (yield from eagle2_steps(session, d, k, n, max_depth, budget, self.graph_levels))
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
         self.cost.observe(tree, acceptance)
