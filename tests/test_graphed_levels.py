@@ -98,7 +98,8 @@ def test_graphed_levels_build_the_eager_trees(name: str, temperature: float) -> 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_a_graphed_level_is_one_replay_and_greedy_equals_ar(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On the simulated CUDA device with ``engine.compile``'s graphs: every drafting level of every cycle is exactly
-    one graph replay (replays = the levels the records count, d̄ · cycles), the drafter's eager ``expand`` never runs,
+    one graph replay (replays = the levels the records count, d̄ · cycles; a fixed-size EAGLE-2 / ADT tree's rerank and
+    ancestry one more per cycle), the drafter's eager ``expand`` never runs,
     each level graph is captured once per (level, width) and replayed, and greedy decoding gives AR greedy's tokens."""
 
     def no_expand(*args, **kwargs):
@@ -115,15 +116,18 @@ def test_a_graphed_level_is_one_replay_and_greedy_equals_ar(name: str, monkeypat
             inputs = target.encode_prompt(prompt, cfg=True)
             ar = decode_ar(target, inputs, sp, None)
             lg = drafter.level_graphs
-            before = lg.replays if lg is not None else 0
+            before = (lg.replays, lg.tree_replays) if lg is not None else (0, 0)
             res = generate(target, drafter, policy, inputs, sp, None)
             lg = drafter.level_graphs
             assert lg is not None
             assert res.tokens == ar.tokens, prompt
             levels = sum(c.drafted_depth for c in res.cycles)
             assert levels > len(res.cycles) > 3
-            assert lg.replays - before == levels, (lg.replays - before, levels)
-        assert lg.captures == len(lg.graphs) < lg.replays / 4  # each (level, width) captured once, then replayed
+            assert lg.replays - before[0] == levels, (lg.replays - before[0], levels)
+            drafted = sum(c.drafted_depth > 0 for c in res.cycles)  # a fixed-size EAGLE-2 tree: one more graph
+            assert lg.tree_replays - before[1] == (drafted if name in ("eagle2", "adt_fixed") else 0)
+        # each (level, width) captured once, then replayed
+        assert lg.captures == len(lg.graphs) < (lg.replays + lg.tree_replays) / 4
 
 
 def test_a_draw_inside_a_level_graph_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

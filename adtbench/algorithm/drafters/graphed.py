@@ -9,7 +9,7 @@ width K that reads and writes only static buffers, captured once per (level key,
 on a GPU, its stand-in elsewhere — and replayed by every later level with the same key and width. The host keeps the
 policy's decisions (ADT's depth and width, ``budget: cost``'s node count, how many rounds), the per-cycle load
 (``begin``: the root's drafter output, the drafter's committed length, the root's generation index and positions —
-four small device writes) and one launch per level: the replay (plus, for sampled drafts, the draw of the level's
+five small device writes) and one launch per level: the replay (plus, for sampled drafts, the draw of the level's
 noise into a static buffer outside the graph: a graph replays its capture's draws, and each prompt draws from its
 own generator).
 
@@ -19,7 +19,8 @@ The cycle's state on the device (``LevelGraphs``), sized to the largest tree ask
   output of scratch slot i − 1);
 - ``anc [nodes, slots]``: additive (0 / −inf) slot ancestry: row i admits the scratch slots of node i's ancestors
   and its own (row 0, the root, admits none);
-- ``length`` (the drafter's committed length L), ``root_gen`` (the root's generation index g), ``root_pos [R]``.
+- ``length`` (the drafter's committed length L), ``root_gen`` (the root's generation index g), ``root_pos [R]``,
+  ``root`` (the root's token ``[1]``).
 
 ``expand`` is the drafting session's ``expand`` on that state, for a program: m new nodes at session ids
 ``n0 … n0 + m − 1`` (scratch slots ``S = n0 − 1 …``), children of ``parents [m]`` (a static buffer the previous
@@ -69,7 +70,7 @@ writing static buffers only; what it returns is the graph's output (static tenso
 
 class LevelGraphs:
     """The graphed levels of one drafter over its pinned cache (module docstring). ``replays`` and ``captures`` count
-    the level graphs run and captured; ``buffer(name, …)`` gives a program's own static buffers."""
+    the level graphs run (``tree_replays``: the trees finalised by a graph) and the graphs captured; ``buffer(name, …)`` gives a program's own static buffers."""
 
     def __init__(self, drafter: EagleDrafter, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
         p = drafter.fc.weight
@@ -78,12 +79,13 @@ class LevelGraphs:
         self.length = torch.zeros((), dtype=torch.long, device=self.device)
         self.root_gen = torch.zeros((), dtype=torch.long, device=self.device)
         self.root_pos = torch.zeros(rows, dtype=torch.long, device=self.device)
+        self.root = torch.zeros(1, dtype=torch.long, device=self.device)  # the root's token
         self.nodes = self.slots = 0
         self.outputs = torch.zeros(rows, 0, self.hidden, dtype=self.dtype, device=self.device)
         self.anc = torch.zeros(0, 0, dtype=self.dtype, device=self.device)
         self.graphs: dict[tuple[Any, int | None], accel.Graph] = {}
         self._buffers: dict[str, torch.Tensor] = {}
-        self.replays = self.captures = 0
+        self.replays = self.tree_replays = self.captures = 0
         self.L = 0  # the drafter's committed length this cycle (host)
 
     # --- the cycle's state ----------------------------------------------------------------------------------
@@ -105,9 +107,11 @@ class LevelGraphs:
         return d.pinned is not None and d.cache is d.pinned[0] and d.length + slots <= self.capacity
 
     def begin(self, session: DraftSession) -> None:
-        """Load the cycle: the root's drafter output, L, g and the root's positions (four device writes, no read)."""
+        """Load the cycle: the root's drafter output and token, L, g and the root's positions (five device writes, no
+        read)."""
         self.L = self.drafter.length
         self.outputs[:, 0].copy_(session.outputs[:, 0])
+        self.root.copy_(session.root_token)
         self.length.fill_(self.L)
         self.root_gen.fill_(session.root_gen)
         self.root_pos.copy_(session.root_pos)
@@ -125,16 +129,20 @@ class LevelGraphs:
         need = self.L + end
         return next(w for w in self.widths if w >= need)
 
-    def run(self, key: Any, end: int | None, program: Program) -> Any:
+    def run(self, key: Any, end: int | None, program: Program, level: bool = True) -> Any:
         """Replay ``key``'s graph at the width holding this cycle's columns ``< L + end`` (``end`` None: the program
-        runs no drafter forward, one graph); capture it first at its first use. Returns the graph's outputs."""
+        runs no drafter forward, one graph); capture it first at its first use. Returns the graph's outputs.
+        ``level`` False: a tree's finalisation (counted in ``tree_replays``, not ``replays``)."""
         K = None if end is None else self.width(end)
         graph = self.graphs.get((key, K))
         if graph is None:
             graph = self.graphs[(key, K)] = accel.capture(lambda: program(K), self.device)
             self.captures += 1
         graph.replay()
-        self.replays += 1
+        if level:
+            self.replays += 1
+        else:
+            self.tree_replays += 1
         return graph.out
 
     # --- the programs' building blocks (run inside a capture) -----------------------------------------------

@@ -99,31 +99,49 @@ def eagle2_device_steps(
         score, tok, parent, sizes = yield from _eager_candidates(session, K, rounds, budget if live else None)
     count = score.numel()
     keep = min(total_tokens - 1, count)
-    ranked, order = stable_topk(score, count)  # the rerank order of every candidate
     info: dict[str, float | int | str] = {}
     if budget is not None:
+        ranked, order = stable_topk(score, count)  # the rerank order of every candidate
         level = _levels(tuple(sizes), dev)
         keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K, plan=not live)
         info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
-    order = order[:keep]
-    sel = order.sort().values  # kept candidates in creation order: parents before children
-    slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
-    slot[sel] = torch.arange(1, keep + 1, device=dev)
-    slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
-    tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
-    parents = torch.cat([_const(-1, 1, dev), tree_par])
-    d, anc = ancestry_on_device(parents, len(sizes))
+    if graphs is not None and budget is None:  # the rerank and the tree as one more graph (its shapes are fixed)
+        key, n_lev = ("eagle2-tree", K, tuple(sizes), keep, score.data_ptr()), len(sizes)
+        program = lambda _: _tree(score, tok, parent, keep, graphs.root, n_lev)  # noqa: E731
+        tokens, parents, d, anc, alive = graphs.run(key, None, program, level=False)
+    else:
+        tokens, parents, d, anc, alive = _tree(score, tok, parent, keep, session.root_token, len(sizes))
     return DraftTree(
-        torch.cat([session.root_token, tok[sel]]),
+        tokens,
         parents,
         drafted_depth=len(session.levels) + 1,
         width=K,
         info=info,
-        alive=torch.cat([true_flag(dev), score[sel] > float("-inf")]),
+        alive=alive,
         depth=d,
         ancestor_mask=anc,
         max_children=K,
     )
+
+
+def _tree(
+    score: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, keep: int, root: torch.Tensor, levels: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """EAGLE-2's rerank and tree from its candidates (score, token, parent candidate ``[M]``): the ``keep`` best
+    candidates (stable: ties toward the lower index) in creation order (parents before children) under ``root``
+    ``[1]``; returns (tokens, parents, depth, ancestor mask, alive) on the candidates' device, in fixed shapes (no
+    read). ``levels``: the rounds drafted + 1, the trees' depth bound (0: ``keep``)."""
+    count, dev = score.numel(), score.device
+    _, order = stable_topk(score, keep)
+    sel = order.sort().values  # kept candidates in creation order: parents before children
+    slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
+    slot[sel] = _arange(1, keep + 1, dev)
+    slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
+    tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
+    parents = torch.cat([_const(-1, 1, dev), tree_par])
+    d, anc = ancestry_on_device(parents, levels if levels > 0 else keep)
+    alive = torch.cat([true_flag(dev), score[sel] > float("-inf")])
+    return torch.cat([root, tok[sel]]), parents, d, anc, alive
 
 
 def _eager_candidates(
@@ -212,7 +230,7 @@ def _graphed_candidates(
         graphs.advance(session, m)
         sizes.append(made)
         m, count = nxt, count + made
-    return sc[:count].clone(), tk[:count].clone(), pr[:count].clone(), sizes
+    return sc[:count], tk[:count], pr[:count], sizes  # views of the buffers: read before the next cycle drafts
 
 
 def eagle2_host_steps(

@@ -209,7 +209,8 @@ class StaticTreePolicy(TreePolicy):
         level's program wrote) — a stable top-k, or Gumbel keys from noise drawn into a static buffer just before the
         replay (the eager path's draws, in the same order from the same generator) — writes their tokens, liveness
         and (sampled) their parents' distributions into static buffers, then expands the nodes that have children
-        and writes their children's log-probs for level i + 1. The tree is read off the buffers (copies)."""
+        and writes their children's log-probs for level i + 1. The tree's tokens, liveness and proposal rows are those
+        buffers (no copy: the cycle verifies and observes its tree before the next cycle drafts)."""
         target, layout, sp, dev = session.target, session.layout, session.sp, session.device
         n = plan.parents.numel()
         sizes = [lv.rank.numel() for lv in plan.levels]
@@ -231,7 +232,7 @@ class StaticTreePolicy(TreePolicy):
             ) -> None:
                 if i == 0:
                     lp = graphs.root_logprobs(target, layout, sp)[None]
-                    alive[:1] = true_flag(dev)
+                    alive[:1], toks[:1] = true_flag(dev), graphs.root
                 else:
                     lp = lps[i - 1][: plan.levels[i - 1].grow.numel()]
                 if sample:
@@ -258,13 +259,13 @@ class StaticTreePolicy(TreePolicy):
                 graphs.advance(session, g)
             q_row += 1 if i == 0 else plan.levels[i - 1].grow.numel()
             node, n0 = node + m, n0 + g
-        return DraftTree(
-            torch.cat([session.root_token, toks[1:]]),
+        return DraftTree(  # the buffers themselves: the cycle verifies this tree before the next one is drafted
+            toks,
             plan.parents,
             drafted_depth=len(plan.levels),
             width=self.width,
-            proposal=None if q is None else q.clone(),
-            alive=alive.clone(),
+            proposal=q,
+            alive=alive,
             depth=plan.depth,
             ancestor_mask=plan.ancestor_mask,
             max_children=plan.max_children,
