@@ -63,14 +63,19 @@ if TYPE_CHECKING:
     from adtbench.models.base import Target
     from adtbench.sampling_params import SamplingParams
 
+MIN_SLOTS = 128
+"""The scratch slots the state holds at least (the largest static bucket): ADT's trees change size from cycle to cycle,
+and growing the state drops every graph."""
+
 Program = Callable[[int | None], Any]
 """A level's work as a function of the attention width K (None: the level runs no drafter forward), reading and
 writing static buffers only; what it returns is the graph's output (static tensors every replay rewrites)."""
 
 
 class LevelGraphs:
-    """The graphed levels of one drafter over its pinned cache (module docstring). ``replays`` and ``captures`` count
-    the level graphs run (``tree_replays``: the trees finalised by a graph) and the graphs captured; ``buffer(name, …)`` gives a program's own static buffers."""
+    """The graphed levels of one drafter over its pinned cache (module docstring). ``replays`` counts the level graphs
+    run, ``tree_replays`` the trees finalised by a graph, ``captures`` the graphs captured; ``buffer(name, …)`` gives a
+    program's own static buffers."""
 
     def __init__(self, drafter: EagleDrafter, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
         p = drafter.fc.weight
@@ -94,7 +99,8 @@ class LevelGraphs:
         graph and program buffer (they read the old storages)."""
         if nodes <= self.nodes and slots <= self.slots:
             return
-        self.nodes, self.slots = max(nodes, self.nodes), max(slots, self.slots)
+        slots = max(slots, self.slots, MIN_SLOTS)  # sized once for any policy's trees, in practice (no recapture)
+        self.nodes, self.slots = max(nodes, self.nodes, slots + 1), slots
         self.outputs = torch.zeros(self.rows, self.nodes, self.hidden, dtype=self.dtype, device=self.device)
         self.anc = torch.full((self.nodes, self.slots), float("-inf"), dtype=self.dtype, device=self.device)
         self.graphs.clear()
