@@ -57,7 +57,6 @@ from adtbench import accel
 from adtbench.algorithm.sampling import process_logits
 
 if TYPE_CHECKING:
-    from adtbench.algorithm.drafters.eagle import EagleDrafter
     from adtbench.algorithm.drafters.session import DraftSession
     from adtbench.layout import TokenLayout
     from adtbench.models.base import Target
@@ -77,7 +76,9 @@ class LevelGraphs:
     run, ``tree_replays`` the trees finalised by a graph, ``captures`` the graphs captured; ``buffer(name, …)`` gives a
     program's own static buffers."""
 
-    def __init__(self, drafter: EagleDrafter, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
+    def __init__(self, drafter: Any, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
+        """``drafter``: an ``EagleDrafter`` with its pinned cache (``static_forward``, ``bias``, ``embed``; not imported:
+        it owns this object)."""
         p = drafter.fc.weight
         self.drafter, self.rows, self.capacity, self.widths = drafter, rows, capacity, widths
         self.device, self.dtype, self.hidden = p.device, p.dtype, drafter.config.hidden_size
@@ -206,8 +207,8 @@ def levels_for(session: DraftSession, nodes: int, slots: int) -> LevelGraphs | N
     """The session's graphed levels for a tree of at most ``nodes`` session nodes (root included) and ``slots``
     scratch slots, the cycle loaded (``begin``) — or None: drafting runs eagerly (no graphs requested, the cycle's
     decisions on the host, another drafter kind, or no room in the pinned cache)."""
-    graphs: LevelGraphs | None = getattr(session.drafter, "level_graphs", None)
-    if graphs is None or session.on_host or session.num_nodes != 1 or not graphs.fits(slots):
+    graphs: LevelGraphs | None = getattr(getattr(session, "drafter", None), "level_graphs", None)
+    if graphs is None or getattr(session, "on_host", False) or session.num_nodes != 1 or not graphs.fits(slots):
         return None
     graphs.ensure(nodes, slots)
     graphs.begin(session)
