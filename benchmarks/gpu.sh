@@ -17,6 +17,9 @@
 #   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
+#   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
+#           ADT, the static sampled tree) with their drafting levels graphed and eager (policy.graph_levels=false),
+#           AR interleaved in one job, $PROMPTS prompts                                  → trees.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
 #           $JACOBI_WINDOWS, SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
 #           prompts (the verify cost against L is the probe's verify(n))             → jacobi.json
@@ -65,7 +68,7 @@ TEST_WORKERS=${TEST_WORKERS:-4}
 TESTS_ARGS=${TESTS_ARGS:-}
 ANOLE_ARCH=${ANOLE_ARCH:-}
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
-STAGES=(tests cost speed batch probe jacobi)
+STAGES=(tests cost speed batch probe jacobi trees)
 
 usage() { echo "usage: benchmarks/gpu.sh STAGE [STAGE ...]; stages: ${STAGES[*]} all" >&2; exit 2; }
 (($#)) || usage
@@ -73,7 +76,7 @@ todo=()
 for s in "$@"; do
     case $s in
         all) todo+=("${STAGES[@]}") ;;
-        tests | cost | speed | batch | probe | jacobi) todo+=("$s") ;;
+        tests | cost | speed | batch | probe | jacobi | trees) todo+=("$s") ;;
         *) echo "gpu.sh: unknown stage '$s'" >&2; usage ;;
     esac
 done
@@ -201,6 +204,18 @@ stage_jacobi() {
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
+    md ""
+}
+
+stage_trees() {  # graphed drafting levels (algorithm/drafters/graphed.py) against the eager levels, one job
+    local variants=() p
+    over_of "$SPEED_MODEL"
+    for p in eagle2 adt static_sampled; do
+        variants+=(--variant "$p" "policy=$p" --variant "${p}_eager" "policy=$p" policy.graph_levels=false)
+    done
+    md "### Tree policies, drafting levels graphed and eager, $SPEED_MODEL, graphed verifies, acceptance on the device"
+    step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
+        "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/trees.json" "${variants[@]}" >> "$OUT/gpu.md"
     md ""
 }
 
