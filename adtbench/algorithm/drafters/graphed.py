@@ -77,8 +77,8 @@ class LevelGraphs:
     program's own static buffers."""
 
     def __init__(self, drafter: Any, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
-        """``drafter``: an ``EagleDrafter`` with its pinned cache (``static_forward``, ``bias``, ``embed``; not imported:
-        it owns this object)."""
+        """``drafter``: an ``EagleDrafter`` with its pinned cache (``static_forward``, ``bias``, ``embed``; not
+        imported: it owns this object)."""
         p = drafter.fc.weight
         self.drafter, self.rows, self.capacity, self.widths = drafter, rows, capacity, widths
         self.device, self.dtype, self.hidden = p.device, p.dtype, drafter.config.hidden_size
