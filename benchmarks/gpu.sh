@@ -17,6 +17,9 @@
 #   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
+#   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
+#           ADT, the static sampled tree) with their drafting levels graphed and eager (policy.graph_levels=false),
+#           AR interleaved in one job, $PROMPTS prompts                                  → trees.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
 #           $JACOBI_WINDOWS (the device-resident step: policy.step=auto), SCD 32 through the host-driven loop
 #           (policy.step=eager), SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
@@ -81,7 +84,7 @@ POLICY_BUCKETS=${POLICY_BUCKETS:-[1,16,64]}
 EMU3_ARCH=${EMU3_ARCH:-}
 EMU3_BATCH_GRID=${EMU3_BATCH_GRID-[16,16]}  # set and empty: the model's own grid (90 × 90)
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
-STAGES=(tests cost speed batch probe jacobi policies)
+STAGES=(tests cost speed batch probe jacobi trees policies)
 
 usage() { echo "usage: benchmarks/gpu.sh STAGE [STAGE ...]; stages: ${STAGES[*]} all" >&2; exit 2; }
 (($#)) || usage
@@ -89,7 +92,7 @@ todo=()
 for s in "$@"; do
     case $s in
         all) todo+=("${STAGES[@]}") ;;
-        tests | cost | speed | batch | probe | jacobi | policies) todo+=("$s") ;;
+        tests | cost | speed | batch | probe | jacobi | trees | policies) todo+=("$s") ;;
         *) echo "gpu.sh: unknown stage '$s'" >&2; usage ;;
     esac
 done
@@ -220,6 +223,18 @@ stage_jacobi() {
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
+    md ""
+}
+
+stage_trees() {  # graphed drafting levels (algorithm/drafters/graphed.py) against the eager levels, one job
+    local variants=() p
+    over_of "$SPEED_MODEL"
+    for p in eagle2 adt static_sampled; do
+        variants+=(--variant "$p" "policy=$p" --variant "${p}_eager" "policy=$p" policy.graph_levels=false)
+    done
+    md "### Tree policies, drafting levels graphed and eager, $SPEED_MODEL, graphed verifies, acceptance on the device"
+    step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
+        "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/trees.json" "${variants[@]}" >> "$OUT/gpu.md"
     md ""
 }
 

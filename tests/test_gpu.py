@@ -120,17 +120,22 @@ def test_lantern_runs_on_the_device(name: str, temperature: float) -> None:
 
 
 LAW_POLICIES = ["static_sampled", "eagle2", "eagle2_cost", "eagle2_sampled", "adt_cost", "adt_cost_sampled", "zipar",
-                "scd", "sjd_pac"]  # fmt: skip
+                "scd", "sjd_pac", "static_sampled_graphed", "eagle2_graphed", "adt_fixed_graphed"]  # fmt: skip
 
 
 @pytest.mark.parametrize("name", LAW_POLICIES)
 def test_sampling_law_matches_ar_on_the_device(name: str) -> None:
     """T = 1 with top-k 3, CFG 3: the joint law of the first 3 image tokens equals AR's (χ², tiny vocabulary), with
-    the generator on the device."""
+    the generator on the device; ``*_graphed``: under ``engine.compile``'s graphs, the drafting levels graph
+    replays (``drafters.graphed``)."""
     from test_engine import _exact_joint
 
     arch = {"arch.vocab_size": 4, "arch.block_size": 4, "vq.kind": "none"}
     target, drafter = tiny("tiny_llamagen", dtype="float64", device=DEVICE, **arch)  # exact law: float64
+    graphed = name.endswith("_graphed")
+    name = name.removesuffix("_graphed")
+    if graphed:
+        drafter.request_static(graphs=True)
     sp = SamplingParams(temperature=1.0, top_k=3, cfg_scale=3.0)
     inputs = target.encode_prompt("a red circle", cfg=True)
     expected = _exact_joint(target, inputs, sp, 3)
@@ -139,6 +144,8 @@ def test_sampling_law_matches_ar_on_the_device(name: str) -> None:
     for _ in range(n):
         counts[tuple(generate(target, drafter, POLICIES[name](), inputs, sp, g).tokens[:3])] += 1
     assert pooled_chisquare(counts, expected, n)[0] > 1e-3
+    if graphed:
+        assert drafter.level_graphs is not None and drafter.level_graphs.replays > n
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -297,7 +304,9 @@ def test_graphs_replay_every_bucket_up_to_128_and_nothing_falls_back() -> None:
         for prompt, tree in (("a red circle", WIDE_64), ("two blue squares on a striped floor", WIDE_128)):
             inputs = target.encode_prompt(prompt, cfg=True)
             ar = decode_ar(target, inputs, sp, None)
-            spec = generate(target, drafter, StaticTreePolicy(tree), inputs, sp, None)
+            policy = StaticTreePolicy(tree)
+            policy.graph_levels = False  # the drafter's own buckets (graphed levels: the test below)
+            spec = generate(target, drafter, policy, inputs, sp, None)
             assert spec.tokens == ar.tokens, prompt
             verifies += ar.target_forwards - 1 + spec.target_forwards - 1  # every forward after the prefill
             drafter_calls += spec.drafter_forwards - 1  # every drafter forward after its prefix pass
@@ -321,6 +330,40 @@ def test_graphs_replay_every_bucket_up_to_128_and_nothing_falls_back() -> None:
             outs.append(d.extend(feats, embeds, pos))
         assert dict(runs) == ({("StaticDraft", 128, True): 1} if d is drafter else {})
     assert torch.allclose(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+
+
+GRAPHED_LEVELS = ["static", "static_sampled", "chain", "eagle2", "eagle2_cost", "adt_fixed", "adt_cost"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_graphed_drafting_levels_replay_once_per_level(dtype: str) -> None:
+    """``engine.compile``'s graphed drafting levels (``drafters.graphed``) on the device, every tree policy: greedy
+    decoding gives AR greedy's tokens, every drafting level of every cycle is exactly one graph replay (the levels
+    the records count), the trees of a fixed-size EAGLE-2 / ADT budget one more, and T = 1 decodes run (tokens in
+    the image range) — in float32 and in bf16 (the 7B shape's dtype). (CI's cheap subset has the same checks on the
+    simulated device in ``tests/test_graphed_levels.py``.)"""
+    target, drafter = _graphed("tiny_llamagen", dtype)
+    prompts = ("a red circle", "two blue squares on a striped floor")
+    for name in GRAPHED_LEVELS:
+        for temperature in (0.0, 1.0):
+            sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
+            policy = POLICIES[name]()
+            for i, prompt in enumerate(prompts):
+                inputs = target.encode_prompt(prompt, cfg=True)
+                lg = drafter.level_graphs
+                before = (0, 0) if lg is None else (lg.replays, lg.tree_replays)
+                res = generate(target, drafter, policy, inputs, sp, _generator(i))
+                lg = drafter.level_graphs
+                assert lg is not None, name
+                levels = sum(c.drafted_depth for c in res.cycles)
+                drafted = sum(c.drafted_depth > 0 for c in res.cycles)
+                assert lg.replays - before[0] == levels > 0, (name, lg.replays - before[0], levels)
+                trees = drafted if name in ("eagle2", "adt_fixed") else 0
+                assert lg.tree_replays - before[1] == trees, name
+                if temperature == 0.0:
+                    assert res.tokens == decode_ar(target, inputs, sp, None).tokens, (name, prompt)
+                assert all(0 <= t - target.layout.image_token_offset < target.layout.num_codes for t in res.tokens)
+    assert lg.captures == len(lg.graphs) < (lg.replays + lg.tree_replays) / 4  # each captured once, then replayed
 
 
 @pytest.mark.gpu_sim

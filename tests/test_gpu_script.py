@@ -51,12 +51,12 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
 @pytest.mark.slow
 def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     out = tmp_path / "out"
-    stages = ["tests", "cost", "speed", "batch", "probe", "jacobi", "policies"]
+    stages = ["tests", "cost", "speed", "batch", "probe", "jacobi", "trees", "policies"]
     res = subprocess.run(["bash", str(SCRIPT), *stages], env=_env(tmp_path), capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
     assert names == ["batch.json", "batch_tiny.png", "cost.json", "device.txt", "gpu.md", "jacobi.json",
-                     "policies.json", "probe.json", "speed.json", "tests.log"]  # fmt: skip
+                     "policies.json", "probe.json", "speed.json", "tests.log", "trees.json"]  # fmt: skip
     table = (out / "gpu.md").read_text()
     assert [line for line in table.splitlines() if line.startswith("## ")] == [f"## {s}" for s in stages]
     assert "ADTBENCH_SIMULATE_DEVICE=cuda" in (out / "device.txt").read_text()
@@ -89,6 +89,10 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     variants = ["scd_4", "sjd_16", "gsd_16", "sjd_pac_32", "scd_cost", "static_sampled", "scd_32_eager"]
     assert [x["variant"] for x in j["rows"]] == variants
     assert all(x["tau"] >= 1 for x in j["rows"])
+    # trees: the tree policies with graphed and eager drafting levels against AR in one job
+    t = json.loads((out / "trees.json").read_text())
+    assert {x["variant"] for x in t["rows"]} == {"eagle2", "eagle2_eager", "adt", "adt_eager", "static_sampled",
+                                                  "static_sampled_eager"}  # fmt: skip
     # policies: every named policy judged on one set of captured models, with its CI and projection
     pol = json.loads((out / "policies.json").read_text())
     assert [x["policy"] for x in pol["policies"]] == ["ar", "scd", "static"] and pol["host_launch_us"] > 0

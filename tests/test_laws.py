@@ -24,6 +24,7 @@ output is distributed as p (``jacobi.redraw`` on x ~ q_old).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Callable
@@ -36,6 +37,7 @@ from conftest import synthetic_cost_model, tiny
 
 import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.verify as V
+from adtbench import accel
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate
 from adtbench.algorithm.lantern import LanternRule
@@ -67,9 +69,15 @@ class Setup:
     law: dict
 
 
-def _setup(name: str, vocab: int, sp: SamplingParams, layout: dict | None = None) -> Setup:
-    target, drafter = tiny("tiny_llamagen", **{"arch.vocab_size": vocab, "arch.block_size": 16, "vq.kind": "none"})
+def _setup(name: str, vocab: int, sp: SamplingParams, layout: dict | None = None, graphed: bool = False) -> Setup:
+    """``graphed``: the models on the simulated CUDA device (``accel.simulate``, entered by the caller) with
+    ``engine.compile``'s graphs — the drafter's levels graphed (``drafters.graphed``) — and the law computed there."""
+    device = {"device": "cuda"} if graphed else {}
+    over = {"arch.vocab_size": vocab, "arch.block_size": 16, "vq.kind": "none", **device}
+    target, drafter = tiny("tiny_llamagen", **over)
     target.layout = dataclasses.replace(target.layout, **{"grid_h": 2, "grid_w": 2, **(layout or {})})
+    if graphed:
+        drafter.request_static(graphs=True)
     inputs = target.encode_prompt("a red circle", cfg=True)
     return Setup(name, target, drafter, sp, inputs, L.exact_law(target, inputs, sp))
 
@@ -82,13 +90,17 @@ SETUPS: dict[str, Callable[[], Setup]] = {
     "eol": lambda: _setup(
         "eol", 5, SamplingParams(temperature=1.0, cfg_scale=3.0), {"num_codes": 3, "eol_token": 3, "eoi_token": 4}
     ),
+    "t3-graphed": lambda: _setup(
+        "t3-graphed", 3, SamplingParams(temperature=1.0, cfg_scale=3.0), {"grid_h": 1, "grid_w": 3}, graphed=True
+    ),
 }
 _CACHE: dict[str, Setup] = {}
 
 
 def setup_of(name: str) -> Setup:
     if name not in _CACHE:
-        _CACHE[name] = SETUPS[name]()
+        with accel.simulate() if name.endswith("-graphed") else contextlib.nullcontext():
+            _CACHE[name] = SETUPS[name]()
     return _CACHE[name]
 
 
@@ -158,6 +170,10 @@ VARIANT: dict[str, Case] = {
     "sjd_pac-K2L5-device-t1": ("t1", jac("sjd_pac", window=5, branch=2), "jacobi", exact, "device", 1),
     "chain-host-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "host", 1),
     "eagle2-host-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "host", 1),
+    "static-sampled-graphed-t3": ("t3-graphed", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"),
+                                  "drafter", exact, "device", 1),
+    "eagle2-graphed-t3": ("t3-graphed", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact,
+                          "device", 1),
     "adt-sampled-device-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8,
                               budget="cost", draft_sampling="sample")), "drafter", exact, "device", 1),
 }  # fmt: skip
@@ -200,14 +216,20 @@ def sample_images(
 
         pol.generate_batch(bt, None, items, s.sp, done, rule, where)
         return counts, accepted / n, extra / n
-    g = torch.Generator().manual_seed(seed)
-    models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
-    pol = make()
-    for _ in range(n):
-        res = generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, g, rule, acceptance=where)
-        counts[tuple(res.tokens)] += 1
-        accepted += sum(c.accepted for c in res.cycles)
-        extra += res.stats[stat] if stat else 0
+    graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
+    with accel.simulate() if graphed else contextlib.nullcontext():
+        g = torch.Generator(device="cuda" if graphed else "cpu").manual_seed(seed)
+        models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
+        pol = make()
+        for _ in range(n):
+            res = generate(
+                s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, g, rule, acceptance=where
+            )
+            counts[tuple(res.tokens)] += 1
+            accepted += sum(c.accepted for c in res.cycles)
+            extra += res.stats[stat] if stat else 0
+    if graphed:  # every level of every drafted cycle was a graph replay
+        assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
     return counts, accepted / n, extra / n
 
 

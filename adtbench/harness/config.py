@@ -339,7 +339,8 @@ def validate(cfg: DictConfig) -> Checked:
     return Checked(conf, policy)
 
 
-BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina", "emu3", "janus")  # static-cache targets (``models.batch``)
+# static-cache targets (``models.batch``)
+BATCHED_FAMILIES = ("mini", "llamagen", "chameleon", "lumina", "emu3", "janus")
 
 
 def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:

@@ -75,6 +75,7 @@ class ChainConf:
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8
+    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
@@ -84,6 +85,7 @@ class StaticConf:
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8
+    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
@@ -98,6 +100,7 @@ class Eagle2Conf:
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8
+    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
@@ -124,6 +127,7 @@ class AdtConf:
     draft_sampling: str = "topk"
     gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
     gate_explore: int = 8
+    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass

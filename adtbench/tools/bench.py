@@ -88,7 +88,9 @@ from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead
 TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
 EMBEDDING = "token embedding"
 JACOBI_STEP = "jacobi: step (one graph replay)"  # ``algorithm.jacobi_step``: the verify and the engine work, one launch
-NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP})  # ``bench.count``: not engine ops
+LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection)"  # ``drafters.graphed``
+# ``bench.count``: not engine ops
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH})
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -100,6 +102,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.verify", "verify_tree", "acceptance (host walk)"),
     ("drafter", "forward", DRAFTER_NET),
     ("adtbench.models.graphs:StaticDraft", "run", DRAFTER_NET),
+    ("adtbench.algorithm.drafters.graphed:LevelGraphs", "run", LEVEL_GRAPH),  # one launch on a GPU
     ("drafter", "extend", "drafter extend (bookkeeping)"),
     ("target", "lm_head", DRAFTER_HEAD),
     ("target", "embed_tokens", EMBEDDING),
@@ -353,17 +356,24 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
         ("adtbench.algorithm.jacobi_step:JacobiStep", "start_image", PREFILL),  # the image's first window
         *PHASES,
     )
-    cycles = 0
+    cycles = levels = 0
+    graphs = getattr(instances["drafter"], "level_graphs", None)  # graphed drafting levels (``drafters.graphed``)
+    replays = 0 if graphs is None else graphs.replays
     with _Phases(instances, False, phases, counter=counter), counter:
         for p in prompts:
-            cycles += len(run(p).cycles)
+            res = run(p)
+            cycles += len(res.cycles)
+            levels += sum(c.drafted_depth for c in res.cycles)
     target = instances["target"]
+    level_replays = 0 if graphs is None else graphs.replays - replays
     return {
         "model": str(cfg.model.name),
         "policy": instances["policy"].name,
         "device": str(target.device),
         "prompts": len(prompts),
         **counter.per_cycle(cycles),
+        "levels_per_cycle": levels / cycles,
+        "level_graph_replays_per_cycle": level_replays / cycles,  # one per drafting level when graphed
     }
 
 

@@ -38,6 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adtbench import accel
+from adtbench.algorithm.drafters.graphed import LevelGraphs
 from adtbench.models.graphs import StaticDrafter
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.lean import (
@@ -211,6 +213,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
     static: StaticDrafter | None = None  # static-shape buckets over the pinned cache (``request_static``); None: off
     pinned: tuple[StaticKVCache, torch.Tensor, torch.Tensor] | None = None  # (cache, valid, bias) every image reuses
     _pin: tuple[int, bool] | None = None  # (extra columns, capture CUDA graphs): pin at the next reset
+    level_graphs: LevelGraphs | None = None  # graphed drafting levels over the pinned cache (graphs only)
     _warned_unpinned = False
 
     def __init__(self, config: EagleConfig, rope: Rope) -> None:
@@ -315,7 +318,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
         twin = copy.copy(self)
         twin.cache, twin.length, twin.scratch = None, 0, 0
         twin.valid = torch.zeros(1, 0, dtype=torch.bool)
-        twin.static, twin.pinned, twin._pin = None, None, None
+        twin.static, twin.pinned, twin._pin, twin.level_graphs = None, None, None, None
         return twin
 
     def reset(self, rows: int, capacity: int) -> None:
@@ -357,6 +360,8 @@ class EagleDrafter(InferenceWeights, nn.Module):
         if graphs:  # the captured forwards write K/V into the pinned cache: the next prefill overwrites them
             self.inference_weights()  # built on the current stream, before the graphs read them
             self.static.capture()
+            if accel.graphs_supported(p.device):  # tree policies' levels as graphs, captured at first use
+                self.level_graphs = LevelGraphs(self, rows, capacity, self.static.widths)  # (``drafters.graphed``)
 
     def _pinned_fits(self, rows: int, capacity: int) -> bool:
         return self.static is not None and rows == self.static.rows and capacity <= self.static.capacity

@@ -8,6 +8,7 @@ image positions left), never the model. ``observe`` feeds back the verification 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
@@ -18,6 +19,7 @@ from adtbench.algorithm.drafters.session import DraftSession, Steps, drive
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import Acceptance
+from adtbench.errors import check_flag
 from adtbench.registry import Registry
 
 if TYPE_CHECKING:
@@ -28,6 +30,7 @@ class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
     name: str = "policy"
     uses_drafter: bool = True
     gate: DraftGate | None = None  # draft gating (``algorithm.gate``, ``policy.gate_tokens``); None: draft every cycle
+    graph_levels: bool = True  # ``policy.graph_levels``: drafting levels as graph replays where the drafter has them
 
     @property
     def drafts_with_eagle(self) -> bool:
@@ -120,16 +123,18 @@ POLICIES: Registry[Policy] = Registry("policy")
 (``adtbench.harness.schema``); constructors check ranges and choices, naming ``policy.<key>``."""
 
 
-GATE_KEYS = ("gate_tokens", "gate_explore")
+GATE_KEYS = ("gate_tokens", "gate_explore", "graph_levels")  # ``with_gate``'s keys
 P = TypeVar("P", bound=TreePolicy)
 
 
 def with_gate(policy: P, node: Any) -> P:
-    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``."""
+    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``, and
+    its ``policy.graph_levels`` flag (graphed drafting levels, ``drafters.graphed``; default on)."""
     from adtbench.algorithm.gate import DraftGate
 
     tokens = node.get("gate_tokens")
     policy.gate = None if tokens is None else DraftGate(float(tokens), int(node.get("gate_explore", 8)))
+    policy.graph_levels = check_flag(node.get("graph_levels", True), "policy.graph_levels")
     return policy
 
 
@@ -166,6 +171,26 @@ def top_k_stable(x: np.ndarray, k: int) -> np.ndarray:
 
 def stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(values, indices) of the ``k`` largest entries along the last dim, ties toward the lower index — the order of
-    :func:`desc_stable` — on ``scores``' device (one stable sort; ``torch.topk`` breaks ties arbitrarily)."""
-    vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
-    return vals[..., :k], idx[..., :k]
+    :func:`desc_stable` — on ``scores``' device, in fixed shapes (no read: a CUDA graph captures it).
+
+    Scores of 32 bits or fewer take one ``torch.topk`` over an int64 key per entry: the score's bits made monotone
+    (a float's sign-magnitude bits, negatives' magnitude bits flipped; ``−0.0`` counted as ``+0.0``) in the high 32
+    bits, ``2³² − 1 − index`` in the low ones, so the key orders by score, then by lower index, exactly — no
+    full-row sort (``torch.topk`` alone breaks ties arbitrarily). float64 scores (the exactness tests) keep one
+    stable descending sort."""
+    n = scores.shape[-1]
+    k = min(k, n)
+    if scores.dtype == torch.float64 or not scores.is_floating_point() or n >= 2**32:
+        vals, idx = torch.sort(scores, dim=-1, descending=True, stable=True)
+        return vals[..., :k], idx[..., :k]
+    x = (scores.to(torch.float32) + 0.0).view(torch.int32)  # + 0.0: −0.0 → +0.0 (sort treats them as equal)
+    bits = torch.where(x < 0, x ^ 0x7FFFFFFF, x).to(torch.int64)  # monotone in the float's order
+    key = bits * 2**32 + (2**32 - 1 - _index_row(n, scores.device))
+    idx = torch.topk(key, k, dim=-1).indices
+    return scores.gather(-1, idx), idx
+
+
+@lru_cache(maxsize=64)
+def _index_row(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` int64 on ``device`` (cached, never written)."""
+    return torch.arange(n, dtype=torch.int64, device=device)

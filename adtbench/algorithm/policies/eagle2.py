@@ -19,6 +19,7 @@ never accepted).
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from functools import lru_cache
 from typing import Any
 
@@ -26,6 +27,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
+from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, stable_topk, top_k_stable, with_gate
 from adtbench.algorithm.policies.sampled import SampledDrafts
@@ -46,6 +48,7 @@ def eagle2_steps(
     total_tokens: int,
     max_depth: int,
     budget: TreeBudget | None = None,
+    graphed: bool = True,
 ) -> Steps:
     """EAGLE-2's tree (module docstring) as a coroutine (``drafters.session.Steps``; ``drive(eagle2_steps(session,
     …), session)`` builds it for one session). With a ``budget`` (``adtbench.algorithm.cost``) the rerank keeps the N
@@ -61,7 +64,7 @@ def eagle2_steps(
     live = budget is not None and budget.live(session.device)
     if getattr(session, "on_host", False):
         return (yield from eagle2_host_steps(session, depth, top_k, total_tokens, max_depth, budget, live))
-    return (yield from eagle2_device_steps(session, depth, top_k, total_tokens, max_depth, budget, live))
+    return (yield from eagle2_device_steps(session, depth, top_k, total_tokens, max_depth, budget, live, graphed))
 
 
 def eagle2_device_steps(
@@ -72,10 +75,12 @@ def eagle2_device_steps(
     max_depth: int,
     budget: TreeBudget | None,
     live: bool,
+    graphed: bool = True,
 ) -> Steps:
     """``eagle2_steps`` on the drafter's device. ``live``: the budget's level rule reads this cycle's candidates before
     each round (one small read per round); otherwise the rounds are planned and building the tree reads nothing but
-    the budget's node count (``TreeBudget.choose``).
+    the budget's node count (``TreeBudget.choose``). ``graphed`` (planned rounds, a drafter with graphed levels:
+    ``drafters.graphed``): level 0 and each round one graph replay (``_graphed_candidates``), the same candidates.
 
     Candidates are kept in creation order (level 0: the root's K best children; round r: K·K children of the K
     frontier nodes) with their cumulative drafter log-prob as score; a candidate the drafter gives probability 0
@@ -87,16 +92,74 @@ def eagle2_device_steps(
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
     dev = session.device
+    graphs = levels_for(session, 1 + rounds * K, rounds * K) if graphed and not live else None
+    if graphs is not None:
+        score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds)
+    else:
+        score, tok, parent, sizes = yield from _eager_candidates(session, K, rounds, budget if live else None)
+    count = score.numel()
+    keep = min(total_tokens - 1, count)
+    info: dict[str, float | int | str] = {}
+    if budget is not None:
+        ranked, order = stable_topk(score, count)  # the rerank order of every candidate
+        level = _levels(tuple(sizes), dev)
+        keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K, plan=not live)
+        info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
+    if graphs is not None and budget is None:  # the rerank and the tree as one more graph (its shapes are fixed)
+        key, n_lev = ("eagle2-tree", K, tuple(sizes), keep, score.data_ptr()), len(sizes)
+        program = lambda _: _tree(score, tok, parent, keep, graphs.root, n_lev)  # noqa: E731
+        tokens, parents, d, anc, alive = graphs.run(key, None, program, level=False)
+    else:
+        tokens, parents, d, anc, alive = _tree(score, tok, parent, keep, session.root_token, len(sizes))
+    return DraftTree(
+        tokens,
+        parents,
+        drafted_depth=len(session.levels) + 1,
+        width=K,
+        info=info,
+        alive=alive,
+        depth=d,
+        ancestor_mask=anc,
+        max_children=K,
+    )
+
+
+def _tree(
+    score: torch.Tensor, tok: torch.Tensor, parent: torch.Tensor, keep: int, root: torch.Tensor, levels: int = 0
+) -> tuple[torch.Tensor, ...]:
+    """EAGLE-2's rerank and tree from its candidates (score, token, parent candidate ``[M]``): the ``keep`` best
+    candidates (stable: ties toward the lower index) in creation order (parents before children) under ``root``
+    ``[1]``; returns (tokens, parents, depth, ancestor mask, alive) on the candidates' device, in fixed shapes (no
+    read). ``levels``: the rounds drafted + 1, the trees' depth bound (0: ``keep``)."""
+    count, dev = score.numel(), score.device
+    _, order = stable_topk(score, keep)
+    sel = order.sort().values  # kept candidates in creation order: parents before children
+    slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
+    slot[sel] = _arange(1, keep + 1, dev)
+    slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
+    tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
+    parents = torch.cat([_const(-1, 1, dev), tree_par])
+    d, anc = ancestry_on_device(parents, levels if levels > 0 else keep)
+    alive = torch.cat([true_flag(dev), score[sel] > float("-inf")])
+    return torch.cat([root, tok[sel]]), parents, d, anc, alive
+
+
+def _eager_candidates(
+    session: DraftSession, K: int, rounds: int, live: TreeBudget | None
+) -> Generator[Expand, tuple[range, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]]:
+    """EAGLE-2's candidates level by level through ``session.expand`` (yielded: batched drafting runs many sessions'
+    levels in one forward): (score, token, parent candidate (−1: the root), the candidates made per level).
+    ``live``: the budget's level rule decides before each round (one small read per round)."""
+    dev = session.device
     v0, t0 = stable_topk(session.root_logprobs(), K)
     k0 = v0.numel()  # K, or V when the vocabulary is smaller
     scores, toks, par = [v0], [t0], [_const(-1, k0, dev)]
     f_score, f_tok, f_cand, f_sess = v0, t0, torch.arange(k0, device=dev), _const(0, k0, dev)
     count = k0
     for r in range(rounds):
-        if live:
-            assert budget is not None
+        if live is not None:
             pi = torch.cat([*scores, f_score]).to(torch.float64).exp().cpu().numpy()  # one read: drafted, frontier
-            if not _worth_a_round(budget, pi[:count], pi[count:], session.levels):
+            if not _worth_a_round(live, pi[:count], pi[count:], session.levels):
                 break
         ids, lp = yield Expand(f_sess, f_tok, r + 1)
         vals, kids = stable_topk(lp, K)  # [f, K] per frontier row, ties toward the lower token id
@@ -108,33 +171,66 @@ def eagle2_device_steps(
         f_tok, f_cand = toks[-1][best], count + best
         f_sess = torch.arange(ids.start, ids.stop, device=dev)[best // vals.shape[1]]
         count += cum.numel()
-    score, tok, parent = torch.cat(scores), torch.cat(toks), torch.cat(par)
-    keep = min(total_tokens - 1, count)
-    ranked, order = stable_topk(score, count)  # the rerank order of every candidate
-    info: dict[str, float | int | str] = {}
-    if budget is not None:
-        level = torch.cat([torch.full((s.numel(),), i, device=dev) for i, s in enumerate(scores)])
-        keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K, plan=not live)
-        info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
-    order = order[:keep]
-    sel = order.sort().values  # kept candidates in creation order: parents before children
-    slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
-    slot[sel] = torch.arange(1, keep + 1, device=dev)
-    slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
-    tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
-    parents = torch.cat([_const(-1, 1, dev), tree_par])
-    d, anc = ancestry_on_device(parents, len(scores))
-    return DraftTree(
-        torch.cat([session.root_token, tok[sel]]),
-        parents,
-        drafted_depth=len(session.levels) + 1,
-        width=K,
-        info=info,
-        alive=torch.cat([true_flag(dev), score[sel] > float("-inf")]),
-        depth=d,
-        ancestor_mask=anc,
-        max_children=K,
-    )
+    return torch.cat(scores), torch.cat(toks), torch.cat(par), [s.numel() for s in scores]
+
+
+ROUND_CAP = 16
+"""Rounds the graphed candidate buffers hold (more are sized on demand): one buffer per top-k serves every depth."""
+
+
+def _graphed_candidates(
+    session: DraftSession, graphs: LevelGraphs, K: int, rounds: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """``_eager_candidates`` (planned rounds) as graphed levels (``drafters.graphed``): level 0 (the root's log-probs
+    and its K best children) and each round (the frontier's expand, its log-probs, the K best children per frontier
+    node with their cumulative scores, the next frontier) are one graph replay each, writing the candidates into
+    static buffers — score, token, parent candidate at their creation index; the frontier of round r (score, token,
+    candidate, session node) in row r — that the next level reads. The shapes are the eager path's, known on the
+    host: k0 = min(K, V) root children, m_r frontier nodes in round r, min(K, V) children each."""
+    target, sp, layout = session.target, session.sp, session.layout
+    V = layout.vocab_size
+    k0 = kk = min(K, V)
+    cap_r = max(ROUND_CAP, rounds)
+    cap = k0 + cap_r * K * kk
+    dtype = torch.promote_types(graphs.dtype, torch.float32)  # the processed log-probs' dtype
+    sc = graphs.buffer(f"e2.score.{K}.{cap}", (cap,), dtype)
+    tk = graphs.buffer(f"e2.token.{K}.{cap}", (cap,), torch.long)
+    pr = graphs.buffer(f"e2.parent.{K}.{cap}", (cap,), torch.long)
+    fs = graphs.buffer(f"e2.f_score.{K}.{cap}", (cap_r + 1, K), dtype)
+    ft = graphs.buffer(f"e2.f_token.{K}.{cap}", (cap_r + 1, K), torch.long)
+    fc = graphs.buffer(f"e2.f_cand.{K}.{cap}", (cap_r + 1, K), torch.long)
+    fn = graphs.buffer(f"e2.f_node.{K}.{cap}", (cap_r + 1, K), torch.long)
+    dev = graphs.device
+
+    def level0(_: int | None) -> None:
+        v0, t0 = stable_topk(graphs.root_logprobs(target, layout, sp), K)
+        sc[:k0], tk[:k0] = v0, t0
+        pr[:k0] = _const(-1, k0, dev)
+        fs[0, :k0], ft[0, :k0], fc[0, :k0] = v0, t0, _arange(0, k0, dev)
+        fn[0, :k0] = _const(0, k0, dev)
+
+    graphs.run(("eagle2", K, cap, 0, sp, id(target)), None, level0)
+    sizes, m, count = [k0], k0, k0
+    for r in range(rounds):
+        n0, c0, made = session.num_nodes, count, m * kk
+        nxt = min(K, made)
+
+        def level(Kw: int | None, r: int = r, m: int = m, n0: int = n0, c0: int = c0, nxt: int = nxt) -> None:
+            assert Kw is not None
+            lp = graphs.expand(target, layout, sp, fn[r, :m], ft[r, :m], n0, r + 1, Kw)
+            vals, kids = stable_topk(lp, K)  # [m, kk]
+            cum = (vals + fs[r, :m, None]).view(-1)
+            sc[c0 : c0 + m * kk], tk[c0 : c0 + m * kk] = cum, kids.reshape(-1)
+            pr[c0 : c0 + m * kk] = fc[r, :m].repeat_interleave(kk, output_size=m * kk)
+            f_score, best = stable_topk(cum, nxt)
+            fs[r + 1, :nxt], ft[r + 1, :nxt] = f_score, tk[c0 : c0 + m * kk][best]
+            fc[r + 1, :nxt], fn[r + 1, :nxt] = c0 + best, n0 + best // kk
+
+        graphs.run(("eagle2", K, cap, r + 1, m, n0, sp, id(target)), n0 - 1 + m, level)
+        graphs.advance(session, m)
+        sizes.append(made)
+        m, count = nxt, count + made
+    return sc[:count], tk[:count], pr[:count], sizes  # views of the buffers: read before the next cycle drafts
 
 
 def eagle2_host_steps(
@@ -232,6 +328,18 @@ def _worth_a_round(budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray
 
 
 @lru_cache(maxsize=256)
+def _levels(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """The round that made each candidate, for rounds of ``sizes`` candidates (cached, never written)."""
+    return torch.cat([torch.full((n,), i, device=device) for i, n in enumerate(sizes)])
+
+
+@lru_cache(maxsize=256)
+def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
+    """``arange(a, b)`` long on ``device`` (cached, never written)."""
+    return torch.arange(a, b, device=device)
+
+
+@lru_cache(maxsize=256)
 def _const(value: int, n: int, device: torch.device) -> torch.Tensor:
     """A constant long ``[n]`` on ``device`` (cached, never written)."""
     return torch.full((n,), value, dtype=torch.long, device=device)
@@ -279,7 +387,7 @@ class Eagle2Policy(TreePolicy):
         d, k, n = self.depth, self.top_k, self.total_tokens
         if self.sampled.applies(session):
             return (yield from self.sampled.steps(session, d, k, n, max_depth, budget))
-        return (yield from eagle2_steps(session, d, k, n, max_depth, budget))
+        return (yield from eagle2_steps(session, d, k, n, max_depth, budget, self.graph_levels))
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
         self.cost.observe(tree, acceptance)

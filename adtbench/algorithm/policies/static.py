@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 
+from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
-from adtbench.algorithm.sampling import gumbel_top_k
+from adtbench.algorithm.sampling import exponentials, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree, true_flag
 from adtbench.errors import check_choice, check_number
 
@@ -165,6 +166,10 @@ class StaticTreePolicy(TreePolicy):
         of its parents' rows; the shape, the session ids and the masks come from the plan."""
         sample = self.draft_sampling == "sample" and not session.greedy
         plan = self._plan(min(max_depth, max(map(len, self.paths))), session.device)
+        grown = sum(lv.grow.numel() for lv in plan.levels)
+        graphs = levels_for(session, 1 + grown, grown) if self.graph_levels else None
+        if graphs is not None:
+            return self._graphed(session, graphs, plan, sample)
         lp = session.root_logprobs()[None]  # [rows, V]: the level's parents' distributions
         tokens, alive, qs = [session.root_token], [true_flag(session.device)], []
         alive_all = alive[0]
@@ -197,6 +202,84 @@ class StaticTreePolicy(TreePolicy):
             max_children=plan.max_children,
             child_ranks=plan.child_ranks,
         )
+
+    def _graphed(self, session: DraftSession, graphs: LevelGraphs, plan: _Plan, sample: bool) -> DraftTree:
+        """``propose_steps``'s tree with each level one graph replay (``drafters.graphed``): level i's program draws
+        its nodes from its parents' log-probs (the root's, computed in level 0's program, or the buffer the previous
+        level's program wrote) — a stable top-k, or Gumbel keys from noise drawn into a static buffer just before the
+        replay (the eager path's draws, in the same order from the same generator) — writes their tokens, liveness
+        and (sampled) their parents' distributions into static buffers, then expands the nodes that have children
+        and writes their children's log-probs for level i + 1. The tree's tokens, liveness and proposal rows are those
+        buffers (no copy: the cycle verifies and observes its tree before the next cycle drafts)."""
+        target, layout, sp, dev = session.target, session.layout, session.sp, session.device
+        n = plan.parents.numel()
+        sizes = [lv.rank.numel() for lv in plan.levels]
+        V = layout.vocab_size
+        dtype = torch.promote_types(graphs.dtype, torch.float32)
+        name = f"static.{id(plan)}"
+        toks = graphs.buffer(f"{name}.tokens", (n,), torch.long)
+        alive = graphs.buffer(f"{name}.alive", (n,), torch.bool)
+        q = graphs.buffer(f"{name}.q", (n, V), dtype) if sample else None
+        lps = [graphs.buffer(f"{name}.lp{i}", (max(1, lv.grow.numel()), V), dtype) for i, lv in enumerate(plan.levels)]
+        noise = [graphs.buffer(f"{name}.e{i}", (1 if i == 0 else plan.levels[i - 1].grow.numel(), V), torch.float64)
+                 for i in range(len(plan.levels))] if sample else []  # fmt: skip
+        node, n0, q_row = 1, 1, 0
+        for i, lv in enumerate(plan.levels):
+            m, g = sizes[i], lv.grow.numel()
+
+            def level(
+                K: int | None, i: int = i, lv: _Level = lv, node: int = node, n0: int = n0, q_row: int = q_row
+            ) -> None:
+                if i == 0:
+                    lp = graphs.root_logprobs(target, layout, sp)[None]
+                    alive[:1], toks[:1] = true_flag(dev), graphs.root
+                else:
+                    lp = lps[i - 1][: plan.levels[i - 1].grow.numel()]
+                if sample:
+                    assert q is not None
+                    keys = lp.to(torch.float64) - noise[i].log()
+                    top = keys.topk(min(lv.width, keys.shape[-1]), dim=-1)
+                    drawn, ok = top.indices, top.values > float("-inf")
+                    q.index_copy_(0, plan.proposal_nodes[q_row : q_row + lp.shape[0]], lp.exp())
+                else:
+                    vals, drawn = stable_topk(lp, lv.width)
+                    ok = vals > float("-inf")
+                tok = drawn[lv.row, lv.rank]
+                toks[node : node + lv.rank.numel()] = tok
+                alive[node : node + lv.rank.numel()] = ok[lv.row, lv.rank] & alive[lv.parents]
+                if K is not None:
+                    out = graphs.expand(target, layout, sp, lv.grow_parents, tok[lv.grow], n0, i + 1, K)
+                    lps[i][: lv.grow.numel()] = out
+
+            if sample:
+                _draw_into(noise[i], session.generator)
+            key = ("static", id(plan), i, sample, sp, id(target))
+            graphs.run(key, n0 - 1 + g if g else None, level)
+            if g:
+                graphs.advance(session, g)
+            q_row += 1 if i == 0 else plan.levels[i - 1].grow.numel()
+            node, n0 = node + m, n0 + g
+        return DraftTree(  # the buffers themselves: the cycle verifies this tree before the next one is drafted
+            toks,
+            plan.parents,
+            drafted_depth=len(plan.levels),
+            width=self.width,
+            proposal=q,
+            alive=alive,
+            depth=plan.depth,
+            ancestor_mask=plan.ancestor_mask,
+            max_children=plan.max_children,
+            child_ranks=plan.child_ranks,
+        )
+
+
+def _draw_into(buf: torch.Tensor, generator: torch.Generator | None) -> None:
+    """Exp(1) draws (float64) into ``buf`` in place, as ``sampling.exponentials`` draws them (the same values from
+    the same generator state): one launch where the generator lives on ``buf``'s device."""
+    if generator is None or generator.device == buf.device:
+        buf.exponential_(generator=generator)
+    else:
+        buf.copy_(exponentials(tuple(buf.shape), generator, buf.device))
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
