@@ -72,7 +72,7 @@ with the verdict read one step late (``jacobi_step``, ``policy.step``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -762,10 +762,13 @@ def decode_jacobi(
     drafter: Any = None,
     window: int | None = None,
     limit: int | None = None,
+    make_step: Callable[..., Any] | None = None,
 ) -> GenerationResult:
     """Decode one image by Jacobi iteration (module docstring), timed like ``engine.generate``. ``drafter``: the
     EAGLE drafter (``init: drafter``); ``window``: the calibrated L of ``window: cost`` (``calibrate_window``);
-    ``limit``: stop once that many tokens are committed (a partial image: ``calibrate_window``'s)."""
+    ``limit``: stop once that many tokens are committed (a partial image: ``calibrate_window``'s); ``make_step``:
+    ``jacobi_step.fixed_shape_step`` (the policy passes it) — called after the prefill, it returns the device-resident
+    step this decode runs or None for the host-driven loop; None: always the loop."""
     clock, layout = Clock(target.device), target.layout
     sizer = make_sizer(params, layout, window)
     helper = DrafterInit(drafter, target, sp) if params.init == "drafter" else None
@@ -776,7 +779,7 @@ def decode_jacobi(
     root, res = prefill_token(target, inputs, sp, params.max_nodes, generator)
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
-    step = _fixed_shape_step(target, params, sp, rule, acceptance, window)
+    step = None if make_step is None else make_step(target, params, sp, rule, acceptance, window)
     if step is not None and step.fits():  # the device-resident step (``jacobi_step``; policy.step)
         timing = Timing(t0, (begin, clock.mark()))
         tokens, stats, rec = step.run_image(root, generator, limit, clock, timing)
@@ -798,23 +801,6 @@ def decode_jacobi(
         st.stats(),
         target.forwards,
     )
-
-
-def _fixed_shape_step(
-    target: Target, params: JacobiParams, sp: SamplingParams, rule: AcceptanceRule, acceptance: str, window: int | None
-) -> Any:
-    """The ``jacobi_step.JacobiStep`` this decode runs (``policy.step``: ``jacobi_step.chooses_graph``), or None for the
-    host-driven loop. Decided after the prefill: the first prefill under ``engine.compile`` pins the cache and
-    captures the verifies."""
-    if params.step == "eager":
-        return None
-    from adtbench.algorithm import jacobi_step
-
-    if not jacobi_step.chooses_graph(params, rule, target, window, decides_on_host(acceptance, target.device)):
-        return None
-    L = params.window if isinstance(params.window, int) else window
-    assert L is not None
-    return jacobi_step.step_for(target, params, sp, rule, L)
 
 
 # --------------------------------------------------------------------------------------------------------

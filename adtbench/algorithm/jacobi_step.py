@@ -69,10 +69,11 @@ from adtbench.algorithm.jacobi import (
 )
 from adtbench.algorithm.records import Clock, CycleRecord
 from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows_cdf
-from adtbench.algorithm.slot import Timing
+from adtbench.algorithm.slot import Timing, decides_on_host
 from adtbench.algorithm.tree import arange_on
 from adtbench.algorithm.verify import AcceptanceRule, chain_verdict
 from adtbench.errors import ConfigError
+from adtbench.models.base import Target
 from adtbench.models.graphs import bucket_of
 
 STEPS = ("auto", "graph", "eager")
@@ -420,4 +421,19 @@ class JacobiStep:
         )  # fmt: skip
 
 
-__all__ = ["STEPS", "ImageRecords", "JacobiStep", "chooses_graph", "refusal", "step_for"]
+def fixed_shape_step(
+    target: Target, params: JacobiParams, sp: SamplingParams, rule: AcceptanceRule, acceptance: str, window: int | None
+) -> Any:
+    """The ``JacobiStep`` ``jacobi.decode_jacobi`` runs (``policy.step``: ``chooses_graph``), or None for the
+    host-driven loop. Decided after the prefill: the first prefill under ``engine.compile`` pins the cache and
+    captures the verifies."""
+    if params.step == "eager":
+        return None
+    if not chooses_graph(params, rule, target, window, decides_on_host(acceptance, target.device)):
+        return None
+    L = params.window if isinstance(params.window, int) else window
+    assert L is not None
+    return step_for(target, params, sp, rule, L)
+
+
+__all__ = ["STEPS", "ImageRecords", "JacobiStep", "chooses_graph", "fixed_shape_step", "refusal", "step_for"]

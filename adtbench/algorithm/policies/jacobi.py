@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.jacobi import JacobiParams, decode_jacobi, generate_jacobi_batch, grouped_rule, jacobi_params
+from adtbench.algorithm.jacobi_step import fixed_shape_step
 from adtbench.algorithm.policies.base import POLICIES, LoopPolicy
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.verify import EXACT
@@ -73,6 +74,7 @@ class JacobiPolicy(LoopPolicy):
             acceptance,
             models.drafter,
             models.window,
+            make_step=fixed_shape_step,
         )
 
     def generate_batch(
