@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -280,9 +281,21 @@ def static_runs() -> Iterator[Counter]:
         graphs._Step.run = original
 
 
+_SESSION_T0 = time.perf_counter()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """List every law test's power line (``tests/laws.py``: ``record_property("law", …)``, xdist workers included):
-    draws, cells, the TV it detects at 90 % power, its p-value."""
+    """The test time summed over every phase and worker against the session's wall time (CI's 15-minute budget:
+    under ``-n 2`` the sum is what one core would take, the wall what CI takes); then every law test's power line
+    (``tests/laws.py``: ``record_property("law", …)``, xdist workers included): draws, cells, the TV it detects at
+    90 % power, its p-value."""
+    summed = sum(getattr(rep, "duration", 0.0) for reps in terminalreporter.stats.values() for rep in reps)
+    workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
+    wall = time.perf_counter() - _SESSION_T0
+    terminalreporter.write_line(
+        f"test time: {summed:.0f} s summed over {workers} worker(s), {wall:.0f} s wall since startup"
+        + (f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "")
+    )
     lines = [
         value
         for outcome in ("passed", "failed")
