@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,14 @@ with contextlib.suppress(ImportError):
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(BLAS_THREADS, user_api="blas")
+# Hypothesis's per-example deadline (200 ms) is a wall clock: under pytest-xdist (README's test command runs two
+# workers on CI's two cores) or a shared machine it measures the neighbours, not the example. The examples and their
+# number are unchanged; the tests that set their own settings keep them.
+with contextlib.suppress(ImportError):
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile("adtbench", deadline=None)
+    _hypothesis_settings.load_profile("adtbench")
 # App tests drive the tiny random vehicle, not the default run (the trained mini model, policy=adt: tests/test_mini.py)
 TINY_RUN = {"model": "tiny_llamagen", "drafter": "eagle", "dataset": "smoke", "policy": "eagle2"}
 TINY_OVERRIDES = [f"{k}={v}" for k, v in TINY_RUN.items()]
@@ -223,9 +232,13 @@ def _gpu_mode() -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no CUDA device is present, unless
-    ``ADTBENCH_GPU_TEST_DEVICE=cpu`` or ``ADTBENCH_SIMULATE_DEVICE=cuda`` asks to run them, or they are marked
-    ``gpu_sim`` as well (run on the simulated device)."""
+    """The ``slow`` tests run first (a stable sort: the order within each group is the collection's), so that under
+    pytest-xdist (README's test command, ``-n 2``) the long tests start early and the short ones fill both workers
+    at the end — longest-first scheduling: a 30–60 s test collected last (mypy, a law test) would otherwise run on
+    one worker while the other idles. ``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no
+    CUDA device is present, unless ``ADTBENCH_GPU_TEST_DEVICE=cpu`` or ``ADTBENCH_SIMULATE_DEVICE=cuda`` asks to run
+    them, or they are marked ``gpu_sim`` as well (run on the simulated device)."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if _gpu_mode() != "none":
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (ADTBENCH_SIMULATE_DEVICE=cuda runs it on the simulated one)")
@@ -268,9 +281,21 @@ def static_runs() -> Iterator[Counter]:
         graphs._Step.run = original
 
 
+_SESSION_T0 = time.perf_counter()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """List every law test's power line (``tests/laws.py``: ``record_property("law", …)``, xdist workers included):
-    draws, cells, the TV it detects at 90 % power, its p-value."""
+    """The test time summed over every phase and worker against the session's wall time (CI's 15-minute budget:
+    under ``-n 2`` the sum is what one core would take, the wall what CI takes); then every law test's power line
+    (``tests/laws.py``: ``record_property("law", …)``, xdist workers included): draws, cells, the TV it detects at
+    90 % power, its p-value."""
+    summed = sum(getattr(rep, "duration", 0.0) for reps in terminalreporter.stats.values() for rep in reps)
+    workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
+    wall = time.perf_counter() - _SESSION_T0
+    terminalreporter.write_line(
+        f"test time: {summed:.0f} s summed over {workers} worker(s), {wall:.0f} s wall since startup"
+        + (f", load {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else "")
+    )
     lines = [
         value
         for outcome in ("passed", "failed")

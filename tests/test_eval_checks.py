@@ -136,16 +136,26 @@ def test_missing_package_names_the_key_and_the_extra(monkeypatch, preset, module
     require_packages(preset)  # installed here
 
 
-def _run_py(tmp_path: Path, *args: str, block: str | None = None) -> tuple[subprocess.CompletedProcess, float]:
+def _run_py(tmp_path: Path, *args: str, block: str | None = None) -> tuple[subprocess.CompletedProcess, float, float]:
+    """``python run.py *args`` in a subprocess: (the process, its wall time, its CPU time: user + system)."""
     prelude = f"import sys; sys.modules[{block!r}] = None; " if block else "import sys; "
     code = prelude + "import runpy; sys.argv = ['run.py', *sys.argv[1:]]; runpy.run_path('run.py', run_name='__main__')"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), _children_cpu_s()
     proc = subprocess.run(
         [sys.executable, "-c", code, *args, f"hydra.run.dir={tmp_path / 'job'}"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
-    return proc, time.perf_counter() - t0
+    return proc, time.perf_counter() - t0, _children_cpu_s() - cpu0
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished children: the work a subprocess did, which other
+    processes on the machine (an xdist worker beside this one, other jobs) do not inflate as they do its wall time."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 @pytest.mark.slow
@@ -161,13 +171,15 @@ def test_run_py_eval_clip_fails_before_decoding(tmp_path, files, case):
         "truncated file": (["eval=clip", f"eval.clip.pretrained={files['zip_cut']}"], None),
         "random TorchScript ViT-L-14.pt": (["eval=clip", f"eval.clip.pretrained={vit}"], None),
     }[case]
-    proc, elapsed = _run_py(tmp_path, *args, block=block)
+    proc, elapsed, cpu = _run_py(tmp_path, *args, block=block)
     err = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(err) == 1 and err[0].startswith("adtbench: config error: eval.clip"), proc.stderr
     assert not (tmp_path / "job").exists()  # refused by the command-line check: nothing decoded or written
-    print(f"{case}: exit 2 in {elapsed:.1f} s: {err[0][:160]}")
-    assert elapsed < 20.0  # generous for a loaded CI box; the goal (≤ 10 s) is what the docstring reports
+    print(f"{case}: exit 2 in {elapsed:.1f} s wall, {cpu:.1f} s CPU (load {os.getloadavg()[0]:.1f}): {err[0][:160]}")
+    # CPU time, not wall: on a shared or xdist-parallel box the wall time measures the neighbours (40 s wall and
+    # 4 s CPU at load 10); the issue's goal, ≤ 10 s, holds for the process's own work
+    assert cpu < 10.0
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -140,70 +140,131 @@ def cost_source(target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> C
     return lambda max_nodes, max_level: load_or_measure(target, drafter, sp, max_nodes, max_level, cache_dir)
 
 
-def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any) -> dict[str, Any]:
-    """``policy.window=cost`` of a Jacobi loop: ``algorithm.jacobi.calibrate_window`` on this machine's verify cost
-    model (``load_or_measure`` without a drafter, or with the ``init=drafter`` one) — cached as
-    ``<paths.cache_dir>/jacobi/<sha256(key)[:16]>.json``, keyed by the cost model's key, the sampling, the policy's
-    keys that change τ(L) and the calibration prompts; re-calibrated when the cost model is re-measured. ``cfg``: the
-    ``policy`` and ``lantern`` nodes; ``conf``: the typed sampling, ``lantern.enabled`` and ``paths.cache_dir``."""
-    from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, JacobiParams, calibrate_window
-    from adtbench.algorithm.policies import POLICIES
-    from adtbench.algorithm.verify import EXACT
+SHIPPED_TAUS = "window_taus.json"
+"""The file beside a model's weights (``<model.path>/window_taus.json``) holding τ(L) tables calibrated once and shipped
+with the model: ``{"entries": [{"key": shipped_window_key(...), "taus": {L: τ}}]}`` (``ship_window_taus`` writes it)."""
 
-    sp, cache_dir, lantern_on = conf.sampling, conf.cache_dir, conf.lantern is not None and conf.lantern.enabled
+
+def _window_settings(cfg: Any, conf: AppConf) -> tuple[Any, dict[str, Any]]:
+    """The Jacobi params of ``cfg.policy`` and what τ(L) depends on besides the model: the sampling, the policy's keys
+    that change τ(L), LANTERN, the calibration prompts and grid, and the version of the calibration code (3: bump it
+    when ``decode_jacobi`` or ``calibrate_window`` changes what they commit)."""
+    from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, JacobiParams
+    from adtbench.algorithm.policies import POLICIES
+
+    sp, lantern_on = conf.sampling, conf.lantern is not None and conf.lantern.enabled
     assert sp is not None, "a checked config has a sampling node"
     params = POLICIES.build(str(cfg.policy.name), {str(k): v for k, v in cfg.policy.items() if k != "name"}).params
     base = {f.name for f in dataclasses.fields(JacobiParams)}
     method = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name not in base}  # sjd_pac's
-    levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
-    cost = load_or_measure(target, drafter, sp, max(64, params.window_max), levels, cache_dir)
-    use_cfg = sp.use_cfg and target.supports_cfg
-    key = {
-        "cost": cost.meta.get("key"),
-        "cost_measured_at": cost.meta.get("measured_at"),
+    keys = ("init", "redraw", "rule", "proposal", "window_min", "window_max", "calibration_tokens")
+    settings = {
         "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
-        "policy": {
-            k: getattr(params, k)
-            for k in (
-                "init",
-                "redraw",
-                "rule",
-                "proposal",
-                "window_min",
-                "window_max",
-                "calibration_tokens",
-                "group_size",
-                "group_gap",
-                "group_dist",
-            )
-        }
-        | method,
+        "policy": {k: getattr(params, k) for k in (*keys, "group_size", "group_gap", "group_dist")} | method,
         "lantern": lantern_on,
         "prompts": list(CALIBRATION_PROMPTS),
         "grid": list(CALIBRATION_GRID),
         "version": 3,
     }
+    return params, settings
+
+
+def model_digest(path: str | os.PathLike[str]) -> str:
+    """sha256 over a model directory's ``config.json`` and ``*.safetensors`` files (names and bytes, sorted by name):
+    the identity of the weights a shipped τ(L) table was measured with (the text encoder's included)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(path).iterdir()):
+        if f.is_file() and (f.name == "config.json" or f.suffix == ".safetensors"):
+            h.update(f.name.encode() + b"\0")
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def shipped_window_key(cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The key of a shipped τ(L) table: ``settings`` (``_window_settings``) plus the model's weights
+    (``model_digest`` of ``model.path``; with ``sampling`` it fixes the CFG rows), the dtype and the device kind
+    (CUDA's generator draws other numbers than the CPU's) — not the machine: τ(L) counts tokens, it reads no clock.
+    None when no table can apply: no ``model.path`` directory, or a drafter (``init=drafter``; its weights are not
+    in the key)."""
+    model = cfg.get("model")
+    path = None if model is None else model.get("path")
+    if drafter is not None or path is None or not Path(str(path)).is_dir():
+        return None
+    return settings | {
+        "model": model_digest(str(path)),
+        "dtype": str(target.dtype).replace("torch.", ""),
+        "device": "cuda" if accel.is_cuda(target.device) else "cpu",
+    }
+
+
+def shipped_taus(cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]) -> tuple[Path, dict[int, float]] | None:
+    """τ(L) from ``<model.path>/window_taus.json`` whose key equals ``shipped_window_key`` exactly, else None."""
+    key = shipped_window_key(cfg, target, drafter, settings)
+    if key is None:
+        return None
+    path = Path(str(cfg.model.path)) / SHIPPED_TAUS
+    if not path.is_file():
+        return None
+    want = json.dumps(key, sort_keys=True, default=str)
+    try:
+        for entry in json.loads(path.read_text())["entries"]:
+            if json.dumps(entry["key"], sort_keys=True, default=str) == want:
+                return path, {int(k): float(v) for k, v in entry["taus"].items()}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("window=cost: ignoring unreadable shipped τ(L) %s (%s)", path, e)
+    return None
+
+
+def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: Any, cost: Any) -> dict[str, Any]:
+    """``calibrate_window`` on the calibration prompts with this config's sampling, rule and drafter (the decodes)."""
+    from adtbench.algorithm.jacobi import CALIBRATION_PROMPTS, calibrate_window
+    from adtbench.algorithm.verify import EXACT
+
+    sp = conf.sampling
+    assert sp is not None, "a checked config has a sampling node"
+    gen = torch.Generator(device=target.device if accel.is_cuda(target.device) else "cpu")
+    inputs = [target.encode_prompt(text, cfg=sp.use_cfg and target.supports_cfg) for text in CALIBRATION_PROMPTS]
+    rule: Any = build_lantern_rule(cfg.lantern, target) if conf.lantern is not None and conf.lantern.enabled else EXACT
+    if params.rule == "gsd":
+        from adtbench.algorithm.jacobi import grouped_rule
+
+        rule = grouped_rule(target, params)
+    return calibrate_window(target, inputs, sp, params, cost, gen, rule, drafter)
+
+
+def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any) -> dict[str, Any]:
+    """``policy.window=cost`` of a Jacobi loop: ``algorithm.jacobi.calibrate_window`` on this machine's verify cost
+    model (``load_or_measure`` without a drafter, or with the ``init=drafter`` one). τ(L) comes, in this order, from
+    the machine's cache ``<paths.cache_dir>/jacobi/<sha256(key)[:16]>.json`` (keyed by the cost model's key, the
+    sampling, the policy's keys that change τ(L) and the calibration prompts; re-calibrated when the cost model is
+    re-measured), from the table shipped with the model (``shipped_taus``: same settings, same weights), or from the
+    calibration decodes (then cached). Only the choice of L reads the machine's cost model. ``cfg``: the app's config
+    (``policy``, ``lantern``, ``model.path``); ``conf``: the typed sampling, ``lantern.enabled`` and
+    ``paths.cache_dir``."""
+    from adtbench.algorithm.jacobi import choose_window
+
+    params, settings = _window_settings(cfg, conf)
+    sp, cache_dir = conf.sampling, conf.cache_dir
+    levels = 1 if drafter is None else 16  # a verify-only model covers "levels" of 1 (no drafter)
+    cost = load_or_measure(target, drafter, sp, max(64, params.window_max), levels, cache_dir)
+    key = {"cost": cost.meta.get("key"), "cost_measured_at": cost.meta.get("measured_at"), **settings}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = None if cache_dir is None else Path(cache_dir) / "jacobi" / f"{digest}.json"
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
-            from adtbench.algorithm.jacobi import choose_window
-
             out = choose_window({int(k): float(v) for k, v in data["taus"].items()}, cost, params.overhead_steps)
             log.info("window=cost: cached τ(L) %s → L = %d", path, out["L"])  # overhead_steps is not in the key
             return out
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("window=cost: ignoring unreadable cache %s (%s)", path, e)
+    shipped = shipped_taus(cfg, target, drafter, settings)
+    if shipped is not None:
+        out = choose_window(shipped[1], cost, params.overhead_steps)
+        log.info("window=cost: τ(L) shipped with the model %s → L = %d", shipped[0], out["L"])
+        return out
     t0 = time.perf_counter()
-    gen = torch.Generator(device=target.device if accel.is_cuda(target.device) else "cpu")
-    inputs = [target.encode_prompt(text, cfg=use_cfg) for text in CALIBRATION_PROMPTS]
-    rule: Any = build_lantern_rule(cfg.lantern, target) if lantern_on else EXACT
-    if params.rule == "gsd":
-        from adtbench.algorithm.jacobi import grouped_rule
-
-        rule = grouped_rule(target, params)
-    out = calibrate_window(target, inputs, sp, params, cost, gen, rule, drafter)
+    out = calibrate_taus(cfg, conf, target, drafter, params, cost)
     log.info(
         "window=cost: τ(L) %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
         {L: round(t, 2) for L, t in out["taus"].items()},
@@ -215,6 +276,25 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
     if path is not None:
         atomic_write_bytes(path, json.dumps({"key": key, "taus": out["taus"]}, indent=2).encode())
     return out
+
+
+def ship_window_taus(cfg: Any, conf: AppConf, target: Any) -> Path:
+    """Calibrate τ(L) afresh for ``cfg`` (no cache read) and write it into ``<model.path>/window_taus.json``, replacing
+    the entry with the same key (``shipped_window_key``); returns the file. Run by
+    ``python -m adtbench.tools.ship_window [overrides]`` when the weights or the calibration code change."""
+    params, settings = _window_settings(cfg, conf)
+    key = shipped_window_key(cfg, target, None, settings)
+    if key is None:
+        raise ConfigError("model.path", f"no model directory to ship τ(L) with (got {cfg.model.get('path')!r})")
+    cost = load_or_measure(target, None, conf.sampling, max(64, params.window_max), 1, None)
+    taus = calibrate_taus(cfg, conf, target, None, params, cost)["taus"]
+    path = Path(str(cfg.model.path)) / SHIPPED_TAUS
+    entries = json.loads(path.read_text())["entries"] if path.is_file() else []
+    want = json.dumps(key, sort_keys=True, default=str)
+    entries = [e for e in entries if json.dumps(e["key"], sort_keys=True, default=str) != want]
+    entries.append({"key": key, "taus": {str(L): t for L, t in taus.items()}})
+    atomic_write_bytes(path, (json.dumps({"entries": entries}, indent=2, default=str) + "\n").encode())
+    return path
 
 
 # --- LANTERN neighbour tables ----------------------------------------------------------------------------
