@@ -114,6 +114,93 @@ class LayerWeights:
     norm_dtype: torch.dtype | None = None  # ``rms``'s dtype for both RMSNorms (Chameleon: float32, HF's rule)
 
 
+def frozen(*shape: int) -> nn.Parameter:
+    """An uninitialised parameter without gradient (inference weights, filled by ``load_state_dict(assign=True)``)."""
+    return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+
+class FusedBlock(nn.Module):
+    """One Llama-style pre-norm decoder layer in inference form (Chameleon, Emu3, Janus-Pro's LM): ``wqkv`` and
+    ``w13`` with their RMSNorm weights folded in (q and k rows in interleaved rotary pairs: ``fuse_llama_layer``),
+    ``wo``, ``w2``, each ``[out, in]`` like ``nn.Linear``. Subclasses add per-head q/k norms (``qk_norm``)."""
+
+    def __init__(self, D: int, F: int, H: int, KV: int, hd: int, eps: float, norm_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps, self.norm_dtype = eps, norm_dtype
+        self.wqkv = frozen((H + 2 * KV) * hd, D)
+        self.wo = frozen(D, H * hd)
+        self.w13 = frozen(2 * F, D)
+        self.w2 = frozen(D, F)
+        self.heads, self.kv_heads, self.head_dim = H, KV, hd
+
+    def qk_norm(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """``LayerWeights.qk_norm``: none in a plain Llama layer."""
+        return None
+
+    def inference_weights(self) -> LayerWeights:
+        """``decoder_layer``'s view of this layer (transposed views, no copies but a q/k norm's fused affine)."""
+        return LayerWeights(
+            qkv=self.wqkv.t(),
+            qkv_bias=None,
+            o=self.wo.t(),
+            up=self.w13.t(),
+            down=self.w2.t(),
+            heads=self.heads,
+            kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            norm_in=True,
+            eps_in=self.eps,
+            eps_ffn=self.eps,
+            qk_norm=self.qk_norm(),
+            norm_dtype=self.norm_dtype,
+        )
+
+
+def llama_layer_shapes(prefix: str, D: int, F: int, H: int, KV: int, hd: int) -> dict[str, tuple[int, ...]]:
+    """HF key → shape of one Llama decoder layer's tensors under ``prefix`` (``model.layers.{i}.``): the q/k/v/o
+    projections, the gate/up/down MLP and the two RMSNorm weights."""
+    return {
+        prefix + "self_attn.q_proj.weight": (H * hd, D),
+        prefix + "self_attn.k_proj.weight": (KV * hd, D),
+        prefix + "self_attn.v_proj.weight": (KV * hd, D),
+        prefix + "self_attn.o_proj.weight": (D, H * hd),
+        prefix + "mlp.gate_proj.weight": (F, D),
+        prefix + "mlp.up_proj.weight": (F, D),
+        prefix + "mlp.down_proj.weight": (D, F),
+        prefix + "input_layernorm.weight": (D,),
+        prefix + "post_attention_layernorm.weight": (D,),
+    }
+
+
+def fuse_llama_layer(t: Any, p: str, q: str, H: int, KV: int, hd: int) -> dict[str, torch.Tensor]:
+    """``FusedBlock`` tensors (keys ``q + wqkv | w13 | wo | w2``) of the HF layer under prefix ``p``, ``t(key)`` giving
+    each HF tensor in the target dtype: ``wqkv`` = [q | k | v] · diag(input norm) with the q and k rows reordered to
+    interleaved rotary pairs (``interleave_pairs``), ``w13`` = [gate | up] · diag(post-attention norm)."""
+
+    def folded(keys: list[str], norm_key: str) -> torch.Tensor:
+        return fold_t(torch.cat([t(k) for k in keys], 0), t(norm_key)).t().contiguous()  # [out, in]: W · diag(norm)
+
+    qkv = folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
+    qk = (H + KV) * hd
+    return {
+        q + "wqkv": torch.cat([interleave_pairs(qkv[:qk], H + KV, hd), qkv[qk:]], 0),
+        q + "w13": folded(
+            [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "post_attention_layernorm.weight"
+        ),
+        q + "wo": t(p + "self_attn.o_proj.weight"),
+        q + "w2": t(p + "mlp.down_proj.weight"),
+    }
+
+
+def assemble(cls: Any, arch: Any, config: Any, sd: dict[str, torch.Tensor]) -> Any:
+    """``cls(arch, config)`` built on the meta device with ``sd``'s tensors assigned (no copy, no init pass), frozen,
+    in eval mode: how every lean network is made from its fused state dict."""
+    with torch.device("meta"):
+        net = cls(arch, config)
+    net.load_state_dict(sd, strict=True, assign=True)
+    return net.requires_grad_(False).eval()
+
+
 class HeadLayerNorm(nn.Module):
     """Chameleon's q/k norm: LayerNorm over ``head_dim`` without affine (eps 1e-5), then a per-head affine,
     ``LN(x)·w_h + b_h`` for x ``[..., heads, head_dim]`` with weight, bias ``[heads, head_dim]`` (the

@@ -55,12 +55,16 @@ from torch import nn
 from adtbench.errors import ConfigError
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.lean import (
+    FusedBlock,
     HeadLayerNorm,
     InferenceWeights,
     LayerWeights,
     additive_mask,
-    fold_t,
+    assemble,
+    frozen,
+    fuse_llama_layer,
     interleave_pairs,
+    llama_layer_shapes,
     qk_affine,
     stack_fn,
     stack_memo,
@@ -132,20 +136,12 @@ class ChameleonArch:
             out["lm_head.weight"] = (V, D)
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
+            out |= llama_layer_shapes(p, D, F, H, KV, hd)
             out |= {
-                p + "self_attn.q_proj.weight": (H * hd, D),
-                p + "self_attn.k_proj.weight": (KV * hd, D),
-                p + "self_attn.v_proj.weight": (KV * hd, D),
-                p + "self_attn.o_proj.weight": (D, H * hd),
                 p + "self_attn.q_norm.weight": (H, hd),
                 p + "self_attn.q_norm.bias": (H, hd),
                 p + "self_attn.k_norm.weight": (KV, hd),
                 p + "self_attn.k_norm.bias": (KV, hd),
-                p + "mlp.gate_proj.weight": (F, D),
-                p + "mlp.up_proj.weight": (F, D),
-                p + "mlp.down_proj.weight": (D, F),
-                p + "input_layernorm.weight": (D,),
-                p + "post_attention_layernorm.weight": (D,),
             }
         return out
 
@@ -159,43 +155,18 @@ def _rope_scaled(config: Any) -> bool:
     return params.get("rope_type", "default") != "default"
 
 
-def _frozen(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
-class ChameleonBlock(nn.Module):
-    """One decoder layer in inference form: ``wqkv``, ``w13`` fused with their RMSNorm weights folded in, ``wo``,
-    ``w2`` (``[out, in]`` like ``nn.Linear``), and the q/k ``HeadLayerNorm``s."""
+class ChameleonBlock(FusedBlock):
+    """One Chameleon decoder layer in inference form: a ``FusedBlock`` and the q/k ``HeadLayerNorm``s."""
 
     def __init__(self, a: ChameleonArch) -> None:
-        super().__init__()
         D, F, H, KV, hd = a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads, a.head_dim
-        self.eps = a.rms_norm_eps
-        self.wqkv = _frozen((H + 2 * KV) * hd, D)
-        self.wo = _frozen(D, H * hd)
-        self.w13 = _frozen(2 * F, D)
-        self.w2 = _frozen(D, F)
+        super().__init__(D, F, H, KV, hd, a.rms_norm_eps, NORM_DTYPE)
         self.q_norm = HeadLayerNorm(H, hd, QK_NORM_EPS)
         self.k_norm = HeadLayerNorm(KV, hd, QK_NORM_EPS)
-        self.heads, self.kv_heads, self.head_dim = H, KV, hd
 
-    def inference_weights(self) -> LayerWeights:
-        """``lean.decoder_layer``'s view of this layer (transposed views, no copies but the fused q|k norm affine)."""
-        return LayerWeights(
-            qkv=self.wqkv.t(),
-            qkv_bias=None,
-            o=self.wo.t(),
-            up=self.w13.t(),
-            down=self.w2.t(),
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            norm_in=True,
-            eps_in=self.eps,
-            eps_ffn=self.eps,
-            qk_norm=qk_affine(self.q_norm, self.k_norm),
-            norm_dtype=NORM_DTYPE,
-        )
+    def qk_norm(self) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """The fused q|k norm affine (one small copy)."""
+        return qk_affine(self.q_norm, self.k_norm)
 
 
 class ChameleonLM(InferenceWeights, nn.Module):
@@ -211,7 +182,7 @@ class ChameleonLM(InferenceWeights, nn.Module):
         self.arch, self.config = arch, config
         self.tok_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(ChameleonBlock(arch) for _ in range(arch.num_layers))
-        self.norm_weight = _frozen(arch.hidden_size)
+        self.norm_weight = frozen(arch.hidden_size)
         self.output = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
         self.requires_grad_(False)
@@ -270,24 +241,10 @@ def _fuse(
 
         return expand_qk_norm(t(key), heads, key).contiguous()
 
-    def folded(keys: list[str], norm_key: str) -> torch.Tensor:
-        w = torch.cat([t(k) for k in keys], 0)
-        return fold_t(w, t(norm_key)).t().contiguous()  # [out, in]: W · diag(norm)
-
-    def interleaved(qkv: torch.Tensor) -> torch.Tensor:  # q and k rows in interleaved rotary pairs (module docstring)
-        qk = (H + KV) * arch.head_dim
-        return torch.cat([interleave_pairs(qkv[:qk], H + KV, arch.head_dim), qkv[qk:]], 0)
-
     sd: dict[str, torch.Tensor] = {}
     for i in range(arch.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        sd[q + "wqkv"] = interleaved(
-            folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
-        )
-        gate_up = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-        sd[q + "w13"] = folded(gate_up, p + "post_attention_layernorm.weight")
-        sd[q + "wo"] = t(p + "self_attn.o_proj.weight")
-        sd[q + "w2"] = t(p + "mlp.down_proj.weight")
+        sd |= fuse_llama_layer(t, p, q, H, KV, arch.head_dim)
         for n, heads in (("q", H), ("k", KV)):
             for part in ("weight", "bias"):
                 affine = norm(p + f"self_attn.{n}_norm.{part}", heads)
@@ -301,11 +258,8 @@ def _fuse(
 
 
 def _assemble(arch: ChameleonArch, config: Any, sd: dict[str, torch.Tensor]) -> ChameleonLM:
-    """``ChameleonLM`` built on the meta device with ``sd``'s tensors assigned (no copy, no init pass)."""
-    with torch.device("meta"):
-        net = ChameleonLM(arch, config)
-    net.load_state_dict(sd, strict=True, assign=True)
-    return net.requires_grad_(False).eval()
+    net: ChameleonLM = assemble(ChameleonLM, arch, config, sd)
+    return net
 
 
 def lean_from_hf(lm: nn.Module) -> ChameleonLM:

@@ -33,7 +33,7 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.models.chameleon.lean import NORM_DTYPE, ChameleonArch, ChameleonLM
-from adtbench.models.lean import LayerWeights, fold_t, interleave_pairs
+from adtbench.models.lean import FusedBlock, assemble, frozen, fuse_llama_layer, llama_layer_shapes
 from adtbench.models.rope import Rope1D
 
 _PREFIXES = (  # (checkpoint prefix, canonical prefix): the hub's spelling, then transformers 4.57's in memory
@@ -62,59 +62,20 @@ class Emu3Arch(ChameleonArch):
     def hf_shapes(self) -> dict[str, tuple[int, ...]]:
         """Canonical key → shape of every LM tensor this module reads (``lm_head`` absent when tied)."""
         D, F, V, hd = self.hidden_size, self.intermediate_size, self.vocab_size, self.head_dim
-        H, KV = self.num_heads, self.num_kv_heads
         out: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
         if not self.tie_word_embeddings:
             out["lm_head.weight"] = (V, D)
         for i in range(self.num_layers):
-            p = f"model.layers.{i}."
-            out |= {
-                p + "self_attn.q_proj.weight": (H * hd, D),
-                p + "self_attn.k_proj.weight": (KV * hd, D),
-                p + "self_attn.v_proj.weight": (KV * hd, D),
-                p + "self_attn.o_proj.weight": (D, H * hd),
-                p + "mlp.gate_proj.weight": (F, D),
-                p + "mlp.up_proj.weight": (F, D),
-                p + "mlp.down_proj.weight": (D, F),
-                p + "input_layernorm.weight": (D,),
-                p + "post_attention_layernorm.weight": (D,),
-            }
+            out |= llama_layer_shapes(f"model.layers.{i}.", D, F, self.num_heads, self.num_kv_heads, hd)
         return out
 
 
-def _frozen(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
-
-
-class Emu3Block(nn.Module):
-    """One decoder layer in inference form: ``wqkv``, ``w13`` fused with their RMSNorm weights folded in, ``wo``,
-    ``w2`` (``[out, in]`` like ``nn.Linear``); no q/k norm."""
+class Emu3Block(FusedBlock):
+    """One Emu3 decoder layer in inference form: a ``FusedBlock`` (no q/k norm)."""
 
     def __init__(self, a: ChameleonArch) -> None:
-        super().__init__()
-        D, F, H, KV, hd = a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads, a.head_dim
-        self.eps = a.rms_norm_eps
-        self.wqkv = _frozen((H + 2 * KV) * hd, D)
-        self.wo = _frozen(D, H * hd)
-        self.w13 = _frozen(2 * F, D)
-        self.w2 = _frozen(D, F)
-        self.heads, self.kv_heads, self.head_dim = H, KV, hd
-
-    def inference_weights(self) -> LayerWeights:
-        return LayerWeights(
-            qkv=self.wqkv.t(),
-            qkv_bias=None,
-            o=self.wo.t(),
-            up=self.w13.t(),
-            down=self.w2.t(),
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            norm_in=True,
-            eps_in=self.eps,
-            eps_ffn=self.eps,
-            qk_norm=None,
-            norm_dtype=NORM_DTYPE,
+        super().__init__(
+            a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads, a.head_dim, a.rms_norm_eps, NORM_DTYPE
         )
 
 
@@ -128,7 +89,7 @@ class Emu3LM(ChameleonLM):
         self.arch, self.config = arch, config
         self.tok_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.layers = nn.ModuleList(Emu3Block(arch) for _ in range(arch.num_layers))
-        self.norm_weight = _frozen(arch.hidden_size)
+        self.norm_weight = frozen(arch.hidden_size)
         self.output = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")
         self.requires_grad_(False)
@@ -146,20 +107,9 @@ def _fuse(
     def t(key: str) -> torch.Tensor:
         return get(key).to(dtype)
 
-    def folded(keys: list[str], norm_key: str) -> torch.Tensor:
-        return fold_t(torch.cat([t(k) for k in keys], 0), t(norm_key)).t().contiguous()
-
     sd: dict[str, torch.Tensor] = {}
     for i in range(arch.num_layers):
-        p, q = f"model.layers.{i}.", f"layers.{i}."
-        qkv = folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
-        qk = (H + KV) * hd
-        sd[q + "wqkv"] = torch.cat([interleave_pairs(qkv[:qk], H + KV, hd), qkv[qk:]], 0)
-        sd[q + "w13"] = folded(
-            [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "post_attention_layernorm.weight"
-        )
-        sd[q + "wo"] = t(p + "self_attn.o_proj.weight")
-        sd[q + "w2"] = t(p + "mlp.down_proj.weight")
+        sd |= fuse_llama_layer(t, f"model.layers.{i}.", f"layers.{i}.", H, KV, hd)
         if layer_done is not None:
             layer_done(i)
     sd["norm_weight"] = t("model.norm.weight")
@@ -169,10 +119,8 @@ def _fuse(
 
 
 def _assemble(arch: ChameleonArch, config: Any, sd: dict[str, torch.Tensor]) -> Emu3LM:
-    with torch.device("meta"):
-        net = Emu3LM(arch, config)
-    net.load_state_dict(sd, strict=True, assign=True)
-    return net.requires_grad_(False).eval()
+    net: Emu3LM = assemble(Emu3LM, arch, config, sd)
+    return net
 
 
 def lean_from_hf(lm: nn.Module, config: Any) -> Emu3LM:

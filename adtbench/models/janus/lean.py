@@ -46,11 +46,14 @@ from torch import nn
 from adtbench.errors import ConfigError
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.lean import (
+    FusedBlock,
     InferenceWeights,
     LayerWeights,
     additive_mask,
-    fold_t,
-    interleave_pairs,
+    assemble,
+    frozen,
+    fuse_llama_layer,
+    llama_layer_shapes,
     stack_fn,
     stack_memo,
 )
@@ -142,23 +145,8 @@ class JanusArch:
             out[GEN + f"aligner.hidden_layers.{j}.weight"] = (P, P)
             out[GEN + f"aligner.hidden_layers.{j}.bias"] = (P,)
         for i in range(self.num_layers):
-            p = LM + f"layers.{i}."
-            out |= {
-                p + "self_attn.q_proj.weight": (H * hd, D),
-                p + "self_attn.k_proj.weight": (KV * hd, D),
-                p + "self_attn.v_proj.weight": (KV * hd, D),
-                p + "self_attn.o_proj.weight": (D, H * hd),
-                p + "mlp.gate_proj.weight": (F_, D),
-                p + "mlp.up_proj.weight": (F_, D),
-                p + "mlp.down_proj.weight": (D, F_),
-                p + "input_layernorm.weight": (D,),
-                p + "post_attention_layernorm.weight": (D,),
-            }
+            out |= llama_layer_shapes(LM + f"layers.{i}.", D, F_, H, KV, hd)
         return out
-
-
-def _frozen(*shape: int) -> nn.Parameter:
-    return nn.Parameter(torch.empty(*shape), requires_grad=False)
 
 
 class GenerationEmbedder(nn.Module):
@@ -197,36 +185,12 @@ class GenerationHead(nn.Module):
         return logits
 
 
-class LlamaBlock(nn.Module):
-    """One Llama decoder layer in inference form: ``wqkv``, ``w13`` fused with their RMSNorm weights folded in (q and
-    k rows in interleaved rotary pairs), ``wo``, ``w2`` (``[out, in]`` like ``nn.Linear``)."""
+class LlamaBlock(FusedBlock):
+    """One Llama decoder layer of Janus-Pro's LM in inference form: a ``FusedBlock`` (no q/k norm)."""
 
     def __init__(self, a: JanusArch) -> None:
-        super().__init__()
         D, F_, H, KV, hd = a.hidden_size, a.intermediate_size, a.num_heads, a.num_kv_heads, a.head_dim
-        self.eps = a.rms_norm_eps
-        self.wqkv = _frozen((H + 2 * KV) * hd, D)
-        self.wo = _frozen(D, H * hd)
-        self.w13 = _frozen(2 * F_, D)
-        self.w2 = _frozen(D, F_)
-        self.heads, self.kv_heads, self.head_dim = H, KV, hd
-
-    def inference_weights(self) -> LayerWeights:
-        """``lean.decoder_layer``'s view of this layer (transposed views, no copies)."""
-        return LayerWeights(
-            qkv=self.wqkv.t(),
-            qkv_bias=None,
-            o=self.wo.t(),
-            up=self.w13.t(),
-            down=self.w2.t(),
-            heads=self.heads,
-            kv_heads=self.kv_heads,
-            head_dim=self.head_dim,
-            norm_in=True,
-            eps_in=self.eps,
-            eps_ffn=self.eps,
-            norm_dtype=NORM_DTYPE,
-        )
+        super().__init__(D, F_, H, KV, hd, a.rms_norm_eps, NORM_DTYPE)
 
 
 class JanusLM(InferenceWeights, nn.Module):
@@ -243,7 +207,7 @@ class JanusLM(InferenceWeights, nn.Module):
         self.text_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.tok_embeddings = GenerationEmbedder(arch)
         self.layers = nn.ModuleList(LlamaBlock(arch) for _ in range(arch.num_layers))
-        self.norm_weight = _frozen(arch.hidden_size)
+        self.norm_weight = frozen(arch.hidden_size)
         self.output = GenerationHead(arch)
         self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
         self.requires_grad_(False)
@@ -297,20 +261,9 @@ def _fuse(
     def t(key: str) -> torch.Tensor:
         return get(key).to(dtype)
 
-    def folded(keys: list[str], norm_key: str) -> torch.Tensor:
-        return fold_t(torch.cat([t(k) for k in keys], 0), t(norm_key)).t().contiguous()  # W · diag(norm)
-
     sd: dict[str, torch.Tensor] = {}
     for i in range(arch.num_layers):
-        p, q = LM + f"layers.{i}.", f"layers.{i}."
-        qkv = folded([p + f"self_attn.{n}_proj.weight" for n in "qkv"], p + "input_layernorm.weight")
-        qk = (H + KV) * hd
-        sd[q + "wqkv"] = torch.cat([interleave_pairs(qkv[:qk], H + KV, hd), qkv[qk:]], 0)
-        sd[q + "w13"] = folded(
-            [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], p + "post_attention_layernorm.weight"
-        )
-        sd[q + "wo"] = t(p + "self_attn.o_proj.weight")
-        sd[q + "w2"] = t(p + "mlp.down_proj.weight")
+        sd |= fuse_llama_layer(t, LM + f"layers.{i}.", f"layers.{i}.", H, KV, hd)
         if layer_done is not None:
             layer_done(i)
     sd["norm_weight"] = t(LM + "norm.weight")
@@ -326,11 +279,8 @@ def _fuse(
 
 
 def _assemble(arch: JanusArch, config: Any, sd: dict[str, torch.Tensor]) -> JanusLM:
-    """``JanusLM`` built on the meta device with ``sd``'s tensors assigned (no copy, no init pass)."""
-    with torch.device("meta"):
-        net = JanusLM(arch, config)
-    net.load_state_dict(sd, strict=True, assign=True)
-    return net.requires_grad_(False).eval()
+    net: JanusLM = assemble(JanusLM, arch, config, sd)
+    return net
 
 
 def lean_from_hf(model: nn.Module) -> JanusLM:
