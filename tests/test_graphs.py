@@ -326,7 +326,9 @@ def test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens() -> N
             assert st.captures == sum(len([w for w in st.widths if w >= b]) for b in st.buckets)
             widths = [w for step in st.steps.values() for w, g in step.graphs.items() if g.replays]
             assert len({w for w in widths if w < st.capacity}) >= 3
-        assert sim.counts["graph_captures"] == target.static.captures + drafter.static.captures
+        levels = drafter.level_graphs  # the graphed drafting levels (``drafters.graphed``), captured at first use
+        assert levels is not None and levels.captures > 0
+        assert sim.counts["graph_captures"] == target.static.captures + drafter.static.captures + levels.captures
     with accel.simulate():  # the same greedy tokens as the variable-shape path on the host
         plain, _ = tiny(model, dtype="float32")
         assert decode_ar(plain, plain.encode_prompt(prompt, cfg=True), sp, None).tokens == eager
