@@ -94,6 +94,48 @@ def shape_mismatches(shapes: dict[str, tuple[int, ...]], own: dict[str, tuple[in
     ]
 
 
+def check_lm_shapes(
+    shapes: dict[str, tuple[int, ...]],
+    own: dict[str, tuple[int, ...]],
+    path: Path,
+    key: str,
+    extra: list[str] | None = None,
+) -> None:
+    """A ``ConfigError`` on ``key`` unless every tensor of ``own`` (the lean network's HF key → shape) is in the
+    checkpoint's ``shapes`` with that shape (``shape_mismatches``) and ``extra`` (a family's own findings) is empty."""
+    bad = [*shape_mismatches(shapes, own), *(extra or [])]
+    missing = [k for k in own if k not in shapes]
+    if bad or missing:
+        raise ConfigError(
+            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
+        )
+
+
+def safetensors_device(device: torch.device | str) -> str:
+    """``safe_open``'s device string: ``cpu`` for any CPU device (the simulated CUDA device is ``cpu:0``, which
+    safetensors refuses), else the device as named."""
+    d = torch.device(device)
+    return "cpu" if d.type == "cpu" else str(d)
+
+
+def tensor_reader(files: list[Path], device: torch.device | str, rename: Any = None) -> Any:
+    """``get(key)`` → the tensor ``key`` of the safetensors ``files``, read onto ``device`` when asked (headers only
+    up front); ``rename`` maps a stored key to the key callers use (e.g. Emu3's two spellings)."""
+    from safetensors import safe_open
+
+    handles: dict[str, tuple[Any, str]] = {}
+    for f in files:
+        h = safe_open(str(f), framework="pt", device=safetensors_device(device))
+        handles.update({(rename(k) if rename else k): (h, k) for k in h.keys()})  # noqa: SIM118
+
+    def get(key: str) -> torch.Tensor:
+        h, raw = handles[key]
+        t: torch.Tensor = h.get_tensor(raw)
+        return t
+
+    return get
+
+
 def load_chameleon_lm(path: Path, dtype: torch.dtype, attn: str, key: str = "model.path") -> nn.Module:
     """``ChameleonForConditionalGeneration`` from an HF folder, with the q/k-norm fix (module docstring).
 
@@ -174,12 +216,15 @@ class HashTokenizer:
 __all__ = [
     "HFTokenizer",
     "HashTokenizer",
+    "check_lm_shapes",
     "checkpoint_shapes",
     "expand_qk_norm",
     "heads_for",
     "is_qk_norm",
     "load_chameleon_lm",
     "open_chameleon_checkpoint",
+    "safetensors_device",
     "safetensors_files",
     "shape_mismatches",
+    "tensor_reader",
 ]

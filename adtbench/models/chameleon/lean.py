@@ -290,29 +290,25 @@ def load_chameleon_net(path: Path, dtype: torch.dtype, device: torch.device, key
     are ignored) with the config's shape, q/k-norms ``(d0, head_dim)`` with ``d0`` dividing the head count
     allowed (expanded). Unsupported architectures: ``ConfigError`` on ``model.impl``.
     """
-    from safetensors import safe_open
 
-    from adtbench.models.hf_checkpoint import heads_for, is_qk_norm, open_chameleon_checkpoint, shape_mismatches
+    from adtbench.models.hf_checkpoint import (
+        check_lm_shapes,
+        heads_for,
+        is_qk_norm,
+        open_chameleon_checkpoint,
+        tensor_reader,
+    )
 
     config, files, shapes = open_chameleon_checkpoint(path, key)
     arch = ChameleonArch.from_config(config)
     own = arch.hf_shapes()
-    bad = shape_mismatches(shapes, own)
-    bad += [
+    heads = [
         f"{k}: {shapes[k][0]} rows do not divide {heads_for(k, config)} heads"
         for k in own
         if k in shapes and is_qk_norm(k) and heads_for(k, config) % shapes[k][0]
     ]
-    missing = [k for k in own if k not in shapes]
-    if bad or missing:
-        raise ConfigError(
-            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
-        )
-    handles = {}
-    for f in files:
-        h = safe_open(str(f), framework="pt", device=str(device))
-        handles.update(dict.fromkeys(h.keys(), h))
-    return _assemble(arch, config, _fuse(arch, lambda k: handles[k].get_tensor(k), dtype))
+    check_lm_shapes(shapes, own, path, key, heads)
+    return _assemble(arch, config, _fuse(arch, tensor_reader(files, device), dtype))
 
 
 __all__ = ["ChameleonArch", "ChameleonBlock", "ChameleonLM", "lean_from_hf", "load_chameleon_net"]

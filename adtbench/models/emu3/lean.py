@@ -168,29 +168,13 @@ def load_emu3_net(path: Path, dtype: torch.dtype, device: torch.device, key: str
 
     Every LM tensor must be present with its config's shape (checked from the headers before any tensor is read;
     ``ConfigError`` on ``key``); the VQ-VAE tensors (``vqmodel.*``) are not read here."""
-    from safetensors import safe_open
-
-    from adtbench.models.hf_checkpoint import shape_mismatches
+    from adtbench.models.hf_checkpoint import check_lm_shapes, tensor_reader
 
     config, files, shapes = open_emu3_checkpoint(path, key)
     arch = Emu3Arch.from_config(config.text_config)
     own = arch.hf_shapes()
-    bad, missing = shape_mismatches(shapes, own), [k for k in own if k not in shapes]
-    if bad or missing:
-        raise ConfigError(
-            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
-        )
-    handles: dict[str, tuple[Any, str]] = {}
-    for f in files:
-        h = safe_open(str(f), framework="pt", device=str(device))
-        handles.update({canonical_key(k): (h, k) for k in h.keys()})  # noqa: SIM118
-
-    def get(k: str) -> torch.Tensor:
-        h, raw = handles[k]
-        t: torch.Tensor = h.get_tensor(raw)
-        return t
-
-    return _assemble(arch, config, _fuse(arch, get, dtype, None))
+    check_lm_shapes(shapes, own, path, key)
+    return _assemble(arch, config, _fuse(arch, tensor_reader(files, device, canonical_key), dtype, None))
 
 
 __all__ = ["Emu3Arch", "Emu3Block", "Emu3LM", "canonical_key", "lean_from_hf", "load_emu3_net", "open_emu3_checkpoint"]

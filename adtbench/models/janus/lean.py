@@ -292,13 +292,6 @@ def lean_from_hf(model: nn.Module) -> JanusLM:
     return _assemble(arch, config, _fuse(arch, lambda k: sd[k].detach().clone(), next(model.parameters()).dtype))
 
 
-def safetensors_device(device: torch.device | str) -> str:
-    """``safe_open``'s device string: ``cpu`` for any CPU device (the simulated CUDA device is ``cpu:0``, which
-    safetensors refuses), else the device as named."""
-    d = torch.device(device)
-    return "cpu" if d.type == "cpu" else str(d)
-
-
 def open_janus_checkpoint(path: Path, key: str = "model.path") -> tuple[Any, list[Path], dict[str, tuple[int, ...]]]:
     """``(JanusConfig, shard files, tensor name → shape)`` of an HF Janus folder; no tensor is read.
 
@@ -335,24 +328,13 @@ def load_janus_net(path: Path, dtype: torch.dtype, device: torch.device, key: st
     tensor onto ``device``. Every tensor ``JanusArch.hf_shapes`` names must be present with that shape (a
     ``ConfigError`` on ``key`` before any tensor is read); others (the vision encoder, the VQ model, ``lm_head``)
     are not read."""
-    from safetensors import safe_open
-
-    from adtbench.models.hf_checkpoint import shape_mismatches
+    from adtbench.models.hf_checkpoint import check_lm_shapes, tensor_reader
 
     config, files, shapes = open_janus_checkpoint(path, key)
     arch = JanusArch.from_config(config)
     own = arch.hf_shapes()
-    bad = shape_mismatches(shapes, own)
-    missing = [k for k in own if k not in shapes]
-    if bad or missing:
-        raise ConfigError(
-            key, f"{path}: checkpoint does not match its config; shapes: {bad[:5]}; missing: {missing[:5]}"
-        )
-    handles = {}
-    for f in files:
-        h = safe_open(str(f), framework="pt", device=safetensors_device(device))
-        handles.update(dict.fromkeys(h.keys(), h))
-    return _assemble(arch, config, _fuse(arch, lambda k: handles[k].get_tensor(k), dtype))
+    check_lm_shapes(shapes, own, path, key)
+    return _assemble(arch, config, _fuse(arch, tensor_reader(files, device), dtype))
 
 
 __all__ = [
@@ -364,5 +346,4 @@ __all__ = [
     "lean_from_hf",
     "load_janus_net",
     "open_janus_checkpoint",
-    "safetensors_device",
 ]

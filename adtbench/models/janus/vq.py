@@ -64,8 +64,7 @@ def load_janus_vq(path: Path, config: Any, device: torch.device | str, key: str 
     from safetensors import safe_open
     from transformers.models.janus.modeling_janus import JanusVQVAE
 
-    from adtbench.models.hf_checkpoint import safetensors_files
-    from adtbench.models.janus.lean import safetensors_device
+    from adtbench.models.hf_checkpoint import safetensors_device, safetensors_files
 
     sd: dict[str, torch.Tensor] = {}
     for f in safetensors_files(path):
