@@ -264,21 +264,27 @@ def _simulated_cuda(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPa
 @contextlib.contextmanager
 def static_runs() -> Iterator[Counter]:
     """Counts the static-shape forwards of ``models.graphs`` while active: ``(class name, bucket, graphed) → runs``
-    (``StaticVerify`` / ``StaticDraft``; graphed: through a captured graph, CUDA's or its stand-in)."""
+    (``StaticVerify`` / ``StaticDraft``; graphed: through a captured graph, CUDA's or its stand-in), and the drafted
+    trees' verifies through ``algorithm.tree_step`` (``TreeStep``: its own graph over a ``StaticVerify`` bucket)."""
+    from adtbench.algorithm import tree_step
     from adtbench.models import graphs
 
     counts: Counter = Counter()
-    original = graphs._Step.run
+    original, launch = graphs._Step.run, tree_step.TreeStep.launch
 
     def run(step):
         counts[(type(step).__name__, step.b, step.graph is not None)] += 1
         return original(step)
 
-    graphs._Step.run = run
+    def tree_launch(step, K):
+        counts[("TreeStep", step.b, step.graphed)] += 1
+        return launch(step, K)
+
+    graphs._Step.run, tree_step.TreeStep.launch = run, tree_launch
     try:
         yield counts
     finally:
-        graphs._Step.run = original
+        graphs._Step.run, tree_step.TreeStep.launch = original, launch
 
 
 _SESSION_T0 = time.perf_counter()

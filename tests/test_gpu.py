@@ -313,8 +313,9 @@ def test_graphs_replay_every_bucket_up_to_128_and_nothing_falls_back() -> None:
             assert target.cache is target.pinned and drafter.cache is drafter.pinned[0]
     assert not any(graphed is False for _, _, graphed in runs), runs  # nothing ran eagerly at a static shape
     replayed = {(kind, b) for kind, b, _ in runs}
-    assert {("StaticVerify", 1), ("StaticVerify", 64), ("StaticVerify", 128), ("StaticDraft", 64)} <= replayed
-    assert sum(n for (kind, _, _), n in runs.items() if kind == "StaticVerify") == verifies
+    # AR steps at bucket 1; the drafted trees through the graphed tree verify (``tree_step``) at buckets 64 and 128
+    assert {("StaticVerify", 1), ("TreeStep", 64), ("TreeStep", 128), ("StaticDraft", 64)} <= replayed
+    assert sum(n for (kind, _, _), n in runs.items() if kind in ("StaticVerify", "TreeStep")) == verifies
     assert sum(n for (kind, _, _), n in runs.items() if kind == "StaticDraft") == drafter_calls
     # the drafter's bucket 128: the decode loop's extend of 65 … 128 committed slots (a long accepted run), against
     # the eager variable-shape extend of the same slots
@@ -379,7 +380,7 @@ def test_bf16_graphs_give_the_eager_logits_within_bf16_rounding(model: str) -> N
         res = generate(target, drafter, StaticTreePolicy(WIDE_128, "sample"), inputs, sp, _generator(0))
     assert len(res.tokens) == target.layout.num_gen_tokens and set(res.tokens) <= set(target.layout.image_ids)
     assert (
-        sum(n for (kind, _, graphed), n in runs.items() if kind == "StaticVerify" and graphed)
+        sum(n for (kind, _, graphed), n in runs.items() if kind in ("StaticVerify", "TreeStep") and graphed)
         == res.target_forwards - 1
     )
     target.start(inputs, 128)

@@ -18,6 +18,7 @@ import torch
 from conftest import tiny
 from omegaconf import OmegaConf
 
+import adtbench.algorithm.tree_step as TS
 from adtbench import accel
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleDrafter
@@ -328,7 +329,13 @@ def test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens() -> N
             assert len({w for w in widths if w < st.capacity}) >= 3
         levels = drafter.level_graphs  # the graphed drafting levels (``drafters.graphed``), captured at first use
         assert levels is not None and levels.captures > 0
-        assert sim.counts["graph_captures"] == target.static.captures + drafter.static.captures + levels.captures
+        trees = TS.steps_of(target)  # the drafted trees' verifies (``tree_step``), one graph per (bucket, width) used
+        tree_graphs = [g for step in trees for g in step.graphs.values()]
+        assert trees and len({w for step in trees for w in step.graphs if w < target.static.capacity}) >= 3
+        assert all(g.replays for g in tree_graphs)
+        assert sim.counts["graph_captures"] == (
+            target.static.captures + drafter.static.captures + levels.captures + len(tree_graphs)
+        )
     with accel.simulate():  # the same greedy tokens as the variable-shape path on the host
         plain, _ = tiny(model, dtype="float32")
         assert decode_ar(plain, plain.encode_prompt(prompt, cfg=True), sp, None).tokens == eager

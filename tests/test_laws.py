@@ -36,6 +36,7 @@ import torch
 from conftest import synthetic_cost_model, tiny
 
 import adtbench.algorithm.jacobi as J
+import adtbench.algorithm.tree_step as TS
 import adtbench.algorithm.verify as V
 from adtbench import accel
 from adtbench.algorithm.cost import TreeBudget
@@ -69,15 +70,21 @@ class Setup:
     law: dict
 
 
-def _setup(name: str, vocab: int, sp: SamplingParams, layout: dict | None = None, graphed: bool = False) -> Setup:
+def _setup(
+    name: str, vocab: int, sp: SamplingParams, layout: dict | None = None, graphed: bool = False, step: bool = False
+) -> Setup:
     """``graphed``: the models on the simulated CUDA device (``accel.simulate``, entered by the caller) with
-    ``engine.compile``'s graphs — the drafter's levels graphed (``drafters.graphed``) — and the law computed there."""
+    ``engine.compile``'s graphs — the drafter's levels graphed (``drafters.graphed``) — and the law computed there.
+    ``step``: the target's verifies on static CPU buckets (``request_static``, not captured), where
+    ``engine.verify_step=graph`` runs the graphed tree verify's fixed-shape step eagerly (``algorithm.tree_step``)."""
     device = {"device": "cuda"} if graphed else {}
     over = {"arch.vocab_size": vocab, "arch.block_size": 16, "vq.kind": "none", **device}
     target, drafter = tiny("tiny_llamagen", **over)
     target.layout = dataclasses.replace(target.layout, **{"grid_h": 2, "grid_w": 2, **(layout or {})})
     if graphed:
         drafter.request_static(graphs=True)
+    if step:
+        target.request_static(graphs=False)
     inputs = target.encode_prompt("a red circle", cfg=True)
     return Setup(name, target, drafter, sp, inputs, L.exact_law(target, inputs, sp))
 
@@ -92,6 +99,9 @@ SETUPS: dict[str, Callable[[], Setup]] = {
     ),
     "t3-graphed": lambda: _setup(
         "t3-graphed", 3, SamplingParams(temperature=1.0, cfg_scale=3.0), {"grid_h": 1, "grid_w": 3}, graphed=True
+    ),
+    "t3-step": lambda: _setup(
+        "t3-step", 3, SamplingParams(temperature=1.0, cfg_scale=3.0), {"grid_h": 1, "grid_w": 3}, step=True
     ),
 }
 _CACHE: dict[str, Setup] = {}
@@ -176,6 +186,12 @@ VARIANT: dict[str, Case] = {
                           "device", 1),
     "adt-sampled-device-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8,
                               budget="cost", draft_sampling="sample")), "drafter", exact, "device", 1),
+    "static-sampled-step-t3": ("t3-step", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), "drafter",
+                               exact, "device", 1),
+    "eagle2-step-t3": ("t3-step", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "device",
+                       1),
+    "adt-sampled-step-t3": ("t3-step", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8,
+                            budget="cost", draft_sampling="sample")), "drafter", exact, "device", 1),
 }  # fmt: skip
 """The other inits, acceptance paths, proposals and windows of each policy: ``VARIANT_N``."""
 
@@ -217,19 +233,21 @@ def sample_images(
         pol.generate_batch(bt, None, items, s.sp, done, rule, where)
         return counts, accepted / n, extra / n
     graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
+    step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
+    launches = sum(x.launches for x in TS.steps_of(s.target))
     with accel.simulate() if graphed else contextlib.nullcontext():
         g = torch.Generator(device="cuda" if graphed else "cpu").manual_seed(seed)
         models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
         pol = make()
         for _ in range(n):
-            res = generate(
-                s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, g, rule, acceptance=where
-            )
+            res = generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, g, rule, where, step)
             counts[tuple(res.tokens)] += 1
             accepted += sum(c.accepted for c in res.cycles)
             extra += res.stats[stat] if stat else 0
     if graphed:  # every level of every drafted cycle was a graph replay
         assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
+    if step == "graph":  # the drafted cycles were verified by the tree step
+        assert sum(x.launches for x in TS.steps_of(s.target)) - launches >= n
     return counts, accepted / n, extra / n
 
 

@@ -18,7 +18,9 @@ The cycle stays on the device. Tree, verify forward, acceptance (``verify.accept
 inputs are device tensors; the host learns once per cycle what it must know — the accepted count and path, the
 bonus token, the realised depth and live nodes (ADT-Tree, the records), the entropy of the bonus's distribution
 (the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
-count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. When the
+count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. Where the
+target's verifies are captured as graphs (``engine.compile`` on a GPU) the verify forward, logits processing,
+acceptance and the packed verdict are one graph replay (``tree_step``, ``engine.verify_step``). When the
 device is the CPU, the cycle's decisions run on the host by default (``acceptance``: ``auto``): acceptance as the
 float64 host walk (``verify.verify_cycle``), EAGLE-2 and sampled trees built on host copies of each drafter level
 (``DraftSession.on_host``) — the same trees and the same law, far fewer calls there (a torch op costs several
@@ -39,6 +41,7 @@ from typing import Any
 
 import torch
 
+from adtbench.algorithm import tree_step
 from adtbench.algorithm.ar import ar_step, ar_tokens, prefill_token
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
@@ -127,16 +130,23 @@ def speculative_cycle(
     rule: AcceptanceRule,
     clock: Clock,
     acceptance: str = "auto",
+    verify_step: str = "auto",
 ) -> tuple[Mark, Mark, Mark]:
     """Draft a tree (``st.policy`` on ``session``), verify it in one target forward, commit root + accepted drafts,
     advance ``st`` (``DecodeState.advance``: the policy and the gate learn how the tree fared). ``acceptance``: where
-    acceptance runs (``verify.verify_cycle``). Returns the clock marks drafted, verified, done."""
+    acceptance runs (``verify.verify_cycle``); ``verify_step``: the verify as one graph replay or op by op
+    (``tree_step``). Returns the clock marks drafted, verified, done."""
     tree = st.policy.propose(session, st.room)
     session.drafter.rollback()
     drafted = clock.mark()
-    raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
-    processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
-    read = judge(tree, processed, sp, rule, st.generator, st.gate is not None, acceptance)
+    entropy = st.gate is not None
+    step = tree_step.step_for(target, tree, sp, rule, entropy, verify_step, acceptance)
+    if step is not None:  # forward, processing, acceptance and the packed verdict: one replay, one read
+        read, feats = step.verify(tree, session.root_gen, st.generator)
+    else:
+        raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
+        processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
+        read = judge(tree, processed, sp, rule, st.generator, entropy, acceptance)
     next_pos = target.next_pos
     target.commit(read.keep, in_place=read.acceptance.path[-1] == read.acceptance.accepted)
     marks = (drafted, clock.mark(), clock.mark())
@@ -182,11 +192,13 @@ def generate(
     generator: torch.Generator | None,
     rule: AcceptanceRule = EXACT,
     acceptance: str = "auto",
+    verify_step: str = "auto",
 ) -> GenerationResult:
     """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models, e.g.
     ``mulo.MuloModels``); a tree policy runs cycles with the ``drafter`` (a ``drafters.base.Drafter``;
     ``policy.uses_drafter`` False → AR decoding). ``acceptance``: ``auto`` | ``device`` | ``host``
-    (``verify.verify_cycle``; ``engine.acceptance``)."""
+    (``verify.verify_cycle``; ``engine.acceptance``); ``verify_step``: ``auto`` | ``graph`` | ``eager``
+    (``tree_step``; ``engine.verify_step``)."""
     if isinstance(policy, LoopPolicy):
         return policy.generate(target, drafter, inputs, sp, generator, rule, acceptance)
     if not policy.uses_drafter or drafter is None:
@@ -203,7 +215,8 @@ def generate(
             if st.pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
                 catch_up(target, drafter, st)
             session = st.session(drafter, target, sp, target.next_pos)
-            timing.cycle(start, *speculative_cycle(target, st, session, sp, rule, clock, acceptance))
+            marks = speculative_cycle(target, st, session, sp, rule, clock, acceptance, verify_step)
+            timing.cycle(start, *marks)
         else:
             timing.cycle(start, *ar_cycle(target, st, sp, clock))
     return st.result(clock, timing, target.forwards)

@@ -254,7 +254,7 @@ class JacobiStep:
 
     def _step(self, K: int) -> None:
         """The fixed-shape iteration (module docstring): everything from the static buffers, nothing read."""
-        L, D, b, n, dev = self.L, self.L - 1, self.b, self.n, self.device
+        L, D, n, dev = self.L, self.L - 1, self.n, self.device
         p, sp, st = self.params, self.sp, self.bucket
         g = self.g
         live = self.on & (g + 1 < self.end)
@@ -265,14 +265,9 @@ class JacobiStep:
         length = self.length0 + g
         st.tokens[:L].copy_(chain)
         st.pos[:, :L].copy_(self.pos0[:, None] + (g + nodes)[None])
-        torch.add(st.cols, length, out=st.write)
         col = arange_on(K, dev)
-        rel = col - length
         base = torch.where(col < self.pcols, self.prompt_bias[:, :K], 0.0)
-        base = torch.where(col < length, base, float("-inf"))  # [R, K]
-        blk = self.block.index_select(1, rel.clamp(0, b - 1))  # [b, K]
-        inside = (rel >= 0) & (rel < b)
-        st.masks[K].copy_(torch.where(inside[None, None], blk[None], base[:, None])[:, None])
+        st.place(length, torch.where(col < length, base, float("-inf")), self.block, K)  # base [R, K]
         raw = st._forward_at(K)[0][:, :L]
         processed = process_logits(raw, g + 1 + nodes, self.layout, sp)
         # acceptance (the eager loop's law, verify.chain_verdict), the room clamp as its live count

@@ -80,6 +80,7 @@ from adtbench.algorithm.tree import DraftTree, ancestry_on_device, arange_on, ho
 from adtbench.algorithm.verify import (
     AcceptanceRule,
     CycleRead,
+    Draws,
     Verdict,
     _finish,
     _normalise_rows,
@@ -486,7 +487,7 @@ def accept_authors(
         q = torch.where(tries[:, None], _normalise_rows(q.scatter(1, x, 0.0), q), q)
     leaf = tree.drafted_depth
     residual = torch.cat([p[:leaf], fill.to(p.dtype)[None], p[leaf + 1 :]])
-    return _finish(tree, processed, passed[1:n], residual, generator)
+    return _finish(tree, processed, passed[1:n], residual, Draws(generator))
 
 
 __all__ = [

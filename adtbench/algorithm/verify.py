@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from adtbench import accel
-from adtbench.algorithm.sampling import sample, sample_np, sample_rows, uniforms
+from adtbench.algorithm.sampling import sample, sample_np, sample_rows, sample_rows_cdf, uniforms
 from adtbench.algorithm.tree import DraftTree, arange_on, true_flag
 
 
@@ -449,6 +449,27 @@ def verify_cycle(
     return CycleRead(acc, tokens[0], committed, keep, torch.tensor(committed, device=dev), values)
 
 
+@dataclass(frozen=True)
+class Draws:
+    """Where the device acceptance's randomness comes from: drawn from ``generator`` as it is needed (the eager cycle),
+    or read from ``buffer`` — ``[n + 1]`` uniforms filled outside a captured graph (``tree_step``): one per node, then
+    the bonus's, drawn by inverse CDF (``sample_rows_cdf``: the categorical law, as the exponential race is). The same
+    decisions from the same uniforms either way; only the bonus's mechanism differs."""
+
+    generator: torch.Generator | None = None
+    buffer: torch.Tensor | None = None
+
+    def node_uniforms(self, n: int, device: torch.device) -> torch.Tensor:
+        """One U[0, 1) per node ``[n]`` (float64)."""
+        return uniforms((n,), self.generator, device) if self.buffer is None else self.buffer[:n]
+
+    def bonus(self, row: torch.Tensor) -> torch.Tensor:
+        """One token ``[]`` from the unnormalised probability row ``[V]``."""
+        if self.buffer is None:
+            return sample_rows(row, self.generator)
+        return sample_rows_cdf(row.view(1, -1), None, self.buffer[-1:])[0]
+
+
 def accept(
     tree: DraftTree,
     processed: torch.Tensor,
@@ -462,13 +483,22 @@ def accept(
         return Verdict(true_flag(processed.device), processed.new_zeros((), dtype=torch.long), bonus, processed[0])
     if tree.is_chain and (greedy or tree.proposal is not None):
         return accept_chain(tree, processed, greedy, generator, rule)
+    return accept_tree(tree, processed, greedy, Draws(generator), rule)
+
+
+def accept_tree(
+    tree: DraftTree, processed: torch.Tensor, greedy: bool, draws: Draws, rule: AcceptanceRule = EXACT
+) -> Verdict:
+    """``accept``'s general paths, for any tree of at least two nodes, chains included (``accept`` takes a shortcut
+    for those): greedy, the exact point-mass closed form, or the rank loop. Fixed shapes given the tree's shapes and
+    its ``max_children``, no host read: what the graphed verify (``tree_step``) captures, its draws from a buffer."""
     if greedy:
         ok = rule.greedy_accept(processed.index_select(0, tree.parents[1:]), tree.tokens[1:])
-        return _finish(tree, processed, ok, None, generator)
+        return _finish(tree, processed, ok, None, draws)
     p = processed.softmax(-1)
     if tree.proposal is None and _exact_point_mass(rule):
-        return _closed_form(tree, processed, p, generator)
-    return _by_rank(tree, processed, p, generator, rule)
+        return _closed_form(tree, processed, p, draws)
+    return _by_rank(tree, processed, p, draws, rule)
 
 
 def accept_chain(
@@ -552,7 +582,7 @@ def _finish(
     processed: torch.Tensor,
     chosen: torch.Tensor,
     residual: torch.Tensor | None,
-    generator: torch.Generator | None,
+    draws: Draws,
 ) -> Verdict:
     """From ``chosen [n − 1]`` (child j + 1 acceptable / accepted at its parent): the deepest node whose whole path
     is chosen (first in node order on ties), and the bonus there — argmax (``residual`` None: greedy) or a draw from
@@ -561,7 +591,7 @@ def _finish(
     blocked = (tree.ancestor_mask & refused).any(1)  # an ancestor (or the node) not chosen
     last = torch.where(blocked, -1, tree.depth).argmax().view(1)  # [1]: a 0-d index would be read to the host
     row = processed[last][0]
-    bonus = row.argmax() if residual is None else sample_rows(residual[last][0], generator)
+    bonus = row.argmax() if residual is None else draws.bonus(residual[last][0])
     return Verdict(tree.ancestor_mask[last][0], last[0], bonus, row)
 
 
@@ -575,9 +605,7 @@ def _siblings(tree: DraftTree) -> tuple[torch.Tensor, torch.Tensor]:
     return same, dup
 
 
-def _closed_form(
-    tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
-) -> Verdict:
+def _closed_form(tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, draws: Draws) -> Verdict:
     """Exact point-mass rejection with one uniform per node (module docstring): child c of u is accepted iff U_u
     falls in its slice ``[lo_c, lo_c + p_u(x_c))`` of the siblings' cumulative mass; the bonus at the last node u is
     drawn from p_u with its children's tokens zeroed."""
@@ -585,18 +613,16 @@ def _closed_form(
     same, dup = _siblings(tree)
     mass = torch.where(_live(tree, ~dup), p[par, tok], 0.0)
     hi = (same & ~_strictly_lower(par.numel(), par.device).T).to(mass.dtype) @ mass  # Σ mass of siblings up to c
-    u = uniforms((tree.size,), generator, p.device).to(mass.dtype)[par]
+    u = draws.node_uniforms(tree.size, p.device).to(mass.dtype)[par]
     chosen = (hi - mass <= u) & (u < hi) & (mass > 0)
     # the residual of every node: p with its live children's tokens zeroed (a node's own row only is ever drawn
     # from; a dead child was never tried, and shares no token with a live sibling)
     tried = _live(tree, torch.ones_like(par, dtype=torch.bool))
     residual = p.index_put((par, tok), torch.where(tried, 0.0, p[par, tok]))
-    return _finish(tree, processed, chosen, residual, generator)
+    return _finish(tree, processed, chosen, residual, draws)
 
 
-def _by_rank(
-    tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None, rule: AcceptanceRule
-) -> Verdict:
+def _by_rank(tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, draws: Draws, rule: AcceptanceRule) -> Verdict:
     """Recursive rejection, every node at once, one child rank per step: at step r each node that has a live r-th
     child not preceded by an accepted one tries it under ``rule`` (point mass, or drawn from q when the tree has a
     proposal); a rejection replaces the node's p by the normalised residual (and its q by q without the draft,
@@ -618,7 +644,7 @@ def _by_rank(
     has = rank >= 0
     tries_all = has & live[child]  # [n, R]
     xs = torch.where(has, tree.tokens[child], 0)  # a token id for every (node, rank); only tries are read
-    u = uniforms((n,), generator, p.device).to(p.dtype)
+    u = draws.node_uniforms(n, p.device).to(p.dtype)
     accepted = torch.full((n,), -1, dtype=torch.long, device=p.device)
     lo: torch.Tensor | float = 0.0
     for r in range(R):
@@ -639,7 +665,7 @@ def _by_rank(
                 q = torch.where(rejected[:, None], _normalise_rows(q.scatter(1, x[:, None], 0.0), q), q)
     chosen = torch.zeros(n + 1, dtype=torch.bool, device=p.device)
     chosen.scatter_(0, torch.where(accepted >= 0, accepted, n), True)
-    return _finish(tree, processed, chosen[1:n], p, generator)
+    return _finish(tree, processed, chosen[1:n], p, draws)
 
 
 def _normalise_rows(residual: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:

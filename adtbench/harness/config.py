@@ -457,7 +457,9 @@ def check_engine(cfg: DictConfig) -> None:
     """``engine.compile`` (a flag: compile the target's, and drafter's, forward before the warm-up, which then needs
     ``warmup ≥ 1``, and ``model.device=cuda`` under the simulated device, ``accel``; false without the node) and
     ``engine.acceptance`` (where tree acceptance runs: ``auto`` — the float64 host walk when the target is on the CPU,
-    on the device otherwise —, ``device`` or ``host``: ``algorithm.verify.verify_cycle``)."""
+    on the device otherwise —, ``device`` or ``host``: ``algorithm.verify.verify_cycle``) and ``engine.verify_step``
+    (a drafted tree's verify as one graph replay: ``auto`` | ``graph`` | ``eager``, ``algorithm.tree_step``)."""
+    from adtbench.algorithm.tree_step import VERIFY_STEPS
     from adtbench.algorithm.verify import ACCEPTANCE
 
     node = cfg.get("engine")
@@ -468,6 +470,11 @@ def check_engine(cfg: DictConfig) -> None:
     value = node.get("acceptance", "auto")
     if value not in ACCEPTANCE:
         raise ConfigError("engine.acceptance", f"must be one of {list(ACCEPTANCE)}, got {value!r}")
+    step = node.get("verify_step", "auto")
+    if step not in VERIFY_STEPS:
+        raise ConfigError("engine.verify_step", f"must be one of {list(VERIFY_STEPS)}, got {step!r}")
+    if step == "graph" and value == "host":
+        raise ConfigError("engine.verify_step", "graph accepts on the device: needs engine.acceptance=auto or device")
     compile = check_flag(node.get("compile", False), "engine.compile")
     if compile and int(cfg.warmup) < 1:
         raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")

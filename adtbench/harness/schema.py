@@ -280,6 +280,7 @@ class TimingConf:
 class EngineConf:
     compile: bool = False
     acceptance: str = "auto"
+    verify_step: str = "auto"
 
 
 @dataclass

@@ -181,6 +181,18 @@ class StaticVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
             window[:n, :n] = block
         mask[:, :, :, L : L + b] = window
 
+    def place(self, length: torch.Tensor, base: torch.Tensor, block: torch.Tensor, K: int) -> None:
+        """``load``'s placement from a device length ``[1]`` (L), for a step captured as a graph (no host value): the
+        written columns L … L + b − 1 and the mask of width K — ``base [R, K]`` (additive: the committed columns'
+        bias, −inf from L on) with the additive ``block [b, b]`` (the padded nodes' rows the identity) over columns
+        L … L + b − 1. The tokens and positions are the caller's to write."""
+        b, dev = self.b, self.device
+        torch.add(self.cols, length, out=self.write)
+        rel = torch.arange(K, device=dev) - length
+        cols = block.index_select(1, rel.clamp(0, b - 1))  # [b, K]
+        inside = (rel >= 0) & (rel < b)
+        self.masks[K].copy_(torch.where(inside[None, None], cols[None], base[:, None])[:, None])
+
     def _forward_at(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.target.static_forward(self.tokens, self.pos, self.write, self.masks[K])
 

@@ -89,8 +89,9 @@ TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "draf
 EMBEDDING = "token embedding"
 JACOBI_STEP = "jacobi: step (one graph replay)"  # ``algorithm.jacobi_step``: the verify and the engine work, one launch
 LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection)"  # ``drafters.graphed``
+TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance)"  # ``algorithm.tree_step``
 # ``bench.count``: not engine ops
-NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH})
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP})
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -119,6 +120,9 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.jacobi:JacobiState", "advance", "jacobi: advance (bonus, window, records)"),
     ("adtbench.algorithm.jacobi", "redraw", "jacobi: redraw"),
     ("adtbench.algorithm.jacobi_step:JacobiStep", "launch", JACOBI_STEP),
+    ("adtbench.algorithm.tree_step:TreeStep", "launch", TREE_STEP),
+    ("adtbench.algorithm.tree_step:TreeStep", "fill", "tree verify step: the tree into its buffers, the draws"),
+    ("adtbench.algorithm.tree_step:TreeStep", "verify", "the cycle's host read"),
 )
 
 

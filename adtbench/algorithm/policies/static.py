@@ -119,12 +119,16 @@ class StaticTreePolicy(TreePolicy):
         return len(self.paths) + 1
 
     def _plan(self, max_depth: int, device: torch.device) -> _Plan:
-        """The drafting plan of the tree cut at ``max_depth`` levels, on ``device`` (built once per cut and device:
-        the shape never changes, so no per-cycle bookkeeping is left but the tokens)."""
-        key = (max_depth, device)
-        plan = self._plans.get(key)
-        if plan is not None:
-            return plan
+        """The drafting plan of the tree cut at ``max_depth`` levels, on ``device``: every cut's plan is built at the
+        first call on a device (the shape never changes, so no per-cycle bookkeeping is left but the tokens, and the
+        cuts an image's end needs make no host→device copy in a timed cycle)."""
+        if (max_depth, device) not in self._plans:
+            for depth in range(1, max(map(len, self.paths)) + 1):
+                self._plans[(depth, device)] = self._build_plan(depth, device)
+        return self._plans[(max_depth, device)]
+
+    def _build_plan(self, max_depth: int, device: torch.device) -> _Plan:
+        """The plan of one cut (``_plan``)."""
         paths = [p for p in self.paths if len(p) <= max_depth]  # sorted by (length, path): a prefix, levels contiguous
         node: dict[tuple[int, ...], int] = {(): 0} | {p: i + 1 for i, p in enumerate(paths)}
         inner = {p[:-1] for p in paths if len(p) > 1}
@@ -150,7 +154,7 @@ class StaticTreePolicy(TreePolicy):
         par = [-1] + [node[p[:-1]] for p in paths]
         tree = DraftTree(torch.zeros(len(par), dtype=torch.long, device=device), par, drafted_depth=0)
         kids = [sum(1 for q in paths if q[:-1] == p) for p in [(), *paths]]
-        plan = self._plans[key] = _Plan(
+        return _Plan(
             levels,
             tree.parents,
             tree.depth,
@@ -159,7 +163,6 @@ class StaticTreePolicy(TreePolicy):
             max(kids),
             tree.child_ranks,
         )
-        return plan
 
     def propose_steps(self, session: DraftSession, max_depth: int) -> Steps:
         """Draft level by level: each level's tokens are one gather from the ranked (top-k) or drawn (sample) tokens

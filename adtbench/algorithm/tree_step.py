@@ -1,0 +1,269 @@
+"""The graphed tree verify: a drafted tree's verify forward, logits processing, acceptance and packed verdict as one
+CUDA graph replay (``engine.verify_step``; ``verify`` holds the law, ``models.graphs`` the bucketed forwards, this
+module only their fixed-shape execution for trees).
+
+The eager cycle (``engine.speculative_cycle``) builds the verify mask and positions on the host's command (≈ 35 ops
+and 3 transfers), replays the bucket's forward, processes the logits, accepts (``verify.accept``: 50–130 ops) and
+packs the verdict for the host's one read (≈ 20 ops): ≈ 120 launches around one replay. Here they are one fixed-shape
+function of static device buffers, captured per (node bucket b, attention width K):
+
+- **Inputs** (``TreeStep``, one per target bucket and acceptance setting, reused by every image): the tree padded to
+  b nodes — ``tokens``, ``parents`` (a padded node its own parent), ``depth``, the ancestor mask (padded rows the
+  identity), ``alive`` (False past the tree's n nodes: padded nodes are never accepted), the child ranks (−1
+  padded; only for the rank loop) and the proposal rows (sampled trees) — the root's generation index, the committed
+  length L, the root's positions and the committed columns' additive bias (``key_bias``), and the draws.
+- **The forward** writes the bucket's inputs from the device length (``StaticVerify.place``) and runs its static
+  forward; K/V land at columns L … L + b − 1, past the committed length, as the eager bucketed verify's do.
+- **Acceptance** is ``verify.accept_tree`` on the padded tree: the same law as the eager cycle, its uniforms from a
+  buffer of b + 1 filled outside the graph from the prompt's own generator (one per node, then the bonus's, drawn by
+  inverse CDF: ``verify.Draws``), so the graph holds no random op. Padding changes nothing: a padded node is dead
+  (never tried), the child of itself (no real node's sibling, its (parent, token) pair never a real node's residual
+  entry — stale parents could repeat one, and ``index_put`` of a repeated index keeps either write) and comes after
+  every real node.
+- **The verdict** is packed as ``read_verdicts`` packs it, at the fixed size b: (accepted + 1, bonus, realised depth,
+  live nodes, the gate's entropy where a gate reads it), the node ids in path-first order and their tokens, and the
+  committed tokens after the root (``following``).
+
+**Host per cycle** (``verify``): ≈ 10 copies of the tree into the buffers (one launch each, no transfer), one fill of
+the draws (sampling only), one replay (captured the first time its (b, K) is needed), one read of the packed
+verdict. The KV commit and the drafter's catch-up stay with the cycle (``target.commit``, ``DecodeState.advance``).
+
+**Where it runs** (``engine.verify_step``): ``auto`` — where the target's verifies are captured as graphs
+(``engine.compile=true`` on CUDA or the simulated device), acceptance is on the device and the tree fits a bucket;
+``graph`` — also where the buckets are static but not captured (the same function, run eagerly); a ``ConfigError``
+naming ``engine.verify_step`` where that cannot be (no static buckets, acceptance on the host); ``eager`` — the
+op-by-op cycle. One-node trees, trees larger than every bucket and batched decoding (``decode.batch_size > 1``) take
+the eager cycle. The law is the eager cycle's; a seed gives other tokens at T > 0 (the bonus by inverse CDF, the
+uniforms from a buffer of b + 1) and the same tokens (AR's) when greedy: ``tests/test_tree_step.py``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from adtbench import accel
+from adtbench.algorithm.gate import DraftGate
+from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.slot import decides_on_host
+from adtbench.algorithm.tree import DraftTree, arange_on
+from adtbench.algorithm.verify import (
+    Acceptance,
+    AcceptanceRule,
+    CycleRead,
+    Draws,
+    _exact_point_mass,
+    accept_tree,
+)
+from adtbench.errors import ConfigError
+from adtbench.models.base import Target
+
+VERIFY_STEPS = ("auto", "graph", "eager")
+HEAD = 4  # accepted + 1, bonus, realised depth, live nodes (then the gate's entropy, when read)
+
+
+class TreeStep:
+    """The static buffers and per-width graphs of one (target bucket b, sampling setting, rule, ranks, proposal
+    dtype, entropy read) (module docstring)."""
+
+    def __init__(
+        self,
+        target: Any,
+        b: int,
+        sp: SamplingParams,
+        rule: AcceptanceRule,
+        ranks: int,
+        proposal: torch.dtype | None,
+        entropy: bool,
+    ) -> None:
+        static, dev = target.static, target.device
+        self.target, self.b, self.sp, self.rule, self.entropy, self.device = target, b, sp, rule, entropy, dev
+        self.bucket = static.steps[b]
+        self.ranks_n = ranks
+        long = dict(dtype=torch.long, device=dev)
+        self.tokens = torch.zeros(b, **long)
+        self.parents = torch.zeros(b, **long)
+        self.own = torch.arange(b, **long)
+        self.depth = torch.zeros(b, **long)
+        self.eye = torch.eye(b, dtype=torch.bool, device=dev)
+        self.anc = self.eye.clone()
+        self.alive = torch.zeros(b, dtype=torch.bool, device=dev)
+        self.ranks = torch.full((b, ranks), -1, **long) if ranks else None
+        V = target.layout.vocab_size
+        self.proposal = None if proposal is None else torch.zeros(b, V, dtype=proposal, device=dev)
+        self.root_gen = torch.zeros(1, **long)
+        self.length = torch.zeros(1, **long)
+        self.pos0 = torch.zeros(static.rows, **long)
+        self.bias = torch.full((static.rows, static.capacity), float("-inf"), dtype=target.dtype, device=dev)
+        self.draws = torch.zeros(b + 1, dtype=torch.float64, device=dev)
+        self.packed = torch.zeros(HEAD + int(entropy) + 2 * b, dtype=torch.float64, device=dev)
+        self.order = torch.zeros(b, **long)  # the node ids, the accepted path first (in node order)
+        self.following = torch.zeros(b, **long)  # the committed tokens after the root: the path's drafts, the bonus
+        self.graphs: dict[int, accel.Graph] = {}
+        self.graphed = bool(static.captures)  # the target's verifies are captured: so is this step
+        self.launches = 0
+        self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
+
+    # --- the cycle's host side ---
+
+    def fill(self, tree: DraftTree, root_gen: int, generator: torch.Generator | None) -> None:
+        """Copy ``tree`` (n ≤ b nodes) and the target's committed state into the buffers; fill the draws."""
+        t, n = self.target, tree.size
+        self.tokens[:n].copy_(tree.tokens)
+        self.parents.copy_(self.own)  # a padded node its own parent: no (parent, token) pair of a real node's row
+        self.parents[:n].copy_(tree.parents)
+        self.depth[:n].copy_(tree.depth)
+        self.anc.copy_(self.eye)
+        self.anc[:n, :n].copy_(tree.ancestor_mask)
+        if tree.alive is None:
+            self.alive[:n].fill_(True)
+        else:
+            self.alive[:n].copy_(tree.alive)
+        self.alive[n:].fill_(False)
+        if self.ranks is not None:
+            self.ranks.fill_(-1)
+            ranks = tree.child_ranks
+            self.ranks[:n, : ranks.shape[1]].copy_(ranks)
+        if self.proposal is not None:
+            assert tree.proposal is not None
+            self.proposal[:n].copy_(tree.proposal)
+        self.root_gen.fill_(root_gen)
+        self.length.fill_(t.length)
+        self.pos0.copy_(t.next_pos)
+        self.bias[:, : t.key_bias.shape[1]].copy_(t.key_bias)  # an image's columns: ≤ the pinned capacity
+        if not self.sp.greedy:
+            if generator is None or generator.device == self.draws.device:
+                self.draws.uniform_(generator=generator)
+            else:
+                self.draws.copy_(torch.empty_like(self.draws, device=generator.device).uniform_(generator=generator))
+
+    def launch(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One verify at attention width ``K``: its graph's replay (captured at the first use of ``K``), or the step run
+        eagerly where the target's verifies are not graphed. Returns the raw logits ``[R, b, V]`` and features
+        ``[R, b, H]`` (static outputs: read before the next launch)."""
+        self.launches += 1
+        if not self.graphed:
+            return self._step(K)
+        graph = self.graphs.get(K)
+        if graph is None:  # the warm-ups and the capture write only outputs and K/V past the committed length
+            graph = self.graphs[K] = accel.capture(lambda: self._step(K), self.device)
+        graph.replay()
+        out: tuple[torch.Tensor, torch.Tensor] = graph.out
+        return out
+
+    def verify(
+        self, tree: DraftTree, root_gen: int, generator: torch.Generator | None
+    ) -> tuple[CycleRead, torch.Tensor]:
+        """Verify ``tree`` (its root at generation index ``root_gen``) and read the verdict once: the ``CycleRead`` of
+        ``verify.verify_cycle`` and the verified nodes' features ``[R, b, H]`` (padded: index them by ``keep``)."""
+        t, b = self.target, self.b
+        self.fill(tree, root_gen, generator)
+        self.raw, feats = self.launch(self.bucket._width_for(t.length + b))
+        t.forwards += 1
+        values = self.packed.tolist()
+        k, bonus = int(values[0]), int(values[1])
+        h = HEAD + int(self.entropy)
+        ids = [int(x) for x in values[h : h + k]]
+        tokens = [int(x) for x in values[h + b + 1 : h + b + k]] + [bonus]
+        acc = Acceptance(ids, bonus, int(values[2]), int(values[3]))
+        read = CycleRead(acc, int(values[h + b]), tokens, self.order[:k], self.following[:k].clone(), values[HEAD:h])
+        return read, feats
+
+    # --- the captured step ---
+
+    def _step(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fixed-shape verify (module docstring): everything from the static buffers, nothing read."""
+        b, dev, st, sp = self.b, self.device, self.bucket, self.sp
+        st.tokens.copy_(self.tokens)
+        st.pos.copy_(self.pos0[:, None] + self.depth[None])
+        block = torch.where(self.anc, 0.0, float("-inf")).to(st.masks[K].dtype)
+        committed = arange_on(K, dev) < self.length  # the bias past L may be an earlier, longer image's
+        st.place(self.length, torch.where(committed, self.bias[:, :K], float("-inf")), block, K)
+        raw, feats = st._forward_at(K)
+        processed = process_logits(raw, self.root_gen + 1 + self.depth, self.target.layout, sp)
+        ranks = self.ranks_n
+        tree = DraftTree(
+            self.tokens,
+            self.parents,
+            0,
+            proposal=self.proposal,
+            alive=self.alive,
+            depth=self.depth,
+            ancestor_mask=self.anc,
+            max_children=ranks,  # the rank loop's length (its buffer's width); 0 where the loop is not taken
+            child_ranks=self.ranks,
+        )
+        verdict = accept_tree(tree, processed, sp.greedy, Draws(buffer=self.draws), self.rule)
+        order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices
+        extra = [DraftGate.entropy(verdict.bonus_logits)] if self.entropy else []
+        head = [verdict.on_path.sum(), verdict.bonus, (self.depth * self.alive).max(), self.alive.sum(), *extra]
+        path_tokens = self.tokens.index_select(0, order)
+        parts = [
+            torch.stack([x.to(torch.float64) for x in head]),
+            order.to(torch.float64),
+            path_tokens.to(torch.float64),
+        ]
+        self.packed.copy_(torch.cat(parts))
+        self.order.copy_(order)
+        k = verdict.on_path.sum()
+        after = arange_on(b, dev)
+        drafts = path_tokens.index_select(0, (after + 1).clamp_max(b - 1))
+        self.following.copy_(torch.where(after == k - 1, verdict.bonus, drafts))
+        return raw, feats
+
+
+_STEPS: weakref.WeakKeyDictionary[Any, dict[Any, TreeStep]] = weakref.WeakKeyDictionary()
+
+
+def _needs_ranks(tree: DraftTree, sp: SamplingParams, rule: AcceptanceRule) -> bool:
+    """Does ``accept_tree`` take the rank loop for this tree (sampling with a proposal, or a relaxed rule)?"""
+    return not sp.greedy and (tree.proposal is not None or not _exact_point_mass(rule))
+
+
+def step_for(
+    target: Target,
+    tree: DraftTree,
+    sp: SamplingParams,
+    rule: AcceptanceRule,
+    entropy: bool,
+    mode: str,
+    acceptance: str,
+) -> TreeStep | None:
+    """The ``TreeStep`` that verifies ``tree`` (module docstring, "Where it runs"), or None for the eager cycle.
+    ``entropy``: the verdict carries the bonus row's entropy (a draft gate reads it); ``mode``:
+    ``engine.verify_step``; ``acceptance``: ``engine.acceptance``. Raises a ``ConfigError`` naming
+    ``engine.verify_step`` where ``graph`` cannot run."""
+    if mode == "eager":
+        return None
+    static = getattr(target, "static", None)
+    on_host = decides_on_host(acceptance, target.device)
+    if mode == "graph" and (static is None or on_host):
+        why = "acceptance on the device (engine.acceptance=device, or auto on CUDA)" if on_host else None
+        why = why or "a target with static-shape verifies (engine.compile=true on CUDA, or request_static)"
+        raise ConfigError("engine.verify_step", f"graph needs {why}")
+    if static is None or on_host or tree.size < 2 or (mode == "auto" and not static.captures):
+        return None
+    t: Any = target
+    if t.cache is not t.pinned or not static.fits(tree.size, t.length, t.rows):
+        return None
+    b = static.bucket_for(tree.size, t.length)
+    ranks = 0
+    if _needs_ranks(tree, sp, rule):
+        ranks = 1 << max(0, tree.max_children - 1).bit_length()  # a power of two ≥ max_children: few graphs
+    proposal = None if tree.proposal is None else tree.proposal.dtype
+    steps = _STEPS.setdefault(static, {})
+    key = (b, ranks, proposal, sp, id(rule), entropy)
+    if key not in steps:
+        steps[key] = TreeStep(target, b, sp, rule, ranks, proposal, entropy)
+    return steps[key]
+
+
+def steps_of(target: Any) -> list[TreeStep]:
+    """The ``TreeStep``s made for ``target``'s static buckets so far (their ``launches``, ``graphs``)."""
+    static = getattr(target, "static", None)
+    return [] if static is None else list(_STEPS.get(static, {}).values())
+
+
+__all__ = ["VERIFY_STEPS", "TreeStep", "step_for", "steps_of"]
