@@ -49,6 +49,7 @@ from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs
 from adtbench.models.chameleon.target import LeanChameleonTarget
 from adtbench.models.hf_causal import CFG_MODES, HFCausalTarget, common_options, spread_init_
+from adtbench.models.rows import prompt_rows
 
 VISUAL_PREFIX, VISUAL_SUFFIX = "<|visual token ", "|>"
 SPECIAL_NAMES: dict[str, str] = {
@@ -185,15 +186,10 @@ class Emu3Vocab:
         return [sp["bos"], *self.tokenizer(text), sp["boi"], *self.tokenizer(f"{lay.grid_h}*{lay.grid_w}"), sp["img"]]
 
     def encode_prompt(self, text: str, cfg: bool) -> PromptInputs:
-        """Cond row (prompt + suffix) and, under CFG, the negative-prompt row, both left-padded to one length."""
-        rows = [self.prompt_row(text + self.prompt_suffix)]
-        if cfg:
-            rows.append(self.prompt_row(self.negative_prompt))
-        P = max(len(r) for r in rows)
-        ids = torch.tensor([[self.special["pad"]] * (P - len(r)) + r for r in rows], dtype=torch.long)
-        valid = torch.tensor([[False] * (P - len(r)) + [True] * len(r) for r in rows])
-        positions = (valid.long().cumsum(1) - 1).clamp_min(0)
-        return PromptInputs(text=text, cfg=cfg, data={"ids": ids, "valid": valid, "positions": positions})
+        """Cond row (prompt + suffix) and, under CFG, the negative-prompt row, both left-padded to one length
+        (``rows.prompt_rows``)."""
+        uncond = self.prompt_row(self.negative_prompt) if cfg else []
+        return prompt_rows(text, cfg, self.prompt_row(text + self.prompt_suffix), uncond, self.special["pad"])
 
     def prompt_length(self, inputs: PromptInputs) -> int:
         return int(inputs.data["ids"].shape[1])
