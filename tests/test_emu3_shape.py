@@ -17,9 +17,9 @@ verify(n) for n in 1, 2, 32 replayed through the captured graphs (graphed = eage
 graphed (one replay per step) and eager, continuing from the half-filled cache; the weight bytes and the tighter
 bytes-an-AR-step-reads figure against the arch's own count; the SCD 32 overhead run (the gpu.sh stage policy) through
 the device-resident Jacobi step (``jacobi_step.JacobiStep``: one host read per image) over the first row of each
-image (``bench.overhead_tokens``: whole 8,191-token images cost 5 minutes here; a GPU runs them whole). Then, on the
-same captured target, a short greedy SCD decode through the Jacobi step equals AR's greedy tokens over a row, its
-forced end-of-line and 5 more."""
+image (``bench.overhead_tokens``: whole 8,191-token images cost 5 minutes here; a GPU runs them whole). The overhead
+run's measured image, greedy SCD through the Jacobi step, equals AR's greedy tokens on the same captured target over
+that row, its forced end-of-line and 5 more."""
 
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ import pytest
 
 from adtbench import accel
 from adtbench.algorithm.ar import ar_step, prefill_token
-from adtbench.algorithm.jacobi import decode_jacobi
-from adtbench.algorithm.jacobi_step import JacobiStep, fixed_shape_step
-from adtbench.algorithm.policies import POLICIES
+from adtbench.algorithm.jacobi_step import JacobiStep
+from adtbench.algorithm.policies import jacobi as jacobi_policy
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.emu3.target import SPECIALS_AFTER_TEXT
 
@@ -55,7 +54,7 @@ ARCH = [
     "model.dtype=float32",
 ]
 BUCKETS = [1, 2, 32]
-OVERHEAD = SHORT = GRID + 1 + 5  # the overhead run's and the greedy check's tokens: a row, its end-of-line, 5 more
+OVERHEAD = SHORT = GRID + 1 + 5  # the overhead run's tokens per image (the greedy check's): a row, its EOL, 5 more
 
 
 def _script_overrides() -> list[str]:
@@ -78,8 +77,9 @@ def test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout(
 
     monkeypatch.setenv("ADTBENCH_ROOT", str(tmp_path))
     models: dict[str, Any] = {}
-    images: list[int] = []
-    real_overhead, real_run_image = bench.overhead, JacobiStep.run_image
+    images: list[int] = []  # the device-resident step's images
+    decodes: list[tuple[Any, list[int]]] = []  # the SCD policy's decodes: (prompt rows, tokens)
+    real_overhead, real_run_image, real_decode = bench.overhead, JacobiStep.run_image, jacobi_policy.decode_jacobi
 
     def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
         models["target"] = target  # the probe's compiled target, kept for the greedy check below
@@ -89,8 +89,14 @@ def test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout(
         images.append(1)
         return real_run_image(self, *a, **k)
 
+    def decode_jacobi(target: Any, inputs: Any, *a: Any, **k: Any) -> Any:
+        res = real_decode(target, inputs, *a, **k)
+        decodes.append((inputs, list(res.tokens)))
+        return res
+
     monkeypatch.setattr(bench, "overhead", overhead)
     monkeypatch.setattr(JacobiStep, "run_image", run_image)
+    monkeypatch.setattr(jacobi_policy, "decode_jacobi", decode_jacobi)
     out = tmp_path / "probe.json"
     args = [*_script_overrides(), "sampling=greedy", "bench.repeats=2", "bench.prompts=1"]
     args += [f"bench.overhead_tokens={OVERHEAD}"]
@@ -146,12 +152,11 @@ def test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout(
         assert r["goals"]["syncs_per_cycle"]["met"] is True and r["goals"]["step_floor_x"]["met"] is None
         assert sim.counts["graph_replays"] > o["cycles"]
 
-        # greedy SCD through the Jacobi step = AR's greedy tokens, on the probe's captured target
+        # greedy SCD through the Jacobi step (the overhead run's measured image) = AR's greedy tokens, on the probe's
+        # captured target
+        assert len(decodes) == 2 and all(len(t) >= OVERHEAD for _, t in decodes)
+        inputs, jac = decodes[-1]
         sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
-        params = POLICIES.build("scd", {"window": 32}).params
-        inputs = target.encode_prompt("a red cube on a table", cfg=True)
-        jac = decode_jacobi(target, inputs, sp, None, params, limit=SHORT, make_step=fixed_shape_step).tokens
-        assert len(images) == 3 and len(jac) >= SHORT
         token, _ = prefill_token(target, inputs, sp, 1, None)
         ar_tokens = [int(token)]
         for g in range(1, SHORT):
