@@ -195,7 +195,8 @@ class ChameleonLM(InferenceWeights, nn.Module):
         return StaticKVCache(a.num_layers, rows, a.num_kv_heads, capacity, a.head_dim, p.dtype, p.device)
 
     def _build_inference_weights(self) -> list[LayerWeights]:
-        return [b.inference_weights() for b in self.layers]
+        blocks: list[Any] = list(self.layers)  # ``block`` instances
+        return [b.inference_weights() for b in blocks]
 
     def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
         """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``: computed in float32 (HF's rotary

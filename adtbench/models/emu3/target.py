@@ -146,7 +146,8 @@ class Emu3VQDecoder(nn.Module):
 
 class Emu3Vocab:
     """Emu3's layout, prompt rows and image decoding (module docstring): the mixin before both targets' network base
-    class. ``_init_emu3`` sets ``vq``, ``tokenizer``, ``special``, ``layout`` and the prompt texts."""
+    class. ``_init_vocab`` sets ``vq``, ``tokenizer``, ``special`` and ``layout``; the prompt texts
+    (``prompt_suffix``, ``negative_prompt``: ``model.*``) are set by the builder, empty by default."""
 
     layout: TokenLayout
     special: dict[str, int]
@@ -155,12 +156,9 @@ class Emu3Vocab:
     prompt_suffix: str = ""
     negative_prompt: str = ""
 
-    def _init_emu3(
-        self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any, prompts: tuple[str, str]
-    ) -> None:
+    def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
         self.vq = vq.to(device=device).eval() if vq is not None else None
         self.tokenizer = tokenizer
-        self.prompt_suffix, self.negative_prompt = prompts
         try:
             offset, k = image_token_range(config.vocabulary_map)
             self.special = special_token_ids(config.vocabulary_map)
@@ -203,23 +201,6 @@ class LeanEmu3Target(Emu3Vocab, LeanChameleonTarget):
 
     default_cfg_mode = "sequential"
 
-    def __init__(
-        self,
-        lm: Any,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str | None = None,
-        prompts: tuple[str, str] = ("", ""),
-    ) -> None:
-        self._prompts = prompts
-        super().__init__(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=cfg_mode)
-
-    def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
-        self._init_emu3(config, vq, tokenizer, grid, device, self._prompts)
-
 
 class _TextLM(nn.Module):
     """transformers' Emu3 text model and head as the ``.model`` + ``.lm_head`` + ``.config`` ``HFCausalTarget``
@@ -248,10 +229,9 @@ class Emu3Target(Emu3Vocab, HFCausalTarget):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         cfg_mode: str | None = None,
-        prompts: tuple[str, str] = ("", ""),
     ) -> None:
         super().__init__(_TextLM(lm), device, dtype, cfg_mode or "sequential")
-        self._init_emu3(config, vq, tokenizer, grid, device, prompts)
+        self._init_vocab(config, vq, tokenizer, grid, device)
 
     def drafter_rope(self, head_dim: int) -> Any:
         from adtbench.models.rope import Rope1D
@@ -403,9 +383,13 @@ def build_target(cfg: Any) -> LeanEmu3Target | Emu3Target:
         tokenizer = make_tokenizer(cfg, config, base)
     except (ValueError, OSError) as e:
         raise ConfigError("model.tokenizer", str(e)) from e
+    target: LeanEmu3Target | Emu3Target
     if impl == "lean":
-        return LeanEmu3Target(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode, prompts=prompts)
-    return Emu3Target(lm, config, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode, prompts=prompts)
+        target = LeanEmu3Target(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
+    else:
+        target = Emu3Target(lm, config, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
+    target.prompt_suffix, target.negative_prompt = prompts
+    return target
 
 
 __all__ = [
