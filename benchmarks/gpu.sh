@@ -35,8 +35,10 @@
 # drafter (the CPU smoke's vehicle: 16 tokens per image, no transformers import); emu3 = the Emu3-Gen 8B shape
 # (`model=emu3 model.random_init=true`, bfloat16, random weights: GQA 32 / 8 heads, 184,622-token vocabulary, 90 × 90
 # codes + end-of-line = 8,191 tokens per image) with $EMU3_ARCH appended (empty: the 8B shape), not in the default
-# MODELS (`MODELS=emu3 benchmarks/gpu.sh probe cost`: its AR step and verify(n) against the weight-read floor; the
-# batch stage runs it at $EMU3_BATCH_GRID).
+# MODELS (`MODELS=emu3 benchmarks/gpu.sh probe`: its AR step against the weight-read floor, verify(n) against n, the
+# SCD 32 overhead on whole 8,191-token images; issue 42's goal: goals.step_floor_x ≤ 2 in probe.json; the same stage
+# runs on the CPU at the real layout in tests/test_emu3_shape.py; the batch stage runs it at $EMU3_BATCH_GRID).
+# OVERHEAD_TOKENS=N stops the probe's Jacobi overhead images after N tokens (empty: whole images).
 # Sizing (docs/speed.md "GPU": measured on an H200 — probe 57 s with a drafting default (375 s with SCD's cost window
 # calibrating on the 7B shape: hence STAGE_POLICY), tests 77–83 s with 4 workers, cost with MODES=graphs 58 s, batch
 # on mini 13 s, jacobi 13 s; the rest estimated from its step times, an eager 7B step being 52–67 ms and host-bound, a
@@ -69,6 +71,7 @@ BATCH_SIZES=${BATCH_SIZES:-[1,4]}
 BATCH_PROMPTS=${BATCH_PROMPTS:-4}
 ANOLE_BATCH_GRID=${ANOLE_BATCH_GRID-[16,16]}  # set and empty: the model's own grid
 PROBE_PROMPTS=${PROBE_PROMPTS:-1}
+OVERHEAD_TOKENS=${OVERHEAD_TOKENS:-}
 # the policy of the cost, batch and probe stages: the default run's SCD at the window its cost window picks on an H200
 # (24–32), without that calibration (48 image decodes: minutes on the 7B shape, most of a stage; empty: the default)
 STAGE_POLICY=${STAGE_POLICY-policy=scd policy.window=32}
@@ -205,7 +208,8 @@ stage_probe() {
         md "### probe, $m"
         # shellcheck disable=SC2086  # STAGE_POLICY is a list of overrides
         step "probe $m" bench probe "${over[@]}" $STAGE_POLICY "bench.repeats=$REPEATS" "bench.prompts=$PROBE_PROMPTS" \
-            "bench.buckets=$PROBE_BUCKETS" dataset=mini "bench.out=$f" >> "$OUT/gpu.md"
+            "bench.buckets=$PROBE_BUCKETS" ${OVERHEAD_TOKENS:+"bench.overhead_tokens=$OVERHEAD_TOKENS"} dataset=mini \
+            "bench.out=$f" >> "$OUT/gpu.md"
         md ""
         probes+=("$m=$f")
     done

@@ -1,9 +1,11 @@
 """Benchmarks (scripts, not tests).
 
     adtbench bench overhead [hydra overrides] [bench.prompts=N] [bench.phases=true | bench.count=true] [bench.out=FILE]
+                            [bench.overhead_tokens=N]
     adtbench bench cost model=anole model.random_init=true [bench.tree_sizes=[1,2,...]] [bench.level_nodes=16]
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
     adtbench bench probe [overrides] [bench.buckets=[1,2,...,128]] [bench.repeats=20] [bench.prompts=1] [bench.out=FILE]
+                         [bench.overhead_tokens=N]
     adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=docs/speed.md] [overrides]
     adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
     adtbench bench batch [overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.out=DIR]
@@ -21,7 +23,9 @@ Prefill (the prompt pass, the first token, the drafter's prefix pass) and prompt
 It also reports the synchronisations per cycle outside the prefill (on the simulated device from
 ``accel.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
 synchronisations per image (the loop's image boundaries) and the graph replays per cycle. Models built here are
-compiled (``engine.compile``) before the policy binds, as in the app.
+compiled (``engine.compile``) before the policy binds, as in the app. ``bench.overhead_tokens=N`` (a Jacobi loop
+only; default null: the whole image) stops each decode once N tokens are committed — how the CPU runs the overhead of
+an 8,191-token Emu3 image (``tests/test_emu3_shape.py``); a GPU measures whole images.
 
 ``bench.phases=true`` splits the cycle instead into the exclusive time of each part of the decode loop (``PHASES``:
 target network — variable-shape forward or static bucket / graph replay —, masks, acceptance, drafter network,
@@ -221,6 +225,11 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     from adtbench.harness.loops import build_loop_models
 
     prompts = load_dataset(cfg)[: int(cfg.bench.prompts)]
+    limit = cfg.bench.get("overhead_tokens")
+    if limit is not None and (not jacobi or int(limit) < 1):
+        raise ConfigError(
+            "bench.overhead_tokens", f"a positive token count for a Jacobi loop (sjd, scd, gsd, sjd_pac), got {limit}"
+        )
     if target is None or drafter is None:
         job = Job.build(cfg, checked)
     else:  # the models the caller built (and compiled) through ``build_models``; a loop policy's own models
@@ -233,6 +242,8 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     if bool(cfg.bench.get("count", False)):  # the count measures what a GPU runs: acceptance on the device
         job = dataclasses.replace(job, acceptance="device")
     target = job.target
+    if limit is not None:  # a partial image per decode (the CPU's run of an 8,191-token Emu3 shape)
+        job.policy.limit = int(limit)
     drafter = job.models.drafter if jacobi else job.models  # Jacobi: init=drafter's chain, else None
     device = target.device
     sync = device.type == "cuda"  # the phase split synchronises a real GPU around every phase
@@ -506,14 +517,14 @@ def main(args: list[str]) -> int:
         from adtbench.tools.bench_batch import main as batch_main
 
         return batch_main(args[1:])
-    extra = ["+bench.prompts=8", "+bench.out=null"]
+    extra = ["+bench.prompts=8", "+bench.out=null", "+bench.overhead_tokens=null"]
     if args[0] == "overhead":
         extra += ["+bench.phases=false", "+bench.count=false"]
     if args[0] == "cost":
         extra += ["+bench.tree_sizes=null", "+bench.level_nodes=16", "+bench.repeats=20", "+bench.overhead_prompts=2"]
     if args[0] == "probe":
         extra = ["+bench.prompts=1", "+bench.out=null", "+bench.buckets=null", "+bench.repeats=20",
-                 "+bench.policies=null", "+bench.project_tau=[2.0,3.0,4.0]"]  # fmt: skip
+                 "+bench.policies=null", "+bench.project_tau=[2.0,3.0,4.0]", "+bench.overhead_tokens=null"]  # fmt: skip
     try:
         cfg = compose_config("config", [*extra, *args[1:]])
         refuse_reference_in_bench(cfg, args[0])

@@ -40,6 +40,7 @@ class JacobiPolicy(LoopPolicy):
         self.batchable = params.init != "drafter"  # decode.batch_size > 1: a ragged window per slot
         self.drafts_with_eagle = params.init == "drafter"  # drafts start from the EAGLE drafter's chain
         self._rule: tuple[Any, Any] | None = None  # (target, GroupedRule)
+        self.limit: int | None = None  # stop each image once this many tokens are committed (``bench.overhead_tokens``)
 
     def max_nodes(self) -> int:
         return self.params.max_nodes
@@ -74,6 +75,7 @@ class JacobiPolicy(LoopPolicy):
             acceptance,
             models.drafter,
             models.window,
+            limit=self.limit,
             make_step=fixed_shape_step,
         )
 

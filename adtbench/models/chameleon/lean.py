@@ -174,14 +174,17 @@ class ChameleonLM(InferenceWeights, nn.Module):
     ``norm_weight``, ``output`` (the LM head), ``rope``; ``config`` is the checkpoint's ``ChameleonConfig``.
 
     The interface ``StaticGPTTarget`` drives: ``tok_embeddings(ids)``, ``output(features)``,
-    ``forward_embeds(x, pos, mask, cache, start)`` and ``new_cache(rows, capacity)``. Inference only.
+    ``forward_embeds(x, pos, mask, cache, start)`` and ``new_cache(rows, capacity)``. Inference only. ``block``: the
+    layer class (a subclass swaps it: ``emu3.lean.Emu3LM``, the same LM without q/k norms).
     """
+
+    block: type[nn.Module] = ChameleonBlock
 
     def __init__(self, arch: ChameleonArch, config: Any = None) -> None:
         super().__init__()
         self.arch, self.config = arch, config
         self.tok_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(ChameleonBlock(arch) for _ in range(arch.num_layers))
+        self.layers = nn.ModuleList(self.block(arch) for _ in range(arch.num_layers))
         self.norm_weight = frozen(arch.hidden_size)
         self.output = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
         self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
@@ -192,7 +195,8 @@ class ChameleonLM(InferenceWeights, nn.Module):
         return StaticKVCache(a.num_layers, rows, a.num_kv_heads, capacity, a.head_dim, p.dtype, p.device)
 
     def _build_inference_weights(self) -> list[LayerWeights]:
-        return [b.inference_weights() for b in self.layers]
+        blocks: list[Any] = list(self.layers)  # ``block`` instances
+        return [b.inference_weights() for b in blocks]
 
     def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
         """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``: computed in float32 (HF's rotary
@@ -224,12 +228,13 @@ def _fuse(
     get: Callable[[str], torch.Tensor],
     dtype: torch.dtype,
     layer_done: Callable[[int], None] | None = None,
+    qk_norm: bool = True,
 ) -> dict[str, torch.Tensor]:
     """``ChameleonLM`` state dict from HF-layout tensors (``get(key)`` → tensor on the target device, any dtype).
 
     Every tensor is cast to ``dtype`` first; the RMSNorm folds run in fp32 for half types (``lean.fold_t``). Layer
     by layer: a layer's HF tensors are unreferenced here once fused, then ``layer_done(i)`` lets the source drop its
-    own references.
+    own references. ``qk_norm`` False: layers without q/k LayerNorms (Emu3's plain Llama layers).
     """
     H, KV = arch.num_heads, arch.num_kv_heads
 
@@ -245,7 +250,7 @@ def _fuse(
     for i in range(arch.num_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         sd |= fuse_llama_layer(t, p, q, H, KV, arch.head_dim)
-        for n, heads in (("q", H), ("k", KV)):
+        for n, heads in (("q", H), ("k", KV)) if qk_norm else ():
             for part in ("weight", "bias"):
                 affine = norm(p + f"self_attn.{n}_norm.{part}", heads)
                 sd[q + f"{n}_norm.{part}"] = interleave_pairs(affine, 1, arch.head_dim, dim=1).contiguous()

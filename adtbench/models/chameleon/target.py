@@ -47,6 +47,7 @@ from adtbench.models.hf_causal import CFG_MODES, HFCausalTarget, common_options,
 from adtbench.models.hf_checkpoint import HashTokenizer, HFTokenizer, load_chameleon_lm
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.rope import Rope, Rope1D
+from adtbench.models.rows import prompt_rows
 
 IMAGE_PREFIX, IMAGE_SUFFIX = "IMGIMG", "Z"
 _DIGIT = {chr(ord("A") + i): str(i) for i in range(10)}  # letter → decimal digit of the VQ code
@@ -267,21 +268,6 @@ class LeanChameleonTarget(ChameleonVocab, StaticGPTTarget):
 
     def drafter_rope(self, head_dim: int) -> Rope:
         return Rope1D(head_dim, theta=self.rope_theta)  # HF rotate_half pairing, as the target's own
-
-
-def prompt_rows(text: str, cfg: bool, cond: list[int], uncond: list[int], pad: int) -> PromptInputs:
-    """Cond row and (under CFG) the uncond row left-padded with ``pad``; positions count real tokens only."""
-    rows = [cond]
-    if cfg:
-        if len(uncond) > len(cond):
-            raise ValueError("the uncond prompt is longer than the cond prompt")
-        rows.append([pad] * (len(cond) - len(uncond)) + uncond)
-    ids = torch.tensor(rows, dtype=torch.long)
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    if cfg:
-        valid[1, : len(cond) - len(uncond)] = False
-    positions = (valid.long().cumsum(1) - 1).clamp_min(0)  # real tokens 0, 1, …; pads 0
-    return PromptInputs(text=text, cfg=cfg, data={"ids": ids, "valid": valid, "positions": positions})
 
 
 # ---------------------------------------------------------------------------------------------------------

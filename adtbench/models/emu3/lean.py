@@ -33,8 +33,8 @@ from torch import nn
 
 from adtbench.errors import ConfigError
 from adtbench.models.chameleon.lean import NORM_DTYPE, ChameleonArch, ChameleonLM
-from adtbench.models.lean import FusedBlock, assemble, frozen, fuse_llama_layer, llama_layer_shapes
-from adtbench.models.rope import Rope1D
+from adtbench.models.chameleon.lean import _fuse as fuse_chameleon
+from adtbench.models.lean import FusedBlock, assemble, llama_layer_shapes
 
 _PREFIXES = (  # (checkpoint prefix, canonical prefix): the hub's spelling, then transformers 4.57's in memory
     ("text_model.model.", "model."),
@@ -84,15 +84,7 @@ class Emu3LM(ChameleonLM):
     ``new_cache``, ``rope_tables``) over ``Emu3Block`` layers; ``config`` is the checkpoint's ``Emu3Config`` (its
     ``vocabulary_map`` names the image tokens). Inference only."""
 
-    def __init__(self, arch: ChameleonArch, config: Any = None) -> None:
-        nn.Module.__init__(self)
-        self.arch, self.config = arch, config
-        self.tok_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
-        self.layers = nn.ModuleList(Emu3Block(arch) for _ in range(arch.num_layers))
-        self.norm_weight = frozen(arch.hidden_size)
-        self.output = nn.Linear(arch.hidden_size, arch.vocab_size, bias=False)
-        self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")
-        self.requires_grad_(False)
+    block = Emu3Block
 
 
 def _fuse(
@@ -101,21 +93,9 @@ def _fuse(
     dtype: torch.dtype,
     layer_done: Callable[[int], None] | None,
 ) -> dict[str, torch.Tensor]:
-    """``Emu3LM`` state dict from canonical-key tensors (``get``), cast to ``dtype``, layer by layer."""
-    H, KV, hd = arch.num_heads, arch.num_kv_heads, arch.head_dim
-
-    def t(key: str) -> torch.Tensor:
-        return get(key).to(dtype)
-
-    sd: dict[str, torch.Tensor] = {}
-    for i in range(arch.num_layers):
-        sd |= fuse_llama_layer(t, f"model.layers.{i}.", f"layers.{i}.", H, KV, hd)
-        if layer_done is not None:
-            layer_done(i)
-    sd["norm_weight"] = t("model.norm.weight")
-    sd["tok_embeddings.weight"] = t("model.embed_tokens.weight")
-    sd["output.weight"] = sd["tok_embeddings.weight"] if arch.tie_word_embeddings else t("lm_head.weight")
-    return sd
+    """``Emu3LM`` state dict from canonical-key tensors (``get``), cast to ``dtype``, layer by layer: Chameleon's
+    fusion (``chameleon.lean._fuse``) without the q/k norms."""
+    return fuse_chameleon(arch, get, dtype, layer_done, qk_norm=False)
 
 
 def _assemble(arch: ChameleonArch, config: Any, sd: dict[str, torch.Tensor]) -> Emu3LM:

@@ -49,6 +49,7 @@ from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs
 from adtbench.models.chameleon.target import LeanChameleonTarget
 from adtbench.models.hf_causal import CFG_MODES, HFCausalTarget, common_options, spread_init_
+from adtbench.models.rows import prompt_rows
 
 VISUAL_PREFIX, VISUAL_SUFFIX = "<|visual token ", "|>"
 SPECIAL_NAMES: dict[str, str] = {
@@ -145,7 +146,8 @@ class Emu3VQDecoder(nn.Module):
 
 class Emu3Vocab:
     """Emu3's layout, prompt rows and image decoding (module docstring): the mixin before both targets' network base
-    class. ``_init_emu3`` sets ``vq``, ``tokenizer``, ``special``, ``layout`` and the prompt texts."""
+    class. ``_init_vocab`` sets ``vq``, ``tokenizer``, ``special`` and ``layout``; the prompt texts
+    (``prompt_suffix``, ``negative_prompt``: ``model.*``) are set by the builder, empty by default."""
 
     layout: TokenLayout
     special: dict[str, int]
@@ -154,12 +156,9 @@ class Emu3Vocab:
     prompt_suffix: str = ""
     negative_prompt: str = ""
 
-    def _init_emu3(
-        self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any, prompts: tuple[str, str]
-    ) -> None:
+    def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
         self.vq = vq.to(device=device).eval() if vq is not None else None
         self.tokenizer = tokenizer
-        self.prompt_suffix, self.negative_prompt = prompts
         try:
             offset, k = image_token_range(config.vocabulary_map)
             self.special = special_token_ids(config.vocabulary_map)
@@ -185,15 +184,10 @@ class Emu3Vocab:
         return [sp["bos"], *self.tokenizer(text), sp["boi"], *self.tokenizer(f"{lay.grid_h}*{lay.grid_w}"), sp["img"]]
 
     def encode_prompt(self, text: str, cfg: bool) -> PromptInputs:
-        """Cond row (prompt + suffix) and, under CFG, the negative-prompt row, both left-padded to one length."""
-        rows = [self.prompt_row(text + self.prompt_suffix)]
-        if cfg:
-            rows.append(self.prompt_row(self.negative_prompt))
-        P = max(len(r) for r in rows)
-        ids = torch.tensor([[self.special["pad"]] * (P - len(r)) + r for r in rows], dtype=torch.long)
-        valid = torch.tensor([[False] * (P - len(r)) + [True] * len(r) for r in rows])
-        positions = (valid.long().cumsum(1) - 1).clamp_min(0)
-        return PromptInputs(text=text, cfg=cfg, data={"ids": ids, "valid": valid, "positions": positions})
+        """Cond row (prompt + suffix) and, under CFG, the negative-prompt row, both left-padded to one length
+        (``rows.prompt_rows``)."""
+        uncond = self.prompt_row(self.negative_prompt) if cfg else []
+        return prompt_rows(text, cfg, self.prompt_row(text + self.prompt_suffix), uncond, self.special["pad"])
 
     def prompt_length(self, inputs: PromptInputs) -> int:
         return int(inputs.data["ids"].shape[1])
@@ -206,23 +200,6 @@ class LeanEmu3Target(Emu3Vocab, LeanChameleonTarget):
     end-of-line token to the last visual token only (``StaticGPTTarget.logits_head``)."""
 
     default_cfg_mode = "sequential"
-
-    def __init__(
-        self,
-        lm: Any,
-        vq: Any,
-        tokenizer: Any,
-        grid: tuple[int, int],
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        cfg_mode: str | None = None,
-        prompts: tuple[str, str] = ("", ""),
-    ) -> None:
-        self._prompts = prompts
-        super().__init__(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=cfg_mode)
-
-    def _init_vocab(self, config: Any, vq: Any, tokenizer: Any, grid: tuple[int, int], device: Any) -> None:
-        self._init_emu3(config, vq, tokenizer, grid, device, self._prompts)
 
 
 class _TextLM(nn.Module):
@@ -252,10 +229,9 @@ class Emu3Target(Emu3Vocab, HFCausalTarget):
         device: torch.device | str = "cpu",
         dtype: torch.dtype = torch.float32,
         cfg_mode: str | None = None,
-        prompts: tuple[str, str] = ("", ""),
     ) -> None:
         super().__init__(_TextLM(lm), device, dtype, cfg_mode or "sequential")
-        self._init_emu3(config, vq, tokenizer, grid, device, prompts)
+        self._init_vocab(config, vq, tokenizer, grid, device)
 
     def drafter_rope(self, head_dim: int) -> Any:
         from adtbench.models.rope import Rope1D
@@ -407,9 +383,13 @@ def build_target(cfg: Any) -> LeanEmu3Target | Emu3Target:
         tokenizer = make_tokenizer(cfg, config, base)
     except (ValueError, OSError) as e:
         raise ConfigError("model.tokenizer", str(e)) from e
+    target: LeanEmu3Target | Emu3Target
     if impl == "lean":
-        return LeanEmu3Target(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode, prompts=prompts)
-    return Emu3Target(lm, config, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode, prompts=prompts)
+        target = LeanEmu3Target(lm, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
+    else:
+        target = Emu3Target(lm, config, vq, tokenizer, grid, device=device, dtype=dtype, cfg_mode=mode)
+    target.prompt_suffix, target.negative_prompt = prompts
+    return target
 
 
 __all__ = [

@@ -44,20 +44,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from adtbench.errors import ConfigError
-from adtbench.models.kv import StaticKVCache
+from adtbench.models.chameleon.lean import ChameleonLM
 from adtbench.models.lean import (
     FusedBlock,
-    InferenceWeights,
-    LayerWeights,
-    additive_mask,
     assemble,
     frozen,
     fuse_llama_layer,
     llama_layer_shapes,
-    stack_fn,
-    stack_memo,
 )
-from adtbench.models.rope import Rope1D, Rotary, rotary
+from adtbench.models.rope import Rope1D
 
 NORM_DTYPE = torch.float32  # HF's Llama RMSNorm and rotary tables are float32 whatever the model dtype
 LM = "model.language_model."  # key prefix of the Llama decoder in the HF Janus layout
@@ -193,16 +188,18 @@ class LlamaBlock(FusedBlock):
         super().__init__(D, F_, H, KV, hd, a.rms_norm_eps, NORM_DTYPE)
 
 
-class JanusLM(InferenceWeights, nn.Module):
+class JanusLM(ChameleonLM):
     """Janus-Pro's image-generation network (module docstring): ``text_embeddings``, ``tok_embeddings``
     (``GenerationEmbedder``: codes → D), ``layers`` (``LlamaBlock``), ``norm_weight``, ``output``
     (``GenerationHead``), ``rope``; ``config`` is the checkpoint's ``JanusConfig``.
 
-    The interface ``StaticGPTTarget`` drives: ``tok_embeddings(ids)``, ``output(features)``,
-    ``forward_embeds(x, pos, mask, cache, start)`` and ``new_cache(rows, capacity)``. Inference only."""
+    The interface ``StaticGPTTarget`` drives — ``tok_embeddings(ids)``, ``output(features)``, ``forward_embeds(x, pos,
+    mask, cache, start)``, ``new_cache(rows, capacity)`` and the rotary tables — is ``chameleon.lean.ChameleonLM``'s
+    (the same stack, cache and rotary numerics over plain Llama layers); only the embeddings and the head differ.
+    Inference only."""
 
     def __init__(self, arch: JanusArch, config: Any = None) -> None:
-        super().__init__()
+        nn.Module.__init__(self)
         self.arch, self.config = arch, config
         self.text_embeddings = nn.Embedding(arch.vocab_size, arch.hidden_size)
         self.tok_embeddings = GenerationEmbedder(arch)
@@ -211,36 +208,6 @@ class JanusLM(InferenceWeights, nn.Module):
         self.output = GenerationHead(arch)
         self.rope = Rope1D(arch.head_dim, arch.rope_theta, "interleaved")  # HF's frequencies; pairs: ``wqkv``'s order
         self.requires_grad_(False)
-
-    def new_cache(self, rows: int, capacity: int) -> StaticKVCache:
-        a, p = self.arch, self.norm_weight
-        return StaticKVCache(a.num_layers, rows, a.num_kv_heads, capacity, a.head_dim, p.dtype, p.device)
-
-    def _build_inference_weights(self) -> list[LayerWeights]:
-        blocks: list[Any] = list(self.layers)
-        return [b.inference_weights() for b in blocks]
-
-    def rope_tables(self, pos: torch.Tensor, dtype: torch.dtype) -> Rotary:
-        """``rope.rotary`` tables for the fused q|k|v heads at ``pos [R, n]``, in float32 (HF's rotary embedding),
-        cast to float64 for a float64 model."""
-        a = self.arch
-        rot = rotary(self.rope, pos, NORM_DTYPE, a.num_heads + a.num_kv_heads, a.num_kv_heads)
-        return rot.to(dtype) if dtype == torch.float64 else rot
-
-    def forward_embeds(
-        self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor, cache: StaticKVCache, start: int | torch.Tensor
-    ) -> torch.Tensor:
-        """Input embeddings ``[R, n, D]`` at positions ``[R, n]`` → post-final-norm features ``[R, n, D]``; the n
-        new K/V entries are written at ``start`` (``lean.lean_stack``). ``mask [R, 1, n, W]``: boolean (True =
-        attend) or additive in x's dtype."""
-        mask = additive_mask(mask, x.dtype)
-        rot = self.rope_tables(pos, x.dtype)
-        layers, eps = self.inference_weights(), self.arch.rms_norm_eps
-        memo = stack_memo(self)
-        out: torch.Tensor = stack_fn(self)(
-            layers, self.norm_weight, eps, x, rot, mask, cache, start, NORM_DTYPE, memo=memo
-        )
-        return out
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from adtbench.models.hf_causal import HFCausalTarget, additive_mask, common_opti
 from adtbench.models.janus.lean import JanusArch, JanusLM, load_janus_net
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.rope import Rope, Rope1D
+from adtbench.models.rows import prompt_rows
 
 SIZES = ("1B", "7B")  # ``model.size``: deepseek-community/Janus-Pro-<size>
 DEFAULT_TEMPLATE = "<|User|>: {text}\n\n<|Assistant|>:"
@@ -80,13 +81,8 @@ class JanusPrompt:
         """``ids [R, P]`` (cond; under CFG the pad-token uncond row), ``valid`` all True, ``positions`` 0 … P − 1."""
         sp = self.special
         cond = self.prompt_ids(text)
-        rows = [cond]
-        if cfg:
-            rows.append([t if t in (sp["bos"], sp["boi"]) else sp["pad"] for t in cond])
-        ids = torch.tensor(rows, dtype=torch.long)
-        valid = torch.ones_like(ids, dtype=torch.bool)
-        positions = torch.arange(ids.shape[1]).expand_as(ids).clone()
-        return PromptInputs(text=text, cfg=cfg, data={"ids": ids, "valid": valid, "positions": positions})
+        uncond = [t if t in (sp["bos"], sp["boi"]) else sp["pad"] for t in cond]  # same length: no padding
+        return prompt_rows(text, cfg, cond, uncond, sp["pad"])
 
     def prompt_length(self, inputs: PromptInputs) -> int:
         return int(inputs.data["ids"].shape[1])
