@@ -18,8 +18,9 @@
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
 #   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
-#           ADT, the static sampled tree) with their drafting levels graphed and eager (policy.graph_levels=false),
-#           AR interleaved in one job, $PROMPTS prompts                                  → trees.json
+#           ADT, the static sampled tree) with drafting levels and tree verify graphed, the verify eager
+#           (engine.verify_step=eager), both eager (+ policy.graph_levels=false), AR interleaved in one job,
+#           $PROMPTS prompts                                                             → trees.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
 #           $JACOBI_WINDOWS (the device-resident step: policy.step=auto), SCD 32 through the host-driven loop
 #           (policy.step=eager), SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
@@ -230,13 +231,15 @@ stage_jacobi() {
     md ""
 }
 
-stage_trees() {  # graphed drafting levels (algorithm/drafters/graphed.py) against the eager levels, one job
+stage_trees() {  # graphed drafting levels and tree verify (drafters/graphed.py, tree_step.py) against eager, one job
     local variants=() p
     over_of "$SPEED_MODEL"
     for p in eagle2 adt static_sampled; do
-        variants+=(--variant "$p" "policy=$p" --variant "${p}_eager" "policy=$p" policy.graph_levels=false)
+        variants+=(--variant "$p" "policy=$p"
+                   --variant "${p}_eager_verify" "policy=$p" engine.verify_step=eager
+                   --variant "${p}_eager" "policy=$p" policy.graph_levels=false engine.verify_step=eager)
     done
-    md "### Tree policies, drafting levels graphed and eager, $SPEED_MODEL, graphed verifies, acceptance on the device"
+    md "### Tree policies: levels + verify graphed, verify eager, both eager; $SPEED_MODEL, acceptance on the device"
     step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/trees.json" "${variants[@]}" >> "$OUT/gpu.md"
     md ""

@@ -89,10 +89,11 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     variants = ["scd_4", "sjd_16", "gsd_16", "sjd_pac_32", "scd_cost", "static_sampled", "scd_32_eager"]
     assert [x["variant"] for x in j["rows"]] == variants
     assert all(x["tau"] >= 1 for x in j["rows"])
-    # trees: the tree policies with graphed and eager drafting levels against AR in one job
+    # trees: the tree policies with graphed levels and verify, the verify eager, both eager, against AR in one job
     t = json.loads((out / "trees.json").read_text())
-    assert {x["variant"] for x in t["rows"]} == {"eagle2", "eagle2_eager", "adt", "adt_eager", "static_sampled",
-                                                  "static_sampled_eager"}  # fmt: skip
+    assert {x["variant"] for x in t["rows"]} == {
+        f"{p}{v}" for p in ("eagle2", "adt", "static_sampled") for v in ("", "_eager_verify", "_eager")
+    }
     # policies: every named policy judged on one set of captured models, with its CI and projection
     pol = json.loads((out / "policies.json").read_text())
     assert [x["policy"] for x in pol["policies"]] == ["ar", "scd", "static"] and pol["host_launch_us"] > 0
