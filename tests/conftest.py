@@ -12,8 +12,9 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -93,6 +94,32 @@ def synthetic_cost_model():
 
     sizes = [1, 2, 4, 8, 16, 32, 64]
     return CostModel(sizes, [1.0 + 0.02 * n for n in sizes], [1, 4, 16], [0.02, 0.03, 0.04], 0.05)
+
+
+def with_cost(policy: Any) -> Any:
+    """``policy`` with a calibrated ``synthetic_cost_model`` budget (``budget: cost`` without a measured model)."""
+    from adtbench.algorithm.cost import TreeBudget
+
+    policy.cost.tree = TreeBudget(synthetic_cost_model(), calibrate=True)
+    return policy
+
+
+def small_tree_policies() -> dict[str, Callable[[], Any]]:
+    """Small instances of every tree policy and budget (the graphed-level and tree-verify tests' cases): the static
+    tree, its sampled drafts, a chain, EAGLE-2 fixed and ``budget: cost``, ADT-Tree fixed and ``budget: cost``."""
+    from adtbench.algorithm.policies.adt import ADTPolicy
+    from adtbench.algorithm.policies.eagle2 import Eagle2Policy
+    from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
+
+    return {
+        "static": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+        "static_sampled": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"),
+        "chain": lambda: ChainPolicy(3),
+        "eagle2": lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9),
+        "eagle2_cost": lambda: with_cost(Eagle2Policy(depth=3, top_k=3, total_tokens=12, budget="cost")),
+        "adt_fixed": lambda: ADTPolicy(D0=3, K0=3, K_min=2, K_max=4, N_max=10, budget="fixed"),
+        "adt_cost": lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost")),
+    }
 
 
 @contextlib.contextmanager

@@ -12,34 +12,16 @@ import copy
 
 import pytest
 import torch
-from conftest import synthetic_cost_model, tiny
+from conftest import small_tree_policies, tiny
 
 from adtbench import accel
-from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.graphed import LevelGraphs
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.base import desc_stable, stable_topk
-from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams
 
-
-def _cost(policy):
-    policy.cost.tree = TreeBudget(synthetic_cost_model(), calibrate=True)
-    return policy
-
-
-POLICIES = {
-    "static": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
-    "static_sampled": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"),
-    "chain": lambda: ChainPolicy(3),
-    "eagle2": lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9),
-    "eagle2_cost": lambda: _cost(Eagle2Policy(depth=3, top_k=3, total_tokens=12, budget="cost")),
-    "adt_fixed": lambda: ADTPolicy(D0=3, K0=3, K_min=2, K_max=4, N_max=10, budget="fixed"),
-    "adt_cost": lambda: _cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost")),
-}
+POLICIES = small_tree_policies()
 
 
 def _recording(policy):

@@ -24,17 +24,14 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import synthetic_cost_model, tiny
+from conftest import small_tree_policies, tiny, with_cost
 
 import adtbench.algorithm.tree_step as TS
 from adtbench import accel
-from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.lantern import LanternRule
 from adtbench.algorithm.policies.adt import ADTPolicy
-from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.sampling import SamplingParams, process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, Draws, accept_tree
@@ -44,19 +41,9 @@ GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)
 
 
-def _cost(policy: Any) -> Any:
-    policy.cost.tree = TreeBudget(synthetic_cost_model(), calibrate=True)
-    return policy
-
-
 POLICIES = {
-    "static": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
-    "static_sampled": lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"),
-    "chain": lambda: ChainPolicy(3),
-    "eagle2": lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9),
-    "adt_fixed": lambda: ADTPolicy(D0=3, K0=3, K_min=2, K_max=4, N_max=10, budget="fixed"),
-    "adt_cost": lambda: _cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost")),
-    "adt_sampled": lambda: _cost(
+    **small_tree_policies(),
+    "adt_sampled": lambda: with_cost(
         ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost", draft_sampling="sample")
     ),
 }
