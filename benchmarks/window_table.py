@@ -9,8 +9,9 @@ every τ(L) equals the shipped one exactly (τ(L) is a ratio of token counts, re
 ``ship_window`` again, bumping the key's version if the calibration code changed), 2 when no entry matches.
 
 CI (``tests/test_window_ship.py``) recomputes a stated subset of the table (``SPOT_CHECK``: two of its eight L)
-through the app's own path; this script is the whole table (≈ 1 min on one idle core; 4–5 min under CI's load).
-Run it after changing the mini weights, ``decode_jacobi`` or ``calibrate_window`` (docs/development.md)."""
+through the app's own path; this script is the whole table (≈ 35 s of CPU on one thread; 2–3 min wall on the
+loaded 2-core machine). Run it after changing the mini weights, ``decode_jacobi`` or ``calibrate_window``
+(docs/development.md)."""
 
 from __future__ import annotations
 
