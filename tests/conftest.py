@@ -231,6 +231,19 @@ def _gpu_mode() -> str:
     return "simulated" if os.environ.get(accel.SIMULATE_ENV, "").strip() == "cuda" else "none"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Under ``-n N`` without a ``--dist`` of the command line's own, pytest-xdist's ``worksteal`` scheduler: each
+    worker starts with a contiguous half of the (longest-first, below) order and one that runs out takes half of the
+    other's queue, so both end together. xdist's default ``load`` hands each worker a quarter of its share at once —
+    the first worker every ``slow`` test — and left the second idle for the last minutes of CI. Set here rather than
+    in ``addopts``, which would break ``pytest`` where xdist is not installed (``benchmarks/gpu.sh tests`` allows
+    that); runs before xdist's own hook (a conftest's ``tryfirst`` implementation is called before a plugin's)."""
+    opt = config.option
+    if getattr(opt, "numprocesses", None) and getattr(opt, "dist", "no") == "no" and not getattr(opt, "distload", 0):
+        opt.dist = "worksteal"
+
+
 MEASURED_S = {
     "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 392,
     "test_laws.py::test_law": 93,
@@ -276,7 +289,7 @@ def _measured_s(item: pytest.Item) -> float:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The ``slow`` tests run first, the longest measured ones (``MEASURED_S``) first among them (a stable sort: the
     rest keep the collection's order), so that under pytest-xdist (README's test command, ``-n 2``, with
-    ``--dist worksteal`` from ``pyproject.toml``: a worker that runs out of tests takes half of the other's queue)
+    ``--dist worksteal``, ``pytest_cmdline_main``: a worker that runs out of tests takes half of the other's queue)
     the long tests start early and the short ones fill both workers at the end — longest-first scheduling: a
     100-400 s test started last would otherwise run on one worker while the other idles. ``@pytest.mark.gpu`` tests
     skip (with the reason shown by ``-ra``) where no CUDA device is present, unless ``ADTBENCH_GPU_TEST_DEVICE=cpu``
