@@ -258,14 +258,74 @@ def _gpu_mode() -> str:
     return "simulated" if os.environ.get(accel.SIMULATE_ENV, "").strip() == "cuda" else "none"
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """Under ``-n N`` without a ``--dist`` of the command line's own, pytest-xdist's ``worksteal`` scheduler: each
+    worker starts with a contiguous half of the (longest-first, below) order and one that runs out takes half of the
+    other's queue, so both end together. xdist's default ``load`` hands each worker a quarter of its share at once —
+    the first worker every ``slow`` test — and left the second idle for the last minutes of CI. Set here rather than
+    in ``addopts``, which would break ``pytest`` where xdist is not installed (``benchmarks/gpu.sh tests`` allows
+    that); runs before xdist's own hook (a conftest's ``tryfirst`` implementation is called before a plugin's)."""
+    opt = config.option
+    if getattr(opt, "numprocesses", None) and getattr(opt, "dist", "no") == "no" and not getattr(opt, "distload", 0):
+        opt.dist = "worksteal"
+
+
+MEASURED_S = {
+    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 392,
+    "test_laws.py::test_law": 93,
+    "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 90,
+    "test_bench_device.py::test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models": 78,
+    "test_lean_forward.py::test_compiled_forward_matches_eager": 65,
+    "test_bench_device.py::test_bench_cost_and_probe_on_the_simulated_device": 51,
+    "test_jacobi_step.py::test_law_of_the_fixed_shape_step": 50,
+    "test_bench_speed.py::test_speed_table_rows_readme_and_reuse": 50,
+    "test_gpu_script.py::test_the_emu3_shape_probes_on_the_simulated_device": 48,
+    "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device": 47,
+    "test_bench_compare.py::test_a_one_prompt_one_row_comparison_writes_its_table": 43,
+    "test_timing.py::test_ar_policy_reads_one_against_the_baseline": 42,
+    "test_batch.py::test_batched_speculation_has_the_ar_law_at_t1": 37,
+    "test_jacobi_step.py::test_greedy_equals_ar_through_the_graphed_step": 37,
+    "test_rundir.py::test_app_on_a_filesystem_without_flock": 12,  # in process since: 18 → 6 s on one core
+    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time": 33,
+    "test_graphs.py::test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens": 24,
+    "test_bench_device.py::test_bench_batch_and_versus_on_the_simulated_device": 23,
+    "test_janus.py::test_engine_compile_runs_the_static_buckets_on_the_simulated_device": 21,
+    "test_jacobi_step.py::test_the_graph_replays_the_fixed_shape_step_draw_for_draw": 21,
+    "test_bench_device.py::test_bench_overhead_phases_and_count_on_the_simulated_device": 21,
+    "test_gpu.py::test_a_graphed_cycle_synchronises_once_or_twice_with_budget_cost": 20,
+    "test_simulated.py::test_graphed_batched_decoding_equals_eager_on_the_simulated_device": 18,
+    "test_graphs.py::test_captured_graphs_keep_their_buffers_through_twenty_prompt_lengths": 17,
+    "test_chameleon_lean.py::test_lean_sampling_law_equals_ar": 17,
+    "test_graphed_levels.py::test_a_graphed_level_is_one_replay_and_greedy_equals_ar": 16,
+    "test_bench_speed.py::test_bench_count_reads_the_device_at_most_twice_per_cycle": 15,
+    "test_plots.py::test_plots_command_writes_every_png": 15,
+    "test_jacobi.py::test_greedy_equals_ar_every_variant": 15,
+}
+"""The longest tests' call time (s, the longest parametrisation), measured in one full run of the README's test
+command on the shared 2-core machine (load 3–5, so ≈ 2–3× an idle machine's): the scheduling order, longest first.
+Those not marked ``slow`` are marked here (over ~5 s, the marker's definition). A test missing from the list is only
+scheduled by its marker; refresh the list from ``pytest -n 2 --durations=40`` when the ranking changes."""
+
+
+def _measured_s(item: pytest.Item) -> float:
+    """``MEASURED_S`` of ``item`` (its file and function, parametrisations pooled), else 0."""
+    return MEASURED_S.get(f"{item.path.name}::{getattr(item, 'originalname', item.name)}", 0.0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The ``slow`` tests run first (a stable sort: the order within each group is the collection's), so that under
-    pytest-xdist (README's test command, ``-n 2``) the long tests start early and the short ones fill both workers
-    at the end — longest-first scheduling: a 30–60 s test collected last (mypy, a law test) would otherwise run on
-    one worker while the other idles. ``@pytest.mark.gpu`` tests skip (with the reason shown by ``-ra``) where no
-    CUDA device is present, unless ``ADTBENCH_GPU_TEST_DEVICE=cpu`` or ``ADTBENCH_SIMULATE_DEVICE=cuda`` asks to run
-    them, or they are marked ``gpu_sim`` as well (run on the simulated device)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The ``slow`` tests run first, the longest measured ones (``MEASURED_S``) first among them (a stable sort: the
+    rest keep the collection's order), so that under pytest-xdist (README's test command, ``-n 2``, with
+    ``--dist worksteal``, ``pytest_cmdline_main``: a worker that runs out of tests takes half of the other's queue)
+    the long tests start early and the short ones fill both workers at the end — longest-first scheduling: a
+    100-400 s test started last would otherwise run on one worker while the other idles. ``@pytest.mark.gpu`` tests
+    skip (with the reason shown by ``-ra``) where no CUDA device is present, unless ``ADTBENCH_GPU_TEST_DEVICE=cpu``
+    or ``ADTBENCH_SIMULATE_DEVICE=cuda`` asks to run them, or they are marked ``gpu_sim`` as well (run on the
+    simulated device)."""
+    for item in items:
+        if _measured_s(item) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, -_measured_s(item)))
     if _gpu_mode() != "none":
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (ADTBENCH_SIMULATE_DEVICE=cuda runs it on the simulated one)")

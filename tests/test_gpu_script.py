@@ -38,6 +38,7 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
         "BATCH_PROMPTS": "2",
         "PROBE_BUCKETS": "[1,2]",
         "TESTS_ARGS": "-k test_clock_synchronises_only_on_cuda",
+        "TEST_WORKERS": "2",  # the script's xdist path with 3 interpreters, not its GPU default's 5 (one test runs)
         "JACOBI_WINDOWS": "4",
         "POLICY_MODEL": "tiny",
         "POLICY_NAMES": "[ar,scd,static]",
@@ -62,6 +63,7 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     assert "ADTBENCH_SIMULATE_DEVICE=cuda" in (out / "device.txt").read_text()
     # tests: pytest -m gpu on the simulated device (conftest's simulated mode), the selection passed through
     assert "1 passed" in (out / "tests.log").read_text()
+    assert "pytest -m gpu tests/test_gpu.py -n 2 -k test_clock_synchronises_only_on_cuda: 1 passed" in table
     # cost: measured through the graphs (stand-in replays), the overhead with model time and synchronisations
     r = json.loads((out / "cost.json").read_text())["tiny_graphs"]
     assert [x["tree_nodes"] for x in r["verify"]] == [1, 2] and r["engine_compile"] is True

@@ -242,35 +242,32 @@ def test_lock_mode_flock_none_and_bad_values(tmp_path, monkeypatch):
     assert ei.value.key == "ADTBENCH_RUN_LOCK" and "auto, flock, file, none" in str(ei.value)
 
 
-def test_app_on_a_filesystem_without_flock(tmp_path):
-    """A real ``run.py`` whose flock fails with ENOLCK (a sitecustomize patches it, as a mount without lock
-    support would): the run completes under the lock-file fallback; a run dir held from another host is refused
-    with exit 2 and one line on stderr, before any model is loaded."""
-    import subprocess
-    import sys
+def test_app_on_a_filesystem_without_flock(tmp_path, monkeypatch):
+    """``run.py`` whose flock fails with ENOLCK (``fcntl.flock`` patched, as a mount without lock support would;
+    run in this process by ``conftest.run_in_process``, the same entry function): the run completes under the
+    lock-file fallback; a run dir held from another host is refused with exit 2 and one line on stderr, before any
+    model is loaded."""
+    import errno
+    import fcntl
 
-    from conftest import TINY_OVERRIDES
+    from conftest import TINY_OVERRIDES, run_in_process
 
     from adtbench.harness.lock import OWNER_FILE
 
-    root = Path(__file__).resolve().parents[1]
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(
-        "import errno, fcntl, os\n"
-        "def _flock(fd, op):\n    raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))\n"
-        "fcntl.flock = _flock\n"
-    )
-    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{root}", "OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
-    env.pop("ADTBENCH_RUN_LOCK", None)
+    def no_flock(fd: int, op: int) -> None:
+        raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+
+    monkeypatch.setattr(fcntl, "flock", no_flock)
+    monkeypatch.delenv("ADTBENCH_RUN_LOCK", raising=False)
     out = tmp_path / "run"
-    args = [sys.executable, str(root / "run.py"), *TINY_OVERRIDES, "dataset.limit=1", "warmup=0", "progress=false",
-            "maps.per_run=false", f"hydra.run.dir={out}"]  # fmt: skip
-    ok = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    args = [*TINY_OVERRIDES, "dataset.limit=1", "warmup=0", "progress=false", "maps.per_run=false",
+            f"hydra.run.dir={out}"]  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "HYDRA_FULL_ERROR": "0"}
+    ok = run_in_process(*args, env=env)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert (out / "summary.json").exists() and not (out / OWNER_FILE).exists()  # released at the end
     (out / OWNER_FILE).write_text("4242 node-17\n")
-    busy = subprocess.run(args, cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    busy = run_in_process(*args, env=env)
     err = busy.stderr.strip().splitlines()
     assert busy.returncode == 2 and len(err) == 1, busy.stderr
     assert "hydra.run.dir" in err[0] and "node-17" in err[0] and "Traceback" not in busy.stderr
