@@ -18,7 +18,7 @@
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
 #   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
-#           ADT, the static sampled tree) with drafting levels and tree verify graphed, the verify eager
+#           ADT, the static sampled tree: $TREE_POLICIES) with drafting levels and tree verify graphed, the verify eager
 #           (engine.verify_step=eager), both eager (+ policy.graph_levels=false), AR interleaved in one job,
 #           $PROMPTS prompts                                                             → trees.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
@@ -68,6 +68,7 @@ SPEED_MODES=${SPEED_MODES:-graphs}
 PROMPTS=${PROMPTS:-4}
 ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo,scd,scd_cost,sjd,gsd]}
 JACOBI_WINDOWS=${JACOBI_WINDOWS:-16 32 64}
+TREE_POLICIES=${TREE_POLICIES:-eagle2 adt static_sampled}  # the trees stage's policies
 BATCH_SIZES=${BATCH_SIZES:-[1,4]}
 BATCH_PROMPTS=${BATCH_PROMPTS:-4}
 ANOLE_BATCH_GRID=${ANOLE_BATCH_GRID-[16,16]}  # set and empty: the model's own grid
@@ -234,7 +235,7 @@ stage_jacobi() {
 stage_trees() {  # graphed drafting levels and tree verify (drafters/graphed.py, tree_step.py) against eager, one job
     local variants=() p
     over_of "$SPEED_MODEL"
-    for p in eagle2 adt static_sampled; do
+    for p in $TREE_POLICIES; do
         variants+=(--variant "$p" "policy=$p"
                    --variant "${p}_eager_verify" "policy=$p" engine.verify_step=eager
                    --variant "${p}_eager" "policy=$p" policy.graph_levels=false engine.verify_step=eager)

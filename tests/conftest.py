@@ -301,6 +301,10 @@ MEASURED_S = {
     "test_bench_speed.py::test_bench_count_reads_the_device_at_most_twice_per_cycle": 15,
     "test_plots.py::test_plots_command_writes_every_png": 15,
     "test_jacobi.py::test_greedy_equals_ar_every_variant": 15,
+    "test_emu3_shape.py::test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout": 35,
+    "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 21,
+    "test_tree_step.py::test_the_padded_step_decides_as_the_unpadded_tree": 12,
+    "test_tree_step.py::test_greedy_equals_ar_through_the_step": 10,
 }
 """The longest tests' call time (s, the longest parametrisation), measured in one full run of the README's test
 command on the shared 2-core machine (load 3–5, so ≈ 2–3× an idle machine's): the scheduling order, longest first.

@@ -180,8 +180,6 @@ VARIANT: dict[str, Case] = {
     "sjd_pac-K2L5-device-t1": ("t1", jac("sjd_pac", window=5, branch=2), "jacobi", exact, "device", 1),
     "chain-host-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "host", 1),
     "eagle2-host-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "host", 1),
-    "static-sampled-graphed-t3": ("t3-graphed", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"),
-                                  "drafter", exact, "device", 1),
     "eagle2-graphed-t3": ("t3-graphed", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact,
                           "device", 1),
     "adt-sampled-device-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8,
