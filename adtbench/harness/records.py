@@ -433,7 +433,7 @@ def eval_part(block: Any) -> str:
 #: Config nodes and keys added after run dirs existed: a run_config.json without them ran with these values.
 RESUME_NEW_KEYS: dict[str, Any] = {
     "timing": {"repeats": 1, "reference_baseline": False},
-    "engine": {"compile": False, "acceptance": "auto"},
+    "engine": {"compile": False, "acceptance": "auto", "verify_step": "auto"},  # verify_step: on the CPU auto is eager
     "decode": {"batch_size": 1, "window": 4},
 }
 
