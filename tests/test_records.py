@@ -112,8 +112,8 @@ def test_merged_summary_round_trips_through_json() -> None:
 
 def test_old_run_configs_migrate_to_todays_fingerprint() -> None:
     saved = {"model": {"name": "m"}, "engine": {"compile": True}}
-    assert migrate_run_config(saved) == {**RESUME_NEW_KEYS, "model": {"name": "m"},
-                                         "engine": {"compile": True, "acceptance": "auto"}}  # fmt: skip
+    engine = {"compile": True, "acceptance": "auto", "verify_step": "auto"}
+    assert migrate_run_config(saved) == {**RESUME_NEW_KEYS, "model": {"name": "m"}, "engine": engine}
     # keys of issue 39: timing.reference_baseline (off before), drafter.random (an EAGLE drafter's key; off before)
     old = migrate_run_config({"timing": {"repeats": 2}, "drafter": {"kind": "eagle", "path": None}})
     assert old["timing"] == {"repeats": 2, "reference_baseline": False}
