@@ -57,7 +57,7 @@ class DraftTree:
         self.alive = alive
         n = tokens.numel()
         if isinstance(parents, torch.Tensor):
-            self.parents = parents if parents.device == dev else parents.to(dev)
+            self.parents = parents.to(dev)
             host: np.ndarray | None = None
         else:  # host parents (tests, host-built trees): checked, and the static structure is derived on the host
             host = np.asarray(parents, dtype=np.int64)

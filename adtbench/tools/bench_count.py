@@ -84,8 +84,11 @@ def is_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
     if name in ("cuda", "tensor", "as_tensor"):
         return True
     if name == "to":
-        return "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args[1:])
-    return False
+        dest = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device))), None))
+        if dest is None:
+            return False
+        src = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        return src is None or src.device != torch.device(dest)  # to its own device: the tensor itself, no copy
 
 
 def is_host_read(func: Any, args: tuple, kwargs: dict) -> bool:
