@@ -47,7 +47,7 @@ from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
-from adtbench.algorithm.sampling import SamplingParams, sample
+from adtbench.algorithm.sampling import SamplingParams, sample, sample_rows_cdf
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.models.batch import BatchTarget
 
@@ -310,6 +310,52 @@ def wrong_row_bonus(tree, probs, proposal, generator, rule=None):
     if len(acc.path) == tree.size:
         return dataclasses.replace(acc, bonus=sample(probs[-2], generator))
     return acc
+
+
+def draws_replayed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A random draw captured with the graph: each tree step's draw buffer filled at its first launch only, then
+    replayed unchanged (what a ``uniform_`` inside a captured graph does; ``accel.capture`` refuses one unless its
+    generator is registered)."""
+    filled: set[int] = set()
+
+    def once(buf: torch.Tensor, fill: str, generator: torch.Generator | None) -> None:
+        if id(buf) not in filled:
+            filled.add(id(buf))
+            _DRAW_INTO(buf, fill, generator)
+
+    monkeypatch.setattr(TS, "draw_into", once)
+
+
+def bonus_reuses_the_root_uniform(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An off-by-one in the step's draw buffer: the bonus drawn by inverse CDF from the root's node uniform (slot 0)
+    instead of its own last slot, so the bonus is coupled to the root's acceptance decision."""
+
+    def bonus(self: V.Draws, row: torch.Tensor) -> torch.Tensor:
+        if self.buffer is None:
+            return _BONUS(self, row)
+        return sample_rows_cdf(row.view(1, -1), None, self.buffer[:1])[0]
+
+    monkeypatch.setattr(V.Draws, "bonus", bonus)
+
+
+_DRAW_INTO = TS.draw_into
+_BONUS = V.Draws.bonus
+STEP_PLANTS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
+    "draws replayed": draws_replayed,
+    "bonus from the root's uniform": bonus_reuses_the_root_uniform,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plant", list(STEP_PLANTS))
+def test_a_tree_step_with_planted_draws_fails(plant: str, monkeypatch: pytest.MonkeyPatch, record_property) -> None:
+    """The graphed tree verify's own failure modes — its draws, filled outside the graph, replayed unchanged, or the
+    bonus's uniform shared with a node's — fail the law test that ``static-sampled-step-t3`` (the padded step, the
+    rank loop with proposals) passes, at its N."""
+    STEP_PLANTS[plant](monkeypatch)
+    case, n, _ = ALL["static-sampled-step-t3"]
+    r = law_test(f"static-sampled-step-t3 + {plant}", case, n, record_property, EXACT)
+    assert r.pvalue < L.ALPHA, r.line()
 
 
 @pytest.mark.slow

@@ -68,7 +68,7 @@ from adtbench.algorithm.jacobi import (
     redraw,
 )
 from adtbench.algorithm.records import Clock, CycleRecord
-from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows_cdf
+from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits, sample_rows_cdf
 from adtbench.algorithm.slot import Timing, decides_on_host
 from adtbench.algorithm.tree import arange_on
 from adtbench.algorithm.verify import AcceptanceRule, chain_verdict
@@ -359,7 +359,7 @@ class JacobiStep:
         while True:
             start = clock.mark()
             if not self.greedy:
-                self.draws.uniform_(generator=generator)
+                draw_into(self.draws, "uniform_", generator)
             drafted = clock.mark()
             self.launch(self.width_for(g_read + L * unread))
             verified = clock.mark()

@@ -122,6 +122,16 @@ def _draw(fill: str, shape: tuple[int, ...], generator: torch.Generator | None, 
     return out if out.device == device else out.to(device)
 
 
+def draw_into(buf: torch.Tensor, fill: str, generator: torch.Generator | None) -> None:
+    """:func:`_draw` into the float64 buffer ``buf`` in place (the same values from the same generator state): one
+    launch where ``generator`` lives on ``buf``'s device (or is None), else drawn on the generator's device and
+    copied. What a captured graph's draw buffer is filled with, outside the graph."""
+    if generator is None or generator.device == buf.device:
+        getattr(buf, fill)(generator=generator)
+    else:
+        buf.copy_(_draw(fill, tuple(buf.shape), generator, buf.device))
+
+
 def uniforms(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """U[0, 1) draws (float64) on ``device`` (:func:`_draw`)."""
     return _draw("uniform_", shape, generator, device)

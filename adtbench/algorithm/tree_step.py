@@ -20,7 +20,7 @@ function of static device buffers, captured per (node bucket b, attention width 
   (never tried), the child of itself (no real node's sibling, its (parent, token) pair never a real node's residual
   entry — stale parents could repeat one, and ``index_put`` of a repeated index keeps either write) and comes after
   every real node.
-- **The verdict** is packed as ``read_verdicts`` packs it, at the fixed size b: (accepted + 1, bonus, realised depth,
+- **The verdict** is ``verify.pack_verdict`` at the fixed width b: (accepted + 1, bonus, realised depth,
   live nodes, the gate's entropy where a gate reads it), the node ids in path-first order and their tokens, and the
   committed tokens after the root (``following``).
 
@@ -46,22 +46,23 @@ import torch
 
 from adtbench import accel
 from adtbench.algorithm.gate import DraftGate
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits
 from adtbench.algorithm.slot import decides_on_host
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import (
-    Acceptance,
+    VERDICT_HEAD,
     AcceptanceRule,
     CycleRead,
     Draws,
-    _exact_point_mass,
     accept_tree,
+    pack_verdict,
+    takes_rank_loop,
+    unpack_verdict,
 )
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
 
 VERIFY_STEPS = ("auto", "graph", "eager")
-HEAD = 4  # accepted + 1, bonus, realised depth, live nodes (then the gate's entropy, when read)
 
 
 class TreeStep:
@@ -98,7 +99,7 @@ class TreeStep:
         self.pos0 = torch.zeros(static.rows, **long)
         self.bias = torch.full((static.rows, static.capacity), float("-inf"), dtype=target.dtype, device=dev)
         self.draws = torch.zeros(b + 1, dtype=torch.float64, device=dev)
-        self.packed = torch.zeros(HEAD + int(entropy) + 2 * b, dtype=torch.float64, device=dev)
+        self.packed = torch.zeros(VERDICT_HEAD + int(entropy) + 2 * b, dtype=torch.float64, device=dev)
         self.order = torch.zeros(b, **long)  # the node ids, the accepted path first (in node order)
         self.following = torch.zeros(b, **long)  # the committed tokens after the root: the path's drafts, the bonus
         self.graphs: dict[int, accel.Graph] = {}
@@ -134,10 +135,7 @@ class TreeStep:
         self.pos0.copy_(t.next_pos)
         self.bias[:, : t.key_bias.shape[1]].copy_(t.key_bias)  # an image's columns: ≤ the pinned capacity
         if not self.sp.greedy:
-            if generator is None or generator.device == self.draws.device:
-                self.draws.uniform_(generator=generator)
-            else:
-                self.draws.copy_(torch.empty_like(self.draws, device=generator.device).uniform_(generator=generator))
+            draw_into(self.draws, "uniform_", generator)
 
     def launch(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One verify at attention width ``K``: its graph's replay (captured at the first use of ``K``), or the step run
@@ -162,13 +160,9 @@ class TreeStep:
         self.fill(tree, root_gen, generator)
         self.raw, feats = self.launch(self.bucket._width_for(t.length + b))
         t.forwards += 1
-        values = self.packed.tolist()
-        k, bonus = int(values[0]), int(values[1])
-        h = HEAD + int(self.entropy)
-        ids = [int(x) for x in values[h : h + k]]
-        tokens = [int(x) for x in values[h + b + 1 : h + b + k]] + [bonus]
-        acc = Acceptance(ids, bonus, int(values[2]), int(values[3]))
-        read = CycleRead(acc, int(values[h + b]), tokens, self.order[:k], self.following[:k].clone(), values[HEAD:h])
+        acc, root, tokens, extra = unpack_verdict(self.packed.tolist(), b, int(self.entropy))
+        k = acc.accepted + 1
+        read = CycleRead(acc, root, tokens, self.order[:k], self.following[:k].clone(), extra)
         return read, feats
 
     # --- the captured step ---
@@ -196,16 +190,9 @@ class TreeStep:
             child_ranks=self.ranks,
         )
         verdict = accept_tree(tree, processed, sp.greedy, Draws(buffer=self.draws), self.rule)
-        order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices
         extra = [DraftGate.entropy(verdict.bonus_logits)] if self.entropy else []
-        head = [verdict.on_path.sum(), verdict.bonus, (self.depth * self.alive).max(), self.alive.sum(), *extra]
-        path_tokens = self.tokens.index_select(0, order)
-        parts = [
-            torch.stack([x.to(torch.float64) for x in head]),
-            order.to(torch.float64),
-            path_tokens.to(torch.float64),
-        ]
-        self.packed.copy_(torch.cat(parts))
+        packed, order, path_tokens = pack_verdict(tree, verdict, extra, width=b)
+        self.packed.copy_(packed)
         self.order.copy_(order)
         k = verdict.on_path.sum()
         after = arange_on(b, dev)
@@ -215,11 +202,6 @@ class TreeStep:
 
 
 _STEPS: weakref.WeakKeyDictionary[Any, dict[Any, TreeStep]] = weakref.WeakKeyDictionary()
-
-
-def _needs_ranks(tree: DraftTree, sp: SamplingParams, rule: AcceptanceRule) -> bool:
-    """Does ``accept_tree`` take the rank loop for this tree (sampling with a proposal, or a relaxed rule)?"""
-    return not sp.greedy and (tree.proposal is not None or not _exact_point_mass(rule))
 
 
 def step_for(
@@ -250,7 +232,7 @@ def step_for(
         return None
     b = static.bucket_for(tree.size, t.length)
     ranks = 0
-    if _needs_ranks(tree, sp, rule):
+    if takes_rank_loop(tree, sp.greedy, rule):
         ranks = 1 << max(0, tree.max_children - 1).bit_length()  # a power of two ≥ max_children: few graphs
     proposal = None if tree.proposal is None else tree.proposal.dtype
     steps = _STEPS.setdefault(static, {})

@@ -385,33 +385,51 @@ def read_verdict(tree: DraftTree, verdict: Verdict, extra: Sequence[torch.Tensor
     return read_verdicts([(tree, verdict, extra)])[0]
 
 
+VERDICT_HEAD = 4  # a packed verdict's head: accepted + 1, bonus, realised depth, live nodes (then the extra scalars)
+
+
+def pack_verdict(
+    tree: DraftTree, verdict: Verdict, extra: Sequence[torch.Tensor] = (), width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What the host must learn of a verified tree, as one float64 tensor ``[VERDICT_HEAD + len(extra) + 2·width]``:
+    the head (accepted + 1, bonus, realised depth, live nodes, ``extra``), then ``width`` node ids — the accepted path
+    first, in node order (parents precede children), then the rest — then their tokens. ``width``: how many ids;
+    default ``min(n, drafted_depth + 1)`` (no path is longer), a fixed size in a captured graph. Returns (packed, ids
+    ``[width]``, their tokens ``[width]``): no host read. :func:`unpack_verdict` reads it back."""
+    order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices  # the path first, in node order
+    ids = order[: min(tree.size, tree.drafted_depth + 1) if width is None else width]
+    depth = tree.depth if tree.alive is None else tree.depth * tree.alive
+    nodes = tree.alive.sum() if tree.alive is not None else torch.full_like(verdict.last, tree.size)
+    head = [verdict.on_path.sum(), verdict.bonus, depth.max(), nodes, *extra]
+    tokens = tree.tokens.index_select(0, ids)
+    head_t = torch.stack([x.to(torch.float64) for x in head])
+    packed = torch.cat([head_t, ids.to(torch.float64), tokens.to(torch.float64)])
+    return packed, ids, tokens
+
+
+def unpack_verdict(values: Sequence[float], width: int, extra: int) -> tuple[Acceptance, int, list[int], list[float]]:
+    """The host side of :func:`pack_verdict` (``values``: the packed tensor read as floats; ``extra``: how many extra
+    scalars): the ``Acceptance``, the root's token, the committed tokens after the root (the path's drafts, then the
+    bonus) and the extra scalars."""
+    h = VERDICT_HEAD + extra
+    k, bonus = int(values[0]), int(values[1])
+    acc = Acceptance([int(x) for x in values[h : h + k]], bonus, int(values[2]), int(values[3]))
+    tokens = [int(x) for x in values[h + width + 1 : h + width + k]] + [bonus]
+    return acc, int(values[h + width]), tokens, list(values[VERDICT_HEAD:h])
+
+
 def read_verdicts(verified: Sequence[tuple[DraftTree, Verdict, Sequence[torch.Tensor]]]) -> list[CycleRead]:
-    """``read_verdict`` of many trees (a batch's slots, ``algorithm.batch``) in one read: their packed tensors are
-    concatenated, read once, and split."""
-    parts, shapes = [], []
-    for tree, verdict, extra in verified:
-        order = torch.sort((~verdict.on_path).to(torch.uint8), stable=True).indices  # the path first, in node order
-        ids = order[: min(tree.size, tree.drafted_depth + 1)]
-        depth = tree.depth if tree.alive is None else tree.depth * tree.alive
-        nodes = tree.alive.sum() if tree.alive is not None else torch.full_like(verdict.last, tree.size)
-        head = [verdict.on_path.sum(), verdict.bonus, depth.max(), nodes, *extra]
-        parts += [
-            torch.stack([x.to(torch.float64) for x in head]),
-            ids.to(torch.float64),
-            tree.tokens[ids].to(torch.float64),
-        ]
-        shapes.append((ids, len(head)))
-    values = torch.cat(parts).tolist()
+    """``read_verdict`` of many trees (a batch's slots, ``algorithm.batch``) in one read: their packed tensors
+    (``pack_verdict``) are concatenated, read once, and split."""
+    packs = [pack_verdict(tree, verdict, extra) for tree, verdict, extra in verified]
+    values = torch.cat([packed for packed, _, _ in packs]).tolist()
     out, at = [], 0
-    for (tree, verdict, _), (ids, h) in zip(verified, shapes, strict=True):
-        v, w = values[at : at + h + 2 * ids.numel()], ids.numel()
-        at += h + 2 * w
-        k, bonus = int(v[0]), int(v[1])
-        acc = Acceptance([int(x) for x in v[h : h + k]], bonus, int(v[2]), int(v[3]))
-        tokens = [int(x) for x in v[h + w + 1 : h + w + k]] + [bonus]
-        keep = ids[:k]
+    for (tree, verdict, extra), (packed, ids, _) in zip(verified, packs, strict=True):
+        acc, root, tokens, scalars = unpack_verdict(values[at : at + packed.numel()], ids.numel(), len(extra))
+        at += packed.numel()
+        keep = ids[: acc.accepted + 1]
         following = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
-        out.append(CycleRead(acc, int(v[h + w]), tokens, keep, following, v[4:h]))
+        out.append(CycleRead(acc, root, tokens, keep, following, scalars))
     return out
 
 
@@ -496,9 +514,16 @@ def accept_tree(
         ok = rule.greedy_accept(processed.index_select(0, tree.parents[1:]), tree.tokens[1:])
         return _finish(tree, processed, ok, None, draws)
     p = processed.softmax(-1)
-    if tree.proposal is None and _exact_point_mass(rule):
-        return _closed_form(tree, processed, p, draws)
-    return _by_rank(tree, processed, p, draws, rule)
+    if takes_rank_loop(tree, greedy, rule):
+        return _by_rank(tree, processed, p, draws, rule)
+    return _closed_form(tree, processed, p, draws)
+
+
+def takes_rank_loop(tree: DraftTree, greedy: bool, rule: AcceptanceRule) -> bool:
+    """Does :func:`accept_tree` verify ``tree`` by the rank loop (sampling with a proposal, or a relaxed point-mass
+    rule), whose length is ``tree.max_children`` and which reads ``tree.child_ranks``? Else greedy or the closed
+    form."""
+    return not greedy and (tree.proposal is not None or not _exact_point_mass(rule))
 
 
 def accept_chain(

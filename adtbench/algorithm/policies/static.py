@@ -22,7 +22,7 @@ import torch
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
-from adtbench.algorithm.sampling import exponentials, gumbel_top_k
+from adtbench.algorithm.sampling import draw_into, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree, true_flag
 from adtbench.errors import check_choice, check_number
 
@@ -255,7 +255,7 @@ class StaticTreePolicy(TreePolicy):
                     lps[i][: lv.grow.numel()] = out
 
             if sample:
-                _draw_into(noise[i], session.generator)
+                draw_into(noise[i], "exponential_", session.generator)
             key = ("static", id(plan), i, sample, sp, id(target))
             graphs.run(key, n0 - 1 + g if g else None, level)
             if g:
@@ -274,15 +274,6 @@ class StaticTreePolicy(TreePolicy):
             max_children=plan.max_children,
             child_ranks=plan.child_ranks,
         )
-
-
-def _draw_into(buf: torch.Tensor, generator: torch.Generator | None) -> None:
-    """Exp(1) draws (float64) into ``buf`` in place, as ``sampling.exponentials`` draws them (the same values from
-    the same generator state): one launch where the generator lives on ``buf``'s device."""
-    if generator is None or generator.device == buf.device:
-        buf.exponential_(generator=generator)
-    else:
-        buf.copy_(exponentials(tuple(buf.shape), generator, buf.device))
 
 
 def _long(values: list[int], device: torch.device) -> torch.Tensor:
