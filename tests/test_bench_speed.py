@@ -105,7 +105,7 @@ def test_bench_overhead_phases_split_the_cycle_and_restore_what_they_wrap(tmp_pa
 def test_bench_count_reads_the_device_at_most_twice_per_cycle(tmp_path: Path, capsys, policy) -> None:
     """``adtbench bench overhead bench.count=true``: a static sampled tree, EAGLE-2 and ADT (both budgets) read the
     device at most twice per cycle outside the networks (once for the tree's outcome; ``budget: cost`` once more for its
-    node count), the counts by phase add up, and the wrapped functions are restored."""
+    candidates' scores), the counts by phase add up, and the wrapped functions are restored."""
     import adtbench.algorithm.verify as Vf
     from adtbench.tools.bench import main as bench_main
 

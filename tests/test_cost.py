@@ -268,23 +268,57 @@ def test_host_and_device_eagle2_trees_are_the_same(rounds, temperature):
         assert budgets[0].next_rounds is not None
 
 
-def test_choose_on_the_host_is_choose_on_the_device():
-    """``TreeBudget.choose_host`` (numpy) returns ``choose``'s (torch) node count, E_pred and round plan, on random
-    rerank orders of several rounds, with and without the plan."""
+def reference_choice(
+    b: TreeBudget, pi: np.ndarray, level: np.ndarray, max_n: int, sizes: list[int], K: int, plan: bool
+) -> tuple[tuple[int, float], int | None]:
+    """``TreeBudget.choose``'s rule written out in plain Python loops from ``cost``'s module docstring: for each
+    round count l, the best prefix N ≤ max_n of the candidates of rounds ≤ l (rate (1 + c·Σπ) / (spent(l) +
+    t_verify), the first maximum), and the level rule's stop (one more round over the K best round-l candidates
+    could add c·Σπ_F for t_level(K) and K nodes; the first l where it would not, else L + 1). Returns ((N, E_pred),
+    the next round plan)."""
+    tv = b._t_verify_upto(max_n + 1 + K)
+
+    def best(cands: list[float], spent: float) -> tuple[int, float, float]:
+        top, cum, out = sorted(cands, reverse=True), 0.0, (0, 0.0, -math.inf)
+        for n in range(max_n + 1):
+            cum += top[n - 1] if 0 < n <= len(top) else 0.0
+            rate = (1.0 + b.c * cum) / (spent + tv[n])
+            if rate > out[2]:
+                out = (n, cum, rate)
+        return out
+
+    if not plan:
+        n, cum, _ = best(list(pi[:max_n]), b.spent_ms(sizes))
+        return (n, cum), None
+    L, stop_at, chosen = len(sizes), None, (0, 0.0)
+    for r in range(L + 1):
+        spent = b.spent_ms(sizes[:r])
+        n, cum, rate = best([p for p, lv in zip(pi, level) if lv <= r], spent)
+        chosen = (n, cum)
+        f_pi = sum(sorted((p for p, lv in zip(pi, level) if lv == r), reverse=True)[:K])
+        more = (1.0 + b.c * cum + b.c * f_pi) / (spent + b.t_level(K) + tv[n + K])
+        if stop_at is None and more <= rate:
+            stop_at = r
+    return chosen, L + 1 if stop_at is None else stop_at  # every round worth it: one more next cycle
+
+
+def test_choose_follows_the_rule_written_out():
+    """``TreeBudget.choose`` (numpy, vectorised over round counts) returns the node count, E_pred and round plan of
+    the rule written out in plain loops (``reference_choice``), on random rerank orders of several rounds, with and
+    without the plan, under a calibration c ≠ 1."""
     rng = np.random.default_rng(0)
-    for trial in range(30):
+    for trial in range(40):
         L = int(rng.integers(0, 4))
         sizes = [int(rng.integers(1, 6)) for _ in range(L)]
         m = 3 + sum(sizes) * 3
         level = rng.integers(0, L + 1, m)
-        score = np.sort(np.log(rng.uniform(1e-4, 1.0, m)))[::-1].copy()
-        pi = np.exp(score)
+        pi = np.exp(np.sort(np.log(rng.uniform(1e-4, 1.0, m)))[::-1].copy())
         for plan in (False, True):
-            host, dev = TreeBudget(synthetic_cost_model()), TreeBudget(synthetic_cost_model())
-            seen = float(rng.uniform(0, 3))
-            for b in (host, dev):
-                b.observe(seen, trial % 3)  # a calibration c ≠ 1 too
+            b = TreeBudget(synthetic_cost_model())
+            b.observe(float(rng.uniform(0, 3)), trial % 3)  # a calibration c ≠ 1 too
             max_n = int(rng.integers(1, m + 1))
-            got = host.choose_host(pi, level, max_n, sizes, 3, plan=plan)
-            want = dev.choose(torch.from_numpy(score), torch.from_numpy(level), max_n, sizes, 3, plan=plan)
-            assert got == want and host.next_rounds == dev.next_rounds, (trial, plan)
+            n, e_pred = b.choose(pi, level, max_n, sizes, 3, plan=plan)
+            (n_ref, e_ref), rounds = reference_choice(b, pi, level, max_n, sizes, 3, plan)
+            assert n == n_ref and e_pred == pytest.approx(e_ref, rel=1e-12, abs=1e-15), (trial, plan)
+            if plan:
+                assert b.next_rounds == rounds, (trial, plan)

@@ -123,7 +123,7 @@ def test_a_draw_inside_a_level_graph_is_refused(monkeypatch: pytest.MonkeyPatch)
         sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
         inputs = target.encode_prompt("a red circle", cfg=True)
         g = torch.Generator(device="cuda").manual_seed(0)
-        monkeypatch.setattr(static, "_draw_into", lambda buf, generator: None)
+        monkeypatch.setattr(static, "draw_into", lambda buf, fill, generator: None)
         real_log = torch.Tensor.log
 
         def drawn_log(self):  # the noise buffer's log: a draw from the prompt's generator inside the program

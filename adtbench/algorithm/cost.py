@@ -122,8 +122,6 @@ class TreeBudget:
         self.accepted = 0.0
         self._tv = np.zeros(0)  # t_verify(1 … len) tabulated (grown on demand: one np.interp per size, not per call)
         self._tl = np.zeros(0)  # t_level(1 … len), likewise
-        self._tv_dev: dict[torch.device, torch.Tensor] = {}
-        self._spent_dev: dict[tuple[tuple[int, ...], torch.device], torch.Tensor] = {}  # (round plan, device)
         self.next_rounds: int | None = None  # ``plan_rounds``: set by ``choose``, None at an image's start
 
     def _t_verify_upto(self, n: int) -> np.ndarray:
@@ -219,73 +217,7 @@ class TreeBudget:
         the host from what the last cycle's read brought back, so drafting reads nothing."""
         return rounds if self.next_rounds is None else min(rounds, self.next_rounds)
 
-    def _t_verify_on(self, n: int, device: torch.device) -> torch.Tensor:
-        """``t_verify(1 … n)`` as a float64 tensor on ``device`` (cached until it must grow)."""
-        t = self._tv_dev.get(device)
-        if t is None or t.numel() < n:
-            t = self._tv_dev[device] = torch.from_numpy(self._t_verify_upto(max(n, 64)).copy()).to(device)
-        return t[:n]
-
-    def _spent_on(self, level_sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
-        """``spent_ms`` of the first r drafted rounds, r = 0 … len, as a float64 tensor on ``device``: copied there
-        once per distinct round plan (a policy drafts a handful), not once per cycle — a host→device copy
-        synchronises a CUDA stream."""
-        key = (level_sizes, device)
-        t = self._spent_dev.get(key)
-        if t is None:
-            spent = [self.spent_ms(list(level_sizes[:r])) for r in range(len(level_sizes) + 1)]
-            t = self._spent_dev[key] = torch.tensor(spent, dtype=torch.float64, device=device)
-        return t
-
     def choose(
-        self,
-        ranked: torch.Tensor,
-        level: torch.Tensor,
-        max_n: int,
-        level_sizes: list[int],
-        frontier: int,
-        plan: bool = True,
-    ) -> tuple[int, float]:
-        """The node budget of a drafted top-k tree, on the device, with one host read; with ``plan`` (the planned
-        level rule) also the next cycle's round plan.
-
-        ``ranked [M]``: every candidate's score (cumulative drafter log-prob) in rerank order (descending);
-        ``level [M]``: the round that made it (0: the root's children); ``level_sizes``: the nodes expanded by each
-        round drafted; ``frontier``: the frontier width (K). Returns ``(N, E_pred)``: N ≤ ``max_n`` maximising
-        ``rate(N)`` with every drafted round paid for (``best``'s rule; ties → the smaller N) and the predicted
-        accepted drafts ``Σ_{i<N} π_i``. The plan: for each l = 0 … L rounds, the candidates of rounds ≤ l give the
-        best rate at the cost of l rounds, and one more round over the K best round-l candidates (mass Σπ_F) could
-        at most add c·Σπ_F for ``t_level(K)`` and K more nodes (module docstring); the level rule stops at the first
-        l where that does not beat the rate without it, and the next cycle drafts that many rounds.
-        ``choose_host`` is the same on host arrays."""
-        dev, L = ranked.device, len(level_sizes)
-        pi = ranked.to(torch.float64).exp()
-        if not plan:  # the budget alone: the best prefix of the rerank at the cost of every round drafted
-            tv = self._t_verify_on(max_n + 1, dev)
-            cum = torch.nn.functional.pad(pi[:max_n].cumsum(0), (1, 0))
-            rate = (1.0 + self.c * cum) / (self.spent_ms(level_sizes) + tv)
-            n_one = rate.max(0).indices.view(1)  # first maximum; [1]: a 0-d index would be read to the host
-            n_keep, e_pred = torch.cat([n_one.to(torch.float64), cum.gather(0, n_one)]).tolist()
-            return int(n_keep), float(e_pred)
-        rounds = torch.arange(L + 1, device=dev)[:, None]
-        upto = torch.where(level[None] <= rounds, pi[None], 0.0).sort(-1, descending=True).values
-        cum = torch.nn.functional.pad(upto[:, :max_n].cumsum(-1), (1, 0))  # [L + 1, max_n + 1]: Σπ of the best N
-        spent_t = self._spent_on(tuple(level_sizes), dev)[:, None]
-        tv = self._t_verify_on(max_n + 1 + frontier, dev)
-        rate = (1.0 + self.c * cum) / (spent_t + tv[None, : max_n + 1])
-        best, n = rate.max(-1)  # first maximum: the smaller N on ties
-        f_pi = torch.where(level[None] == rounds, pi[None], 0.0).sort(-1, descending=True).values[:, :frontier].sum(-1)
-        gain = 1.0 + self.c * cum.gather(1, n[:, None])[:, 0]
-        t_more = spent_t[:, 0] + self.t_level(frontier) + tv[n + frontier]
-        stop = torch.cat([(gain + self.c * f_pi) / t_more <= best, torch.ones(1, dtype=torch.bool, device=dev)])
-        n_all = n[L:]  # [1]: indexing with a 0-d tensor would read it to the host
-        chosen = torch.cat([n_all.to(torch.float64), cum[L].gather(0, n_all), stop.to(torch.uint8).argmax().view(1)])
-        out = chosen.to(torch.float64)
-        n_keep, e_pred, plan = out.tolist()
-        self.next_rounds = int(plan)
-        return int(n_keep), float(e_pred)
-
-    def choose_host(
         self,
         pi: np.ndarray,
         level: np.ndarray,
@@ -294,8 +226,19 @@ class TreeBudget:
         frontier: int,
         plan: bool = True,
     ) -> tuple[int, float]:
-        """``choose`` on host arrays: ``pi [M]`` every candidate's path probability (float64) in rerank order,
-        ``level [M]`` the round that made it. The same rule, sums and ties (``np.argmax``: the first maximum)."""
+        """The node budget of a drafted top-k tree; with ``plan`` (the planned level rule) also the next cycle's round
+        plan. Decided on the host (a policy's decision: a GPU's cycle reads the candidates' scores once, and numpy's
+        per-call cost is a fraction of a launch's).
+
+        ``pi [M]``: every candidate's path probability (float64, the exp of its cumulative drafter log-prob) in rerank
+        order (descending); ``level [M]``: the round that made it (0: the root's children); ``level_sizes``: the
+        nodes expanded by each round drafted; ``frontier``: the frontier width (K). Returns ``(N, E_pred)``: N ≤
+        ``max_n`` maximising ``rate(N)`` with every drafted round paid for (``best``'s rule; ties → the smaller N:
+        ``np.argmax``'s first maximum) and the predicted accepted drafts ``Σ_{i<N} π_i``. The plan: for each l = 0 …
+        L rounds, the candidates of rounds ≤ l give the best rate at the cost of l rounds, and one more round over
+        the K best round-l candidates (mass Σπ_F) could at most add c·Σπ_F for ``t_level(K)`` and K more nodes
+        (module docstring); the level rule stops at the first l where that does not beat the rate without it, and
+        the next cycle drafts that many rounds."""
         if not plan:
             n, _, cum = self._best(pi[:max_n], self.spent_ms(level_sizes))
             return n, float(cum[n])

@@ -363,7 +363,7 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     """``bench.count=true``: aten ops outside the networks and host reads per cycle, by phase (``bench_count``)."""
     from adtbench.tools.bench_count import PREFILL, DeviceCounter
 
-    counter = DeviceCounter(NETWORKS)
+    counter = DeviceCounter(NETWORKS, instances["target"].device)
     phases = (
         ("adtbench.algorithm.engine", "prefill", PREFILL),
         ("adtbench.algorithm.jacobi", "prefill_token", PREFILL),

@@ -50,6 +50,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from adtbench import accel
+
 READ_METHODS = frozenset(
     {"tolist", "numpy", "cpu", "item", "__bool__", "__float__", "__int__", "__index__", "__array__", "__complex__"}
 )
@@ -91,11 +93,14 @@ def is_transfer(func: Any, args: tuple, kwargs: dict) -> bool:
         return src is None or src.device != torch.device(dest)  # to its own device: the tensor itself, no copy
 
 
-def is_host_read(func: Any, args: tuple, kwargs: dict) -> bool:
-    """Does this torch-function call make the host wait for a device value (module docstring)?"""
+def is_host_read(func: Any, args: tuple, kwargs: dict, device: torch.device | None = None) -> bool:
+    """Does this torch-function call make the host wait for a device value (module docstring)? ``device``: the run's
+    device; where it is a CUDA one (real or simulated), a read of a tensor on the host (``.numpy()`` of a CPU tensor:
+    the policy's own host arrays) waits for nothing. Without it every tensor is the device's (a CPU run)."""
     name = getattr(func, "__name__", "")
     if name in READ_METHODS or name in DATA_DEPENDENT:
-        return name != "nonzero_static"
+        host = bool(args) and isinstance(args[0], torch.Tensor) and not accel.is_cuda(args[0].device)
+        return name != "nonzero_static" and not (host and device is not None and accel.is_cuda(device))
     if name in ("__getitem__", "__setitem__") and len(args) > 1:
         idx = args[1] if isinstance(args[1], tuple) else (args[1],)
         return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in idx)
@@ -112,8 +117,9 @@ class DeviceCounter:
     ``push(label)`` / ``pop()`` bracket a phase (the bench's wrappers call them); ``network`` labels' ops count as
     network ops. ``sites`` counts host reads by the first frame inside adtbench that is not this module."""
 
-    def __init__(self, network: frozenset[str]) -> None:
+    def __init__(self, network: frozenset[str], device: torch.device | None = None) -> None:
         self.network = network
+        self.device = device  # the run's device (``is_host_read``)
         self.ops: Counter[str] = Counter()
         self.views: Counter[str] = Counter()  # the ops of ``ops`` that only make views (no kernel)
         self.flops: Counter[str] = Counter()  # multiply-adds ×2 of the matrix products (``MATMULS``)
@@ -130,7 +136,7 @@ class DeviceCounter:
                 kwargs = kwargs or {}
                 if is_transfer(func, args, kwargs):
                     outer.transfers[outer.label] += 1
-                if not is_host_read(func, args, kwargs):
+                if not is_host_read(func, args, kwargs, outer.device):
                     return func(*args, **kwargs)
                 outer._read()
                 outer._in_read += 1

@@ -79,8 +79,9 @@ def eagle2_device_steps(
 ) -> Steps:
     """``eagle2_steps`` on the drafter's device. ``live``: the budget's level rule reads this cycle's candidates before
     each round (one small read per round); otherwise the rounds are planned and building the tree reads nothing but
-    the budget's node count (``TreeBudget.choose``). ``graphed`` (planned rounds, a drafter with graphed levels:
-    ``drafters.graphed``): level 0 and each round one graph replay (``_graphed_candidates``), the same candidates.
+    the candidates' scores, once, from which the budget decides the node count on the host (``TreeBudget.choose``).
+    ``graphed`` (planned rounds, a drafter with graphed levels: ``drafters.graphed``): level 0 and each round one
+    graph replay (``_graphed_candidates``), the same candidates.
 
     Candidates are kept in creation order (level 0: the root's K best children; round r: K·K children of the K
     frontier nodes) with their cumulative drafter log-prob as score; a candidate the drafter gives probability 0
@@ -91,7 +92,6 @@ def eagle2_device_steps(
     rounds = max(0, min(depth, max_depth - 1))
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
-    dev = session.device
     graphs = levels_for(session, 1 + rounds * K, rounds * K) if graphed and not live else None
     if graphs is not None:
         score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds)
@@ -100,10 +100,11 @@ def eagle2_device_steps(
     count = score.numel()
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
-    if budget is not None:
-        ranked, order = stable_topk(score, count)  # the rerank order of every candidate
-        level = _levels(tuple(sizes), dev)
-        keep, e_pred = budget.choose(ranked, level[order], keep, session.levels, K, plan=not live)
+    if budget is not None:  # the policy's decision on the host, from one read of the candidates' scores
+        scores = np.asarray(score.tolist(), dtype=np.float64)
+        order = desc_stable(scores)  # the rerank order of every candidate
+        level = np.repeat(np.arange(len(sizes)), sizes)
+        keep, e_pred = budget.choose(_exp64(scores[order]), level[order], keep, session.levels, K, plan=not live)
         info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
     if graphs is not None and budget is None:  # the rerank and the tree as one more graph (its shapes are fixed)
         key, n_lev = ("eagle2-tree", K, tuple(sizes), keep, score.data_ptr()), len(sizes)
@@ -158,7 +159,7 @@ def _eager_candidates(
     count = k0
     for r in range(rounds):
         if live is not None:
-            pi = torch.cat([*scores, f_score]).to(torch.float64).exp().cpu().numpy()  # one read: drafted, frontier
+            pi = _exp64(np.asarray(torch.cat([*scores, f_score]).tolist()))  # one read: drafted, frontier
             if not _worth_a_round(live, pi[:count], pi[count:], session.levels):
                 break
         ids, lp = yield Expand(f_sess, f_tok, r + 1)
@@ -291,7 +292,7 @@ def eagle2_host_steps(
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
     if budget is not None:
-        keep, e_pred = budget.choose_host(pi[order], level[:count][order], keep, session.levels, K, plan=not live)
+        keep, e_pred = budget.choose(pi[order], level[:count][order], keep, session.levels, K, plan=not live)
         info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
     sel = np.sort(order[:keep])  # kept candidates in creation order: parents before children
     slot = np.full(count + 1, -1, dtype=np.int64)  # candidate → tree node; slot ``count`` = the root
@@ -316,8 +317,9 @@ def eagle2_host_steps(
 
 
 def _exp64(scores: np.ndarray) -> np.ndarray:
-    """``exp`` of host scores in float64 by torch's kernel (the device path's on the CPU: equal sums there)."""
-    out: np.ndarray = torch.from_numpy(scores.astype(np.float64)).exp_().numpy()
+    """``exp`` of host scores in float64: every path's path probabilities (the host path's, and the device path's
+    after its read), so the budget's sums and ties are equal on both."""
+    out: np.ndarray = np.exp(scores.astype(np.float64))
     return out
 
 
@@ -328,11 +330,6 @@ def _worth_a_round(budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray
 
 
 @lru_cache(maxsize=256)
-def _levels(sizes: tuple[int, ...], device: torch.device) -> torch.Tensor:
-    """The round that made each candidate, for rounds of ``sizes`` candidates (cached, never written)."""
-    return torch.cat([torch.full((n,), i, device=device) for i, n in enumerate(sizes)])
-
-
 @lru_cache(maxsize=256)
 def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
     """``arange(a, b)`` long on ``device`` (cached, never written)."""
