@@ -244,20 +244,29 @@ while True:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigkill_leaves_consistent_files(tmp_path: Path) -> None:
-    """Kill a writer at an arbitrary moment (twice); reopening must give valid, duplicate-free files."""
+    """Kill a writer mid-stream (twice: the second resumes the first's files); reopening must give valid,
+    duplicate-free files. Each kill waits for a real condition — the writer has committed at least one more
+    samples line than the file held when it started (polled, 60 s timeout: any load) — then lands after a short
+    jitter (0 and 5 ms), i.e. while the writer is somewhere inside its next commits."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for delay in (0.1, 0.2):
+    for jitter in (0.0, 0.005):
+        before = rundir.count_sample_lines(tmp_path)
         proc = subprocess.Popen(
             [sys.executable, "-c", _KILL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(delay)
+        deadline = time.monotonic() + 60.0
+        while rundir.count_sample_lines(tmp_path) <= before:
+            assert proc.poll() is None, f"the writer died before committing a line (exit {proc.returncode})"
+            assert time.monotonic() < deadline, "the writer committed no samples line within 60 s"
+            time.sleep(0.002)
+        time.sleep(jitter)
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        assert proc.wait() == -signal.SIGKILL  # killed mid-stream, not ended on its own
         store = ResultStore(tmp_path)
         samples = _lines(store.samples_path)
         ids = [r["prompt_id"] for r in samples]
-        assert ids and len(ids) == len(set(ids))
+        assert len(ids) > before and len(ids) == len(set(ids))
         assert ids == sorted(ids)
         traces = _lines(store.trace_path)
         assert [t["prompt_id"] for t in traces] == ids
