@@ -361,6 +361,36 @@ def test_summarize_single_and_edge_cases() -> None:
         summarize([dict(A, committed=-1)])
 
 
+def _jacobi_stats(step: str | None, forwards: int, idle: int | None = None) -> dict:
+    """A Jacobi record's ``stats`` with the keys ``algorithm.jacobi`` / ``algorithm.jacobi_step`` write."""
+    st = {"window": 16, "init": "up", "redraw": "coupled", "rule": "exact", "window_mean": 4.0, "accept_hist": [1, 2],
+          "kept": 1, "coupled": 2, "kept_frac": 0.5, "target_forwards": forwards}  # fmt: skip
+    if step is not None:
+        st["step"] = step
+    if idle is not None:
+        st["idle_forwards"] = idle
+    return st
+
+
+def test_jacobi_block_pools_the_step() -> None:
+    """``jacobi.step`` / ``step_counts`` / ``idle_forwards``: the per-record step pooled (counts summed, one value
+    or ``mixed``), idle forwards summed where counted; records from before the key leave them None / empty."""
+    graph = [dict(_rec(f"g{i}"), stats=_jacobi_stats("graph", 3, idle=i % 2)) for i in range(3)]
+    jac = summarize(graph)["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == ("graph", {"graph": 3}, 1)
+    assert jac["window_mean"] == 4.0 and jac["accept_hist"] == [3, 6]  # the other pooled counters unchanged
+    eager = dict(_rec("e"), stats=_jacobi_stats("eager", 3))
+    jac = summarize([*graph, eager])["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == ("mixed", {"eager": 1, "graph": 3}, 1)
+    jac = summarize([eager])["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == ("eager", {"eager": 1}, None)
+    old = dict(_rec("o"), stats=_jacobi_stats(None, 3))  # a record written before stats.step existed
+    jac = summarize([old])["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == (None, {}, None)
+    assert summarize([old, eager])["jacobi"]["step"] == "eager"  # what the records that name one ran
+    json.dumps(summarize([*graph, eager]), allow_nan=False)
+
+
 def test_summarize_store_records(tmp_path: Path) -> None:
     store = ResultStore(tmp_path)
     store.commit(A, None, None)
