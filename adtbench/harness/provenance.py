@@ -68,8 +68,10 @@ def code_version(package_dir: str | None = None) -> dict[str, Any]:
         return out | {"commit_reason": "git is not on PATH"}
     try:
         top = _git(pkg, "rev-parse", "--show-toplevel")
-        if top.returncode != 0:
-            return out | {"commit_reason": f"{pkg} is not in a git checkout (an installed package)"}
+        if top.returncode != 0:  # git's own words say which: no checkout, or one git refuses (safe.directory)
+            said = (top.stderr.strip().splitlines() or ["no output"])[0]
+            why = f"{pkg} is not in a git checkout git can read (an installed package?): {said}"
+            return out | {"commit_reason": why}
         root = Path(top.stdout.strip())
         tracked = _git(root, "ls-files", "--error-unmatch", "--", str(pkg / "__init__.py"))
         if tracked.returncode != 0:
