@@ -11,7 +11,8 @@ import pytest
 from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
-from adtbench.reporting.merge import MergeError, find_shard_dirs, main, merge_runs
+from adtbench.harness.rundir import read_provenance, read_run_config
+from adtbench.reporting.merge import MergeError, _without_shard, find_shard_dirs, main, merge_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMON = [*TINY_OVERRIDES, "sampling=greedy", "dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false"]
@@ -64,6 +65,10 @@ def test_shard_then_merge_equals_the_unsharded_run(runs):
     info = json.loads((out / "merge.json").read_text())
     assert info["dataset_check"] == "passed" and info["missing_prompts"] == []
     assert json.loads((out / "run_config.json").read_text())["dataset"]["shard"] is None
+    prov, shard = read_provenance(out), read_provenance(runs["s0"])  # the shards' commits and lossless flag
+    assert prov is not None and shard is not None and prov["merged"] and prov["commits"] == shard["commits"]
+    assert prov["lossless"] is s["lossless"] is True
+    assert read_run_config(out) == _without_shard(read_run_config(runs["s0"]) or {})  # the config alone
     with pytest.raises(MergeError, match="--force"):
         merge_runs([runs["s0"], runs["s1"]], out)
 

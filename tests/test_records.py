@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import ast
 import json
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+import torch
 from conftest import TINY_OVERRIDES
 from hydra import compose, initialize_config_dir
 
 import adtbench.harness.app as app
 from adtbench.algorithm.records import GenerationResult
 from adtbench.harness import rundir
+from adtbench.harness.provenance import code_version
 from adtbench.harness.records import (
     CONTEXT_FIELDS,
     RESUME_NEW_KEYS,
@@ -188,9 +192,41 @@ def test_resume_of_a_run_dir_written_in_the_old_format(tmp_path: Path) -> None:
     new_fields = ("latency_repeats_s", "baseline_latency_repeats_s", "encode_s", "baseline_encode_s", "batch")
     (old,) = rundir.read_samples(out)
     (out / "samples.jsonl").write_text(json.dumps({k: v for k, v in old.items() if k not in new_fields}) + "\n")
+    assert rundir.read_provenance(out) is None  # the old format: no provenance either
     s = app.run(config("dataset.limit=2"), out, {"model": "tiny_llamagen", "policy": "eagle2"})
+    prov = rundir.read_provenance(out)  # the resume starts the commits list with the unknown writer of sample 1
+    assert prov is not None and [c["commit"] for c in prov["commits"]] == [None, code_version()["commit"]]
     assert s["n_samples"] == 2 and s["complete"] and s["n_prompts"] == 2
     recs = rundir.read_samples(out)
     assert [r["prompt_id"] for r in recs] == [old["prompt_id"], recs[1]["prompt_id"]] and "batch" not in recs[0]
     assert list(recs[1]) == list(SampleRecord.from_json(recs[1]).to_json())  # the new line in today's format
     assert s["speedup"] is not None and rundir.read_summary(out) == s
+
+
+def test_a_run_records_its_provenance_and_a_resume_by_other_code_warns(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``run_config.json`` holds the config and, apart, the provenance (code, torch, device, lossless); the summary
+    carries ``lossless``; a resume by another commit decodes on, lists both commits and warns in one line naming
+    both shas; a run dir from before the key (no provenance, samples) resumes with an unknown first entry."""
+    out = tmp_path / "run"
+    first = app.run(config("dataset.limit=1"), out, {"model": "tiny_llamagen", "policy": "eagle2"})
+    prov = rundir.read_provenance(out)
+    assert prov is not None and "provenance" not in (rundir.read_run_config(out) or {})
+    code = code_version()
+    assert {k: prov[k] for k in code} == code and prov["torch"] == torch.__version__ and prov["device"] == "cpu"
+    assert prov["lossless"] is True and prov["lossless_reason"].startswith("policy=eagle2, drafts verified by exact")
+    assert prov["commits"] == [{k: code[k] for k in ("commit", "dirty", "version")}]
+    assert first["lossless"] is True and first["lossless_reason"] == prov["lossless_reason"]
+    assert first["env"]["commit"] == code["commit"] and "LOSSY" not in summary_line(first)
+
+    doc = json.loads((out / "run_config.json").read_text())  # as if an older commit had written the first sample
+    doc["provenance"]["commits"] = [{"commit": "f" * 40, "dirty": False, "version": "0.0.9"}]
+    (out / "run_config.json").write_text(json.dumps(doc))
+    with caplog.at_level(logging.WARNING, logger="adtbench"):
+        s = app.run(config("dataset.limit=2"), out, {"model": "tiny_llamagen", "policy": "eagle2"})
+    assert s["n_samples"] == 2 and s["complete"]
+    warned = [r.getMessage() for r in caplog.records if "f" * 40 in r.getMessage()]
+    assert len(warned) == 1 and "\n" not in warned[0] and (code["commit"] is None or code["commit"] in warned[0])
+    commits = rundir.read_provenance(out)["commits"]  # type: ignore[index]
+    assert [c["commit"] for c in commits] == ["f" * 40, code["commit"]]

@@ -242,14 +242,20 @@ def test_grid_layout_of_a_run_without_a_recorded_layout(tmp_path):
     [("ar", False, True), ("gsd", False, False), ("scd", False, True), ("chain", True, False), ("chain", False, True),
      ("zipar", False, False)],
 )  # fmt: skip
-def test_lossless_flag_comes_from_the_policy_registry(tmp_path, policy, lantern, want):
+def test_lossless_flag_of_a_run_from_before_the_flag_is_derived_by_exactness(tmp_path, policy, lantern, want):
+    """A run that recorded no ``lossless``: ``job.exactness`` of the policy the registry builds from its
+    ``run_config.json`` and its rule (LANTERN at the config's default δ = 0.1: lossy); a recorded flag wins."""
     import yaml
 
+    from adtbench.harness.records import Summary
     from adtbench.harness.rundir import RUN_CONFIG_FILE
+    from adtbench.reporting.tables import run_lossless
 
     node = yaml.safe_load((ROOT / "conf" / "policy" / f"{policy}.yaml").read_text())  # the group's defaults
     (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"policy": node, "lantern": {"enabled": lantern}}))
-    assert report._lossless(tmp_path) is want
+    flag, why = run_lossless(tmp_path)
+    assert flag is want and why.startswith(f"policy={policy}") and "derived" in why
+    assert run_lossless(tmp_path, Summary(lossless=not want, lossless_reason="recorded")) == (not want, "recorded")
 
 
 def test_no_runs_is_exit_1_naming_the_dir(tmp_path):

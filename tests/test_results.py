@@ -244,20 +244,29 @@ while True:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_sigkill_leaves_consistent_files(tmp_path: Path) -> None:
-    """Kill a writer at an arbitrary moment (twice); reopening must give valid, duplicate-free files."""
+    """Kill a writer mid-stream (twice: the second resumes the first's files); reopening must give valid,
+    duplicate-free files. Each kill waits for a real condition — the writer has committed at least one more
+    samples line than the file held when it started (polled, 60 s timeout: any load) — then lands after a short
+    jitter (0 and 5 ms), i.e. while the writer is somewhere inside its next commits."""
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    for delay in (0.1, 0.2):
+    for jitter in (0.0, 0.005):
+        before = rundir.count_sample_lines(tmp_path)
         proc = subprocess.Popen(
             [sys.executable, "-c", _KILL_SCRIPT, str(tmp_path)], stdout=subprocess.PIPE, env=env, text=True
         )
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(delay)
+        deadline = time.monotonic() + 60.0
+        while rundir.count_sample_lines(tmp_path) <= before:
+            assert proc.poll() is None, f"the writer died before committing a line (exit {proc.returncode})"
+            assert time.monotonic() < deadline, "the writer committed no samples line within 60 s"
+            time.sleep(0.002)
+        time.sleep(jitter)
         proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        assert proc.wait() == -signal.SIGKILL  # killed mid-stream, not ended on its own
         store = ResultStore(tmp_path)
         samples = _lines(store.samples_path)
         ids = [r["prompt_id"] for r in samples]
-        assert ids and len(ids) == len(set(ids))
+        assert len(ids) > before and len(ids) == len(set(ids))
         assert ids == sorted(ids)
         traces = _lines(store.trace_path)
         assert [t["prompt_id"] for t in traces] == ids
@@ -350,6 +359,36 @@ def test_summarize_single_and_edge_cases() -> None:
         summarize([dict(A, latency_s=float("nan"))])
     with pytest.raises(ValueError):
         summarize([dict(A, committed=-1)])
+
+
+def _jacobi_stats(step: str | None, forwards: int, idle: int | None = None) -> dict:
+    """A Jacobi record's ``stats`` with the keys ``algorithm.jacobi`` / ``algorithm.jacobi_step`` write."""
+    st = {"window": 16, "init": "up", "redraw": "coupled", "rule": "exact", "window_mean": 4.0, "accept_hist": [1, 2],
+          "kept": 1, "coupled": 2, "kept_frac": 0.5, "target_forwards": forwards}  # fmt: skip
+    if step is not None:
+        st["step"] = step
+    if idle is not None:
+        st["idle_forwards"] = idle
+    return st
+
+
+def test_jacobi_block_pools_the_step() -> None:
+    """``jacobi.step`` / ``step_counts`` / ``idle_forwards``: the per-record step pooled (counts summed, one value
+    or ``mixed``), idle forwards summed where counted; records from before the key leave them None / empty."""
+    graph = [dict(_rec(f"g{i}"), stats=_jacobi_stats("graph", 3, idle=i % 2)) for i in range(3)]
+    jac = summarize(graph)["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == ("graph", {"graph": 3}, 1)
+    assert jac["window_mean"] == 4.0 and jac["accept_hist"] == [3, 6]  # the other pooled counters unchanged
+    eager = dict(_rec("e"), stats=_jacobi_stats("eager", 3))
+    jac = summarize([*graph, eager])["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == ("mixed", {"eager": 1, "graph": 3}, 1)
+    jac = summarize([eager])["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == ("eager", {"eager": 1}, None)
+    old = dict(_rec("o"), stats=_jacobi_stats(None, 3))  # a record written before stats.step existed
+    jac = summarize([old])["jacobi"]
+    assert (jac["step"], jac["step_counts"], jac["idle_forwards"]) == (None, {}, None)
+    assert summarize([old, eager])["jacobi"]["step"] == "eager"  # what the records that name one ran
+    json.dumps(summarize([*graph, eager]), allow_nan=False)
 
 
 def test_summarize_store_records(tmp_path: Path) -> None:

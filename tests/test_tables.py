@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from adtbench.harness.stats import bootstrap_ci
-from adtbench.reporting.tables import aggregate, load_tree, main
+from adtbench.reporting.tables import aggregate, load_tree, main, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -206,11 +206,11 @@ def test_numeric_columns_are_right_aligned(tree):
     header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
     align = dict(zip(header, _separator(md)))
     left, right = re.compile(r"^:-+$"), re.compile(r"^-+:$")
-    assert left.match(align["policy"]) and left.match(align["lantern"])
-    assert all(right.match(align[c]) for c in header[2:]), align  # n, runs, τ, d̄, speedup, ...
+    assert left.match(align["policy"]) and left.match(align["lantern"]) and left.match(align["lossless"])
+    assert all(right.match(align[c]) for c in header[3:]), align  # n, runs, τ, d̄, speedup, ...
     tex = render(t, "latex")
-    n_num = len(header) - 2
-    assert "\\begin{tabular}{ll" + "r" * n_num + "}" in tex
+    n_num = len(header) - 3
+    assert "\\begin{tabular}{lll" + "r" * n_num + "}" in tex
 
 
 def test_sweep_table_and_pivot_alignment_and_escaping(tree, capsys):
@@ -224,10 +224,56 @@ def test_sweep_table_and_pivot_alignment_and_escaping(tree, capsys):
     assert st.main([str(tree / "sweep")]) == 0  # adtbench table --by job,policy,lantern: one row per job, with CIs
     md = capsys.readouterr().out
     header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
-    assert header[:5] == ["job", "policy", "lantern", "n", "runs"] and "τ" in header and "speedup (×)" in header
+    assert header[:6] == ["job", "policy", "lantern", "lossless", "n", "runs"] and "speedup (×)" in header
     rows = [line for line in md.splitlines()[2:] if line.startswith("| ")]
     assert [r.split("|")[1].strip() for r in rows] == ["0_policy=ar", "1_policy=eagle2"] and "2.400 [" in rows[1]
     assert st.main([str(tree / "nothing")]) == 1 and st.main([]) == 2
     pv = pivot(main_table(tree, by=["model", "policy", "lantern"], n_boot=20), "speedup", ["model", "policy"])
     tex = pivot_latex(pv)
     assert "\\begin{tabular}{llrr}" in tex and "tiny\\_llamagen" in tex and "tiny_llamagen" not in tex
+
+
+def _run_with_reference(d: Path, policy: str, rows: list[tuple], lossless: bool | None) -> Path:
+    """A run whose samples carry ``reference_latency_s`` (rows: prompt, latency, baseline, reference or None) and
+    whose summary records ``lossless`` (None: a run from before the flag) and what the reference ran on."""
+    d.mkdir(parents=True)
+    recs = [{"prompt_id": p, "committed": 8, "cycles": 4, "drafted_depth_sum": 4, "tree_depth_sum": 4, "latency_s": lat,
+             "baseline_latency_s": base, "reference_latency_s": ref} for p, lat, base, ref in rows]  # fmt: skip
+    (d / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    choices = {"model": "tiny_llamagen", "policy": policy, "lantern": "off", "dataset": "smoke"}
+    summary = {"model": "tiny_llamagen", "policy": policy, "choices": choices, "n_samples": len(recs),
+               "reference_baseline": "model.impl=hf (transformers, eager, attention sdpa)"}  # fmt: skip
+    if lossless is not None:
+        summary |= {"lossless": lossless, "lossless_reason": f"policy={policy}: as recorded"}
+    (d / "summary.json").write_text(json.dumps(summary))
+    (d / "run_config.json").write_text(json.dumps({"policy": {"name": policy}, "lantern": {"enabled": False}}))
+    return d
+
+
+def test_speedup_ref_beside_speedup_with_each_baseline_named_and_the_lossless_mark(tmp_path):
+    """``speedup_ref`` = Σ reference / Σ method over the prompts with a reference timing (by hand), beside
+    ``speedup``, both headers naming their baseline and a note naming what the reference ran on; ``lossless`` as
+    recorded (``no`` explained under the table), derived for a run without the flag, ``mixed`` for a pooled group."""
+    rows = [("p1", 1.0, 2.0, 6.0), ("p2", 2.0, 3.0, 8.0), ("p3", 1.0, 1.5, None)]
+    _run_with_reference(tmp_path / "a", "eagle2", rows, True)
+    _run_with_reference(tmp_path / "b", "zipar", [("p1", 1.0, 1.2, None)], False)
+    _run_with_reference(tmp_path / "c", "ar", [("p1", 1.0, 1.0, None)], None)  # before the flag: derived
+    runs, samples = load_tree(tmp_path)
+    assert dict(zip(runs["policy"], runs["lossless"])) == {"eagle2": True, "zipar": False, "ar": True}
+    assert "derived" in runs.set_index("policy").loc["ar", "lossless_reason"]
+    t = aggregate(runs, samples, by=["policy"], n_boot=50).set_index("policy")
+    assert t.loc["eagle2", "speedup_ref"] == pytest.approx(14.0 / 3.0)  # p3 has no reference timing
+    assert t.loc["eagle2", "speedup"] == pytest.approx(6.5 / 4.0) and np.isnan(t.loc["zipar", "speedup_ref"])
+    assert t.loc["eagle2", "speedup_ref_lo"] <= t.loc["eagle2", "speedup_ref"] <= t.loc["eagle2", "speedup_ref_hi"]
+    assert list(t["lossless"]) == ["yes", "no", "yes"]
+    md = render(aggregate(runs, samples, by=["policy"], n_boot=50), "md")
+    header = [c.strip() for c in md.splitlines()[0].strip("|").split("|")]
+    i = header.index("speedup vs lean AR (×)")
+    assert header[i + 1] == "speedup vs reference AR (×)" and "speedup (×)" not in header
+    assert "model.impl=hf (transformers, eager, attention sdpa)" in md and "a lossy method" in md
+    tex = render(aggregate(runs, samples, by=["policy"], n_boot=50), "latex")
+    assert "Speedup vs reference AR ($\\times$)" in tex and "model.impl=hf (transformers, eager, attention sdpa)" in tex
+    pooled = aggregate(runs, samples, by=["model"], n_boot=20)  # eagle2 + zipar + ar in one group
+    assert list(pooled["lossless"]) == ["mixed"]
+    alone = aggregate(*load_tree(tmp_path / "b"), n_boot=20)  # no reference timing anywhere: no column, no note
+    assert "speedup_ref" not in alone and "reference AR" not in render(alone, "md")

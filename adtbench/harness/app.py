@@ -38,8 +38,9 @@ from adtbench.harness.config import (
 from adtbench.harness.data.prompts import Prompt, load_dataset
 from adtbench.harness.job import Job
 from adtbench.harness.lock import RunDirGuard, RunDirLock, discard_new_run_dir, held_lock, refuse  # noqa: F401 (¹)
+from adtbench.harness.provenance import job_provenance, resume_warning
 from adtbench.harness.records import SampleRecord, Summary, slim, trace_record
-from adtbench.harness.rundir import ResultStore, check_resume
+from adtbench.harness.rundir import ResultStore, check_resume, record_provenance
 from adtbench.harness.timing import LoadWatch, environment, machine, timed_results
 from adtbench.resources import conf_dir
 
@@ -111,6 +112,12 @@ def _run(
 
     job = Job.build(cfg, checked, todo)
     conf = job.conf
+    exact = job.exactness
+    prov = job_provenance(job.target.device, exact.lossless, exact.reason)
+    previous, _ = record_provenance(run_dir, prov, decoding=bool(todo))  # before this job's first sample
+    warning = resume_warning(run_dir, previous, prov) if todo else None
+    if warning:
+        log.warning("%s", warning)
     env = environment(job.target)
     warmup_s = job.warm_up(todo, conf.warmup, conf.baseline)
     log.info(
@@ -124,9 +131,9 @@ def _run(
 
     tracker = build_logger(cfg, run_dir, choices)
     try:
-        ctx = RunContext(
-            cfg, run_dir, choices, job, store, tracker, env, len(prompts), job.rule.name, lantern_used(cfg, job.rule)
-        )
+        rule, lantern = job.rule.name, lantern_used(cfg, job.rule)
+        lossless = (exact.lossless, exact.reason)
+        ctx = RunContext(cfg, run_dir, choices, job, store, tracker, env, len(prompts), rule, lantern, lossless)
         summary = _decode_all(ctx, todo, run_info)
         if cfg.get("eval") is not None and str(cfg.eval.get("kind", "none")) != "none":
             from adtbench.harness.eval import run_eval
@@ -143,7 +150,8 @@ def _run(
 class RunContext:
     """What one job's decode loop works with, fixed once the models are built: the composed config, where
     results go, the built job, the result store and tracker, and what every summary records (choices,
-    environment, prompt count, acceptance rule, the LANTERN values used: ``caches.lantern_used``)."""
+    environment, prompt count, acceptance rule, the LANTERN values used: ``caches.lantern_used``, whether the method
+    is lossless: ``job.exactness``)."""
 
     cfg: DictConfig
     run_dir: Path
@@ -155,6 +163,7 @@ class RunContext:
     n_prompts: int
     rule_name: str = "exact"
     lantern: dict[str, Any] | None = None
+    lossless: tuple[bool, str] | None = None  # ``job.exactness``: the flag and its reason
 
     def summary(self, records: list[dict[str, Any]], run_info: dict[str, Any]) -> Summary:
         """:meth:`Summary.build` of ``records`` for this job (with the simulated device's counts so far in this
@@ -163,7 +172,15 @@ class RunContext:
         if sim is not None:
             run_info = {**run_info, "simulated_device": sim.report()}
         return Summary.build(
-            records, self.cfg, self.choices, self.env, self.n_prompts, self.rule_name, run_info, self.lantern
+            records,
+            self.cfg,
+            self.choices,
+            self.env,
+            self.n_prompts,
+            self.rule_name,
+            run_info,
+            self.lantern,
+            self.lossless,
         )
 
 

@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from adtbench import accel
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.policies import Policy
+from adtbench.algorithm.policies import LoopPolicy, Policy
 from adtbench.algorithm.records import Clock, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import AcceptanceRule
@@ -46,6 +46,61 @@ from adtbench.harness.loops import build_loop_models
 from adtbench.harness.schema import AppConf
 
 log = logging.getLogger("adtbench")
+
+_SAME_AS_AR = "greedy token-identical, sampled distribution-identical to AR"
+
+
+@dataclasses.dataclass(frozen=True)
+class Exactness:
+    """Whether a composed method decodes exactly what AR would (``lossless``: greedy token-identical, sampled
+    distribution-identical), and why (``reason``, one line naming the policy, the rule and the deciding setting)."""
+
+    lossless: bool
+    reason: str
+
+
+def _rule_text(rule: Any) -> str:
+    """The acceptance rule as a config reader names it: ``exact acceptance`` or ``lantern=on(delta=…, …)``."""
+    if getattr(rule, "name", "exact") == "exact":
+        return "exact acceptance"
+    keys = ("delta", "lam", "k", "reference_residual")
+    used = [f"{k}={getattr(rule, k)}" for k in keys if getattr(rule, k, None) is not None]
+    name = "lantern" if rule.name == "lantern" else f"acceptance rule {rule.name}"
+    return f"{name}=on({', '.join(used)})" if used else f"{name}=on"
+
+
+def _policy_text(policy: Policy) -> str:
+    """``policy=<name>`` and the keys that decide a loop's exactness (``policy.rule`` / ``variant`` / ``window``)."""
+    params = getattr(policy, "params", None)
+    keys = [f"policy.{k}={getattr(params, k)}" for k in ("rule", "variant") if hasattr(params, k)]
+    if not keys and isinstance(getattr(policy, "window", None), int):
+        keys = [f"policy.window={policy.window}"]  # type: ignore[union-attr]
+    return f"policy={policy.name}" + (f" ({', '.join(keys)})" if keys else "")
+
+
+def exactness(policy: Policy, rule: Any) -> Exactness:
+    """Whether ``policy`` decoding under the acceptance ``rule`` is lossless: the one place the two declarations
+    compose (summaries, ``run_config.json``'s provenance, ``adtbench table`` and ``adtbench report`` read it).
+
+    What each side declares (tested where it is declared): a tree policy's draft tree is verified by ``rule``, so it
+    is lossless iff ``rule.lossless`` (``verify.AcceptanceRule``: exact; ``lantern.LanternRule``: only with a zero
+    bound, δ = 0 or λ = 1, and the principled residual); AR (no drafts) is AR whatever the rule. A loop policy
+    declares ``lossless`` for its own loop (ZipAR never, MuLo-SD and the Jacobi loops by their ``rule``, SJD-PAC by
+    its ``variant``); one that ``accepts_rule`` (SJD, SCD) is lossless iff it declares so and ``rule.lossless``.
+    ``rule``: anything with ``name`` and ``lossless`` (an ``AcceptanceRule``; LANTERN's bounds are named when set)."""
+    what, rule_ok = _policy_text(policy), bool(getattr(rule, "lossless", False))
+    if isinstance(policy, LoopPolicy):
+        if not policy.lossless:
+            return Exactness(False, f"{what}: the loop is lossy by its own rule, not distribution-identical to AR")
+        if policy.accepts_rule and not rule_ok:
+            return Exactness(False, f"{what} accepts with the run's rule and {_rule_text(rule)} relaxes it: lossy")
+        how = _rule_text(rule) if policy.accepts_rule else "its own exact rule"
+        return Exactness(True, f"{what} with {how}: {_SAME_AS_AR}")
+    if not policy.uses_drafter:
+        return Exactness(True, f"{what}: no drafts, AR itself")
+    if not rule_ok:
+        return Exactness(False, f"{what}: {_rule_text(rule)} relaxes the verification of its drafts: lossy")
+    return Exactness(True, f"{what}, drafts verified by {_rule_text(rule)}: {_SAME_AS_AR}")
 
 
 @dataclasses.dataclass
@@ -192,6 +247,11 @@ class Job:
             if baseline and self.reference is not None:
                 self.decode_reference(prompts[0], seed=0)
         return time.perf_counter() - t
+
+    @property
+    def exactness(self) -> Exactness:
+        """Whether this job's method is lossless, and why (:func:`exactness` of its policy and rule)."""
+        return exactness(self.policy, self.rule)
 
     @property
     def drafter_random(self) -> bool | None:

@@ -216,6 +216,8 @@ CONTEXT_FIELDS = (
     "acceptance_rule",
     "lantern_params",
     "timing_scope",
+    "lossless",
+    "lossless_reason",
 )
 #: What a merged run (``adtbench merge``) adds after ``env``.
 MERGE_FIELDS = ("envs", "env_consistent", "merged_from")
@@ -246,6 +248,8 @@ class Summary:
     acceptance_rule: str = "exact"
     lantern_params: dict[str, Any] | None = None
     timing_scope: str = TIMING_SCOPE
+    lossless: bool | None = None  # job.exactness: greedy token- / sampled distribution-identical to AR; None: unknown
+    lossless_reason: str | None = None
     run: dict[str, Any] = field(default_factory=dict)
     env: dict[str, Any] | None = None
     merge: dict[str, Any] | None = None
@@ -262,10 +266,12 @@ class Summary:
         rule_name: str = "exact",
         run_info: dict[str, Any] | None = None,
         lantern_used: dict[str, Any] | None = None,
+        lossless: tuple[bool, str] | None = None,
     ) -> Summary:
         """The summary of a job: :func:`summarize` of its ``records`` (sample JSON, slim or whole) plus the config
-        choices, the environment, ``run_info`` and ``lantern_used`` (the LANTERN values the job decoded with,
-        ``caches.lantern_used``; None with LANTERN off)."""
+        choices, the environment, ``run_info``, ``lantern_used`` (the LANTERN values the job decoded with,
+        ``caches.lantern_used``; None with LANTERN off) and ``lossless`` (``job.exactness``: the flag and its
+        reason; None: unknown)."""
         from omegaconf import OmegaConf
 
         greedy = float(cfg.sampling.temperature) == 0.0
@@ -285,6 +291,8 @@ class Summary:
             complete=len(records) == n_prompts,
             acceptance_rule=rule_name,
             lantern_params=lantern_used,
+            lossless=None if lossless is None else lossless[0],
+            lossless_reason=None if lossless is None else lossless[1],
             run=dict(run_info or {}),
             env=env,
         )
@@ -349,7 +357,8 @@ class Summary:
     def line(self) -> str:
         """The one-line result a run prints: model, policy, LANTERN on/off (:func:`lantern_part`), n, τ, d̄,
         latency, the speedup with its CI (and ``speedup_ref``, against the reference implementation's AR), eval
-        scores, a randomly initialised drafter (``drafter_random``) and the timing warnings."""
+        scores, ``LOSSY (<reason>)`` for a lossy method (``lossless`` false), a randomly initialised drafter
+        (``drafter_random``) and the timing warnings."""
         s = self.to_json()
 
         def f(key: str, fmt: str, unit: str = "") -> str:
@@ -380,6 +389,8 @@ class Summary:
                 line += f" baseline={f('baseline_throughput_images_per_s', '.3f', ' img/s')}"
                 line += f" throughput_speedup={f('throughput_speedup', '.3f', 'x')}"
         line += eval_part(s.get("eval"))
+        if s.get("lossless") is False:  # never read a lossy speedup as an exact method's
+            line += f" LOSSY ({s.get('lossless_reason')})"
         if s.get("drafter_random"):
             line += " RANDOM DRAFTER (no drafter.path): a smoke test, tau and speedup mean nothing"
         if s.get("load_warning"):

@@ -9,7 +9,8 @@ Layout of a job directory (one Hydra job; docs/outputs.md documents every field)
     trace.jsonl          one :class:`TraceRecord` per line per prompt: the compact per-cycle trace
     images/<stem>.png    the generated image of each prompt (:func:`safe_stem` of its id)
     summary.json         :class:`Summary`: :func:`summarize` of all samples plus the run's context
-    run_config.json      the resolved config (resume check; ``adtbench merge`` compares shards by it)
+    run_config.json      the resolved config (resume check; ``adtbench merge`` compares shards by it) and, under
+                         ``provenance``, what wrote the run (:func:`record_provenance`; never part of the config)
     merge.json           (merged runs) the shard runs it was built from, and the checks
     eval.json / eval_samples.jsonl / tracking.json / maps/ / .adtbench.lock / .hydra/   (see docs/outputs.md)
 
@@ -44,6 +45,7 @@ from typing import Any, overload
 import numpy as np
 
 from adtbench.errors import ConfigError
+from adtbench.harness.provenance import PROVENANCE_KEY, same_code
 from adtbench.harness.records import SampleRecord, Summary, TraceRecord, migrate_run_config
 from adtbench.io import (
     append_line_fsync,
@@ -96,6 +98,7 @@ __all__ = [
     "read_jsonl",
     "read_override_list",
     "read_overrides",
+    "read_provenance",
     "read_run_config",
     "read_run_maps",
     "read_samples",
@@ -103,6 +106,7 @@ __all__ = [
     "read_summary_typed",
     "read_traces",
     "read_tracking",
+    "record_provenance",
     "run_config_dirs",
     "safe_stem",
     "sample_dirs",
@@ -454,6 +458,8 @@ def check_resume(run_dir: str | os.PathLike[str], fingerprint: dict[str, Any]) -
     it as ``run_config.json``; a dir holding one of another config is refused (``ConfigError``), the saved config
     of an older run read as today's fingerprint would read it (:func:`~adtbench.harness.records.migrate_run_config`)."""
     run = Path(run_dir)
+    if PROVENANCE_KEY in fingerprint:
+        raise ConfigError(PROVENANCE_KEY, f"is reserved: run_config.json records the run's {PROVENANCE_KEY} there")
     saved = read_run_config(run)
     if saved is not None:
         old = migrate_run_config(saved)
@@ -465,6 +471,33 @@ def check_resume(run_dir: str | os.PathLike[str], fingerprint: dict[str, Any]) -
     else:
         run.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run / RUN_CONFIG_FILE, fingerprint, indent=2, newline=False)
+
+
+def record_provenance(
+    run_dir: str | os.PathLike[str], current: dict[str, Any], decoding: bool
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Record what this job is (``current``: ``provenance.job_provenance``) in the run's ``run_config.json``
+    (:func:`check_resume` wrote it) under ``provenance``, atomically; return (the last ``commits`` entry recorded
+    before, or None; the block written).
+
+    ``provenance.commits`` lists every code version that opened the dir to decode prompts, oldest first: when
+    ``decoding`` (the job has prompts to decode) and the last entry is other code (``provenance.same_code``), this
+    job's ``{commit, dirty, version}`` is appended. A dir whose samples were written before provenance was recorded
+    starts the list with ``{"commit": null, …, "reason": …}``. The block's other keys are this job's."""
+    path = Path(run_dir) / RUN_CONFIG_FILE
+    doc = json.loads(path.read_text())
+    old = doc.get(PROVENANCE_KEY)
+    commits = [c for c in (old.get("commits") or []) if isinstance(c, dict)] if isinstance(old, dict) else []
+    if not commits and count_sample_lines(run_dir) > 0:
+        reason = "samples written before run dirs recorded provenance"
+        commits.append({"commit": None, "dirty": None, "version": None, "reason": reason})
+    previous = commits[-1] if commits else None
+    entry = {k: current.get(k) for k in ("commit", "dirty", "version")}
+    if decoding and (previous is None or not same_code(previous, entry)):
+        commits.append(entry)
+    block = {**current, "commits": commits}
+    atomic_write_json(path, {**doc, PROVENANCE_KEY: to_jsonable(block)}, indent=2, newline=False)
+    return previous, block
 
 
 def write_eval(
@@ -564,10 +597,12 @@ def write_merged_run(
     run_config: dict[str, Any],
     summary: Summary,
     info: dict[str, Any],
+    provenance: dict[str, Any] | None = None,
 ) -> None:
     """Write a merged run into ``out``: each ``(source run dir, record)``'s image (a hard link where possible),
-    ``trace.jsonl`` and ``samples.jsonl`` (in the given order, replacing any), ``run_config.json``,
-    ``summary.json`` and ``merge.json`` (``info``)."""
+    ``trace.jsonl`` and ``samples.jsonl`` (in the given order, replacing any), ``run_config.json`` (with the shards'
+    ``provenance``, ``provenance.merged_provenance``, when any recorded one), ``summary.json`` and ``merge.json``
+    (``info``)."""
     run = Path(out)
     run.mkdir(parents=True, exist_ok=True)
     for name in (SAMPLES_FILE, TRACE_FILE):
@@ -578,7 +613,8 @@ def write_merged_run(
             _link_or_copy(src / rec["image"], run / rec["image"])
     _write_jsonl(run / TRACE_FILE, traces)
     _write_jsonl(run / SAMPLES_FILE, [rec for _, rec in records])
-    atomic_write_json(run / RUN_CONFIG_FILE, run_config, indent=2, newline=False)
+    doc = run_config if provenance is None else {**run_config, PROVENANCE_KEY: to_jsonable(provenance)}
+    atomic_write_json(run / RUN_CONFIG_FILE, doc, indent=2, newline=False)
     write_summary(run, summary)
     atomic_write_json(run / MERGE_FILE, to_jsonable(info), indent=2, newline=False)
 
@@ -691,8 +727,20 @@ def _json_or_none(path: Path) -> Any:
 
 
 def read_run_config(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The run's ``run_config.json`` (None when absent)."""
-    return _json_or_none(Path(run_dir) / RUN_CONFIG_FILE)  # type: ignore[no-any-return]
+    """The run's config as ``run_config.json`` holds it, without its ``provenance`` (:func:`read_provenance`; the
+    config alone, what resume and ``adtbench merge`` compare); None when absent."""
+    doc = _json_or_none(Path(run_dir) / RUN_CONFIG_FILE)
+    if isinstance(doc, dict):
+        doc.pop(PROVENANCE_KEY, None)
+    return doc  # type: ignore[no-any-return]
+
+
+def read_provenance(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """What wrote the run (``run_config.json``'s ``provenance``: :func:`record_provenance`); None for a run dir
+    written before it was recorded, or without a ``run_config.json``."""
+    doc = _json_or_none(Path(run_dir) / RUN_CONFIG_FILE)
+    block = doc.get(PROVENANCE_KEY) if isinstance(doc, dict) else None
+    return block if isinstance(block, dict) else None
 
 
 def run_config_dirs(root: str | os.PathLike[str]) -> list[Path]:

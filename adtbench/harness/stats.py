@@ -304,7 +304,14 @@ def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     configured ``window``, ``init``, ``redraw``, ``rule`` (and sjd_pac's ``branch``, ``tree_depth``, ``variant``; the
     first record's), the mean verified window
     ``window_mean`` (chain nodes per forward, weighted by forwards), ``accept_hist`` (forwards that accepted a = 0, 1, …
-    drafts, summed) and ``kept_frac`` (coupled redraws that kept their draft, pooled)."""
+    drafts, summed) and ``kept_frac`` (coupled redraws that kept their draft, pooled).
+
+    The step that ran each image (a record's ``stats.step``: ``eager`` — the host loop —, ``fixed-shape`` or
+    ``graph`` — the device-resident step of ``algorithm.jacobi_step``): ``step_counts`` = {step: records}, summed;
+    ``step`` = the one step when every record that names one agrees, ``mixed`` when they differ (a run resumed on
+    another machine under ``engine.verify_step=auto``), None when none names one (records from before the key).
+    ``idle_forwards`` = Σ the device-resident step's forwards launched past an image's end (at most one per image;
+    they are not in ``target_forwards``), None when no record counts them (the eager loop launches none)."""
     rows = [r["stats"] for r in records if isinstance(r.get("stats"), dict) and "accept_hist" in r["stats"]]
     if not rows:
         return None
@@ -317,6 +324,11 @@ def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     window = sum(float(st["window_mean"]) * int(st.get("target_forwards") or 0) for st in rows)
     coupled = sum(int(st.get("coupled") or 0) for st in rows)
     kept = sum(int(st.get("kept") or 0) for st in rows)
+    steps: dict[str, int] = {}
+    for st in rows:
+        if st.get("step") is not None:
+            steps[str(st["step"])] = steps.get(str(st["step"]), 0) + 1
+    idle = [int(st["idle_forwards"]) for st in rows if st.get("idle_forwards") is not None]
     first = rows[0]
     return {
         **{k: first.get(k) for k in ("window", "init", "redraw", "rule")},
@@ -324,6 +336,9 @@ def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
         "window_mean": window / forwards if forwards else None,
         "accept_hist": hist,
         "kept_frac": kept / coupled if coupled else None,
+        "step": (next(iter(steps)) if len(steps) == 1 else "mixed") if steps else None,
+        "step_counts": dict(sorted(steps.items())),
+        "idle_forwards": sum(idle) if idle else None,
     }
 
 

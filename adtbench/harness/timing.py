@@ -178,11 +178,19 @@ def machine() -> dict[str, Any]:
 
 
 def environment(target: Any) -> dict[str, Any]:
-    """The summary's ``env``: python, torch, transformers, the target's device and dtype, CPU, threads, GPU/CUDA."""
+    """The summary's ``env``: the code (``adtbench`` version, git ``commit`` and ``dirty``:
+    ``provenance.code_version``), python, torch, transformers, the target's device and dtype, CPU, threads,
+    GPU/CUDA."""
     import transformers
 
+    from adtbench.harness.provenance import code_version
+
     dev = target.device
+    code = code_version()
     info = {
+        "adtbench": code["version"],
+        "commit": code["commit"],
+        "dirty": code["dirty"],
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

@@ -12,12 +12,12 @@ Checks, before anything is written:
   own block's ids, and the union is the whole set (nothing lost; ``--allow-partial`` accepts missing ones).
 
 The merged dir gets ``samples.jsonl`` and ``trace.jsonl`` in dataset order, ``images/`` (hard links where
-possible), ``run_config.json`` (shard removed), ``merge.json`` (sources and checks) and ``summary.json``
-recomputed from all samples with :func:`adtbench.harness.stats.summarize` — so τ and d̄ are ratios of totals and
-the speedup is mean baseline latency / mean method latency over every sample, not an average of shard
-speedups. ``env_consistent`` says whether all shards ran on the same device and software (speedups are
-comparable only within one environment). Every file name comes from :mod:`adtbench.harness.rundir`, every write is
-atomic (:mod:`adtbench.io`).
+possible), ``run_config.json`` (shard removed; its ``provenance`` lists every shard's commits), ``merge.json``
+(sources and checks) and ``summary.json`` recomputed from all samples with :func:`adtbench.harness.stats.summarize`
+— so τ and d̄ are ratios of totals and the speedup is mean baseline latency / mean method latency over every sample,
+not an average of shard speedups. ``env_consistent`` says whether all shards ran on the same device and software
+(speedups are comparable only within one environment; ``env`` names the code's commit too). Every file name comes
+from :mod:`adtbench.harness.rundir`, every write is atomic (:mod:`adtbench.io`).
 
 W&B: when the shards were decoded with ``logger=wandb`` (their ``.hydra/config.yaml``), the merged run is logged as
 its own W&B run in the shards' group (the array), job type = the policy, config = the merged ``run_config.json``:
@@ -37,6 +37,7 @@ from typing import Any
 from adtbench.errors import ConfigError
 from adtbench.harness.config import config_diff
 from adtbench.harness.data.prompts import load_prompts, parse_shard, shard_prompts
+from adtbench.harness.provenance import merged_provenance
 from adtbench.harness.records import Summary
 from adtbench.harness.rundir import (
     ResultStore,
@@ -44,6 +45,7 @@ from adtbench.harness.rundir import (
     has_summary,
     is_merged_run,
     read_hydra_config,
+    read_provenance,
     read_run_config,
     read_summary_typed,
     read_tracking,
@@ -222,7 +224,8 @@ def merge_runs(shard_dirs: list[Path], out: Path, allow_partial: bool = False, f
         "dataset_check": check,
     }
     traced = [traces[pid] for pid in order if pid in traces]
-    write_merged_run(out, [(owner[pid], records[pid]) for pid in order], traced, merged_cfg, summary, info)
+    prov = merged_provenance([read_provenance(by_index[i]) for i in sorted(by_index)])
+    write_merged_run(out, [(owner[pid], records[pid]) for pid in order], traced, merged_cfg, summary, info, prov)
     return summary.to_json()
 
 

@@ -194,10 +194,11 @@ def pareto_front(
 
 
 def _key_columns(table: Any) -> list[str]:
-    """The row-key (non-numeric) columns of an aggregated table."""
+    """The row-key (non-numeric) columns of an aggregated table: its ``by`` keys (``lossless`` is a property of a row,
+    not a key: ``tables.aggregate``)."""
     import pandas as pd
 
-    return [c for c in table.columns if not pd.api.types.is_numeric_dtype(table[c])]
+    return [c for c in table.columns if c != "lossless" and not pd.api.types.is_numeric_dtype(table[c])]
 
 
 def _group_configs(table: Any, runs: Any, by: Sequence[str]) -> list[dict[str, str]]:

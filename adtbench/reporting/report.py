@@ -11,8 +11,9 @@ folder into a paper's supplement. Sections:
   (:func:`~adtbench.reporting.tables.load_tree`, :func:`~adtbench.reporting.tables.aggregate`, its row groups
   :func:`~adtbench.reporting.tables.run_groups` and its text :func:`~adtbench.reporting.tables.cells`: one reader,
   one aggregation, one formatting), plus the setting's model, policy, relaxation (LANTERN), drafter and sampling,
-  whether it is lossless (every run's policy, built from its recorded config by the policy registry, says so and
-  LANTERN is off), the device and the load (the highest ``load_peak`` of its runs over their ``cpu_count``).
+  whether it is lossless (the table's ``lossless`` column: what each run recorded, ``job.exactness`` of its policy and
+  acceptance rule, derived the same way from its config for runs from before the flag), the device and the load (the
+  highest ``load_peak`` of its runs over their ``cpu_count``).
   Clicking a header sorts by that column (numbers by value, the rest as text); a second click reverses.
 - **Prompts**: per prompt, the image of every setting beside AR's for the same seed (AR: a run of ``policy=ar`` with
   the same resolved model, dataset, sampling and seed in the given dirs, :func:`conditions`; without one the page
@@ -23,8 +24,9 @@ folder into a paper's supplement. Sections:
 - **Plots** (the ``plots`` extra; without matplotlib the section says so), by :mod:`adtbench.reporting.plots` from
   the same table: speedup per setting with its CIs, speedup against each quality metric with the Pareto front, τ
   against d̄, and the accepted-length histogram per setting.
-- **Provenance**: the git commit of the checkout that made the page (runs record none), each run's command line
-  (``python run.py`` + its recorded overrides), software and device, and its full config (collapsed ``<details>``).
+- **Provenance**: the git commit of the checkout that made the page, and per run the commits that wrote its samples
+  (``run_config.json``'s provenance; "not recorded" for runs from before it), its command line (``python run.py`` +
+  its recorded overrides), software and device, and its full config (collapsed ``<details>``).
 
 A test hook: opened as ``index.html#selftest`` the page's script checks itself after load — every ``<img>`` decoded,
 a click on the τ header sorts the rows — and writes the result as JSON into ``<pre id="selftest">`` (read by
@@ -37,7 +39,6 @@ import argparse
 import html
 import json
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -51,6 +52,7 @@ from adtbench.harness.maps import GridLayout, position_grids, render_map
 from adtbench.harness.rundir import (
     map_file,
     read_override_list,
+    read_provenance,
     read_run_config,
     read_run_maps,
     read_samples,
@@ -64,13 +66,15 @@ from adtbench.reporting.tables import (
     caveat_note,
     cells,
     default_by,
+    group_lossless,
     load_tree,
     run_groups,
+    table_notes,
 )
 
 SETTING_COLUMNS = ("model", "policy", "lantern", "drafter", "sampling")
 """What names a setting on the page (``lantern``: the relaxation), shown whether or not it varies."""
-NOT_QUALITY = ("tau", "d_bar", "speedup", "latency_s", "window_mean")
+NOT_QUALITY = ("tau", "d_bar", "speedup", "speedup_ref", "latency_s", "window_mean")
 """Value columns of the table that are no quality metric (no Pareto plot against them)."""
 ASSETS = "assets"
 PAGE = "index.html"
@@ -85,7 +89,7 @@ class Setting:
     label: str
     run_dirs: list[Path]
     describe: dict[str, str]
-    lossless: bool | None
+    lossless: str  # ``yes`` / ``no`` / ``mixed`` / ``?``: the table's ``lossless`` cell (``tables.group_lossless``)
     device: str
     load: str
     samples: dict[str, tuple[Path, dict[str, Any]]] = field(default_factory=dict)  # prompt id → (run dir, record)
@@ -95,27 +99,6 @@ class Setting:
 # ----------------------------------------------------------------------------------------------------
 # data: the table reader's groups
 # ----------------------------------------------------------------------------------------------------
-
-
-def _lossless(run_dir: Path) -> bool | None:
-    """Whether the run's decoding is distribution-identical to AR, as the policy registry (the one place that
-    knows) builds its policy from ``run_config.json``: a loop policy (Jacobi, ZipAR, MuLo-SD, SJD-PAC) says so
-    itself (``LoopPolicy.lossless``: its rule); a tree policy (AR, chain, static, EAGLE-2, ADT-Tree) is verified
-    by exact acceptance unless LANTERN relaxes it. None when it cannot be told (no config, an older config the
-    current policy refuses)."""
-    cfg = read_run_config(run_dir) or {}
-    node = dict(cfg.get("policy") or {})
-    name = node.pop("name", None)
-    if name is None:
-        return None
-    try:
-        from adtbench.algorithm.policies import POLICIES, LoopPolicy
-
-        policy = POLICIES.build(str(name), node)
-    except Exception:  # an older config a current policy no longer accepts: say unknown, do not guess
-        return None
-    lantern_on = bool((cfg.get("lantern") or {}).get("enabled", False))
-    return (bool(policy.lossless) if isinstance(policy, LoopPolicy) else True) and not lantern_on
 
 
 def _common(values: Sequence[Any]) -> str:
@@ -131,8 +114,7 @@ def settings_of(runs: Any, by: Sequence[str]) -> list[Setting]:
         describe = {c: _common(grp[c].tolist()) for c in SETTING_COLUMNS if c in grp}
         describe |= {k: v for k, v in keyd.items() if k not in describe}
         dirs = [Path(d) for d in grp["run_dir"]]
-        flags = [_lossless(d) for d in dirs]
-        lossless = None if any(f is None for f in flags) else all(flags)
+        lossless = group_lossless(grp["lossless"].tolist() if "lossless" in grp else [None])
         peak = max((float(v) for v in grp.get("load_peak", []) if v is not None and np.isfinite(v)), default=None)
         cpus = max((int(v) for v in grp.get("cpu_count", []) if v is not None and np.isfinite(v)), default=None)
         load = "—" if peak is None else f"{peak:.2f}" + (f" / {cpus} cores" if cpus else "")
@@ -314,26 +296,27 @@ def _leaderboard(table: Any, settings: list[Setting], digits: int) -> str:
     head += [f'<th data-type="text" data-col="{_e(c)}">{_e(c)}</th>' for c in extra]
     for label, col in zip(text.columns[n_keys:], raw_cols[n_keys:]):
         head.append(f'<th data-type="num" data-col="{_e(col)}">{_e(label)}</th>')
-    head += ['<th data-type="text" data-col="lossless">lossless</th>', '<th data-type="text">device</th>']
+    head.append('<th data-type="text">device</th>')
     head.append('<th data-type="num" data-col="load">load (peak)</th>')
     rows = []
     for i, s in enumerate(settings):
-        tds = [f'<td data-v="{_e(v)}">{_e(v)}</td>' for v in text.iloc[i, :n_keys]]
+        tds = [  # the lossless cell coloured by its value (``yes`` / ``no``)
+            f'<td{f" class={_e(v)}" if c == "lossless" else ""} data-v="{_e(v)}">{_e(v)}</td>'
+            for c, v in zip(keys_shown, text.iloc[i, :n_keys])
+        ]
         tds += [f'<td data-v="{_e(s.describe.get(c, "—"))}">{_e(s.describe.get(c, "—"))}</td>' for c in extra]
         for shown, col in zip(text.iloc[i, n_keys:], raw_cols[n_keys:]):
             v = table[col].iloc[i]
             num = "" if v is None or not np.isfinite(float(v)) else repr(float(v))
             tds.append(f'<td class="num" data-v="{num}">{_e(shown)}</td>')
-        ll = {True: ("yes", "yes"), False: ("no", "no"), None: ("", "?")}[s.lossless]
-        tds.append(f'<td class="{ll[0]}" data-v="{ll[1]}">{ll[1]}</td>')
         tds.append(f'<td data-v="{_e(s.device)}">{_e(s.device)}</td>')
         load = s.load.split(" ")[0]
         tds.append(f'<td class="num" data-v="{"" if load == "—" else load}">{_e(s.load)}</td>')
         rows.append(f'<tr id="setting-{s.index}">{"".join(tds)}</tr>')
-    note = caveat_note() if marked else ""
+    notes = ([caveat_note()] if marked else []) + table_notes(table)
     return (
         f'<table class="lb" id="leaderboard"><thead><tr>{"".join(head)}</tr></thead>'
-        f"<tbody>{''.join(rows)}</tbody></table><p class=note>{_e(note)}</p>"
+        f"<tbody>{''.join(rows)}</tbody></table>" + "".join(f"<p class=note>{_e(n)}</p>" for n in notes or [""])
     )
 
 
@@ -457,30 +440,24 @@ def _plots(table: Any, runs: Any, settings: list[Setting], by: Sequence[str], as
 
 
 def _commit() -> str:
-    """``git describe`` of the checkout this package runs from (``unknown`` outside one)."""
-    from adtbench.resources import root_dir
+    """The commit of the checkout this package runs from (``provenance.code_version``; its reason outside one)."""
+    from adtbench.harness.provenance import code_version
 
-    try:
-        got = subprocess.run(
-            ["git", "-C", str(root_dir()), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(root_dir()), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (no git)"
-    if got.returncode != 0:
-        return "unknown (not a git checkout)"
-    return got.stdout.strip() + (" (with uncommitted changes)" if dirty.stdout.strip() else "")
+    return _code_text(code_version())
+
+
+def _code_text(code: dict[str, Any]) -> str:
+    """A provenance entry as text: its sha (``with uncommitted changes`` when dirty), else the version and reason."""
+    if code.get("commit"):
+        return str(code["commit"]) + (" (with uncommitted changes)" if code.get("dirty") else "")
+    why = code.get("commit_reason") or code.get("reason") or "no commit recorded"
+    return f"unknown ({why})" + (f", adtbench {code['version']}" if code.get("version") else "")
 
 
 def _provenance(settings: list[Setting], argv: Sequence[str]) -> str:
     parts = [
         f"<p>Page made by <code>adtbench report {_e(' '.join(argv))}</code> at commit <code>{_e(_commit())}</code> "
-        "(the checkout that made the page; run dirs record no commit).</p>"
+        "(the checkout that made the page; each run's own commits are under it).</p>"
     ]
     for s in settings:
         for d in s.run_dirs:
@@ -489,8 +466,11 @@ def _provenance(settings: list[Setting], argv: Sequence[str]) -> str:
             cmd = "python run.py " + " ".join(read_override_list(d))
             cfg = json.dumps(read_run_config(d) or {}, indent=2, sort_keys=True)
             envs = ", ".join(f"{k} {v}" for k, v in env.items() if v is not None)
+            prov = read_provenance(d)
+            commits = [_code_text(c) for c in (prov or {}).get("commits") or []] or ["not recorded (an older run)"]
             parts.append(
                 f"<details><summary>{_e(s.label)} — <code>{_e(d)}</code></summary>"
+                f"<p>samples written by commit(s) <code>{_e('; '.join(commits))}</code></p>"
                 f"<p><code>{_e(cmd)}</code></p><p class=note>{_e(envs)}; load {_e(summ.get('load_before'))} → "
                 f"{_e(summ.get('load_peak'))} (peak), {_e(summ.get('cpu_count'))} cores, threads "
                 f"{_e(summ.get('threads'))}</p><pre>{_e(cfg)}</pre></details>"

@@ -62,6 +62,7 @@ from adtbench.harness.rundir import (
     read_eval,
     read_eval_samples,
     read_overrides,
+    read_provenance,
     read_run_config,
     read_samples,
     read_summary_typed,
@@ -74,10 +75,14 @@ CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling"
 IGNORED_OVERRIDES = PLUMBING_KEYS + POOLED_KEYS
 PER_PROMPT_METRICS = ("clip_score", "hpsv2", "hpsv21", "aesthetic", "mini_agreement")
 LOWER_IS_BETTER = {"fid", "mini_fid", "latency_s"}
+#: The ``speedup`` header when ``speedup_ref`` is shown beside it: each names its baseline.
+SPEEDUP_LEAN_LABEL = ("speedup vs lean AR (×)", r"Speedup vs lean AR ($\times$)")
+LOSSLESS_TEXT = {True: "yes", False: "no", None: "?"}  # the ``lossless`` column (``mixed``: a group of both)
 LABELS = {
     "tau": ("τ", r"$\tau$"),
     "d_bar": ("d̄", r"$\bar d$"),
     "speedup": ("speedup (×)", r"Speedup ($\times$)"),
+    "speedup_ref": ("speedup vs reference AR (×)", r"Speedup vs reference AR ($\times$)"),
     "latency_s": ("latency (s)", r"Latency (s)"),
     "clip_score": ("CLIP", r"CLIP"),
     "hpsv21": ("HPSv2.1", r"HPSv2.1"),
@@ -110,6 +115,55 @@ def _config_id(run_dir: Path, summary: Summary) -> str:
     return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
+def run_lossless(run_dir: Path, summary: Summary | None = None) -> tuple[bool | None, str]:
+    """Whether the run's method is lossless (greedy token-identical, sampled distribution-identical to AR) and why.
+
+    As the run recorded it (``summary.json``'s ``lossless``, else ``run_config.json``'s provenance: ``job.exactness``
+    when it decoded); for a run from before the flag, the same :func:`adtbench.harness.job.exactness` of the policy
+    the registry builds from its ``run_config.json`` and its acceptance rule (LANTERN's bounds from the summary's
+    ``lantern_params``, else the config's ``lantern`` node; the reason then says it was derived). ``(None, why)``
+    when it cannot be told (no config, an older config a current policy no longer accepts)."""
+    if summary is not None and summary.lossless is not None:
+        return summary.lossless, str(summary.lossless_reason)
+    prov = read_provenance(run_dir)
+    if prov is not None and prov.get("lossless") is not None:
+        return bool(prov["lossless"]), str(prov.get("lossless_reason"))
+    cfg = read_run_config(run_dir) or {}
+    node = dict(cfg.get("policy") or {})
+    name = node.pop("name", None)
+    if name is None:
+        return None, "unknown: the run recorded no policy"
+    try:
+        from adtbench.algorithm.policies import POLICIES
+        from adtbench.harness.job import exactness
+
+        got = exactness(POLICIES.build(str(name), node), _recorded_rule(cfg, summary))
+    except Exception as e:  # an older config a current policy or rule no longer accepts: say unknown, do not guess
+        return None, f"unknown: policy={name} as recorded cannot be rebuilt ({type(e).__name__}: {e})"
+    return got.lossless, f"{got.reason} (derived from run_config.json: the run recorded no flag)"
+
+
+def _recorded_rule(cfg: dict[str, Any], summary: Summary | None) -> Any:
+    """The acceptance rule a run decoded with, for :func:`run_lossless`: exact, or LANTERN with its recorded bounds
+    over a one-entry stand-in neighbour table (whether a LANTERN rule is lossless depends on its bounds and residual
+    only: ``LanternRule.lossless``)."""
+    from adtbench.algorithm.verify import EXACT
+
+    node = cfg.get("lantern") or {}
+    if not node.get("enabled", False):
+        return EXACT
+    import torch
+
+    from adtbench.algorithm.lantern import LanternRule
+    from adtbench.harness.caches import lantern_params
+
+    p = lantern_params(node)
+    used = (summary.lantern_params if summary is not None else None) or {}
+    delta, lam = used.get("delta", p.delta), used.get("lam", p.lam)
+    residual = bool(used.get("reference_residual", p.reference_residual))
+    return LanternRule(torch.zeros((1, 1), dtype=torch.long), 0, delta=delta, lam=lam, k=1, reference_residual=residual)
+
+
 def find_trees(roots: str | Path | Sequence[str | Path]) -> list[Path]:
     """Every job dir under one results dir or several (:func:`~adtbench.harness.rundir.find_runs` of each, in the
     order given); a dir reached from two roots is listed once."""
@@ -130,12 +184,15 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
     ``runs``: one row per job dir — ``run_dir``, ``job``, ``config_id``, the choices (``model``, ``drafter``,
     ``policy``, ``lantern``, ``dataset``, ``sampling``), ``shard``, ``merged``, ``n_samples``, ``n_prompts``,
     ``complete``, ``tau``, ``d_bar``, ``d_bar_tree``, ``speedup``, ``latency_s``, ``baseline_latency_s``,
+    ``speedup_ref`` and ``reference_baseline`` (``timing.reference_baseline``: the speedup against the reference
+    implementation's AR and what that ran on; None without), ``lossless`` / ``lossless_reason`` (:func:`run_lossless`),
     ``device``, ``load_before`` / ``load_peak`` (the 1-minute load average at the start / its peak) and
     ``cpu_count``, one column per evaluated metric (``summary["eval"]["values"]``), ``ov.<key>`` per override.
     ``samples``: one row per sample — ``run_dir``, ``config_id``, ``prompt_id``, ``seed``, ``committed``,
-    ``cycles``, ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``, ``baseline_latency_s``, ``tau``,
-    ``speedup``, ``window_mean`` (the Jacobi loops' mean verified window, from ``stats``; absent for other
-    policies, so the table shows it only for them) and the per-prompt metrics of ``eval_samples.jsonl``.
+    ``cycles``, ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``, ``baseline_latency_s``,
+    ``reference_latency_s``, ``tau``, ``speedup``, ``window_mean`` (the Jacobi loops' mean verified window, from
+    ``stats``; absent for other policies, so the table shows it only for them) and the per-prompt metrics of
+    ``eval_samples.jsonl``.
     """
     import pandas as pd
 
@@ -155,6 +212,7 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
             if ev.get("n_images") != s.stats.get("n_samples"):
                 ev = {}
         env = s.env or {}
+        lossless, why = run_lossless(d, s)
         row: dict[str, Any] = {
             "run_dir": str(d),
             "job": d.name,
@@ -166,6 +224,10 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
             "n_prompts": s.n_prompts,
             "complete": s.complete,
             **{k: s.stats.get(k) for k in ("tau", "d_bar", "d_bar_tree", "speedup", "latency_s", "baseline_latency_s")},
+            "speedup_ref": s.stats.get("speedup_ref"),
+            "reference_baseline": (s.run or {}).get("reference_baseline"),
+            "lossless": lossless,
+            "lossless_reason": why,
             "device": env.get("gpu") or env.get("device"),
             **{k: (s.run or {}).get(k) for k in ("load_before", "load_peak", "cpu_count")},
             **{k: v for k, v in (ev.get("values") or {}).items() if isinstance(v, int | float) or v is None},
@@ -186,7 +248,8 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
     runs = pd.DataFrame(run_rows)
     samples = pd.DataFrame(sample_rows)
     if len(samples):
-        for k in ("committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s", "baseline_latency_s"):
+        numeric = ("committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s", "baseline_latency_s")
+        for k in (*numeric, "reference_latency_s"):
             samples[k] = pd.to_numeric(samples[k], errors="coerce")
     return runs, samples
 
@@ -248,8 +311,11 @@ def aggregate(
     ci: float = 0.95,
     seed: int = 0,
 ) -> Any:
-    """One row per group of runs: ``n``, ``runs``, and for τ, d̄, speedup, latency and each metric the value
-    with ``<name>_lo`` / ``<name>_hi`` bootstrap bounds (NaN where not defined). See the module docstring."""
+    """One row per group of runs: ``lossless`` (``yes`` / ``no`` by :func:`run_lossless` of its runs; ``mixed``, or
+    ``?`` where a run's cannot be told), ``n``, ``runs``, and for τ, d̄, speedup, ``speedup_ref`` (only when some
+    run has one: against the reference implementation's AR), latency and each metric the value with
+    ``<name>_lo`` / ``<name>_hi`` bootstrap bounds (NaN where not defined). The table's ``attrs["reference_baseline"]``
+    lists what the reference baselines ran on. See the module docstring."""
     import pandas as pd
 
     if len(runs) == 0:
@@ -259,12 +325,30 @@ def aggregate(
     rows = []
     for key, grp in run_groups(runs, by):
         row: dict[str, Any] = dict(zip(by, key))
+        row["lossless"] = group_lossless(grp["lossless"].tolist() if "lossless" in grp else [None])
         smp = samples[samples["run_dir"].isin(grp["run_dir"])] if len(samples) else samples
         row |= _group_stats(smp, grp, metric_cols, n_boot, ci, seed)
         rows.append(row)
     table = pd.DataFrame(rows)
-    stats = [f"{m}{s}" for m in ("tau", "d_bar", "speedup", "latency_s", *metric_cols) for s in ("", "_lo", "_hi")]
-    return table[[*by, "n", "runs", *(c for c in stats if c in table)]]
+    values = ("tau", "d_bar", "speedup", "speedup_ref", "latency_s", *metric_cols)
+    if "speedup_ref" in table and table["speedup_ref"].isna().all():  # no run timed the reference: no column
+        table = table.drop(columns=["speedup_ref", "speedup_ref_lo", "speedup_ref_hi"])
+    stats = [f"{m}{s}" for m in values for s in ("", "_lo", "_hi")]
+    keys = [*by, *(["lossless"] if "lossless" not in by else [])]
+    out = table[[*keys, "n", "runs", *(c for c in stats if c in table)]]
+    refs = runs["reference_baseline"].dropna().astype(str) if "reference_baseline" in runs else []
+    out.attrs["reference_baseline"] = sorted(set(refs))
+    return out
+
+
+def group_lossless(flags: list[Any]) -> str:
+    """The ``lossless`` cell of a group of runs: ``yes`` / ``no`` when every run agrees, ``mixed`` when runs of both
+    kinds are pooled, ``?`` when some run's cannot be told (:func:`run_lossless`)."""
+    vals = [None if f is None or (isinstance(f, float) and np.isnan(f)) else bool(f) for f in flags]
+    known = {v for v in vals if v is not None}
+    if len(known) > 1:
+        return "mixed"
+    return LOSSLESS_TEXT[None] if None in vals or not known else LOSSLESS_TEXT[known.pop()]
 
 
 def run_groups(runs: Any, by: Sequence[str]) -> list[tuple[tuple[Any, ...], Any]]:
@@ -297,6 +381,7 @@ _SAMPLE_FIELDS = (
     "tree_depth_sum",
     "latency_s",
     "baseline_latency_s",
+    "reference_latency_s",
     "tau",
     "speedup",
 )
@@ -308,14 +393,19 @@ def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: fl
     nan = float("nan")
     out: dict[str, Any] = {"n": int(smp["prompt_id"].nunique()) if len(smp) else 0, "runs": len(grp)}
     if len(smp) == 0:
-        return out | {f"{k}{s}": nan for k in ("tau", "d_bar", "speedup", "latency_s") for s in ("", "_lo", "_hi")}
+        keys = ("tau", "d_bar", "speedup", "speedup_ref", "latency_s")
+        return out | {f"{k}{s}": nan for k in keys for s in ("", "_lo", "_hi")}
     paired = smp["baseline_latency_s"].notna() & smp["latency_s"].notna()
+    ref = smp["reference_latency_s"] if "reference_latency_s" in smp else smp["latency_s"] * nan
+    paired_ref = ref.notna() & smp["latency_s"].notna()
     cols = {
         "committed": smp["committed"],
         "cycles": smp["cycles"],
         "dsum": smp["drafted_depth_sum"],
         "base": smp["baseline_latency_s"].where(paired, 0.0),
         "lat_p": smp["latency_s"].where(paired, 0.0),
+        "ref": ref.where(paired_ref, 0.0),
+        "lat_r": smp["latency_s"].where(paired_ref, 0.0),
         "lat": smp["latency_s"],
         "one": smp["latency_s"].notna().astype(float),
     }
@@ -323,6 +413,7 @@ def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: fl
         "tau": ("committed", "cycles"),
         "d_bar": ("dsum", "cycles"),
         "speedup": ("base", "lat_p"),
+        "speedup_ref": ("ref", "lat_r"),  # Σ reference / Σ method over the prompts with a reference timing
         "latency_s": ("lat", "one"),
     }
     per_prompt_metrics = [m for m in metric_cols if m in smp and smp[m].notna().any()]
@@ -397,9 +488,10 @@ def cells(table: Any, digits: int = 3, latex: bool = False) -> tuple[Any, int, b
     """The aggregated table as text cells, the one formatting of ``adtbench table`` and ``adtbench report``:
     (DataFrame of strings with the display headers, number of row-key columns, whether a caveat mark was set).
 
-    Row keys first (``ov.`` dropped from override names), then the counts, then per value column
-    ``v [lo, hi]`` (:func:`_fmt`) under its label (:data:`LABELS`, ↓ where lower is better); CIs of groups with
-    fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark."""
+    Row keys first (``ov.`` dropped from override names; ``lossless``: yes / no), then the counts, then per value
+    column ``v [lo, hi]`` (:func:`_fmt`) under its label (:data:`LABELS`, ↓ where lower is better; with
+    ``speedup_ref`` beside it, ``speedup`` is headed :data:`SPEEDUP_LEAN_LABEL`); CIs of groups with fewer than
+    ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark."""
     import pandas as pd
 
     vals = _value_columns(table)
@@ -419,6 +511,8 @@ def cells(table: Any, digits: int = 3, latex: bool = False) -> tuple[Any, int, b
     marked = False
     for c in vals:
         label = LABELS.get(c, (c, c))[1 if latex else 0]
+        if c == "speedup" and "speedup_ref" in vals:  # both shown: each header names its baseline
+            label = SPEEDUP_LEAN_LABEL[1 if latex else 0]
         arrow = ("↓" if not latex else r"$\downarrow$") if c in LOWER_IS_BETTER else ""
         column = [
             _fmt(v, lo, hi, digits, latex, bool(f))
@@ -444,7 +538,9 @@ def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> st
         styler = styler.format_index(escape="latex-math", axis=1)
         body = styler.to_latex(hrules=True, column_format="l" * n_left + "r" * (len(out.columns) - n_left))
         note = f"% mean [{100 * ci:.0f}% bootstrap CI over prompts]; needs \\usepackage{{booktabs}}"
-        foot = f"\\par\\smallskip{{\\footnotesize {caveat_note(True)}}}\n" if marked else ""
+        notes = [caveat_note(True)] if marked else []
+        notes += [_latex_text(n) for n in table_notes(table)]
+        foot = "".join(f"\\par\\smallskip{{\\footnotesize {n}}}\n" for n in notes)
         return f"{note}\n{body}{foot}".rstrip("\n")
     align = ["left"] * n_left + ["right"] * (len(out.columns) - n_left)
     note = (
@@ -452,7 +548,37 @@ def render(table: Any, fmt: str = "md", digits: int = 3, ci: float = 0.95) -> st
     )
     if marked:
         note += f"\n{caveat_note(False)}"
+    note += "".join(f"\n{n}" for n in table_notes(table))
     return out.to_markdown(index=False, colalign=align, disable_numparse=True) + note
+
+
+_LATEX_TEXT = {"\\": r"\textbackslash{}", "_": r"\_", "&": r"\&", "%": r"\%", "#": r"\#", "$": r"\$",
+               "×": r"$\times$", "δ": r"$\delta$", ">": r"$>$", "<": r"$<$"}  # fmt: skip
+
+
+def _latex_text(text: str) -> str:
+    """Plain text (a table note) as LaTeX text: its special characters escaped, × δ > < as math."""
+    return "".join(_LATEX_TEXT.get(ch, ch) for ch in text)
+
+
+def table_notes(table: Any) -> list[str]:
+    """The notes under a rendered table: which baseline each speedup is against (when ``speedup_ref`` is shown,
+    naming what the reference baselines ran on: the table's ``attrs["reference_baseline"]``), and that a row with
+    ``lossless`` no is a lossy method."""
+    notes = []
+    if "speedup_ref" in table:
+        ran = "; ".join(table.attrs.get("reference_baseline") or []) or "the model's reference implementation"
+        notes.append(
+            "speedup vs lean AR: against AR on this repo's lean decode step, the same target (CUDA-graphed under "
+            f"engine.compile); speedup vs reference AR: against AR through the reference implementation ({ran}), "
+            "the baseline the papers report against."
+        )
+    if "lossless" in table and (table["lossless"] != LOSSLESS_TEXT[True]).any():
+        notes.append(
+            "lossless: yes = greedy token-identical and sampled distribution-identical to AR; no = a lossy method "
+            "(e.g. lantern=on with δ > 0, ZipAR, MuLo-SD's pooled rule, GSD): its speedup is not an exact method's."
+        )
+    return notes
 
 
 def pivot(
