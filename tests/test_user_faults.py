@@ -570,11 +570,27 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
     assert len(jobs) == 1 and jobs[0].startswith("1_") and (sweep / jobs[0] / "summary.json").exists()
 
 
+PACED_RUN = """
+import runpy, sys, time
+from adtbench.harness.rundir import ResultStore
+commit = ResultStore.commit
+def paced(self, *args, **kwargs):
+    out = commit(self, *args, **kwargs)
+    time.sleep(1.0)
+    return out
+ResultStore.commit = paced
+sys.argv = ["run.py", *sys.argv[1:]]
+runpy.run_path("run.py", run_name="__main__")
+"""
+"""``python run.py`` with a second's pause after each committed prompt: the interrupt lands mid-run however loaded the
+machine (tiny prompts could otherwise all finish between the first commit and the signal)."""
+
+
 @pytest.mark.slow
 def test_ctrl_c_is_one_line_and_the_run_dir_resumes(tmp_path):
     run_dir = tmp_path / "r"
     args = [*TINY_OVERRIDES, "warmup=0", "progress=false", "maps.per_run=false", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run.py"), *args], cwd=ROOT, env=ENV, text=True,
+    proc = subprocess.Popen([sys.executable, "-c", PACED_RUN, *args], cwd=ROOT, env=ENV, text=True,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
     samples = run_dir / "samples.jsonl"
     deadline = time.time() + 120
