@@ -39,6 +39,7 @@ import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.tree_step as TS
 import adtbench.algorithm.verify as V
 from adtbench import accel
+from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate
 from adtbench.algorithm.lantern import LanternRule
@@ -51,6 +52,10 @@ from adtbench.algorithm.sampling import SamplingParams, sample
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.models.batch import BatchTarget
 
+BATCH_CHECKED = 100
+"""A batched tree-policy case's first images decoded again by the B = 1 loop with the same generators: equal, so a
+difference in a fraction f ≥ 0.023 of the images (moving the B = 1 law from the batched one by up to f) is seen
+with probability ≥ 0.9."""
 HEADLINE_N, HEADLINE_TV = {"t1": 6000, "t3": 4500}, 0.05
 SETTING_N, SETTING_TV = 2000, 0.095
 VARIANT_N, VARIANT_TV = 1000, 0.12
@@ -140,9 +145,9 @@ def exact(s: Setup) -> AcceptanceRule:
 
 
 HEADLINE: dict[str, Case] = {
-    "chain-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "device", 1),
+    "chain-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "device", 16),
     "static-sampled-t3": ("t3", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), "drafter", exact,
-                          "host", 1),
+                          "host", 16),
     "eagle2-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "device", 1),
     "adt-sampled-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost",
                                                          draft_sampling="sample")), "drafter", exact, "host", 1),
@@ -152,7 +157,11 @@ HEADLINE: dict[str, Case] = {
                             exact, "device", 16),
     "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 1),
 }  # fmt: skip
-"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power."""
+"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power. The chain and
+the static sampled tree draw through 16 slots (``batch.generate_batch``: half and two thirds of the B = 1 loop's cost),
+their first ``BATCH_CHECKED`` images checked against B = 1 decodes with the same generators (``sample_images``), so
+the law they test is the B = 1 loop's too; EAGLE-2 and ADT-Tree draw one at a time (the graphed levels are checked
+against ``eagle2-t3``'s B = 1 images; ADT-Tree gains nothing from the slots)."""
 
 SETTING: dict[str, Case] = {
     "scd-adaptive-long": ("long", jac("scd", init="up", window="adaptive", window_min=2, window_max=5), "jacobi",
@@ -208,8 +217,9 @@ def sample_images(
     case: Case, n: int, seed: int = 7, rule: AcceptanceRule | None = None, stat: str | None = None
 ) -> tuple[Counter, float, float]:
     """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
-    ``res.stats[stat]`` (0 without ``stat``). One slot: the engine's B = 1 loop with one generator; more (Jacobi
-    only): ``generate_batch`` with a generator per image."""
+    ``res.stats[stat]`` (0 without ``stat``). One slot: the engine's B = 1 loop with one generator; more:
+    ``generate_batch`` (the policy's, Jacobi; ``batch.generate_batch``, a tree policy, whose first ``BATCH_CHECKED``
+    images must equal B = 1 decodes with the same generators) with a generator per image."""
     setup_name, make, aux, rule_of, where, slots = case
     s = setup_of(setup_name)
     rule = rule_of(s) if rule is None else rule
@@ -218,15 +228,28 @@ def sample_images(
     if slots > 1:
         pol = make()
         bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
-        items = [(i, s.inputs, torch.Generator().manual_seed(seed * 1_000_003 + i)) for i in range(n)]
+
+        def gen(i: int) -> torch.Generator:
+            return torch.Generator().manual_seed(seed * 1_000_003 + i)
+
+        items = [(i, s.inputs, gen(i)) for i in range(n)]
+        first: dict[int, list[int]] = {}
 
         def done(key: Any, res: Any) -> None:
             nonlocal accepted, extra
             counts[tuple(res.tokens)] += 1
             accepted += sum(c.accepted for c in res.cycles)
             extra += res.stats[stat] if stat else 0
+            if key < BATCH_CHECKED:
+                first[key] = res.tokens
 
-        pol.generate_batch(bt, None, items, s.sp, done, rule, where)
+        if aux == "drafter":
+            generate_batch(bt, s.drafter, pol, items, s.sp, done, rule, where)
+            alone = [generate(s.target, s.drafter, make(), s.inputs, s.sp, gen(i), rule, where).tokens
+                     for i in range(min(n, BATCH_CHECKED))]  # fmt: skip
+            assert [first[i] for i in range(len(alone))] == alone, "batched draws differ from B = 1's"
+        else:
+            pol.generate_batch(bt, None, items, s.sp, done, rule, where)
         return counts, accepted / n, extra / n
     graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
     step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
