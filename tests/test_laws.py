@@ -53,9 +53,9 @@ from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.models.batch import BatchTarget
 
 BATCH_CHECKED = 100
-"""A batched tree-policy case's first images decoded again by the B = 1 loop with the same generators: equal, so a
-difference in a fraction f ≥ 0.023 of the images (moving the B = 1 law from the batched one by up to f) is seen
-with probability ≥ 0.9."""
+"""A batched case's (``slots > 1``) first images decoded again by the B = 1 loop with the same generators: equal, so
+a difference in a fraction f ≥ 0.023 of the images (moving the B = 1 law from the batched one by up to f) is seen
+with probability ≥ 0.9, and the law the case tests at its N is the B = 1 loop's too."""
 HEADLINE_N, HEADLINE_TV = {"t1": 6000, "t3": 4500}, 0.05
 SETTING_N, SETTING_TV = 2000, 0.095
 VARIANT_N, VARIANT_TV = 1000, 0.12
@@ -152,16 +152,16 @@ HEADLINE: dict[str, Case] = {
     "adt-sampled-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost",
                                                          draft_sampling="sample")), "drafter", exact, "host", 1),
     "sjd-random-t1": ("t1", jac("sjd", init="random", window=3), "jacobi", exact, "host", 16),
-    "scd-up-t1": ("t1", jac("scd", init="up", window=3), "jacobi", exact, "host", 1),
+    "scd-up-t1": ("t1", jac("scd", init="up", window=3), "jacobi", exact, "host", 16),
     "scd-gumbel-point-t1": ("t1", jac("scd", init="random", redraw="gumbel", proposal="point", window=3), "jacobi",
                             exact, "device", 16),
     "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 1),
 }  # fmt: skip
-"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power. The chain and
-the static sampled tree draw through 16 slots (``batch.generate_batch``: half and two thirds of the B = 1 loop's cost),
+"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power. The chain, the
+static sampled tree and SCD draw through 16 slots (``generate_batch``: half to two thirds of the B = 1 loop's cost),
 their first ``BATCH_CHECKED`` images checked against B = 1 decodes with the same generators (``sample_images``), so
-the law they test is the B = 1 loop's too; EAGLE-2 and ADT-Tree draw one at a time (the graphed levels are checked
-against ``eagle2-t3``'s B = 1 images; ADT-Tree gains nothing from the slots)."""
+the law they test is the B = 1 loop's too; EAGLE-2 (whose B = 1 images the graphed levels are checked against),
+ADT-Tree (no faster through slots) and SJD-PAC draw one at a time."""
 
 SETTING: dict[str, Case] = {
     "scd-adaptive-long": ("long", jac("scd", init="up", window="adaptive", window_min=2, window_max=5), "jacobi",
@@ -218,8 +218,8 @@ def sample_images(
 ) -> tuple[Counter, float, float]:
     """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
     ``res.stats[stat]`` (0 without ``stat``). One slot: the engine's B = 1 loop with one generator; more:
-    ``generate_batch`` (the policy's, Jacobi; ``batch.generate_batch``, a tree policy, whose first ``BATCH_CHECKED``
-    images must equal B = 1 decodes with the same generators) with a generator per image."""
+    ``generate_batch`` (the policy's, Jacobi; ``batch.generate_batch``, a tree policy) with a generator per image,
+    the first ``BATCH_CHECKED`` images equal to B = 1 decodes with the same generators."""
     setup_name, make, aux, rule_of, where, slots = case
     s = setup_of(setup_name)
     rule = rule_of(s) if rule is None else rule
@@ -245,11 +245,12 @@ def sample_images(
 
         if aux == "drafter":
             generate_batch(bt, s.drafter, pol, items, s.sp, done, rule, where)
-            alone = [generate(s.target, s.drafter, make(), s.inputs, s.sp, gen(i), rule, where).tokens
-                     for i in range(min(n, BATCH_CHECKED))]  # fmt: skip
-            assert [first[i] for i in range(len(alone))] == alone, "batched draws differ from B = 1's"
         else:
             pol.generate_batch(bt, None, items, s.sp, done, rule, where)
+        models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
+        alone = [generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, gen(i), rule,
+                          where).tokens for i in range(min(n, BATCH_CHECKED))]  # fmt: skip
+        assert [first[i] for i in range(len(alone))] == alone, "the batched draws differ from B = 1's"
         return counts, accepted / n, extra / n
     graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
     step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
