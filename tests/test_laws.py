@@ -155,13 +155,13 @@ HEADLINE: dict[str, Case] = {
     "scd-up-t1": ("t1", jac("scd", init="up", window=3), "jacobi", exact, "host", 16),
     "scd-gumbel-point-t1": ("t1", jac("scd", init="random", redraw="gumbel", proposal="point", window=3), "jacobi",
                             exact, "device", 16),
-    "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 1),
+    "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 16),
 }  # fmt: skip
 """One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power. The chain, the
-static sampled tree and SCD draw through 16 slots (``generate_batch``: half to two thirds of the B = 1 loop's cost),
-their first ``BATCH_CHECKED`` images checked against B = 1 decodes with the same generators (``sample_images``), so
-the law they test is the B = 1 loop's too; EAGLE-2 (whose B = 1 images the graphed levels are checked against),
-ADT-Tree (no faster through slots) and SJD-PAC draw one at a time."""
+static sampled tree and the Jacobi policies draw through 16 slots (``generate_batch``: half to three quarters of the
+B = 1 loop's cost), their first ``BATCH_CHECKED`` images checked against B = 1 decodes with the same generators
+(``sample_images``), so the law they test is the B = 1 loop's too; EAGLE-2 (whose B = 1 images the graphed levels
+are checked against) and ADT-Tree (no faster through slots) draw one at a time."""
 
 SETTING: dict[str, Case] = {
     "scd-adaptive-long": ("long", jac("scd", init="up", window="adaptive", window_min=2, window_max=5), "jacobi",
