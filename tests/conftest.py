@@ -272,8 +272,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 MEASURED_S = {
-    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 392,
-    "test_laws.py::test_law": 93,
+    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 315,  # 392 × its CPU time since, 118 / 146
+    "test_laws.py::test_law": 72,  # the longest now B = 1 tree cases (72 s): scd-up-t1 (93 s) draws through 16 slots
     "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 90,
     "test_bench_device.py::test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models": 78,
     "test_lean_forward.py::test_compiled_forward_matches_eager": 65,
@@ -305,6 +305,7 @@ MEASURED_S = {
     "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 21,
     "test_tree_step.py::test_the_padded_step_decides_as_the_unpadded_tree": 12,
     "test_tree_step.py::test_greedy_equals_ar_through_the_step": 10,
+    "test_laws.py::test_graphed_levels_draw_the_headline_images_draw_for_draw": 20,  # 9 s CPU × this list's ≈ 2.3
 }
 """The longest tests' call time (s, the longest parametrisation), measured in one full run of the README's test
 command on the shared 2-core machine (load 3–5, so ≈ 2–3× an idle machine's): the scheduling order, longest first.

@@ -42,7 +42,8 @@ def _env(tmp_path: Path, **over: str) -> dict[str, str]:
         "JACOBI_WINDOWS": "4",
         "TREE_POLICIES": "eagle2",  # the trees stage's variants for one policy (3, not 9)
         "POLICY_MODEL": "tiny",
-        "POLICY_NAMES": "[ar,scd,static]",
+        # AR and SCD: a drafter policy's judgement (13 of this stage's 28 s) is test_bench_device.py's, on six policies
+        "POLICY_NAMES": "[ar,scd]",
         "POLICY_PROMPTS": "2",
         "POLICY_BUCKETS": "[1,2]",
         "ADTBENCH_ROOT": str(tmp_path),  # cost-model caches and outputs stay in tmp
@@ -97,7 +98,7 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     assert {x["variant"] for x in t["rows"]} == {"eagle2", "eagle2_eager_verify", "eagle2_eager"}
     # policies: every named policy judged on one set of captured models, with its CI and projection
     pol = json.loads((out / "policies.json").read_text())
-    assert [x["policy"] for x in pol["policies"]] == ["ar", "scd", "static"] and pol["host_launch_us"] > 0
+    assert [x["policy"] for x in pol["policies"]] == ["ar", "scd"] and pol["host_launch_us"] > 0
     assert all(len(x["cycle_ms_per_image"]) == 2 for x in pol["policies"][1:])
 
 

@@ -39,6 +39,7 @@ import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.tree_step as TS
 import adtbench.algorithm.verify as V
 from adtbench import accel
+from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate
 from adtbench.algorithm.lantern import LanternRule
@@ -51,6 +52,10 @@ from adtbench.algorithm.sampling import SamplingParams, sample, sample_rows_cdf
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.models.batch import BatchTarget
 
+BATCH_CHECKED = 100
+"""A batched case's (``slots > 1``) first images decoded again by the B = 1 loop with the same generators: equal, so
+a difference in a fraction f ≥ 0.023 of the images (moving the B = 1 law from the batched one by up to f) is seen
+with probability ≥ 0.9, and the law the case tests at its N is the B = 1 loop's too."""
 HEADLINE_N, HEADLINE_TV = {"t1": 6000, "t3": 4500}, 0.05
 SETTING_N, SETTING_TV = 2000, 0.095
 VARIANT_N, VARIANT_TV = 1000, 0.12
@@ -140,19 +145,23 @@ def exact(s: Setup) -> AcceptanceRule:
 
 
 HEADLINE: dict[str, Case] = {
-    "chain-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "device", 1),
+    "chain-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "device", 16),
     "static-sampled-t3": ("t3", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), "drafter", exact,
-                          "host", 1),
+                          "host", 16),
     "eagle2-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "device", 1),
     "adt-sampled-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost",
                                                          draft_sampling="sample")), "drafter", exact, "host", 1),
     "sjd-random-t1": ("t1", jac("sjd", init="random", window=3), "jacobi", exact, "host", 16),
-    "scd-up-t1": ("t1", jac("scd", init="up", window=3), "jacobi", exact, "host", 1),
+    "scd-up-t1": ("t1", jac("scd", init="up", window=3), "jacobi", exact, "host", 16),
     "scd-gumbel-point-t1": ("t1", jac("scd", init="random", redraw="gumbel", proposal="point", window=3), "jacobi",
                             exact, "device", 16),
-    "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 1),
+    "sjd_pac-K3D3-t1": ("t1", jac("sjd_pac", window=16, branch=3, tree_depth=3), "jacobi", exact, "host", 16),
 }  # fmt: skip
-"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power."""
+"""One test per lossless policy at T = 1, ``HEADLINE_N`` images: TV ≤ 0.05 detected at 90 % power. The chain, the
+static sampled tree and the Jacobi policies draw through 16 slots (``generate_batch``: half to three quarters of the
+B = 1 loop's cost), their first ``BATCH_CHECKED`` images checked against B = 1 decodes with the same generators
+(``sample_images``), so the law they test is the B = 1 loop's too; EAGLE-2 (whose B = 1 images the graphed levels
+are checked against) and ADT-Tree (no faster through slots) draw one at a time."""
 
 SETTING: dict[str, Case] = {
     "scd-adaptive-long": ("long", jac("scd", init="up", window="adaptive", window_min=2, window_max=5), "jacobi",
@@ -180,8 +189,6 @@ VARIANT: dict[str, Case] = {
     "sjd_pac-K2L5-device-t1": ("t1", jac("sjd_pac", window=5, branch=2), "jacobi", exact, "device", 1),
     "chain-host-t3": ("t3", lambda: ChainPolicy(3), "drafter", exact, "host", 1),
     "eagle2-host-t3": ("t3", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact, "host", 1),
-    "eagle2-graphed-t3": ("t3-graphed", lambda: Eagle2Policy(depth=2, top_k=3, total_tokens=9), "drafter", exact,
-                          "device", 1),
     "adt-sampled-device-t3": ("t3", lambda: with_cost(ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8,
                               budget="cost", draft_sampling="sample")), "drafter", exact, "device", 1),
     "static-sampled-step-t3": ("t3-step", lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1]], "sample"), "drafter",
@@ -210,8 +217,9 @@ def sample_images(
     case: Case, n: int, seed: int = 7, rule: AcceptanceRule | None = None, stat: str | None = None
 ) -> tuple[Counter, float, float]:
     """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
-    ``res.stats[stat]`` (0 without ``stat``). One slot: the engine's B = 1 loop with one generator; more (Jacobi
-    only): ``generate_batch`` with a generator per image."""
+    ``res.stats[stat]`` (0 without ``stat``). One slot: the engine's B = 1 loop with one generator; more:
+    ``generate_batch`` (the policy's, Jacobi; ``batch.generate_batch``, a tree policy) with a generator per image,
+    the first ``BATCH_CHECKED`` images equal to B = 1 decodes with the same generators."""
     setup_name, make, aux, rule_of, where, slots = case
     s = setup_of(setup_name)
     rule = rule_of(s) if rule is None else rule
@@ -220,15 +228,29 @@ def sample_images(
     if slots > 1:
         pol = make()
         bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
-        items = [(i, s.inputs, torch.Generator().manual_seed(seed * 1_000_003 + i)) for i in range(n)]
+
+        def gen(i: int) -> torch.Generator:
+            return torch.Generator().manual_seed(seed * 1_000_003 + i)
+
+        items = [(i, s.inputs, gen(i)) for i in range(n)]
+        first: dict[int, list[int]] = {}
 
         def done(key: Any, res: Any) -> None:
             nonlocal accepted, extra
             counts[tuple(res.tokens)] += 1
             accepted += sum(c.accepted for c in res.cycles)
             extra += res.stats[stat] if stat else 0
+            if key < BATCH_CHECKED:
+                first[key] = res.tokens
 
-        pol.generate_batch(bt, None, items, s.sp, done, rule, where)
+        if aux == "drafter":
+            generate_batch(bt, s.drafter, pol, items, s.sp, done, rule, where)
+        else:
+            pol.generate_batch(bt, None, items, s.sp, done, rule, where)
+        models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
+        alone = [generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, gen(i), rule,
+                          where).tokens for i in range(min(n, BATCH_CHECKED))]  # fmt: skip
+        assert [first[i] for i in range(len(alone))] == alone, "the batched draws differ from B = 1's"
         return counts, accepted / n, extra / n
     graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
     step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
@@ -285,6 +307,36 @@ def test_lantern_delta_zero_replays_exact_acceptance(where: str) -> None:
         ]  # fmt: skip
         assert runs[0].tokens == runs[1].tokens, seed
         assert [c.accepted for c in runs[0].cycles] == [c.accepted for c in runs[1].cycles], seed
+
+
+GRAPHED_SEEDS = 150
+
+
+@pytest.mark.slow
+def test_graphed_levels_draw_the_headline_images_draw_for_draw() -> None:
+    """EAGLE-2 with ``engine.compile``'s graphed drafting levels on the simulated CUDA device (``t3-graphed``: float64,
+    acceptance on the device) draws the images of the headline case ``eagle2-t3`` (the CPU, eager levels), draw for
+    draw: ``GRAPHED_SEEDS`` images from one generator seeded as that law test's, the same tokens and accepted lengths
+    each, every drafted level a graph replay; and the two setups' exact laws agree (1e-12). The graphed path's law is
+    then ``eagle2-t3``'s (TV ≤ 0.05 at 90 % power). Stronger than a χ² test of its own at 1000 images (TV 0.12, what
+    the ``eagle2-graphed-t3`` variant was): a difference in a fraction f of the images moves the law by at most f,
+    and 150 images see one with f ≥ 0.016 with probability ≥ 0.9; about a seventh of its cost."""
+    graphed, eager = setup_of("t3-graphed"), setup_of("t3")
+    assert graphed.law.keys() == eager.law.keys()
+    assert max(abs(graphed.law[k] - eager.law[k]) for k in eager.law) < 1e-12
+    make, where = HEADLINE["eagle2-t3"][1], HEADLINE["eagle2-t3"][4]
+    runs = []
+    for s in (graphed, eager):
+        with accel.simulate() if s is graphed else contextlib.nullcontext():
+            g = torch.Generator(device="cuda" if s is graphed else "cpu").manual_seed(7)  # sample_images' seed
+            runs.append([generate(s.target, s.drafter, make(), s.inputs, s.sp, g, EXACT, where)
+                         for _ in range(GRAPHED_SEEDS)])  # fmt: skip
+    levels = graphed.drafter.level_graphs
+    assert levels is not None and levels.replays >= GRAPHED_SEEDS  # every image's drafted level a graph replay
+    for i, (a, b) in enumerate(zip(*runs, strict=True)):
+        assert a.tokens == b.tokens and [c.accepted for c in a.cycles] == [c.accepted for c in b.cycles], i
+    assert len({tuple(r.tokens) for r in runs[0]}) >= 10  # many of the 27 images drawn
+    assert sum(c.accepted for r in runs[0] for c in r.cycles) > 0.3 * GRAPHED_SEEDS  # as ``law_test`` asks
 
 
 # ---------------------------------------------------------------------------------------------------------
