@@ -69,6 +69,10 @@ def test_one_cost_model_serves_both_sides(tmp_path: Path) -> None:
     assert old["key"] == {**mini, "method": "a"} and old["model"]["verify_ms"] == [1.0, 2.0] and "load 0.4" in line
     assert old["model"]["meta"]["shared_from"] == "new.json"
     assert json.loads((cost / "tiny.json").read_text())["model"] == big
+    (cost / "old.json").unlink()  # BASE keyed its model as the working tree does: it loaded the same file
+    assert C.share_cost_models(tmp_path, {cost / "new.json", cost / "tiny.json"}).startswith("one cost model for both")
+    (cost / "old2.json").write_text(json.dumps({"key": {"target": "Other"}, "model": model}))
+    assert "none to share" in C.share_cost_models(tmp_path, {cost / "new.json", cost / "tiny.json"})
 
 
 def test_base_commit_is_checked_out_into_a_temporary_worktree(tmp_path: Path) -> None:

@@ -201,7 +201,9 @@ def share_cost_models(cache: Path, new_files: set[Path]) -> str:
             atomic_write_json(f, data[f])
             used.append(src)
     if not used:
-        return "each side its own cost model (none to share)"
+        if not files or any(f not in new_files for f in files):
+            return "each side its own cost model (none to share)"
+        used = files  # BASE's prepare job loaded the working tree's files (the same cache keys): one model already
     metas = [data[g]["model"].get("meta", {}) for g in dict.fromkeys(used)]
     return (
         "one cost model for both sides ("
