@@ -424,12 +424,12 @@ def read_verdicts(verified: Sequence[tuple[DraftTree, Verdict, Sequence[torch.Te
     packs = [pack_verdict(tree, verdict, extra) for tree, verdict, extra in verified]
     values = torch.cat([packed for packed, _, _ in packs]).tolist()
     out, at = [], 0
-    for (tree, verdict, extra), (packed, ids, _) in zip(verified, packs, strict=True):
+    for (_, verdict, extra), (packed, ids, path_tokens) in zip(verified, packs, strict=True):
         acc, root, tokens, scalars = unpack_verdict(values[at : at + packed.numel()], ids.numel(), len(extra))
         at += packed.numel()
-        keep = ids[: acc.accepted + 1]
-        following = torch.cat([tree.tokens[keep[1:]], verdict.bonus.view(1)])
-        out.append(CycleRead(acc, root, tokens, keep, following, scalars))
+        k = acc.accepted + 1
+        following = torch.cat([path_tokens[1:k], verdict.bonus.view(1)])  # the packed ids' tokens: no second gather
+        out.append(CycleRead(acc, root, tokens, ids[:k], following, scalars))
     return out
 
 

@@ -330,7 +330,6 @@ def _worth_a_round(budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray
 
 
 @lru_cache(maxsize=256)
-@lru_cache(maxsize=256)
 def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
     """``arange(a, b)`` long on ``device`` (cached, never written)."""
     return torch.arange(a, b, device=device)
