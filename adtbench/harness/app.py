@@ -113,12 +113,12 @@ def _run(
     job = Job.build(cfg, checked, todo)
     conf = job.conf
     exact = job.exactness
-    prov = job_provenance(job.target.device, exact.lossless, exact.reason)
+    env = environment(job.target)
+    prov = job_provenance(env, exact.lossless, exact.reason)
     previous, _ = record_provenance(run_dir, prov, decoding=bool(todo))  # before this job's first sample
     warning = resume_warning(run_dir, previous, prov) if todo else None
     if warning:
         log.warning("%s", warning)
-    env = environment(job.target)
     warmup_s = job.warm_up(todo, conf.warmup, conf.baseline)
     log.info(
         "warm-up: %d generation(s) of each side in %.1f s%s",

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
 import shutil
 import subprocess
 from importlib import metadata
@@ -86,23 +85,15 @@ def code_version(package_dir: str | None = None) -> dict[str, Any]:
     return out | {"commit": head.stdout.strip(), "dirty": dirty}
 
 
-def job_provenance(device: Any, lossless: bool, lossless_reason: str) -> dict[str, Any]:
-    """The provenance of a job decoding on ``device`` (a ``torch.device``): :func:`code_version`, ``torch`` (its
-    version), ``device`` and ``device_name`` (the GPU's name; on the CPU, the processor), ``lossless`` and
-    ``lossless_reason`` (``job.exactness`` of the composed policy × acceptance rule)."""
-    import torch
-
-    from adtbench import accel
-
-    if accel.is_cuda(device):
-        name = accel.device_name(device)
-    else:
-        name = f"cpu ({platform.processor() or platform.machine()})"
+def job_provenance(env: dict[str, Any], lossless: bool, lossless_reason: str) -> dict[str, Any]:
+    """The provenance of a job: :func:`code_version`; from the summary's ``env`` (``timing.environment``, read, not
+    recomputed) ``torch``, ``device`` and ``device_name`` (the GPU's name; on the CPU, the processor); ``lossless``
+    and ``lossless_reason`` (``job.exactness`` of the composed policy × acceptance rule)."""
     return {
         **code_version(),
-        "torch": torch.__version__,
-        "device": str(device),
-        "device_name": name,
+        "torch": env["torch"],
+        "device": env["device"],
+        "device_name": env.get("gpu") or f"cpu ({env['cpu']})",
         "lossless": lossless,
         "lossless_reason": lossless_reason,
     }
