@@ -1,23 +1,34 @@
-"""The full check of a shipped ``window: cost`` τ(L) table: every L recalibrated and compared exactly, one process.
+"""The full check of a shipped ``window: cost`` τ(L) table: every L recalibrated on this machine, one process.
 
 ``.venv/bin/python benchmarks/window_table.py [overrides]`` composes the app's config with the overrides (none: the
 default run's, ``model=mini policy=scd_cost``), finds the entry of ``<model.path>/window_taus.json`` whose key
 matches (``harness.caches.shipped_taus``), recalibrates τ(L) for every L of the grid in [``window_min``,
 ``window_max``] as ``python -m adtbench.tools.ship_window`` does (``caches.calibrate_taus``: the calibration decodes
-of the 6 calibration prompts per L, no cache read) and prints one line per L: shipped, fresh, equal. Exit 0 when
-every τ(L) equals the shipped one exactly (τ(L) is a ratio of token counts, read from no clock), 1 otherwise (run
-``ship_window`` again, bumping the key's version if the calibration code changed), 2 when no entry matches.
+of every calibration caption per L, no cache read) and prints one line per L: shipped τ ± se, fresh τ ± se, z =
+(fresh − shipped) / √(se_f² + se_s²) and the paired test's p over the captions (``caches.calibrations_agree_p``).
+Then the L this machine's cost model picks from each table, and whether each is in the other's ``near`` set
+(``jacobi.choose_window``: the L whose rate is within 2 standard errors of the best). On the machine that shipped
+the table the two agree bit for bit; elsewhere a CPU that rounds a float32 logit otherwise draws other paths and
+τ(L) moves within its error (docs/development.md).
 
-CI (``tests/test_window_ship.py``) recomputes a stated subset of the table (``SPOT_CHECK``: two of its eight L)
-through the app's own path; this script is the whole table (≈ 35 s of CPU on one thread; 2–3 min wall on the
-loaded 2-core machine). Run it after changing the mini weights, ``decode_jacobi`` or ``calibrate_window``
-(docs/development.md)."""
+Exit 0 when every |z| ≤ ``Z_AGREE``, every p ≥ ``P_AGREE`` and each L is in the other's near set, 1 otherwise (run
+``ship_window`` again, bumping the key's version if the calibration code changed), 2 when no entry matches. CI
+(``tests/test_window_ship.py``) recomputes a stated subset through the app's own path; this is the whole table (≈
+3–4 min of CPU on one thread)."""
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from collections.abc import Sequence
+
+Z_AGREE = 4.0
+"""|z| above which a fresh τ(L) and the shipped one disagree: two estimates of one τ(L) (the same captions, other
+paths of draws) differ by less than 4 combined standard errors but for a chance of ≈ 10⁻⁴ per L."""
+P_AGREE = 1e-3
+"""The level of the paired sign-flip test per L (``caches.calibrations_agree_p``: the captions' spread cancels)."""
 
 
 def main(argv: Sequence[str]) -> int:
@@ -25,6 +36,7 @@ def main(argv: Sequence[str]) -> int:
     import torch
     from hydra import compose, initialize_config_dir
 
+    from adtbench.algorithm.jacobi import choose_window
     from adtbench.harness import caches
     from adtbench.harness.config import register_resolvers, resolve_paths, validate
     from adtbench.models.registry import build_target
@@ -43,17 +55,41 @@ def main(argv: Sequence[str]) -> int:
     if found is None:
         print(f"no shipped τ(L) entry matches these settings (model.path={cfg.model.get('path')})")
         return 2
-    path, shipped = found
+    path, shipped, shipped_se = found
+    [entry] = [
+        e
+        for e in json.loads(path.read_text())["entries"]
+        if e["key"] == caches.shipped_window_key(cfg, target, None, settings)
+    ]
+    counts = entry["counts"]
     t0 = time.perf_counter()
     cost = caches.load_or_measure(target, None, conf.sampling, max(64, params.window_max), 1, None)
-    fresh = caches.calibrate_taus(cfg, conf, target, None, params, cost)["taus"]
-    print(f"{path}: {len(fresh)} L recalibrated in {time.perf_counter() - t0:.1f} s")
+    fresh_out = caches.calibrate_taus(cfg, conf, target, None, params, cost)
+    fresh, fresh_se = fresh_out["taus"], fresh_out["tau_se"]
+    took = time.perf_counter() - t0
+    print(f"{path}: {len(fresh)} L recalibrated on {len(settings['prompts'])} captions in {took:.1f} s")
     bad = 0
     for L in sorted(set(shipped) | set(fresh)):
-        same = shipped.get(L) == fresh.get(L)
-        bad += not same
-        print(f"L={L:3d}  shipped {shipped.get(L)!s:>20}  fresh {fresh.get(L)!s:>20}  {'equal' if same else 'DIFFERS'}")
-    print("the shipped table equals a fresh calibration" if not bad else f"{bad} τ(L) differ: run ship_window again")
+        if L not in shipped or L not in fresh:
+            bad += 1
+            print(f"L={L:3d}  in one table only")
+            continue
+        se = math.hypot(shipped_se.get(L, 0.0), fresh_se[L])
+        z = (fresh[L] - shipped[L]) / se if se > 0 else (0.0 if fresh[L] == shipped[L] else math.inf)
+        p = caches.calibrations_agree_p(fresh_out["counts"][L], [tuple(c) for c in counts[str(L)]])
+        ok = abs(z) <= Z_AGREE and p >= P_AGREE
+        bad += not ok
+        print(
+            f"L={L:3d}  shipped {shipped[L]:.4f} ± {shipped_se.get(L, 0.0):.4f}"
+            f"  fresh {fresh[L]:.4f} ± {fresh_se[L]:.4f}  z = {z:+.2f}  paired p = {p:.3g}"
+            f"  {'agree' if ok else 'DISAGREE'}"
+        )
+    mine = choose_window(shipped, cost, params.overhead_steps, shipped_se)
+    for name, a, b in (("shipped", mine, fresh_out), ("fresh", fresh_out, mine)):
+        inside = a["L"] in b["near"]
+        bad += not inside
+        print(f"L* from the {name} table: {a['L']} ({'in' if inside else 'NOT in'} the other's near set {b['near']})")
+    print("the shipped table agrees with a fresh calibration" if not bad else f"{bad} checks fail: run ship_window")
     return 1 if bad else 0
 
 

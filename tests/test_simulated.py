@@ -81,7 +81,7 @@ def test_the_reference_baseline_runs_on_the_simulated_device(tmp_path: Path) -> 
 
     over = [o for o in TINY_OVERRIDES if not o.startswith("model=")]
     cfg = _compose(["model=tiny_chameleon", *over, *FAST, "engine.compile=true", "timing.reference_baseline=true",
-                    "sampling=greedy"])  # fmt: skip
+                    "sampling=greedy", "model.dtype=float64"])  # fmt: skip
     with accel.simulate() as sim:
         summary = run(cfg, tmp_path / "run", {})
     assert summary["graph_capture_s"] is not None and sim.counts["graph_replays"] > 0

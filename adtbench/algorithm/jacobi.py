@@ -72,6 +72,7 @@ with the verdict read one step late (``jacobi_step``, ``policy.step``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -117,7 +118,8 @@ class JacobiParams:
     forward runs (``jacobi_step``: the fixed-shape step captured as one graph, or the host-driven loop); ``rule``:
     ``exact`` or ``gsd`` (``group_*``: its group); ``proposal``: the stored q of an ``init: random`` draft,
     ``uniform`` or ``point`` (a point mass on the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``:
-    ``window: cost`` decodes the first that many tokens of each calibration image."""
+    ``window: cost`` decodes the first that many tokens of each calibration image, of the first
+    ``calibration_images`` captions of ``CALIBRATION_PROMPTS``."""
 
     window: int | str = 16
     init: str = "random"
@@ -129,6 +131,7 @@ class JacobiParams:
     adapt_margin: int = 8
     overhead_steps: float = 0.3
     calibration_tokens: int = 512
+    calibration_images: int = 24
     group_size: int = 14
     group_gap: float = 0.15
     group_dist: float = 0.5
@@ -170,6 +173,13 @@ def jacobi_params(node: dict[str, Any]) -> JacobiParams:
         overhead_steps=check_number(node.get("overhead_steps", d.overhead_steps), "policy.overhead_steps", float, 0),
         calibration_tokens=check_number(
             node.get("calibration_tokens", d.calibration_tokens), "policy.calibration_tokens", int, lo=1
+        ),
+        calibration_images=check_number(
+            node.get("calibration_images", d.calibration_images),
+            "policy.calibration_images",
+            int,
+            lo=2,
+            hi=len(CALIBRATION_PROMPTS),
         ),
         group_size=check_number(node.get("group_size", d.group_size), "policy.group_size", int, lo=0),
         group_gap=check_number(node.get("group_gap", d.group_gap), "policy.group_gap", float, lo=0.0),
@@ -896,10 +906,54 @@ CALIBRATION_PROMPTS = (
     "a small black square above a large black square on a striped blue background",
     "a small orange circle on a gradient purple background",
     "a large green square left of a large purple square on a checkered yellow background",
+    "a large red square on a plain blue background",
+    "a large black triangle above a small red circle on a checkered yellow background",
+    "a large orange triangle on a noisy green background",
+    "a large black triangle above a small black square on a noisy yellow background",
+    "a large yellow triangle on a plain black background",
+    "a small purple triangle above a small red triangle on a checkered green background",
+    "a large blue square on a gradient white background",
+    "a small purple square above a small orange triangle on a checkered blue background",
+    "a small red square on a checkered yellow background",
+    "a large black triangle below a large white square on a plain purple background",
+    "a large purple triangle on a gradient white background",
+    "a large white square below a small red triangle on a gradient orange background",
+    "a small white circle on a gradient purple background",
+    "a small white triangle right of a small orange square on a noisy red background",
+    "a small blue triangle on a checkered orange background",
+    "a small yellow circle above a large black triangle on a noisy orange background",
+    "a small yellow square on a striped blue background",
+    "a small green circle below a small red square on a gradient black background",
+    "a large blue square on a checkered black background",
+    "a small green square below a large red triangle on a noisy purple background",
+    "a small black triangle on a striped blue background",
+    "a large blue triangle right of a small white circle on a gradient black background",
+    "a small purple circle on a noisy black background",
+    "a small orange square below a large yellow circle on a striped green background",
+    "a large red triangle on a plain purple background",
+    "a small orange circle right of a large orange circle on a striped red background",
+    "a small green triangle on a noisy red background",
+    "a large red triangle left of a large purple square on a plain yellow background",
+    "a small purple triangle on a striped blue background",
+    "a large yellow triangle left of a large orange triangle on a checkered white background",
+    "a large red circle on a noisy blue background",
+    "a small blue square above a large orange square on a plain white background",
+    "a small white circle on a noisy black background",
+    "a small green circle below a large green square on a striped yellow background",
+    "a small purple square on a plain red background",
+    "a small orange circle right of a small green triangle on a noisy black background",
+    "a large green square on a plain red background",
+    "a small yellow triangle above a small purple triangle on a checkered orange background",
+    "a large black circle on a noisy yellow background",
+    "a large red circle above a large black square on a plain purple background",
+    "a large orange triangle on a striped blue background",
+    "a large white circle left of a large purple square on a plain orange background",
 )
-"""Fixed captions decoded by ``calibrate_window``: the first three one-object and two-object captions of the mini
-model's training split (``scenes.iter_split(1, "train", …)``; none held out), alternating; any text model reads
-them as captions."""
+"""Fixed captions decoded by ``calibrate_window`` (the first ``policy.calibration_images`` of them): the first 24
+one-object and 24 two-object captions of the mini model's training split (``scenes.iter_split(1, "train", …)``; none
+held out), alternating; any text model reads them as captions. τ(L) varies much from image to image (on the mini
+model its standard error is ≈ 15 % of τ(L) over 6 images, 4–8 % over 24, 2–5 % over 48): the number of images sets
+how well L is chosen."""
 CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 
 
@@ -920,14 +974,40 @@ def window_rates(taus: dict[int, float], cost: Any, overhead_steps: float) -> di
     return {L: tau * step / (float(cost.t_verify(L)) + overhead_steps * step) for L, tau in taus.items()}
 
 
-def choose_window(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[str, Any]:
-    """``{"L", "taus", "fit", "rates"}``: τ(L) made non-decreasing in L (``isotonic``: a longer window never verifies
-    fewer drafts, and a few calibration images are noisy), the rate of each L on ``cost`` and the best L (ties → the
-    smaller)."""
+def ratio_estimate(counts: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """τ̂ = Σcᵢ / Σfᵢ over images i (cᵢ committed tokens in fᵢ forwards) and its standard error by the delta method,
+
+        se(τ̂) = √(n / (n − 1) · Σ (cᵢ − τ̂ fᵢ)²) / Σfᵢ,
+
+    which counts both the images' spread and each image's one path of random draws (0 for n < 2: no spread seen)."""
+    n, c, f = len(counts), sum(c for c, _ in counts), max(1, sum(f for _, f in counts))
+    tau = c / f
+    if n < 2:
+        return tau, 0.0
+    return tau, math.sqrt(n / (n - 1) * sum((ci - tau * fi) ** 2 for ci, fi in counts)) / f
+
+
+SAME_RATE_Z = 2.0
+"""``choose_window``'s ``near``: the L whose rate is within this many standard errors of the chosen L's."""
+
+
+def choose_window(
+    taus: dict[int, float], cost: Any, overhead_steps: float, errors: dict[int, float] | None = None
+) -> dict[str, Any]:
+    """``{"L", "taus", "fit", "rates", "tau_se", "near"}``: τ(L) made non-decreasing in L (``isotonic``: a longer
+    window never verifies fewer drafts, and a few calibration images are noisy), the rate of each L on ``cost`` and
+    the best L (ties → the smaller). ``errors``: τ(L)'s standard errors (``ratio_estimate``; None: unknown, taken as
+    0); ``near``: every L whose rate r(L) is within ``SAME_RATE_Z`` standard errors of the chosen L's,
+    r(L*) − r(L) ≤ z · √(se_r(L)² + se_r(L*)²), se_r(L) = se_τ(L) · r(L) / fit(L) — the L a calibration of other
+    draws (another machine's rounding, other captions) could as well choose."""
     Ls = sorted(taus)
     fit = dict(zip(Ls, isotonic([taus[L] for L in Ls]), strict=True))
     rates = window_rates(fit, cost, overhead_steps)
-    return {"L": max(Ls, key=lambda L: (rates[L], -L)), "taus": taus, "fit": fit, "rates": rates}
+    best = max(Ls, key=lambda L: (rates[L], -L))
+    se = {L: float((errors or {}).get(L, 0.0)) for L in Ls}
+    rate_se = {L: se[L] * rates[L] / fit[L] if fit[L] > 0 else 0.0 for L in Ls}
+    near = [L for L in Ls if rates[best] - rates[L] <= SAME_RATE_Z * math.hypot(rate_se[L], rate_se[best])]
+    return {"L": best, "taus": taus, "fit": fit, "rates": rates, "tau_se": se, "near": near}
 
 
 @torch.no_grad()
@@ -948,23 +1028,29 @@ def calibrate_window(
     t_verify from the measured cost model (``cost.CostModel``), o = ``overhead_steps`` AR steps of engine work per
     forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
     ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] over the first ``calibration_tokens`` tokens of each image
-    (``generator`` reseeded to 0 before each, so τ(L) reads no clock), made non-decreasing (``choose_window``). The
+    (``generator`` reseeded to 0 before each, so τ(L) reads no clock), made non-decreasing (``choose_window``), with its
+    standard error over the images (``ratio_estimate``). τ(L) is an estimate from one path of random draws per
+    image: a machine whose kernels round a logit otherwise draws another path, so two machines agree within the
+    error, not bit for bit. The
     cap bounds the calibration's cost on large images (a 7B model decoding 6 × 8 whole 2 352-token images would take
     minutes); its price is τ measured on the images' top rows only. τ(L) is measured rather than predicted from a
     survival curve: a longer window also refines its far drafts for more forwards before they are tested, which a
-    per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict (the harness caches the measured
-    τ(L))."""
+    per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict and ``counts``: {L: [(committed,
+    forwards) per image]}, the raw data (the harness caches the measured τ(L); a shipped table keeps the counts)."""
     grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
     taus: dict[int, float] = {}
+    errors: dict[int, float] = {}
+    counts_by_L: dict[int, list[tuple[int, int]]] = {}
     for L in grid:
         p = dataclasses.replace(params, window=L, step="eager")  # τ(L) is the law's: no graphs captured per L
-        committed = forwards = 0
+        counts = []
         for x in inputs:
             generator.manual_seed(0)
             res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter, limit=params.calibration_tokens)
-            committed, forwards = committed + res.committed, forwards + len(res.cycles)
-        taus[L] = committed / max(1, forwards)
-    return choose_window(taus, cost, params.overhead_steps)
+            counts.append((res.committed, len(res.cycles)))
+        taus[L], errors[L] = ratio_estimate(counts)
+        counts_by_L[L] = counts
+    return choose_window(taus, cost, params.overhead_steps, errors) | {"counts": counts_by_L}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1037,4 +1123,5 @@ __all__ = [
     "generate_jacobi_batch",
     "grouped_rule",
     "jacobi_params",
+    "ratio_estimate",
 ]

@@ -142,13 +142,21 @@ def cost_source(target: Any, drafter: Any, sp: Any, cache_dir: Path | None) -> C
 
 SHIPPED_TAUS = "window_taus.json"
 """The file beside a model's weights (``<model.path>/window_taus.json``) holding τ(L) tables calibrated once and shipped
-with the model: ``{"entries": [{"key": shipped_window_key(...), "taus": {L: τ}}]}`` (``ship_window_taus`` writes it)."""
+with the model (``ship_window_taus`` writes it): ``{"entries": [entry]}``, each entry ``{"key":
+shipped_window_key(...), "taus": {L: τ}, "tau_se": {L: se}, "images": n, "counts": {L: [[committed, forwards] per
+calibration image]}}``. τ(L) is an estimate over the calibration captions' sampled decodes: another machine's float
+rounding draws other paths, so a fresh calibration agrees with it within ``tau_se``, not bit for bit."""
+
+
+def _by_L(table: dict[str, Any] | None) -> dict[int, float]:
+    """A JSON ``{"L": value}`` table with int keys (an absent table: {})."""
+    return {int(k): float(v) for k, v in (table or {}).items()}
 
 
 def _window_settings(cfg: Any, conf: AppConf) -> tuple[Any, dict[str, Any]]:
     """The Jacobi params of ``cfg.policy`` and what τ(L) depends on besides the model: the sampling, the policy's keys
-    that change τ(L), LANTERN, the calibration prompts and grid, and the version of the calibration code (3: bump it
-    when ``decode_jacobi`` or ``calibrate_window`` changes what they commit)."""
+    that change τ(L), LANTERN, the calibration prompts and grid, and the version of the calibration code (4: bump it
+    when ``decode_jacobi`` or ``calibrate_window`` changes what they commit or record)."""
     from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, JacobiParams
     from adtbench.algorithm.policies import POLICIES
 
@@ -157,14 +165,23 @@ def _window_settings(cfg: Any, conf: AppConf) -> tuple[Any, dict[str, Any]]:
     params = POLICIES.build(str(cfg.policy.name), {str(k): v for k, v in cfg.policy.items() if k != "name"}).params
     base = {f.name for f in dataclasses.fields(JacobiParams)}
     method = {f.name: getattr(params, f.name) for f in dataclasses.fields(params) if f.name not in base}  # sjd_pac's
-    keys = ("init", "redraw", "rule", "proposal", "window_min", "window_max", "calibration_tokens")
+    keys = (
+        "init",
+        "redraw",
+        "rule",
+        "proposal",
+        "window_min",
+        "window_max",
+        "calibration_tokens",
+        "calibration_images",
+    )
     settings = {
         "sampling": [sp.temperature, sp.top_k, sp.top_p, sp.cfg_scale],
         "policy": {k: getattr(params, k) for k in (*keys, "group_size", "group_gap", "group_dist")} | method,
         "lantern": lantern_on,
-        "prompts": list(CALIBRATION_PROMPTS),
+        "prompts": list(CALIBRATION_PROMPTS[: params.calibration_images]),
         "grid": list(CALIBRATION_GRID),
-        "version": 3,
+        "version": 4,
     }
     return params, settings
 
@@ -197,8 +214,11 @@ def shipped_window_key(cfg: Any, target: Any, drafter: Any, settings: dict[str, 
     }
 
 
-def shipped_taus(cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]) -> tuple[Path, dict[int, float]] | None:
-    """τ(L) from ``<model.path>/window_taus.json`` whose key equals ``shipped_window_key`` exactly, else None."""
+def shipped_taus(
+    cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]
+) -> tuple[Path, dict[int, float], dict[int, float]] | None:
+    """(file, τ(L), its standard errors) from ``<model.path>/window_taus.json`` whose key equals
+    ``shipped_window_key`` exactly, else None."""
     key = shipped_window_key(cfg, target, drafter, settings)
     if key is None:
         return None
@@ -209,10 +229,32 @@ def shipped_taus(cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]) 
     try:
         for entry in json.loads(path.read_text())["entries"]:
             if json.dumps(entry["key"], sort_keys=True, default=str) == want:
-                return path, {int(k): float(v) for k, v in entry["taus"].items()}
+                return path, _by_L(entry["taus"]), _by_L(entry.get("tau_se"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("window=cost: ignoring unreadable shipped τ(L) %s (%s)", path, e)
     return None
+
+
+def calibrations_agree_p(fresh: list[tuple[int, int]], shipped: list[tuple[int, int]], draws: int = 100_000) -> float:
+    """The two-sided p-value of "two calibrations of one τ(L) on the same captions, each image's decode one path of
+    draws from the same law" — a paired sign-flip test on the per-image differences dᵢ = cᵢ/fᵢ − c'ᵢ/f'ᵢ (per image
+    counts (committed, forwards)). Under that hypothesis each dᵢ is symmetric about 0 (the two paths are exchangeable:
+    they share a prefix, then diverge where one CPU rounds a logit otherwise), so flipping signs at random gives the
+    exact null law of |Σdᵢ|: p = P(|Σ sᵢdᵢ| ≥ |Σdᵢ|), over all 2^k signs of the k nonzero dᵢ (k ≤ 16) or ``draws``
+    seeded random ones. The images' own spread cancels in the pairs, so a code change that moves every image's τ is
+    seen where the unpaired standard error would hide it; equal counts (the machine that shipped them) give p = 1."""
+    if len(fresh) != len(shipped):
+        raise ValueError(f"{len(fresh)} fresh images against {len(shipped)} shipped")
+    d = np.array([c / max(1, f) - c2 / max(1, f2) for (c, f), (c2, f2) in zip(fresh, shipped, strict=True)])
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0
+    observed = abs(d.sum()) * (1 - 1e-12)  # ties count as at least as extreme
+    if d.size <= 16:
+        signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
+    else:
+        signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(draws, d.size))
+    return float((np.abs(signs @ d) >= observed).mean())
 
 
 def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: Any, cost: Any) -> dict[str, Any]:
@@ -223,7 +265,8 @@ def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: A
     sp = conf.sampling
     assert sp is not None, "a checked config has a sampling node"
     gen = torch.Generator(device=target.device if accel.is_cuda(target.device) else "cpu")
-    inputs = [target.encode_prompt(text, cfg=sp.use_cfg and target.supports_cfg) for text in CALIBRATION_PROMPTS]
+    prompts = CALIBRATION_PROMPTS[: params.calibration_images]
+    inputs = [target.encode_prompt(text, cfg=sp.use_cfg and target.supports_cfg) for text in prompts]
     rule: Any = build_lantern_rule(cfg.lantern, target) if conf.lantern is not None and conf.lantern.enabled else EXACT
     if params.rule == "gsd":
         from adtbench.algorithm.jacobi import grouped_rule
@@ -253,28 +296,30 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
     if path is not None and path.is_file():
         try:
             data = json.loads(path.read_text())
-            out = choose_window({int(k): float(v) for k, v in data["taus"].items()}, cost, params.overhead_steps)
+            out = choose_window(_by_L(data["taus"]), cost, params.overhead_steps, _by_L(data.get("tau_se")))
             log.info("window=cost: cached τ(L) %s → L = %d", path, out["L"])  # overhead_steps is not in the key
             return out
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("window=cost: ignoring unreadable cache %s (%s)", path, e)
     shipped = shipped_taus(cfg, target, drafter, settings)
     if shipped is not None:
-        out = choose_window(shipped[1], cost, params.overhead_steps)
+        out = choose_window(shipped[1], cost, params.overhead_steps, shipped[2])
         log.info("window=cost: τ(L) shipped with the model %s → L = %d", shipped[0], out["L"])
         return out
     t0 = time.perf_counter()
     out = calibrate_taus(cfg, conf, target, drafter, params, cost)
     log.info(
-        "window=cost: τ(L) %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
+        "window=cost: τ(L) %s ± %s (non-decreasing fit %s), rate %s → L = %d (calibrated in %.1f s)",
         {L: round(t, 2) for L, t in out["taus"].items()},
+        {L: round(e, 2) for L, e in out["tau_se"].items()},
         {L: round(t, 2) for L, t in out["fit"].items()},
         {L: round(r, 2) for L, r in out["rates"].items()},
         out["L"],
         time.perf_counter() - t0,
     )
     if path is not None:
-        atomic_write_bytes(path, json.dumps({"key": key, "taus": out["taus"]}, indent=2).encode())
+        table = {"key": key, "taus": out["taus"], "tau_se": out["tau_se"]}
+        atomic_write_bytes(path, json.dumps(table, indent=2).encode())
     return out
 
 
@@ -287,12 +332,20 @@ def ship_window_taus(cfg: Any, conf: AppConf, target: Any) -> Path:
     if key is None:
         raise ConfigError("model.path", f"no model directory to ship τ(L) with (got {cfg.model.get('path')!r})")
     cost = load_or_measure(target, None, conf.sampling, max(64, params.window_max), 1, None)
-    taus = calibrate_taus(cfg, conf, target, None, params, cost)["taus"]
+    out = calibrate_taus(cfg, conf, target, None, params, cost)
     path = Path(str(cfg.model.path)) / SHIPPED_TAUS
     entries = json.loads(path.read_text())["entries"] if path.is_file() else []
     want = json.dumps(key, sort_keys=True, default=str)
     entries = [e for e in entries if json.dumps(e["key"], sort_keys=True, default=str) != want]
-    entries.append({"key": key, "taus": {str(L): t for L, t in taus.items()}})
+    entries.append(
+        {
+            "key": key,
+            "taus": {str(L): t for L, t in out["taus"].items()},
+            "tau_se": {str(L): e for L, e in out["tau_se"].items()},
+            "images": len(settings["prompts"]),
+            "counts": {str(L): [list(c) for c in counts] for L, counts in out["counts"].items()},
+        }
+    )
     atomic_write_bytes(path, (json.dumps({"entries": entries}, indent=2, default=str) + "\n").encode())
     return path
 

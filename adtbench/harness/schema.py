@@ -175,6 +175,7 @@ class JacobiConf:
     adapt_margin: int = 8  # window=adaptive: L = the longest run committed one row up + adapt_margin
     overhead_steps: float = 0.3  # window=cost: engine work per forward besides the verify (AR steps)
     calibration_tokens: int = 512  # window=cost: the first tokens of each calibration image decoded
+    calibration_images: int = 24  # window=cost: the calibration captions decoded (2..48; τ(L)'s error ∝ 1/√n)
     group_size: int = 14  # rule=gsd: ranks in the window: x, group_size // 2 below, the rest above
     group_gap: float = 0.15  # rule=gsd: probability gap
     group_dist: float = 0.5  # rule=gsd: squared input-embedding distance

@@ -2,12 +2,14 @@
 and ship it with the model, as ``<model.path>/window_taus.json`` (``harness.caches.ship_window_taus``).
 
 τ(L) — committed tokens per forward of a fixed window L over the calibration prompts — counts tokens and reads no
-clock: it is a property of the weights, the sampling and the policy, not of the machine. A run whose settings match
-a shipped entry's key exactly (``caches.shipped_window_key``: the weights' digest, dtype, device kind, sampling,
-policy keys, LANTERN, prompts, grid, calibration version) skips the calibration decodes and only measures this
-machine's cost model, which picks L. Run it again after retraining the weights or changing the calibration code
-(``tests/test_window_ship.py`` fails until the shipped table equals a fresh calibration). With no overrides it ships
-the default run's table (model=mini, policy=scd_cost).
+clock: the weights, the sampling and the policy set it, and the machine only through its float rounding (a CPU that
+rounds a logit otherwise draws another path of samples, so τ(L) moves within its standard error, which the entry
+records with each caption's counts). A run whose settings match a shipped entry's key exactly
+(``caches.shipped_window_key``: the weights' digest, dtype, device kind, sampling, policy keys, LANTERN, prompts,
+grid, calibration version) skips the calibration decodes and only measures this machine's cost model, which picks L.
+Run it again after retraining the weights or changing the calibration code (``tests/test_window_ship.py`` fails when
+a fresh calibration leaves the shipped table's error; ``benchmarks/window_table.py`` checks every L).
+With no overrides it ships the default run's table (model=mini, policy=scd_cost).
 """
 
 from __future__ import annotations
