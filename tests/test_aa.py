@@ -150,7 +150,9 @@ def test_aa_ratio_is_summarised_like_the_speedup_and_flagged_off_one() -> None:
     assert s["aa_warning"] is None and s["aa_latency_s"] == pytest.approx(statistics.mean(aa))
     slow_base = summarize(_records([0.9] * 6))  # the A/A side 10 % faster on every prompt: the baseline is slowed
     assert slow_base["aa_ratio"] == pytest.approx(1 / 0.9, rel=0.02) and slow_base["aa_ratio_ci"][0] > 1
-    assert "excludes 1" in slow_base["aa_warning"]
+    assert "excludes 1:" in slow_base["aa_warning"]  # 6 prompts: no caveat
+    few = summarize(_records([0.9] * 6)[:2])
+    assert "excludes 1 (CI over 2 < 5 prompts: too few to resample)" in few["aa_warning"]
     plain = summarize([{k: v for k, v in r.items() if not k.startswith("aa_")} for r in recs])
     assert plain["aa_ratio"] is None and plain["aa_ratio_ci"] is None and plain["aa_ratio_n"] == 0
     assert plain["aa_warning"] is None and plain["speedup_ci"] == s["speedup_ci"]
@@ -175,7 +177,7 @@ def test_aa_on_the_default_run_path(tmp_path: Path, capsys) -> None:
     assert lo <= s["aa_ratio"] <= hi
     assert json.loads((tmp_path / "r" / "summary.json").read_text())["aa_ratio_ci"] == [lo, hi]
     out = capsys.readouterr().out
-    assert f"aa={s['aa_ratio']:.3f}x [{lo:.3f}, {hi:.3f}]" in out
+    assert f"aa={s['aa_ratio']:.3f}x [{lo:.3f}, {hi:.3f}] (CI over 3 < 5 prompts)" in out
     assert ("A/A EXCLUDES 1" in out) == (s["aa_warning"] is not None)
     plain = decode_in_process(tmp_path / "plain", "dataset.limit=1")
     assert plain["aa_ratio"] is None and lines(tmp_path / "plain" / "samples.jsonl")[0]["aa_ratio"] is None

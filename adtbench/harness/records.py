@@ -433,6 +433,8 @@ def aa_part(s: dict[str, Any]) -> str:
     ci = s.get("aa_ratio_ci")
     if ci and None not in ci:
         out += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+        if (s.get("aa_ratio_n") or 0) < 5:
+            out += f" (CI over {s.get('aa_ratio_n')} < 5 prompts)"
     if s.get("aa_warning"):
         out += " A/A EXCLUDES 1: the timing favours one side at this level"
     return out

@@ -346,18 +346,23 @@ def aa_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "aa_ratio": ratio,
         "aa_ratio_median": float(np.median([b / a for b, a in pairs])),
         "aa_ratio_ci": [lo, hi],
-        "aa_warning": aa_warning(ratio, lo, hi),
+        "aa_warning": aa_warning(ratio, lo, hi, len(pairs)),
     }
     return out
 
 
-def aa_warning(ratio: float, lo: float, hi: float) -> str | None:
-    """The A/A flag: a warning when the interval [lo, hi] of the AR baseline against itself excludes 1 (else None)."""
+def aa_warning(ratio: float, lo: float, hi: float, n: int) -> str | None:
+    """The A/A flag: a warning when the interval [lo, hi] of the AR baseline against itself, over ``n`` prompts,
+    excludes 1 (else None); over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts it says the interval is too few to
+    trust (one prompt with one repeat gives a zero-width interval)."""
     if lo <= 1.0 <= hi:
         return None
+    few = ""
+    if n < SPEEDUP_CI_MIN_PROMPTS:
+        few = f" (CI over {n} < {SPEEDUP_CI_MIN_PROMPTS} prompts: too few to resample)"
     return (
         f"A/A control: the AR baseline against itself read {ratio:.3f} [{lo:.3f}, {hi:.3f}], an interval that "
-        "excludes 1: the timing favours one side at this level; the speedup's interval carries the same bias"
+        f"excludes 1{few}: the timing favours one side at this level; the speedup's interval carries the same bias"
     )
 
 

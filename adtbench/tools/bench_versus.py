@@ -207,7 +207,7 @@ def aa_figures(ar: np.ndarray, aa: np.ndarray) -> dict[str, Any]:
     pair = np.c_[ar, aa]
     ratio = _ratio(pair)
     lo, hi = bootstrap_ci(pair, _ratio)
-    return {"aa_ratio": ratio, "aa_ratio_ci": [lo, hi], "aa_warning": aa_warning(ratio, lo, hi)}
+    return {"aa_ratio": ratio, "aa_ratio_ci": [lo, hi], "aa_warning": aa_warning(ratio, lo, hi, len(ar))}
 
 
 def aa_line(r: dict[str, Any]) -> str:
@@ -215,8 +215,11 @@ def aa_line(r: dict[str, Any]) -> str:
     if r.get("aa_ratio") is None:
         return "A/A (AR against itself): not timed (timing.aa=false)"
     lo, hi = r["aa_ratio_ci"]
+    few = f" (CI over {r['prompts']} < 5 prompts)" if r["prompts"] < 5 else ""
     flag = " — EXCLUDES 1: the timing favours one side at this level" if r.get("aa_warning") else ""
-    return f"A/A (AR against itself, one more side of the rotation): {r['aa_ratio']:.3f}× [{lo:.3f}, {hi:.3f}]{flag}"
+    return (
+        f"A/A (AR against itself, one more side of the rotation): {r['aa_ratio']:.3f}× [{lo:.3f}, {hi:.3f}]{few}{flag}"
+    )
 
 
 def table(r: dict[str, Any]) -> str:
