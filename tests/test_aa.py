@@ -336,3 +336,13 @@ def test_bench_tools_without_a_speedup_refuse_aa() -> None:
     with pytest.raises(ConfigError, match=r"timing\.aa"):
         refuse_reference_in_bench(cfg, "cost")
     refuse_reference_in_bench(cfg, "versus")  # versus times it
+
+
+def test_plots_never_read_aa_as_a_quality_metric(aa_tree: Path, tmp_path: Path) -> None:
+    """``write_all`` picks the first value column that is a quality metric for its speedup–quality plot: the A/A
+    column (a timing figure, in every timed table) is not one, so a tree without metrics draws no such plot."""
+    pytest.importorskip("matplotlib")
+    from adtbench.reporting.plots import write_all
+
+    names = {p.name for p in write_all(aa_tree, tmp_path / "figs", n_boot=20)}
+    assert "speedup.png" in names and not any(n.startswith("speedup_vs_") for n in names)

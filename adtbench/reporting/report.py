@@ -62,6 +62,7 @@ from adtbench.harness.rundir import (
 )
 from adtbench.io import atomic_write_text, save_png
 from adtbench.reporting.tables import (
+    NOT_QUALITY,
     aggregate,
     caveat_note,
     cells,
@@ -74,7 +75,6 @@ from adtbench.reporting.tables import (
 
 SETTING_COLUMNS = ("model", "policy", "lantern", "drafter", "sampling")
 """What names a setting on the page (``lantern``: the relaxation), shown whether or not it varies."""
-NOT_QUALITY = ("tau", "d_bar", "speedup", "speedup_ref", "aa_ratio", "latency_s", "window_mean")
 """Value columns of the table that are no quality metric (no Pareto plot against them)."""
 ASSETS = "assets"
 PAGE = "index.html"

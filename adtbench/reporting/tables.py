@@ -78,6 +78,9 @@ CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling"
 IGNORED_OVERRIDES = PLUMBING_KEYS + POOLED_KEYS
 PER_PROMPT_METRICS = ("clip_score", "hpsv2", "hpsv21", "aesthetic", "mini_agreement")
 LOWER_IS_BETTER = {"fid", "mini_fid", "latency_s"}
+#: The value columns that are not quality metrics (the speed, the A/A control and the drafting figures): what the
+#: speedup–quality plots never pick as their metric.
+NOT_QUALITY = ("tau", "d_bar", "speedup", "speedup_ref", "aa_ratio", "latency_s", "window_mean")
 #: The ``speedup`` header when ``speedup_ref`` is shown beside it: each names its baseline.
 SPEEDUP_LEAN_LABEL = ("speedup vs lean AR (×)", r"Speedup vs lean AR ($\times$)")
 #: The mark after an A/A cell whose interval excludes 1 (markdown, LaTeX): the timing favours one side at that level.
