@@ -319,7 +319,7 @@ def test_bench_speed_table_shows_aa_or_its_absence() -> None:
 
 
 def test_bench_versus_times_ar_against_itself(tmp_path: Path, capsys) -> None:
-    from adtbench.tools.bench_versus import main
+    from adtbench.tools.bench_versus import main, parse
 
     out = tmp_path / "versus.json"
     common = ["model=tiny_llamagen", "dataset=smoke", "warmup=0", "policy=static_sampled", "bench.prompts=2",
@@ -330,6 +330,8 @@ def test_bench_versus_times_ar_against_itself(tmp_path: Path, capsys) -> None:
     assert "A/A (AR against itself, one more side of the rotation): " in capsys.readouterr().out
     assert main([*common, "--variant", "plain"]) == 0
     assert json.loads(out.read_text())["aa_ratio"] is None
+    with pytest.raises(ConfigError, match="reserved name 'aa'"):  # the A/A side's name
+        parse(["--variant", "aa"])
     assert "A/A (AR against itself): not timed (timing.aa=false)" in capsys.readouterr().out
 
 
