@@ -11,12 +11,14 @@
 #           for $SIZES, one drafter level, the fixed work, the AR step against the weight-read floor, and the engine
 #           overhead per cycle of the default policy on $OVERHEAD_PROMPTS prompt(s) (0: none)   → cost.json
 #   speed   `adtbench bench speed` on $SPEED_MODEL for the rows $ROWS, $PROMPTS prompts each, per mode of
-#           $SPEED_MODES (default graphs; AR baseline in each job)               → speed.json
+#           $SPEED_MODES (default graphs; AR baseline in each job, and with AA=true — the default — the A/A control:
+#           each row's AR baseline timed against itself, aa_ratio beside its speedup)     → speed.json
 #   batch   `adtbench bench batch` per model of $MODELS, eager (the speed of the batched eager step), B in $BATCH_SIZES
 #           over $BATCH_PROMPTS prompts; the 7B shape at the grid $ANOLE_BATCH_GRID    → batch.json, batch_<model>.png
 #   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
 #           weight-read floor, verify(n) in AR steps, graphed − eager logits, an AR step's kernels and launches
 #           (torch.profiler), the default policy's overhead and synchronisations per cycle     → probe.json
+#   (jacobi and trees below: with AA=true the AR side is timed against itself too, the A/A line above each table)
 #   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
 #           ADT, the static sampled tree: $TREE_POLICIES) with drafting levels and tree verify graphed, the verify eager
 #           (engine.verify_step=eager), both eager (+ policy.graph_levels=false), AR interleaved in one job,
@@ -66,6 +68,7 @@ OVERHEAD_PROMPTS=${OVERHEAD_PROMPTS:-1}
 SPEED_MODEL=${SPEED_MODEL:-mini}
 SPEED_MODES=${SPEED_MODES:-graphs}
 PROMPTS=${PROMPTS:-4}
+AA=${AA:-true}  # timing.aa of the speed, jacobi and trees stages: the A/A control beside every speedup
 ROWS=${ROWS:-[ar,eagle2_fixed,eagle2_cost,adt_cost,static_sampled,mini_lantern,zipar,mulo,scd,scd_cost,sjd,gsd]}
 JACOBI_WINDOWS=${JACOBI_WINDOWS:-16 32 64}
 TREE_POLICIES=${TREE_POLICIES:-eagle2 adt static_sampled}  # the trees stage's policies
@@ -174,7 +177,7 @@ stage_speed() {
     for mode in $SPEED_MODES; do
         rm -rf "$RUN_DIR/speed_$mode"
         md "### speed rows, $SPEED_MODEL, $mode"
-        step "speed $mode" bench speed "${over[@]}" "$(compile_of "$mode")" "bench.rows=$ROWS" \
+        step "speed $mode" bench speed "${over[@]}" "$(compile_of "$mode")" "timing.aa=$AA" "bench.rows=$ROWS" \
             "bench.prompts=$PROMPTS" "bench.out=$RUN_DIR/speed_$mode" >> "$OUT/gpu.md"
         md ""
         runs+=("$mode=$RUN_DIR/speed_$mode/speed.json")
@@ -227,7 +230,7 @@ stage_jacobi() {
                --variant scd_cost policy=scd policy.window=cost --variant static_sampled policy=static_sampled
                --variant scd_32_eager policy=scd policy.window=32 policy.step=eager)  # the host-driven SCD loop
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
-    step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
+    step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini "timing.aa=$AA" \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
     md ""
 }
@@ -241,7 +244,7 @@ stage_trees() {  # graphed drafting levels and tree verify (drafters/graphed.py,
                    --variant "${p}_eager" "policy=$p" policy.graph_levels=false engine.verify_step=eager)
     done
     md "### Tree policies: levels + verify graphed, verify eager, both eager; $SPEED_MODEL, acceptance on the device"
-    step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini \
+    step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini "timing.aa=$AA" \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/trees.json" "${variants[@]}" >> "$OUT/gpu.md"
     md ""
 }

@@ -26,6 +26,8 @@ def test_speed_table_rows_readme_and_reuse(tmp_path: Path, capsys) -> None:
     assert ar["tau"] == 1.0 and ar["draft_steps"] == 0.0 and ar["limit"] == "–" and ar["n"] == 2
     assert adt["nodes"] >= 1.0 and adt["draft_steps"] > 0 and adt["limit"] in ("verify", "draft", "overhead")
     assert adt["bound"] > 0 and adt["speedup_ci"][0] <= adt["speedup"] <= adt["speedup_ci"][1]
+    for r in rows:  # timing.aa by default: each row's AR baseline against itself, beside its speedup
+        assert r["aa_ratio_ci"][0] <= r["aa_ratio"] <= r["aa_ratio_ci"][1]
     text = readme.read_text()
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n") and "old" not in text
     assert "| policy=ar (sanity: must read 1.00) |" in text and "| adt + budget: cost" in text

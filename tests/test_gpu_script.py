@@ -78,6 +78,7 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     # speed: the row's job ran simulated and graphed
     speed = json.loads((out / "speed.json").read_text())["graphs"]
     assert [x["row"] for x in speed] == ["ar"] and speed[0]["gpu"] == "simulated cuda (cpu)" and speed[0]["tau"] == 1
+    assert speed[0]["aa_ratio"] > 0 and "| A/A [95 % CI] |" in table  # AA=true: the A/A control beside the speedup
     # batch: B = 1 and 2 on the simulated device, the plot copied out
     b = json.loads((out / "batch.json").read_text())["tiny"]
     assert [x["B"] for x in b["rows"]] == [1, 2] and b["environment"]["device"] == "simulated cuda (cpu)"
@@ -93,6 +94,7 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     variants = ["scd_4", "sjd_16", "gsd_16", "sjd_pac_32", "scd_cost", "static_sampled", "scd_32_eager"]
     assert [x["variant"] for x in j["rows"]] == variants
     assert all(x["tau"] >= 1 for x in j["rows"])
+    assert j["aa_ratio"] > 0 and table.count("A/A (AR against itself, one more side of the rotation): ") == 2
     # trees: the tree policies with graphed levels and verify, the verify eager, both eager, against AR in one job
     t = json.loads((out / "trees.json").read_text())
     assert {x["variant"] for x in t["rows"]} == {"eagle2", "eagle2_eager_verify", "eagle2_eager"}

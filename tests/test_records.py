@@ -120,7 +120,7 @@ def test_old_run_configs_migrate_to_todays_fingerprint() -> None:
     assert migrate_run_config(saved) == {**RESUME_NEW_KEYS, "model": {"name": "m"}, "engine": engine}
     # keys of issue 39: timing.reference_baseline (off before), drafter.random (an EAGLE drafter's key; off before)
     old = migrate_run_config({"timing": {"repeats": 2}, "drafter": {"kind": "eagle", "path": None}})
-    assert old["timing"] == {"repeats": 2, "reference_baseline": False}
+    assert old["timing"] == {"repeats": 2, "reference_baseline": False, "aa": False}  # timing.aa: issue 52, off before
     assert old["drafter"] == {"kind": "eagle", "path": None, "random": False}
     assert migrate_run_config({"drafter": {"kind": "none"}})["drafter"] == {"kind": "none"}
 

@@ -216,11 +216,14 @@ def test_repeats_alternate_abba_and_must_agree() -> None:
         return SimpleNamespace(tokens=[1, 2, 3], latency_s=1.0)
 
     p = SimpleNamespace(prompt_id="x")
-    runs, bases, refs = timing.timed_prompt(decode, p, 5, 2, True, 0)
-    assert calls == ["B", "M", "M", "B"] and len(runs) == len(bases) == 2 and refs == []
+    runs, bases, refs, aas = timing.timed_prompt(decode, p, 5, 2, True, 0)
+    assert calls == ["B", "M", "M", "B"] and len(runs) == len(bases) == 2 and refs == aas == []
     calls.clear()
     timing.timed_prompt(decode, p, 5, 1, True, 1)
     assert calls == ["M", "B"]  # prompt 1 with one repeat: method first, as before repeats existed
+    calls.clear()
+    timing.timed_prompt(decode, p, 5, 2, True, 1)
+    assert calls == ["M", "B", "B", "M"]  # prompt 1 opens with the method whatever the repeat count
     calls.clear()
     timing.timed_prompt(decode, p, 5, 3, False, 0)
     assert calls == ["M", "M", "M"]
@@ -235,8 +238,9 @@ def test_repeats_alternate_abba_and_must_agree() -> None:
 
 
 def test_reference_baseline_is_interleaved_as_the_baseline_is() -> None:
-    """With the reference baseline a repeat is a triple whose order reverses from pair to pair (R B M, M B R, …):
-    the baseline stays next to both, and the reference's repeats must agree like the others'."""
+    """With the reference baseline a repeat is a triple whose order reverses from repeat to repeat (R B M, M B R, …)
+    and rotates from prompt to prompt (``timing.side_order``), and the reference's repeats must agree like the
+    others'."""
     calls: list[str] = []
 
     def decode(p, seed, side):
@@ -244,11 +248,11 @@ def test_reference_baseline_is_interleaved_as_the_baseline_is() -> None:
         return SimpleNamespace(tokens=[1, 2, 3], latency_s=1.0)
 
     p = SimpleNamespace(prompt_id="x")
-    runs, bases, refs = timing.timed_prompt(decode, p, 5, 3, True, 0, reference=True)
+    runs, bases, refs, _ = timing.timed_prompt(decode, p, 5, 3, True, 0, reference=True)
     assert "".join(calls) == "RBMMBRRBM" and len(runs) == len(bases) == len(refs) == 3
     calls.clear()
     timing.timed_prompt(decode, p, 5, 1, True, 1, reference=True)
-    assert calls == ["M", "B", "R"]  # an odd pair index: the reverse order
+    assert calls == ["B", "M", "R"]  # the next prompt opens with the next rotation (side_order)
     n = iter(range(10))
 
     def drifting(p, seed, side):

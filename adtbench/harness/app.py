@@ -119,7 +119,7 @@ def _run(
     warning = resume_warning(run_dir, previous, prov) if todo else None
     if warning:
         log.warning("%s", warning)
-    warmup_s = job.warm_up(todo, conf.warmup, conf.baseline)
+    warmup_s = job.warm_up(todo, conf.warmup, conf.baseline, conf.timing.aa)
     log.info(
         "warm-up: %d generation(s) of each side in %.1f s%s",
         conf.warmup if todo else 0,
@@ -202,12 +202,13 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     }
     last_summary = time.perf_counter()
     bar = tqdm(total=len(todo), desc=ctx.job.policy.name, disable=not conf.progress, file=sys.stderr)
-    for p, seed, runs, bases, refs, batch in timed_results(ctx.job, todo, repeats, conf.baseline):
+    for p, seed, runs, bases, refs, aas, batch in timed_results(ctx.job, todo, repeats, conf.baseline, conf.timing.aa):
         bar.update()
         res = runs[0]
         image = target.decode_image(target.layout.tokens_to_codes(res.tokens)) if conf.save_images else None
         trace = trace_record(p.prompt_id, res)
-        record = store.commit(SampleRecord.build(p, seed, runs, bases or None, batch, refs or None), trace, image)
+        sample = SampleRecord.build(p, seed, runs, bases or None, batch, refs or None, aas or None)
+        record = store.commit(sample, trace, image)
         if conf.maps is not None and conf.maps.per_image:
             from adtbench.harness.maps import write_sample_maps
 
@@ -220,8 +221,9 @@ def _decode_all(ctx: RunContext, todo: list[Prompt], run_info: dict[str, Any]) -
     bar.close()
     run_info |= watch.stop()
     summary = ctx.summary(records, run_info)
-    if summary.stats.get("timing_warning"):
-        log.warning("%s", summary.stats["timing_warning"])
+    for warning in ("timing_warning", "aa_warning"):
+        if summary.stats.get(warning):
+            log.warning("%s", summary.stats[warning])
     store.write_summary(summary)
     if conf.maps is not None and conf.maps.per_run:
         from adtbench.harness.maps import write_run_maps

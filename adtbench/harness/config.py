@@ -329,6 +329,7 @@ def validate(cfg: DictConfig) -> Checked:
         lantern_params(cfg.lantern)
     validate_model(cfg)
     check_reference(cfg, conf)
+    check_aa(conf)
     validate_drafter(cfg, policy)
     validate_cache_dirs(cfg)
     from adtbench.harness.loops import check_loop_config
@@ -397,13 +398,15 @@ def _on_cuda(cfg: DictConfig) -> bool:
 
 def check_timing(cfg: DictConfig) -> None:
     """``timing.repeats``: timed repetitions of each prompt, an integer ≥ 1 (1 without a ``timing`` node);
-    ``timing.reference_baseline``: a flag (its cross-key rules: :func:`check_reference`)."""
+    ``timing.reference_baseline`` and ``timing.aa``: flags (their cross-key rules: :func:`check_reference`,
+    :func:`check_aa`)."""
     if cfg.get("timing") is None:
         return
     if not isinstance(cfg.timing, DictConfig):
         raise ConfigError("timing", f"must be a mapping (timing.repeats=...), got {cfg.timing!r}")
     _number(cfg, "timing.repeats", int, lo=1)
     check_flag(cfg.timing.get("reference_baseline", False), "timing.reference_baseline")
+    check_flag(cfg.timing.get("aa", False), "timing.aa")
 
 
 def reference_impl(cfg: DictConfig) -> str:
@@ -440,16 +443,35 @@ def check_reference(cfg: DictConfig, conf: schema.AppConf) -> None:
     reference_impl(cfg)
 
 
+def check_aa(conf: schema.AppConf) -> None:
+    """``timing.aa=true`` (the A/A control: the AR baseline timed against itself, ``aa_ratio``): it times the baseline
+    a second time, so it needs ``baseline=true``, one prompt at a time (``decode.batch_size=1``: a batched window
+    times each side once)."""
+    if not conf.timing.aa:
+        return
+    if not conf.baseline:
+        raise ConfigError("timing.aa", "times the AR baseline against itself; it needs baseline=true")
+    if conf.decode.batch_size > 1:
+        raise ConfigError("timing.aa", "the A/A control times one prompt at a time; use decode.batch_size=1")
+
+
 def refuse_reference_in_bench(cfg: DictConfig, tool: str) -> None:
     """The ``adtbench bench`` tools that build their models themselves (``overhead``, ``cost``, ``probe``,
     ``versus``, ``batch``, ``count``) time the lean AR step only: ``timing.reference_baseline=true`` there is a
-    ``ConfigError`` naming the key, not a flag silently ignored (``bench speed`` runs the app per row: it applies)."""
+    ``ConfigError`` naming the key, not a flag silently ignored (``bench speed`` runs the app per row: it applies).
+    ``timing.aa=true`` likewise, except in ``versus``, which times its AR side against itself with it."""
     timing = cfg.get("timing")
     if isinstance(timing, DictConfig) and timing.get("reference_baseline", False) is True:
         raise ConfigError(
             "timing.reference_baseline",
             f"adtbench bench {tool} times the lean AR step only; time the reference through the app "
             "(python run.py ... timing.reference_baseline=true) or adtbench bench speed",
+        )
+    if tool != "versus" and isinstance(timing, DictConfig) and timing.get("aa", False) is True:
+        raise ConfigError(
+            "timing.aa",
+            f"adtbench bench {tool} times no speedup to control; the A/A control runs in the app "
+            "(python run.py ... timing.aa=true), adtbench bench speed and adtbench bench versus",
         )
 
 

@@ -232,10 +232,11 @@ class Job:
         assert self.batched is not None, "decode.batch_size is 1"
         return self.batched.window(prompts, index)
 
-    def warm_up(self, prompts: list[Prompt], rounds: int, baseline: bool = True) -> float:
+    def warm_up(self, prompts: list[Prompt], rounds: int, baseline: bool = True, aa: bool = False) -> float:
         """``rounds`` untimed decodes of the first prompt (a batched window of the first ``batch_size``), the method
-        and (``baseline``) the AR side, and its reference (``timing.reference_baseline``); compilation and graph
-        capture happen here. Returns the seconds it took."""
+        and (``baseline``) the AR side, its reference (``timing.reference_baseline``) and the A/A side (``aa``: the AR
+        side again), so every timed side gets the same pre-work; compilation and graph capture happen here. Returns
+        the seconds it took."""
         t = time.perf_counter()
         for _ in range(rounds if prompts else 0):
             if self.batched is not None:
@@ -246,6 +247,8 @@ class Job:
                 self.decode(prompts[0], False, seed=0)
             if baseline and self.reference is not None:
                 self.decode_reference(prompts[0], seed=0)
+            if baseline and aa:
+                self.decode(prompts[0], False, seed=0)
         return time.perf_counter() - t
 
     @property

@@ -29,6 +29,7 @@ __all__ = [
     "SampleRecord",
     "Summary",
     "TraceRecord",
+    "aa_part",
     "eval_part",
     "lantern_part",
     "migrate_run_config",
@@ -81,6 +82,9 @@ class SampleRecord:
     reference_latency_repeats_s: list[float] | None = None
     speedup_ref: float | None = None  # reference_latency_s / latency_s
     reference_tokens_match_baseline: bool | None = None  # the two implementations' AR decoded the same tokens
+    aa_latency_s: float | None = None  # timing.aa: the AR baseline timed again, in the method's role (A/A control)
+    aa_latency_repeats_s: list[float] | None = None
+    aa_ratio: float | None = None  # baseline_latency_s / aa_latency_s: 1 up to timing noise
     stats: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     batch: dict[str, Any] | None = None  # decode.batch_size > 1: the window it was decoded in (docs/outputs.md)
@@ -95,19 +99,23 @@ class SampleRecord:
         bases: list[GenerationResult] | None,
         batch: dict[str, Any] | None = None,
         refs: list[GenerationResult] | None = None,
+        aas: list[GenerationResult] | None = None,
     ) -> SampleRecord:
         """The record of a prompt's timed repeats (``runs`` of the method, ``bases`` of the baseline, ``refs`` of
-        the baseline through the reference implementation: ``timing.reference_baseline``).
+        the baseline through the reference implementation: ``timing.reference_baseline``, ``aas`` of the baseline
+        timed again in the method's role: ``timing.aa``).
 
         Token and count fields come from the first repeat (every repeat decodes the same tokens); ``latency_s``,
-        ``prefill_s``, ``draft_s``, ``verify_s``, ``baseline_latency_s`` and ``reference_latency_s`` are medians over
-        the repeats, whose latencies are kept in ``latency_repeats_s`` / ``baseline_latency_repeats_s`` /
-        ``reference_latency_repeats_s``; ``speedup`` = baseline / method, ``speedup_ref`` = reference / method.
+        ``prefill_s``, ``draft_s``, ``verify_s``, ``baseline_latency_s``, ``reference_latency_s`` and
+        ``aa_latency_s`` are medians over the repeats, whose latencies are kept in ``latency_repeats_s`` /
+        ``baseline_latency_repeats_s`` / ``reference_latency_repeats_s`` / ``aa_latency_repeats_s``; ``speedup`` =
+        baseline / method, ``speedup_ref`` = reference / method, ``aa_ratio`` = baseline / A/A side.
         """
         res, base = runs[0], (bases[0] if bases else None)
         lat = _median([r.latency_s for r in runs])
         base_lat = None if not bases else _median([b.latency_s for b in bases])
         ref_lat = None if not refs else _median([r.latency_s for r in refs])
+        aa_lat = None if not aas or base_lat is None else _median([a.latency_s for a in aas])
         return cls(
             prompt_id=prompt.prompt_id,
             prompt=prompt.text,
@@ -138,6 +146,9 @@ class SampleRecord:
             reference_latency_repeats_s=None if not refs else [r.latency_s for r in refs],
             speedup_ref=None if ref_lat is None else ref_lat / lat,
             reference_tokens_match_baseline=None if not refs or base is None else refs[0].tokens == base.tokens,
+            aa_latency_s=aa_lat,
+            aa_latency_repeats_s=None if aa_lat is None or not aas else [a.latency_s for a in aas],
+            aa_ratio=None if aa_lat is None or base_lat is None else base_lat / aa_lat,
             stats=res.stats,
             meta=prompt.meta,
             batch=batch,
@@ -356,7 +367,8 @@ class Summary:
 
     def line(self) -> str:
         """The one-line result a run prints: model, policy, LANTERN on/off (:func:`lantern_part`), n, τ, d̄,
-        latency, the speedup with its CI (and ``speedup_ref``, against the reference implementation's AR), eval
+        latency, the speedup with its CI, the A/A control's ratio with its CI and its flag (:func:`aa_part`;
+        ``timing.aa``), ``speedup_ref`` (against the reference implementation's AR), eval
         scores, ``LOSSY (<reason>)`` for a lossy method (``lossless`` false), a randomly initialised drafter
         (``drafter_random``) and the timing warnings."""
         s = self.to_json()
@@ -378,6 +390,7 @@ class Summary:
                 if s.get("speedup_ci_caveat"):
                     line += f" (CI over {s.get('speedup_n')} < 5 prompts)"
             line += f" median={f('speedup_median', '.3f', 'x')}"
+        line += aa_part(s)
         if s.get("speedup_ref") is not None:  # timing.reference_baseline: against the papers' AR (transformers)
             line += f" reference={f('reference_latency_s', '.4f', 's')} speedup_ref={f('speedup_ref', '.3f', 'x')}"
             ci = s.get("speedup_ref_ci")
@@ -409,6 +422,22 @@ def _greedy_matches(records: list[dict[str, Any]]) -> bool | None:
 def summary_line(s: dict[str, Any]) -> str:
     """:meth:`Summary.line` of a ``summary.json`` object."""
     return Summary.from_json(s).line()
+
+
+def aa_part(s: dict[str, Any]) -> str:
+    """`` aa=<ratio>x [lo, hi]`` (``timing.aa``: the AR baseline against itself, in the speedup's interleaving),
+    followed by ``A/A EXCLUDES 1: …`` when its interval excludes 1 (``aa_warning``); empty without an A/A timing."""
+    if s.get("aa_ratio") is None:
+        return ""
+    out = f" aa={s['aa_ratio']:.3f}x"
+    ci = s.get("aa_ratio_ci")
+    if ci and None not in ci:
+        out += f" [{ci[0]:.3f}, {ci[1]:.3f}]"
+        if (s.get("aa_ratio_n") or 0) < 5:
+            out += f" (CI over {s.get('aa_ratio_n')} < 5 prompts)"
+    if s.get("aa_warning"):
+        out += " A/A EXCLUDES 1: the timing favours one side at this level"
+    return out
 
 
 def lantern_part(s: dict[str, Any]) -> str:
@@ -443,7 +472,7 @@ def eval_part(block: Any) -> str:
 
 #: Config nodes and keys added after run dirs existed: a run_config.json without them ran with these values.
 RESUME_NEW_KEYS: dict[str, Any] = {
-    "timing": {"repeats": 1, "reference_baseline": False},
+    "timing": {"repeats": 1, "reference_baseline": False, "aa": False},
     "engine": {"compile": False, "acceptance": "auto", "verify_step": "auto"},  # verify_step: on the CPU auto is eager
     "decode": {"batch_size": 1, "window": 4},
 }

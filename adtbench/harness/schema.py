@@ -275,6 +275,7 @@ class PathsConf:
 class TimingConf:
     repeats: int = 1
     reference_baseline: bool = False  # also time AR through the reference implementation (config.check_reference)
+    aa: bool = False  # also time AR against itself, the A/A control: aa_ratio (config.check_aa)
 
 
 @dataclass

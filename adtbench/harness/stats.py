@@ -19,6 +19,8 @@ __all__ = [
     "SPEEDUP_CI_MIN_PROMPTS",
     "SPEEDUP_N_BOOT",
     "TIMING_SPREAD_MAX",
+    "aa_summary",
+    "aa_warning",
     "bootstrap_ci",
     "bootstrap_distribution",
     "jacobi_summary",
@@ -239,6 +241,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         else None
     )
     out |= reference_summary(records)
+    out |= aa_summary(records)
     out |= throughput(records)
     out["jacobi"] = jacobi_summary(records)
     return out
@@ -297,6 +300,70 @@ def reference_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
     matches = [m for m in (rec.get("reference_tokens_match_baseline") for rec in records) if m is not None]
     out["reference_tokens_match_baseline"] = all(matches) if matches else None
     return out
+
+
+def aa_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """The A/A control (``timing.aa``): the AR baseline timed against itself in the speedup's interleaving, summarised
+    as the speedup is. Over P_A = the records with an ``aa_latency_s`` A_j and a ``baseline_latency_s`` B_j (medians of
+    their repeats):
+
+    * ``aa_latency_s``: mean A_j; ``aa_ratio`` = Σ_{P_A} B_j / Σ_{P_A} A_j (ratio of totals), ``aa_ratio_median`` =
+      median B_j / A_j, ``aa_ratio_ci`` = the same two-level bootstrap as ``speedup_ci`` (:func:`ratio_of_totals_ci`
+      over ``baseline_latency_repeats_s`` paired with ``aa_latency_repeats_s``), ``aa_ratio_n`` = |P_A|;
+    * ``aa_warning``: a string when ``aa_ratio_ci`` excludes 1 — both sides ran the same computation, so an interval
+      that excludes 1 says the timing itself favours one side at this level (the speedup's interval carries the
+      same bias) —, else None.
+
+    Both sides decode the same tokens, so ``aa_ratio`` is 1 up to timing noise: its interval is the noise floor of
+    the run's speedup. Every value is None (``aa_ratio_n`` 0) without such records (``timing.aa`` off)."""
+    base_reps, aa_reps, pairs = [], [], []
+    for rec in records:
+        a = _num(rec, "aa_latency_s", allow_none=True)
+        b = _num(rec, "baseline_latency_s", allow_none=True)
+        if a is None or b is None:
+            continue
+        if a == 0 or b == 0:
+            raise ValueError(f"record {rec.get('prompt_id')!r}: aa_latency_s and baseline_latency_s must be > 0")
+        pairs.append((b, a))
+        base_reps.append(_repeats(rec, "baseline_latency_repeats_s", b))
+        aa_reps.append(_repeats(rec, "aa_latency_repeats_s", a))
+        if len(base_reps[-1]) != len(aa_reps[-1]):
+            raise ValueError(f"record {rec.get('prompt_id')!r}: baseline and A/A side have different repeat counts")
+    out: dict[str, Any] = {
+        "aa_latency_s": None,
+        "aa_ratio": None,
+        "aa_ratio_median": None,
+        "aa_ratio_ci": None,
+        "aa_ratio_n": len(pairs),
+        "aa_warning": None,
+    }
+    if not pairs:
+        return out
+    lo, hi = ratio_of_totals_ci(base_reps, aa_reps, SPEEDUP_N_BOOT, 1 - SPEEDUP_CI_LEVEL, SPEEDUP_CI_SEED)
+    ratio = float(sum(b for b, _ in pairs) / sum(a for _, a in pairs))
+    out |= {
+        "aa_latency_s": float(np.mean([a for _, a in pairs])),
+        "aa_ratio": ratio,
+        "aa_ratio_median": float(np.median([b / a for b, a in pairs])),
+        "aa_ratio_ci": [lo, hi],
+        "aa_warning": aa_warning(ratio, lo, hi, len(pairs)),
+    }
+    return out
+
+
+def aa_warning(ratio: float, lo: float, hi: float, n: int) -> str | None:
+    """The A/A flag: a warning when the interval [lo, hi] of the AR baseline against itself, over ``n`` prompts,
+    excludes 1 (else None); over fewer than ``SPEEDUP_CI_MIN_PROMPTS`` prompts it says the interval is too few to
+    trust (one prompt with one repeat gives a zero-width interval)."""
+    if lo <= 1.0 <= hi:
+        return None
+    few = ""
+    if n < SPEEDUP_CI_MIN_PROMPTS:
+        few = f" (CI over {n} < {SPEEDUP_CI_MIN_PROMPTS} prompts: too few to resample)"
+    return (
+        f"A/A control: the AR baseline against itself read {ratio:.3f} [{lo:.3f}, {hi:.3f}], an interval that "
+        f"excludes 1{few}: the timing favours one side at this level; the speedup's interval carries the same bias"
+    )
 
 
 def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:

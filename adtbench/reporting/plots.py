@@ -37,7 +37,7 @@ import numpy as np
 from adtbench.harness.maps import MAP_LABELS, colormap, map_norm
 from adtbench.harness.rundir import has_summary, is_plumbing, read_run_config, read_run_maps, read_summary
 from adtbench.io import atomic_write_with
-from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, aggregate, load_tree
+from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, NOT_QUALITY, aggregate, load_tree
 
 __all__ = [
     "accept_histogram",
@@ -511,8 +511,7 @@ def write_all(
         speedup_bars(table, out / "speedup.png", by, runs),
         tau_vs_dbar(table, out / "tau_vs_dbar.png", by, runs),
     ]
-    metric = metric or next((c for c in table.columns if f"{c}_lo" in table and c not in
-                             ("tau", "d_bar", "speedup", "latency_s")), None)  # fmt: skip
+    metric = metric or next((c for c in table.columns if f"{c}_lo" in table and c not in NOT_QUALITY), None)
     if metric is not None:
         written.append(speedup_vs_quality(table, metric, out / f"speedup_vs_{metric}.png", by, runs))
     m = acceptance_montage(runs, out / "acceptance_maps.png")

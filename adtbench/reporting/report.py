@@ -62,6 +62,7 @@ from adtbench.harness.rundir import (
 )
 from adtbench.io import atomic_write_text, save_png
 from adtbench.reporting.tables import (
+    NOT_QUALITY,
     aggregate,
     caveat_note,
     cells,
@@ -74,7 +75,6 @@ from adtbench.reporting.tables import (
 
 SETTING_COLUMNS = ("model", "policy", "lantern", "drafter", "sampling")
 """What names a setting on the page (``lantern``: the relaxation), shown whether or not it varies."""
-NOT_QUALITY = ("tau", "d_bar", "speedup", "speedup_ref", "latency_s", "window_mean")
 """Value columns of the table that are no quality metric (no Pareto plot against them)."""
 ASSETS = "assets"
 PAGE = "index.html"
@@ -517,7 +517,9 @@ def build_report(
 <p class=note>Shared by every setting: {_e(", ".join(f"{k}={v}" for k, v in shared.items()) or "—")}.
 Values: point estimate [{100 * ci:.0f}% bootstrap CI over prompts, {n_boot} resamples, seed {seed}] — the numbers
 of <code>adtbench table</code> with the same dirs and options. τ: tokens committed per cycle (bonus included);
-d̄: drafter levels per cycle; speedup: Σ AR latency / Σ method latency, AR timed in the same job.
+d̄: drafter levels per cycle; speedup: Σ AR latency / Σ method latency, AR timed in the same job; A/A: Σ AR latency /
+Σ AR latency, AR timed against itself in the same interleaving (<code>timing.aa=true</code>; — not measured, ! its
+interval excludes 1), the speedup's noise floor.
 Click a column header to sort.</p>
 <nav><a href="#leaderboard-h">Leaderboard</a> · <a href="#prompts">Prompts</a> · <a href="#plots">Plots</a> ·
 <a href="#provenance">Provenance</a></nav>

@@ -23,6 +23,9 @@ vary across the tree), over the pooled samples:
 
 - τ = Σ committed / Σ cycles, d̄ = Σ drafted depth / Σ cycles (``docs/algorithms.md`` §1.2);
 - speedup = Σ baseline latency / Σ method latency over samples with a baseline (= ratio of means);
+- A/A (``aa_ratio``) = Σ baseline latency / Σ A/A latency over samples timed with ``timing.aa=true`` (the AR baseline
+  against itself in the speedup's interleaving: the speedup's noise floor); shown beside the speedup in every table
+  that has one, ``—`` where not measured, marked ``!`` where its interval excludes 1 (:data:`AA_FLAG_MARK`);
 - latency = mean method latency per image (s);
 - a per-prompt metric (CLIP, HPS, aesthetic, mini agreement) = mean over images;
 - a set metric (FID, IS, precision, recall, ...) = its value (mean over runs when a group holds several).
@@ -75,14 +78,20 @@ CHOICE_COLUMNS = ("model", "drafter", "policy", "lantern", "dataset", "sampling"
 IGNORED_OVERRIDES = PLUMBING_KEYS + POOLED_KEYS
 PER_PROMPT_METRICS = ("clip_score", "hpsv2", "hpsv21", "aesthetic", "mini_agreement")
 LOWER_IS_BETTER = {"fid", "mini_fid", "latency_s"}
+#: The value columns that are not quality metrics (the speed, the A/A control and the drafting figures): what the
+#: speedup–quality plots never pick as their metric.
+NOT_QUALITY = ("tau", "d_bar", "speedup", "speedup_ref", "aa_ratio", "latency_s", "window_mean")
 #: The ``speedup`` header when ``speedup_ref`` is shown beside it: each names its baseline.
 SPEEDUP_LEAN_LABEL = ("speedup vs lean AR (×)", r"Speedup vs lean AR ($\times$)")
+#: The mark after an A/A cell whose interval excludes 1 (markdown, LaTeX): the timing favours one side at that level.
+AA_FLAG_MARK = (" !", " !")
 LOSSLESS_TEXT = {True: "yes", False: "no", None: "?"}  # the ``lossless`` column (``mixed``: a group of both)
 LABELS = {
     "tau": ("τ", r"$\tau$"),
     "d_bar": ("d̄", r"$\bar d$"),
     "speedup": ("speedup (×)", r"Speedup ($\times$)"),
     "speedup_ref": ("speedup vs reference AR (×)", r"Speedup vs reference AR ($\times$)"),
+    "aa_ratio": ("A/A (×)", r"A/A ($\times$)"),
     "latency_s": ("latency (s)", r"Latency (s)"),
     "clip_score": ("CLIP", r"CLIP"),
     "hpsv21": ("HPSv2.1", r"HPSv2.1"),
@@ -185,14 +194,15 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
     ``policy``, ``lantern``, ``dataset``, ``sampling``), ``shard``, ``merged``, ``n_samples``, ``n_prompts``,
     ``complete``, ``tau``, ``d_bar``, ``d_bar_tree``, ``speedup``, ``latency_s``, ``baseline_latency_s``,
     ``speedup_ref`` and ``reference_baseline`` (``timing.reference_baseline``: the speedup against the reference
-    implementation's AR and what that ran on; None without), ``lossless`` / ``lossless_reason`` (:func:`run_lossless`),
+    implementation's AR and what that ran on; None without), ``aa_ratio`` (``timing.aa``: the A/A control; None
+    without), ``lossless`` / ``lossless_reason`` (:func:`run_lossless`),
     ``device``, ``load_before`` / ``load_peak`` (the 1-minute load average at the start / its peak) and
     ``cpu_count``, one column per evaluated metric (``summary["eval"]["values"]``), ``ov.<key>`` per override.
     ``samples``: one row per sample — ``run_dir``, ``config_id``, ``prompt_id``, ``seed``, ``committed``,
     ``cycles``, ``drafted_depth_sum``, ``tree_depth_sum``, ``latency_s``, ``baseline_latency_s``,
-    ``reference_latency_s``, ``tau``, ``speedup``, ``window_mean`` (the Jacobi loops' mean verified window, from
-    ``stats``; absent for other policies, so the table shows it only for them) and the per-prompt metrics of
-    ``eval_samples.jsonl``.
+    ``reference_latency_s``, ``aa_latency_s`` (None without ``timing.aa``), ``tau``, ``speedup``, ``window_mean``
+    (the Jacobi loops' mean verified window, from ``stats``; absent for other policies, so the table shows it only
+    for them) and the per-prompt metrics of ``eval_samples.jsonl``.
     """
     import pandas as pd
 
@@ -225,6 +235,7 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
             "complete": s.complete,
             **{k: s.stats.get(k) for k in ("tau", "d_bar", "d_bar_tree", "speedup", "latency_s", "baseline_latency_s")},
             "speedup_ref": s.stats.get("speedup_ref"),
+            "aa_ratio": s.stats.get("aa_ratio"),  # timing.aa: the run's own A/A figure (None without)
             "reference_baseline": (s.run or {}).get("reference_baseline"),
             "lossless": lossless,
             "lossless_reason": why,
@@ -249,7 +260,7 @@ def load_tree(root: str | Path | Sequence[str | Path]) -> tuple[Any, Any]:
     samples = pd.DataFrame(sample_rows)
     if len(samples):
         numeric = ("committed", "cycles", "drafted_depth_sum", "tree_depth_sum", "latency_s", "baseline_latency_s")
-        for k in (*numeric, "reference_latency_s"):
+        for k in (*numeric, "reference_latency_s", "aa_latency_s"):
             samples[k] = pd.to_numeric(samples[k], errors="coerce")
     return runs, samples
 
@@ -313,7 +324,8 @@ def aggregate(
 ) -> Any:
     """One row per group of runs: ``lossless`` (``yes`` / ``no`` by :func:`run_lossless` of its runs; ``mixed``, or
     ``?`` where a run's cannot be told), ``n``, ``runs``, and for τ, d̄, speedup, ``speedup_ref`` (only when some
-    run has one: against the reference implementation's AR), latency and each metric the value with
+    run has one: against the reference implementation's AR), ``aa_ratio`` (the A/A control, :func:`_group_stats`;
+    kept whenever the table has a speedup, NaN where not measured), latency and each metric the value with
     ``<name>_lo`` / ``<name>_hi`` bootstrap bounds (NaN where not defined). The table's ``attrs["reference_baseline"]``
     lists what the reference baselines ran on. See the module docstring."""
     import pandas as pd
@@ -330,9 +342,11 @@ def aggregate(
         row |= _group_stats(smp, grp, metric_cols, n_boot, ci, seed)
         rows.append(row)
     table = pd.DataFrame(rows)
-    values = ("tau", "d_bar", "speedup", "speedup_ref", "latency_s", *metric_cols)
+    values = ("tau", "d_bar", "speedup", "speedup_ref", "aa_ratio", "latency_s", *metric_cols)
     if "speedup_ref" in table and table["speedup_ref"].isna().all():  # no run timed the reference: no column
         table = table.drop(columns=["speedup_ref", "speedup_ref_lo", "speedup_ref_hi"])
+    if "aa_ratio" in table and table["aa_ratio"].isna().all() and table["speedup"].isna().all():  # nothing timed
+        table = table.drop(columns=["aa_ratio", "aa_ratio_lo", "aa_ratio_hi"])
     stats = [f"{m}{s}" for m in values for s in ("", "_lo", "_hi")]
     keys = [*by, *(["lossless"] if "lossless" not in by else [])]
     out = table[[*keys, "n", "runs", *(c for c in stats if c in table)]]
@@ -382,6 +396,7 @@ _SAMPLE_FIELDS = (
     "latency_s",
     "baseline_latency_s",
     "reference_latency_s",
+    "aa_latency_s",
     "tau",
     "speedup",
 )
@@ -393,11 +408,13 @@ def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: fl
     nan = float("nan")
     out: dict[str, Any] = {"n": int(smp["prompt_id"].nunique()) if len(smp) else 0, "runs": len(grp)}
     if len(smp) == 0:
-        keys = ("tau", "d_bar", "speedup", "speedup_ref", "latency_s")
+        keys = ("tau", "d_bar", "speedup", "speedup_ref", "aa_ratio", "latency_s")
         return out | {f"{k}{s}": nan for k in keys for s in ("", "_lo", "_hi")}
     paired = smp["baseline_latency_s"].notna() & smp["latency_s"].notna()
     ref = smp["reference_latency_s"] if "reference_latency_s" in smp else smp["latency_s"] * nan
     paired_ref = ref.notna() & smp["latency_s"].notna()
+    aa = smp["aa_latency_s"] if "aa_latency_s" in smp else smp["latency_s"] * nan
+    paired_aa = aa.notna() & smp["baseline_latency_s"].notna()
     cols = {
         "committed": smp["committed"],
         "cycles": smp["cycles"],
@@ -406,6 +423,8 @@ def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: fl
         "lat_p": smp["latency_s"].where(paired, 0.0),
         "ref": ref.where(paired_ref, 0.0),
         "lat_r": smp["latency_s"].where(paired_ref, 0.0),
+        "base_a": smp["baseline_latency_s"].where(paired_aa, 0.0),
+        "aa": aa.where(paired_aa, 0.0),
         "lat": smp["latency_s"],
         "one": smp["latency_s"].notna().astype(float),
     }
@@ -414,6 +433,7 @@ def _group_stats(smp: Any, grp: Any, metric_cols: list[str], n_boot: int, ci: fl
         "d_bar": ("dsum", "cycles"),
         "speedup": ("base", "lat_p"),
         "speedup_ref": ("ref", "lat_r"),  # Σ reference / Σ method over the prompts with a reference timing
+        "aa_ratio": ("base_a", "aa"),  # Σ baseline / Σ A/A side over the prompts timed with timing.aa
         "latency_s": ("lat", "one"),
     }
     per_prompt_metrics = [m for m in metric_cols if m in smp and smp[m].notna().any()]
@@ -478,6 +498,13 @@ def _fmt(v: Any, lo: Any, hi: Any, digits: int, latex: bool, caveat: bool = Fals
     return s
 
 
+def aa_excludes_one(lo: Any, hi: Any) -> bool:
+    """Whether an A/A interval [lo, hi] excludes 1 (False when it is missing: nothing measured, nothing flagged)."""
+    if lo is None or hi is None or not (np.isfinite(lo) and np.isfinite(hi)):
+        return False
+    return bool(lo > 1.0 or hi < 1.0)
+
+
 def _is_numeric(col: Any) -> bool:
     import pandas as pd
 
@@ -491,7 +518,8 @@ def cells(table: Any, digits: int = 3, latex: bool = False) -> tuple[Any, int, b
     Row keys first (``ov.`` dropped from override names; ``lossless``: yes / no), then the counts, then per value
     column ``v [lo, hi]`` (:func:`_fmt`) under its label (:data:`LABELS`, ↓ where lower is better; with
     ``speedup_ref`` beside it, ``speedup`` is headed :data:`SPEEDUP_LEAN_LABEL`); CIs of groups with fewer than
-    ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark."""
+    ``SPEEDUP_CI_MIN_PROMPTS`` prompts carry the caveat mark; an A/A cell whose interval excludes 1
+    (:func:`aa_excludes_one`) carries :data:`AA_FLAG_MARK`; a group without an A/A timing reads ``—``."""
     import pandas as pd
 
     vals = _value_columns(table)
@@ -518,6 +546,9 @@ def cells(table: Any, digits: int = 3, latex: bool = False) -> tuple[Any, int, b
             _fmt(v, lo, hi, digits, latex, bool(f))
             for v, lo, hi, f in zip(table[c], table[f"{c}_lo"], table[f"{c}_hi"], few)
         ]
+        if c == "aa_ratio":  # an A/A interval that excludes 1: the row's timing favours one side
+            flags = [aa_excludes_one(lo, hi) for lo, hi in zip(table[f"{c}_lo"], table[f"{c}_hi"])]
+            column = [x + AA_FLAG_MARK[1 if latex else 0] if f else x for x, f in zip(column, flags)]
         marked |= any(CAVEAT_MARK[1 if latex else 0] in x for x in column)
         out[f"{label} {arrow}".strip()] = column
     return out, len(keys), marked
@@ -563,8 +594,8 @@ def _latex_text(text: str) -> str:
 
 def table_notes(table: Any) -> list[str]:
     """The notes under a rendered table: which baseline each speedup is against (when ``speedup_ref`` is shown,
-    naming what the reference baselines ran on: the table's ``attrs["reference_baseline"]``), and that a row with
-    ``lossless`` no is a lossy method."""
+    naming what the reference baselines ran on: the table's ``attrs["reference_baseline"]``), what the A/A column
+    and its marks mean (when shown), and that a row with ``lossless`` no is a lossy method."""
     notes = []
     if "speedup_ref" in table:
         ran = "; ".join(table.attrs.get("reference_baseline") or []) or "the model's reference implementation"
@@ -572,6 +603,12 @@ def table_notes(table: Any) -> list[str]:
             "speedup vs lean AR: against AR on this repo's lean decode step, the same target (CUDA-graphed under "
             f"engine.compile); speedup vs reference AR: against AR through the reference implementation ({ran}), "
             "the baseline the papers report against."
+        )
+    if "aa_ratio" in table:
+        notes.append(
+            "A/A: the AR baseline timed against itself in the speedup's interleaving (timing.aa=true), Σ AR / Σ AR: "
+            "1 up to timing noise, so its interval is the speedup's noise floor; — = not measured; "
+            "! = its interval excludes 1: the timing favours one side at that level."
         )
     if "lossless" in table and (table["lossless"] != LOSSLESS_TEXT[True]).any():
         notes.append(

@@ -6,8 +6,10 @@
 Every row runs ``adtbench run`` (the app, a fresh process) on the same ``bench.prompts`` held-out prompts of
 ``dataset=mini`` (or the dataset given), timing the AR baseline in the same job as the method, so each speedup is a
 within-job ratio; each prompt is timed ``timing.repeats=2`` times (ABBA) unless the overrides say otherwise —
-with one repeat, ``policy=ar`` read 0.97–1.01 across four jobs on our idle 2-core machine. Rows run one after
-another; the table names the machine, the threads and the load averages
+with one repeat, ``policy=ar`` read 0.97–1.01 across four jobs on our idle 2-core machine — and with the A/A control
+``timing.aa=true`` unless the overrides say otherwise: every row's AR baseline is timed against itself in the same
+interleaving, and its ``aa_ratio`` with its CI stands beside the speedup (``–`` where not timed, ``!`` where the
+interval excludes 1). Rows run one after another; the table names the machine, the threads and the load averages
 before and after each job.
 
 Per row, from the job's ``summary.json`` and ``trace.jsonl``: τ, d̄, mean verified nodes per cycle, the speedup
@@ -106,6 +108,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
 }
 DEFAULT_ROWS = list(ROWS)
 DEFAULT_REPEATS = 2  # timing.repeats of every row (ABBA pairs per prompt), unless given
+DEFAULT_AA = True  # timing.aa of every row (the A/A control beside each speedup), unless given
 START, END = "<!-- speed-table:start -->", "<!-- speed-table:end -->"
 
 
@@ -168,6 +171,9 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
         "speedup": s["speedup"],
         "speedup_ci": s.get("speedup_ci"),
         "speedup_median": s.get("speedup_median", (s.get("speedup_per_prompt") or {}).get("median")),
+        "aa_ratio": s.get("aa_ratio"),  # timing.aa: the row's AR baseline against itself (None: not timed)
+        "aa_ratio_ci": s.get("aa_ratio_ci"),
+        "aa_warning": s.get("aa_warning"),
         "n": s["n_samples"],
         "step_ms": step_ms,
         "cycle_ms": cycle_ms,
@@ -195,6 +201,16 @@ def row_figures(run_dir: Path, model: Any) -> dict[str, Any]:
     return f
 
 
+def aa_cell(f: dict[str, Any]) -> str:
+    """A row's A/A cell: ``ratio× [lo, hi]``, `` !`` after it when the interval excludes 1 (``aa_warning``); ``–``
+    when the row's job did not time it (``timing.aa=false``, or a job from before the key)."""
+    if f.get("aa_ratio") is None:
+        return "–"
+    ci = f.get("aa_ratio_ci")
+    cell = f"{f['aa_ratio']:.2f}×" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return cell + (" !" if f.get("aa_warning") else "")
+
+
 def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
     def num(v: Any, fmt: str) -> str:
         return "–" if v is None else f"{v:{fmt}}"
@@ -202,8 +218,9 @@ def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
     lines = [
         header,
         "",
-        "| setting | τ | d̄ | nodes | speedup [95 % CI] | median | verify | draft | overhead | bound | limit | load |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---|---|",
+        "| setting | τ | d̄ | nodes | speedup [95 % CI] | A/A [95 % CI] | median | verify | draft | overhead | bound "
+        "| limit | load |",
+        "|---|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---|---|",
     ]
     for label, f in rows:
         ci = f.get("speedup_ci")
@@ -212,7 +229,7 @@ def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
         lo = "/".join(num(load.get(k), ".1f") for k in ("load_before", "load_after") if k in load) or "–"
         lines.append(
             f"| {label} | {num(f['tau'], '.2f')} | {num(f['d_bar'], '.2f')} | {num(f['nodes'], '.1f')} | {sp} | "
-            f"{num(f['speedup_median'], '.2f')}× | {num(f.get('verify_steps'), '.2f')} | "
+            f"{aa_cell(f)} | {num(f['speedup_median'], '.2f')}× | {num(f.get('verify_steps'), '.2f')} | "
             f"{num(f.get('draft_steps'), '.2f')} | {num(f.get('overhead_steps'), '.2f')} | "
             f"{num(f.get('bound'), '.2f')}× | {f.get('limit', '–')} | {lo} |"
         )
@@ -220,7 +237,8 @@ def table(rows: list[tuple[str, dict[str, Any]]], header: str) -> str:
         "",
         "verify / draft / overhead: one cycle's cost in AR steps (cost model; overhead = measured cycle − model). "
         "bound: τ · step / (verify + draft), the speedup at zero engine overhead. load: 1-min load average "
-        "before/after the timed work.",
+        "before/after the timed work. A/A: the row's AR baseline timed against itself in the same interleaving "
+        "(timing.aa=true), the speedup's noise floor; – = not timed; ! = its interval excludes 1.",
     ]
     return "\n".join(lines)
 
@@ -272,6 +290,8 @@ def _main(opts: dict[str, Any], rest: list[str]) -> int:
     common = [f"dataset.limit={opts['prompts']}", "save_images=false", "progress=false", *rest]
     if not any(a.startswith("timing.repeats=") for a in rest):  # job-to-job drift is ±3 % at 1 repeat
         common.insert(0, f"timing.repeats={DEFAULT_REPEATS}")
+    if not any(a.startswith("timing.aa=") for a in rest):  # the noise floor beside every speedup
+        common.insert(0, f"timing.aa={str(DEFAULT_AA).lower()}")
     if not any(a.startswith("dataset=") for a in rest):
         common.insert(0, "dataset=mini")
     out = Path(opts["out"] or f"outputs/bench_speed/{time.strftime('%Y-%m-%d_%H-%M-%S')}")

@@ -15,6 +15,11 @@ key that differs: a different model, drafter, sampling or dataset would not be a
 τ, the share of gated cycles, the speedup over AR (ratio of total times) with its 95 % bootstrap CI over prompts, the
 median of the per-prompt ratios, and the time ratio to the first variant (``vs first``: > 1 = faster than it) with its
 CI — the number to decide by. The load average before and after the timed work is printed with the table.
+
+With ``timing.aa=true`` (a common override) the AR baseline is timed a second time as one more side of the rotation,
+in a variant's role: ``aa_ratio`` = Σ AR / Σ A/A side with its CI (the speedup's noise floor: 1 up to timing noise)
+is printed above the table, flagged when its interval excludes 1 (``aa_warning``); without it the line says the A/A
+control was not timed.
 """
 
 from __future__ import annotations
@@ -53,7 +58,7 @@ def parse(args: list[str]) -> tuple[dict[str, Any], list[str], dict[str, list[st
             name = next(it, None)
             if name is None or name.startswith("-") or "=" in name:
                 raise ConfigError("--variant", f"needs a name, got {name!r}")
-            if name in variants or name == "ar":
+            if name in variants or name in ("ar", "aa"):
                 raise ConfigError("--variant", f"duplicate or reserved name {name!r}")
             current = variants[name] = []
             continue
@@ -129,10 +134,13 @@ def run(args: list[str]) -> dict[str, Any]:
     target = jobs[head].target
 
     def decode(name: str, i: int) -> Any:
-        """The same call ``python run.py`` makes (``Job.decode``): acceptance placement, clamped top-k, compile."""
-        return jobs[head if name == "ar" else name].decode(prompts[i], name != "ar")
+        """The same call ``python run.py`` makes (``Job.decode``): acceptance placement, clamped top-k, compile; the
+        A/A side (``aa``) makes the AR baseline's."""
+        ar = name in ("ar", "aa")
+        return jobs[head if ar else name].decode(prompts[i], not ar)
 
-    names = ["ar", *variants]
+    aa = bool(first.timing.get("aa", False))
+    names = ["ar", *variants, *(["aa"] if aa else [])]
     for name in names:  # warm-up, outside the timed work
         decode(name, 0)
     lat = {n: np.zeros((len(prompts), opts["repeats"])) for n in names}
@@ -174,6 +182,7 @@ def run(args: list[str]) -> dict[str, Any]:
             }
         )
     return {
+        **(aa_figures(med["ar"], med["aa"]) if aa else {"aa_ratio": None, "aa_ratio_ci": None, "aa_warning": None}),
         "common": common,
         "prompts": len(prompts),
         "repeats": opts["repeats"],
@@ -189,13 +198,38 @@ def run(args: list[str]) -> dict[str, Any]:
     }
 
 
+def aa_figures(ar: np.ndarray, aa: np.ndarray) -> dict[str, Any]:
+    """The A/A control of a versus job: ``aa_ratio`` = Σ_j AR_j / Σ_j AA_j over the prompts' median latencies, its 95 %
+    bootstrap CI over prompts (as ``speedup_ci``) and ``aa_warning`` (``stats.aa_warning``: set when the interval
+    excludes 1)."""
+    from adtbench.harness.stats import aa_warning, bootstrap_ci
+
+    pair = np.c_[ar, aa]
+    ratio = _ratio(pair)
+    lo, hi = bootstrap_ci(pair, _ratio)
+    return {"aa_ratio": ratio, "aa_ratio_ci": [lo, hi], "aa_warning": aa_warning(ratio, lo, hi, len(ar))}
+
+
+def aa_line(r: dict[str, Any]) -> str:
+    """The A/A line above the table: the ratio with its CI (and the flag), or that it was not timed."""
+    if r.get("aa_ratio") is None:
+        return "A/A (AR against itself): not timed (timing.aa=false)"
+    lo, hi = r["aa_ratio_ci"]
+    few = f" (CI over {r['prompts']} < 5 prompts)" if r["prompts"] < 5 else ""
+    flag = " — EXCLUDES 1: the timing favours one side at this level" if r.get("aa_warning") else ""
+    return (
+        f"A/A (AR against itself, one more side of the rotation): {r['aa_ratio']:.3f}× [{lo:.3f}, {hi:.3f}]{few}{flag}"
+    )
+
+
 def table(r: dict[str, Any]) -> str:
-    """Markdown table of a ``run`` result."""
+    """Markdown table of a ``run`` result, under the job's line and its A/A line (:func:`aa_line`)."""
     first = r["rows"][0]["variant"]
     lines = [
         f"{r['prompts']} prompts × {r['repeats']} repeats, AR and every variant interleaved in one job; "
         f"{r['threads']} thread(s) on {r['device']} ({r['cpu_count']} CPUs), load {r['load_before']} → "
         f"{r['load_after']}; AR {1e3 * r['ar_mean_latency_s']:.0f} ms per image",
+        aa_line(r),
         "",
         f"| variant | overrides | τ | gated | speedup vs AR [95 % CI] | median | vs {first} [95 % CI] |",
         "|---|---|---:|---:|---|---:|---|",
