@@ -380,6 +380,31 @@ def static_runs() -> Iterator[Counter]:
 
 
 _SESSION_T0 = time.perf_counter()
+CPU_LOG = os.environ.get("ADTBENCH_TEST_CPU")
+"""Where to append each test's CPU seconds (its process's and its finished subprocesses', all phases), one JSON line
+per test: ``ADTBENCH_TEST_CPU=cpu.jsonl pytest -n 2`` ranks the tests by the core time CI spends on them, which a
+loaded machine's wall times (``--durations``) do not."""
+
+
+def _cpu_now() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    """With ``ADTBENCH_TEST_CPU`` set, the CPU seconds of ``item`` (``CPU_LOG``)."""
+    if not CPU_LOG:
+        yield
+        return
+    import json
+
+    t0 = _cpu_now()
+    yield
+    with open(CPU_LOG, "a") as f:
+        f.write(json.dumps({"test": item.nodeid, "cpu_s": round(_cpu_now() - t0, 2)}) + "\n")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
