@@ -98,12 +98,19 @@ def provenance(records: list[dict[str, Any]]) -> str:
     lines = []
     for (device, torch_v, commit, dirty, date, n, repeats, threads), rs in groups.items():
         loads = [x for r in rs for x in (r["load_before"], r["load_after"]) if x is not None]
-        load = f"load {min(loads):.1f}–{max(loads):.1f}" if loads else "load not recorded"
+        load = (
+            f"load {min(loads):.1f}–{max(loads):.1f} (1-min average, before/after each job)"
+            if loads
+            else "load not recorded"
+        )
         which = "every row" if len(groups) == 1 else ", ".join(r["setting"] for r in rs)
+        warned = sum(bool(r.get("load_warning")) for r in rs)
+        if warned:  # the app's own warning: the load exceeded the cores around the timed work
+            load += f"; **the load exceeded the cores in {warned} of {len(rs)} jobs: timings unreliable**"
         dirty_mark = " (dirty)" if dirty else ""
         lines.append(
             f"{which}: **{device}**, torch {torch_v}, {threads} thread(s); commit {commit}{dirty_mark}, "
-            f"measured {date}; {n} prompts × {repeats} timing(s) each; {load} (1-min average, before/after each job)."
+            f"measured {date}; {n} prompts × {repeats} timing(s) each; {load}."
         )
     return "\n".join(f"- {line}" for line in lines)
 
