@@ -7,6 +7,7 @@ adtbench bench count [overrides]               aten ops of one target step, per 
 adtbench train vq|ar|drafter|evaluator ...     training pipeline (Hydra configs under conf/train/)
 adtbench make-tiny model=<family> out=DIR      write a tiny random checkpoint in a real on-disk layout
 adtbench eval <run dir | tree> eval=<preset>   quality metrics on existing run dirs
+adtbench results [render|check]                the published speed tables from results/ (tools.render_results)
 adtbench merge <shard dirs | array dir> --out DIR   merge prompt shards into one run
 adtbench table <results dir> [...]             paper tables from a results tree
 adtbench report <results dirs> --out DIR       one static HTML page of a sweep (adtbench.reporting.report)
@@ -29,6 +30,7 @@ SUBCOMMANDS = {
     "train": "adtbench.tools.train.cli",
     "make-tiny": "adtbench.tools.make_tiny",
     "eval": "adtbench.harness.eval",
+    "results": "adtbench.tools.render_results",
     "merge": "adtbench.reporting.merge",
     "table": "adtbench.reporting.tables",
     "report": "adtbench.reporting.report",
@@ -41,6 +43,7 @@ SUMMARIES = {
     "train": "train the VQ, AR model, drafter, evaluator or upsampler (conf/train/*.yaml)",
     "make-tiny": "write a tiny random checkpoint in a real on-disk layout (smoke tests)",
     "eval": "quality metrics (CLIP, FID, ...) on existing run dirs",
+    "results": "render the README's and docs/speed.md's speed tables from results/ (or `check` them)",
     "merge": "merge the prompt shards of one config into one run",
     "table": "paper tables (markdown / LaTeX / CSV) with bootstrap CIs from a results tree",
     "report": "one self-contained HTML page of a sweep: leaderboard, images beside AR's, maps, plots",

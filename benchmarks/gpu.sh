@@ -3,7 +3,10 @@
 # sized to end within 8 minutes on one H100 (the device tool allows 10 per call) and writes at most 5 files into $OUT
 # (default outputs/gpu; the tool brings back at most 8). Every stage writes device.txt (date, nvidia-smi, torch, the
 # device) and appends its tables to gpu.md under "## <stage>"; a failing step is recorded there and the next one runs
-# (exit status 1 when any failed; 2 for an unknown stage or model).
+# (exit status 1 when any failed; 2 for an unknown stage or model). The timing stages (speed, jacobi, trees) also
+# write their raw result files under $OUT/results/<device>/<stage>/<setting>.json (adtbench/tools/results.py: the
+# per-prompt latencies, τ, load, commit, device, torch, prompt ids, date): copy them into results/ and run
+# `adtbench results` to publish them (docs/speed.md, "GPU").
 #
 #   tests   pytest -m gpu tests/test_gpu.py [$TESTS_ARGS] (pytest-xdist with $TEST_WORKERS workers when installed:
 #           the tiny models are launch-bound, so workers share the GPU well)     → tests.log
@@ -12,7 +15,7 @@
 #           overhead per cycle of the default policy on $OVERHEAD_PROMPTS prompt(s) (0: none)   → cost.json
 #   speed   `adtbench bench speed` on $SPEED_MODEL for the rows $ROWS, $PROMPTS prompts each, per mode of
 #           $SPEED_MODES (default graphs; AR baseline in each job, and with AA=true — the default — the A/A control:
-#           each row's AR baseline timed against itself, aa_ratio beside its speedup)     → speed.json
+#           each row's AR baseline timed against itself, aa_ratio beside its speedup) → speed.json, results/…/speed/*.json
 #   batch   `adtbench bench batch` per model of $MODELS, eager (the speed of the batched eager step), B in $BATCH_SIZES
 #           over $BATCH_PROMPTS prompts; the 7B shape at the grid $ANOLE_BATCH_GRID    → batch.json, batch_<model>.png
 #   probe   `adtbench bench probe` per model of $MODELS: pure replay time per verify bucket 1…128 against the
@@ -22,11 +25,11 @@
 #   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
 #           ADT, the static sampled tree: $TREE_POLICIES) with drafting levels and tree verify graphed, the verify eager
 #           (engine.verify_step=eager), both eager (+ policy.graph_levels=false), AR interleaved in one job,
-#           $PROMPTS prompts                                                             → trees.json
+#           $PROMPTS prompts                                                 → trees.json, results/…/trees/*.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
 #           $JACOBI_WINDOWS (the device-resident step: policy.step=auto), SCD 32 through the host-driven loop
 #           (policy.step=eager), SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
-#           prompts (the verify cost against L is the probe's verify(n))             → jacobi.json
+#           prompts (the verify cost against L is the probe's verify(n))       → jacobi.json, results/…/jacobi/*.json
 #   policies `adtbench bench probe` on $POLICY_MODEL (the 7B shape at $POLICY_GRID) judging every policy of
 #           $POLICY_NAMES at a pinned shape on one set of captured models: per policy the cycle split, the overhead
 #           share with a CI over $POLICY_PROMPTS prompts, synchronisations and launches per cycle, a host µs-per-launch
@@ -92,6 +95,8 @@ POLICY_BUCKETS=${POLICY_BUCKETS:-[1,16,64]}
 EMU3_ARCH=${EMU3_ARCH:-}
 EMU3_BATCH_GRID=${EMU3_BATCH_GRID-[16,16]}  # set and empty: the model's own grid (90 × 90)
 RUN_DIR=${RUN_DIR:-outputs/gpu_run}
+# the commit the result files name where this tree has no git metadata (a copied tree: pass COMMIT=$(git rev-parse HEAD))
+export ADTBENCH_RESULTS_COMMIT=${COMMIT:-${ADTBENCH_RESULTS_COMMIT:-}}
 STAGES=(tests cost speed batch probe jacobi trees policies)
 
 usage() { echo "usage: benchmarks/gpu.sh STAGE [STAGE ...]; stages: ${STAGES[*]} all" >&2; exit 2; }
@@ -135,6 +140,10 @@ PY
 compile_of() { [[ $1 == graphs ]] && echo engine.compile=true || echo engine.compile=false; }
 bench() { "$PY" -m adtbench.cli bench "$@"; }
 md() { echo "$@" >> "$OUT/gpu.md"; }
+results_of() {  # results_of STAGE: its bench versus JSON → $OUT/results/<device>/STAGE/<variant>.json (raw results)
+    "$PY" -m adtbench.tools.results versus "$OUT/$1.json" --suite "$1" --out "$OUT/results" \
+        --command "benchmarks/gpu.sh $1 (SPEED_MODEL=$SPEED_MODEL PROMPTS=$PROMPTS)" >> "$OUT/gpu.md"
+}
 
 {
     date -u
@@ -178,7 +187,7 @@ stage_speed() {
         rm -rf "$RUN_DIR/speed_$mode"
         md "### speed rows, $SPEED_MODEL, $mode"
         step "speed $mode" bench speed "${over[@]}" "$(compile_of "$mode")" "timing.aa=$AA" "bench.rows=$ROWS" \
-            "bench.prompts=$PROMPTS" "bench.out=$RUN_DIR/speed_$mode" >> "$OUT/gpu.md"
+            "bench.prompts=$PROMPTS" "bench.out=$RUN_DIR/speed_$mode" "bench.results=$OUT/results" >> "$OUT/gpu.md"
         md ""
         runs+=("$mode=$RUN_DIR/speed_$mode/speed.json")
     done
@@ -232,6 +241,7 @@ stage_jacobi() {
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini "timing.aa=$AA" \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
+    step "jacobi results" results_of jacobi
     md ""
 }
 
@@ -246,6 +256,7 @@ stage_trees() {  # graphed drafting levels and tree verify (drafters/graphed.py,
     md "### Tree policies: levels + verify graphed, verify eager, both eager; $SPEED_MODEL, acceptance on the device"
     step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini "timing.aa=$AA" \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/trees.json" "${variants[@]}" >> "$OUT/gpu.md"
+    step "trees results" results_of trees
     md ""
 }
 

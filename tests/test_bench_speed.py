@@ -4,12 +4,12 @@ account, the README block between the markers, and ``bench.reuse`` re-rendering 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from adtbench.tools.bench_speed import END, START, main, parse
+from adtbench.tools.results import check_record
 
 
 @pytest.mark.slow
@@ -32,21 +32,36 @@ def test_speed_table_rows_readme_and_reuse(tmp_path: Path, capsys) -> None:
     assert text.startswith("# x\n\nbefore\n") and text.endswith(f"{END}\nafter\n") and "old" not in text
     assert "| policy=ar (sanity: must read 1.00) |" in text and "| adt + budget: cost" in text
     table = (out / "speed.md").read_text()
+    # bench.results: one raw result file per row, each checked (its speedup its latencies' ratio of totals)
+    results = tmp_path / "results"
+    assert main([*args, "bench.reuse=true", f"bench.results={results}"]) == 0
+    files = sorted(p.relative_to(results).as_posix() for p in results.rglob("*.json"))
+    device = files[0].split("/")[0]
+    assert files == [f"{device}/speed/adt_cost.json", f"{device}/speed/ar.json"]
+    record = json.loads((results / files[1]).read_text())
+    assert (
+        check_record(record) == [] and len(record["prompt_ids"]) == 2 and record["figures"]["speedup"] == ar["speedup"]
+    )
+    assert record["command"] == f"adtbench bench speed bench.prompts=2 {' '.join(args[4:])} bench.rows=[ar]"
     capsys.readouterr()
     assert main([*args, "bench.reuse=true"]) == 0  # no decoding: the jobs in bench.out are read again
     assert (out / "speed.md").read_text() == table
 
 
-def test_the_documented_table_file_holds_the_markers() -> None:
-    """``benchmarks/speed.sh`` writes the table into the file it names (``bench.readme=…``), which holds the markers
-    once each, and the docs name that same command."""
+def test_the_documented_command_writes_result_files_and_renders_them() -> None:
+    """``benchmarks/speed.sh`` writes one result file per row under ``results/`` and renders the tables from them
+    (``adtbench results``); the file the speed table lives in holds its markers once, and the docs name that command."""
+    from adtbench.tools.render_results import TABLES
+
     root = Path(__file__).resolve().parents[1]
-    m = re.search(r"bench\.readme=(\S+)", (root / "benchmarks" / "speed.sh").read_text())
-    assert m, "benchmarks/speed.sh names no bench.readme file"
-    text = (root / m.group(1)).read_text()
+    script = (root / "benchmarks" / "speed.sh").read_text()
+    assert "bench speed bench.prompts=20 bench.results=results" in script and "adtbench results" in script
+    (doc,) = {name for name, marker, _ in TABLES if marker == "speed-table"}
+    text = (root / doc).read_text()
     assert text.count(START) == 1 and text.count(END) == 1 and text.index(START) < text.index(END)
-    for doc in ("README.md", m.group(1)):
-        assert f"bench.readme={m.group(1)}" in (root / doc).read_text(), doc
+    for name in ("README.md", doc):
+        assert "benchmarks/speed.sh" in (root / name).read_text(), name
+    assert "bench.results=results" in text
 
 
 def test_bad_options_are_key_named_errors(tmp_path: Path, capsys) -> None:

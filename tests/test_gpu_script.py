@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from adtbench.harness.provenance import code_version
+from adtbench.tools.results import check_record, load_records
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"
 
@@ -59,7 +62,7 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
     assert names == ["batch.json", "batch_tiny.png", "cost.json", "device.txt", "gpu.md", "jacobi.json",
-                     "policies.json", "probe.json", "speed.json", "tests.log", "trees.json"]  # fmt: skip
+                     "policies.json", "probe.json", "results", "speed.json", "tests.log", "trees.json"]  # fmt: skip
     table = (out / "gpu.md").read_text()
     assert [line for line in table.splitlines() if line.startswith("## ")] == [f"## {s}" for s in stages]
     assert "ADTBENCH_SIMULATE_DEVICE=cuda" in (out / "device.txt").read_text()
@@ -98,6 +101,17 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     # trees: the tree policies with graphed levels and verify, the verify eager, both eager, against AR in one job
     t = json.loads((out / "trees.json").read_text())
     assert {x["variant"] for x in t["rows"]} == {"eagle2", "eagle2_eager_verify", "eagle2_eager"}
+    # the raw result files of the timing stages (speed, jacobi, trees), in results/'s format, under the device's name
+    records = load_records(out / "results")
+    assert sorted(r["path"] for r in records) == sorted(
+        ["simulated-cuda-cpu/speed/ar.json"]
+        + [f"simulated-cuda-cpu/jacobi/{v}.json" for v in variants]
+        + [f"simulated-cuda-cpu/trees/{v}.json" for v in ("eagle2", "eagle2_eager_verify", "eagle2_eager")]
+    )
+    assert all(check_record(r) == [] and r["device_name"] == "simulated cuda (cpu)" for r in records)
+    assert {r["commit"] for r in records} == {code_version()["commit"]} and all(
+        len(r["prompt_ids"]) == 1 for r in records
+    )
     # policies: every named policy judged on one set of captured models, with its CI and projection
     pol = json.loads((out / "policies.json").read_text())
     assert [x["policy"] for x in pol["policies"]] == ["ar", "scd"] and pol["host_launch_us"] > 0

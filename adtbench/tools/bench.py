@@ -6,10 +6,10 @@
                         [bench.repeats=20] [bench.overhead_prompts=2] [bench.out=FILE]
     adtbench bench probe [overrides] [bench.buckets=[1,2,...,128]] [bench.repeats=20] [bench.prompts=1] [bench.out=FILE]
                          [bench.overhead_tokens=N]
-    adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.readme=docs/speed.md] [overrides]
+    adtbench bench speed [bench.rows=[...]] [bench.prompts=20] [bench.out=DIR] [bench.results=results] [overrides]
     adtbench bench versus [overrides] --variant NAME [overrides] --variant NAME [overrides] ... [bench.prompts=20]
     adtbench bench batch [overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.out=DIR]
-                         [bench.readme=docs/speed.md]
+                         [bench.readme=FILE]
 
 ``overhead``: engine overhead per draft–verify cycle = cycle time − time inside the target's verifies − time inside
 the drafter (its ``extend`` / ``expand`` and the LM-head calls that score its outputs), per cycle, over

@@ -1,7 +1,7 @@
 """``adtbench bench batch``: AR and speculative throughput against the batch size B, both sides in one process.
 
     adtbench bench batch [hydra overrides] [bench.sizes=[1,2,4,8,16,32]] [bench.prompts=32] [bench.repeats=1]
-                         [bench.out=outputs/bench_batch] [bench.readme=docs/speed.md]
+                         [bench.out=outputs/bench_batch] [bench.readme=FILE]
 
 The models are built once from the composed config (default: the default run's — ``model=mini``, its trained
 drafter, ``policy=static_sampled``, T = 1, CFG 3, 1 thread — on ``dataset=mini`` unless the overrides choose a

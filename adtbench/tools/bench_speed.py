@@ -1,7 +1,7 @@
 """``adtbench bench speed``: the speed table — one app job per setting, each with its own AR baseline.
 
     adtbench bench speed [bench.rows=[adt_cost,adt_fixed,...]] [bench.prompts=20] [bench.out=DIR]
-                         [bench.readme=docs/speed.md] [bench.reuse=true] [any app override, applied to every row]
+                         [bench.readme=FILE] [bench.results=DIR] [bench.reuse=true] [any app override, every row]
 
 Every row runs ``adtbench run`` (the app, a fresh process) on the same ``bench.prompts`` held-out prompts of
 ``dataset=mini`` (or the dataset given), timing the AR baseline in the same job as the method, so each speedup is a
@@ -22,7 +22,10 @@ model cost even at zero overhead, the bound says so.
 
 ``bench.reuse=true`` re-renders the table from the jobs already in ``bench.out`` (no decoding). The table goes to
 ``<out>/speed.md`` and ``<out>/speed.json`` and, with ``bench.readme``, between the
-``<!-- speed-table:start -->`` / ``<!-- speed-table:end -->`` markers of that file.
+``<!-- speed-table:start -->`` / ``<!-- speed-table:end -->`` markers of that file. ``bench.results=DIR`` also
+writes one raw result file per row, ``DIR/<device>/speed/<row>.json`` (``adtbench.tools.results``: per-prompt
+latencies, the load, commit, device, torch, prompt ids, date), the files the published tables render from
+(``python -m adtbench.tools.render_results``; ``benchmarks/speed.sh`` writes them to ``results/``).
 """
 
 from __future__ import annotations
@@ -114,7 +117,9 @@ START, END = "<!-- speed-table:start -->", "<!-- speed-table:end -->"
 
 def parse(args: list[str]) -> tuple[dict[str, Any], list[str]]:
     """Split ``bench.*`` options from the app overrides applied to every row."""
-    opts: dict[str, Any] = {"rows": DEFAULT_ROWS, "prompts": 20, "out": None, "readme": None, "reuse": False}
+    opts: dict[str, Any] = {
+        "rows": DEFAULT_ROWS, "prompts": 20, "out": None, "readme": None, "reuse": False, "results": None,
+    }  # fmt: skip
     rest = []
     for a in args:
         key, sep, value = a.partition("=")
@@ -319,7 +324,26 @@ def _main(opts: dict[str, Any], rest: list[str]) -> int:
     print(text)
     if opts["readme"]:
         write_readme(Path(opts["readme"]), text)
+    if opts["results"]:  # the raw result files the docs' tables render from (tools/results.py)
+        write_results(
+            Path(opts["results"]),
+            out,
+            results,
+            command=" ".join(["adtbench bench speed", f"bench.prompts={opts['prompts']}", *rest]),
+        )
     return 0
+
+
+def write_results(root: Path, out: Path, results: list[tuple[str, dict[str, Any]]], command: str) -> None:
+    """One result file per row under ``root`` (``<device>/speed/<row>.json``), from the row's job in ``out``."""
+    from adtbench.tools.results import record_from_run, write_record
+
+    for label, figures in results:
+        name = figures["row"]
+        row_command = f"{command} bench.rows=[{name}]"
+        record = record_from_run(out / name, suite="speed", setting=name, label=label, overrides=ROWS[name][1],
+                                 command=row_command, figures=figures)  # fmt: skip
+        print(f"bench speed: {write_record(root, record)}", file=sys.stderr)
 
 
 def machine_cost_model(common: list[str]) -> Any:

@@ -193,6 +193,9 @@ def run(args: list[str]) -> dict[str, Any]:
         "load_after": load_after,
         "wall_s": wall,
         "ar_mean_latency_s": float(med["ar"].mean()),
+        # the raw timings (AR and each variant: per prompt, per repeat), for result files (tools/results.py)
+        "prompt_ids": [p.prompt_id for p in prompts],
+        "latencies_s": {n: lat[n].tolist() for n in names},
         "rows": rows,
         "out": opts["out"],
     }
