@@ -24,13 +24,13 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-import laws as L
 import pytest
 import torch
 from conftest import tiny
 
 import adtbench.algorithm.jacobi_step as JS
 from adtbench import accel
+from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels

@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import laws as L
 import pytest
 import torch
 from conftest import synthetic_cost_model, tiny
@@ -39,6 +38,7 @@ import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.tree_step as TS
 import adtbench.algorithm.verify as V
 from adtbench import accel
+from adtbench.algorithm import laws as L
 from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate

@@ -358,12 +358,9 @@ def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:
     if conf.decode.batch_size == 1:
         return
     if isinstance(policy, LoopPolicy) and not policy.batchable:
-        if policy.name in ("sjd", "scd", "gsd"):
-            raise ConfigError(
-                "policy.init",
-                f"policy={policy.name} with init=drafter decodes one prompt at a time; "
-                "use decode.batch_size=1, or init=random|left|up",
-            )
+        if policy.one_prompt is not None:  # a key's value makes a batchable loop one-prompt (Jacobi init=drafter)
+            key, why = policy.one_prompt
+            raise ConfigError(key, f"policy={policy.name} with {why}; use decode.batch_size=1, or another {key}")
         raise ConfigError(
             "decode.batch_size",
             f"policy={policy.name} runs its own loop, one prompt at a time; use decode.batch_size=1 with it",
