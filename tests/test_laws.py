@@ -1,4 +1,4 @@
-"""Law tests of every lossless path at T > 0, with stated power (the harness: ``tests/laws.py``).
+"""Law tests of every lossless path at T > 0, with stated power (the harness: ``adtbench/algorithm/laws.py``).
 
 Each test draws N images of a tiny float64 target, compares their law with AR's exact law (χ² over the pooled
 cells, α = 10⁻³) and prints / records the total-variation distance it detects with probability 0.9

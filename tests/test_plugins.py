@@ -156,7 +156,8 @@ from adtbench.harness.schema import POLICY_SCHEMAS
 cfg = compose_config("config", ["policy=sjd_entropy", "model=tiny_llamagen"])
 policy = build_policy(cfg)
 print("built", policy.name, policy.params.window, policy.params.entropy_max, policy.lossless)
-print("names", "sjd_entropy" in POLICIES, "entropy" in WINDOWS, "entropy_max" in POLICY_SCHEMAS["sjd_entropy"]().__dict__)
+schema = POLICY_SCHEMAS["sjd_entropy"]
+print("names", "sjd_entropy" in POLICIES, "entropy" in WINDOWS, "entropy_max" in schema().__dict__)
 for bad in ("policy.step=graph", "policy.entropy_max=-1", "policy.entropy_maxx=1"):
     try:
         build_policy(compose_config("config", ["policy=sjd_entropy", "model=tiny_llamagen", bad]))

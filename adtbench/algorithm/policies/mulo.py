@@ -49,6 +49,7 @@ register_method(
         "mulo",
         build_mulo,
         "adtbench.harness.schema:MuloConf",
+        lossless=("exact",),  # the control arm rule=exact only (the built policy's ``lossless``)
         graphs=("verify",),
         models="adtbench.harness.mulo:build_mulo_models",
         check="adtbench.harness.mulo:check_mulo_config",

@@ -1,0 +1,76 @@
+"""What the registry drives: every list that was kept by hand is derived from the methods' declarations
+(``algorithm.policies.base.Method``), and these tests hold the derived copies to it.
+
+- the schema registry (``harness.schema.POLICY_SCHEMAS``) is the methods' schemas;
+- the table of declarations in docs/development.md is ``harness.check.law_table()``'s;
+- every shipped method that declares itself lossless and runs on the tiny models has a headline law test
+  (``tests/test_laws.py``); the simulated-app cases are checked in ``tests/test_simulated.py``;
+- every window rule declares whether the device step runs it, and ``policy.step=graph`` is refused (a
+  ``ConfigError`` naming ``policy.step``, when the policy is built) exactly for the rules that declare it cannot;
+- ``adtbench check``'s config check passes every shipped method.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import ROOT
+from test_laws import HEADLINE
+
+from adtbench.algorithm.policies import POLICIES, Method, methods
+from adtbench.algorithm.policies.base import method_of
+from adtbench.algorithm.windows import WINDOWS, FixedWindow
+from adtbench.errors import ConfigError
+from adtbench.harness import check, schema
+
+SHIPPED = [m.name for m in methods() if m.build.__module__.startswith("adtbench.")]
+
+
+def test_the_schema_registry_is_the_methods() -> None:
+    assert sorted(schema.POLICY_SCHEMAS) == POLICIES.names()
+    for m in methods():
+        fields = set(schema.POLICY_SCHEMAS[m.name].__dataclass_fields__)
+        assert fields == set(m.schema_type.__dataclass_fields__) | {"name"}, m.name
+
+
+def test_the_declarations_table_in_the_docs_is_the_registrys() -> None:
+    text = (ROOT / "docs" / "development.md").read_text()
+    table = text.split("<!-- methods:begin -->\n", 1)[1].split("\n<!-- methods:end -->", 1)[0]
+    assert table == check.law_table(), "regenerate it: adtbench check --law-table"
+
+
+def test_every_lossless_method_has_a_headline_law_test() -> None:
+    lossless = [n for n in SHIPPED if method_of(n).lossless and method_of(n).tiny and n != "ar"]  # AR is the law
+    assert lossless
+    for name in lossless:
+        assert any(case.startswith(f"{name}-") for case in HEADLINE), f"{name}: no headline case in test_laws.py"
+
+
+def test_a_method_declares_known_graph_paths_only() -> None:
+    with pytest.raises(ValueError, match="unknown graph paths"):
+        Method("x", lambda node: None, "adtbench.harness.schema:ArConf", graphs=("warp",))  # type: ignore[arg-type,return-value]
+
+
+@pytest.mark.parametrize("rule", WINDOWS.names())
+def test_step_graph_is_refused_exactly_for_the_window_rules_that_say_so(rule: str) -> None:
+    cls = WINDOWS.get(rule)
+    assert isinstance(cls, type) and issubclass(cls, FixedWindow)
+    node = {"window": rule, "init": "random", "step": "graph"}
+    if cls.device_step:
+        assert POLICIES.build("scd", node).params.step == "graph"
+    else:
+        with pytest.raises(ConfigError) as e:
+            POLICIES.build("scd", node)
+        assert e.value.key == "policy.step" and f"window={rule}" in str(e.value)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_adtbench_check_config_passes_every_shipped_method(name: str) -> None:
+    verdict = check.check_config(check.compose_subject([f"policy={name}"]))
+    assert verdict.status == "PASS", verdict.line()
+
+
+def test_adtbench_check_refuses_an_unknown_policy_and_a_bad_word(capsys: pytest.CaptureFixture[str]) -> None:
+    assert check.main(["policy=no_such_method"]) == 2
+    assert "policy: unknown policy 'no_such_method'" in capsys.readouterr().err
+    assert check.main(["policy=scd", "tier=full"]) == 2
+    assert check.main(["policy=scd", "check.tier=huge"]) == 2
