@@ -74,3 +74,18 @@ def test_adtbench_check_refuses_an_unknown_policy_and_a_bad_word(capsys: pytest.
     assert "policy: unknown policy 'no_such_method'" in capsys.readouterr().err
     assert check.main(["policy=scd", "tier=full"]) == 2
     assert check.main(["policy=scd", "check.tier=huge"]) == 2
+
+
+def test_adtbench_check_skips_what_the_tiny_models_cannot_run() -> None:
+    """MuLo-SD needs a low-resolution model (``Method.tiny`` False): config is checked, the rest skipped with the
+    reason, and the verdict passes (one line per check)."""
+    lines: list[str] = []
+    assert check.run_checks(["policy=mulo"], out=lines.append)
+    assert [line.split(":")[0] for line in lines] == [
+        "PASS config",
+        "SKIP greedy",
+        "SKIP law",
+        "SKIP device",
+        "PASS policy=mulo",
+    ]
+    assert "Method.tiny = False" in lines[1]

@@ -240,17 +240,17 @@ def check_writable_dir(key: str, value: Any) -> None:
         raise ConfigError(key, f"cannot write into {p.absolute()} ({why}); set {key}=<a writable dir>") from e
 
 
-def validate_cache_dirs(cfg: DictConfig) -> None:
+def validate_cache_dirs(cfg: DictConfig, policy: Policy | None = None) -> None:
     """The caches this run will write: ``lantern.cache_dir`` (with LANTERN on) and ``paths.cache_dir`` (cost
-    models, with a ``budget: cost`` policy or a Jacobi loop's ``window: cost``)."""
+    models, with a ``budget: cost`` policy or a loop whose window rule declares ``calibrated``: ``window: cost``)."""
     lantern = cfg.get("lantern")
     if isinstance(lantern, DictConfig) and bool(lantern.get("enabled", False)) and lantern.get("cache_dir"):
         check_writable_dir("lantern.cache_dir", lantern.cache_dir)
     paths = cfg.get("paths")
-    policy = cfg.get("policy")
-    budget = policy.get("budget") if isinstance(policy, DictConfig) else None
-    window = policy.get("window") if isinstance(policy, DictConfig) else None  # the Jacobi loops' window=cost
-    if "cost" in (str(budget), str(window)) and isinstance(paths, DictConfig) and paths.get("cache_dir"):
+    node = cfg.get("policy")
+    budget = node.get("budget") if isinstance(node, DictConfig) else None
+    calibrated = bool(getattr(policy, "calibrated_window", False))  # a Jacobi loop's window: cost
+    if (str(budget) == "cost" or calibrated) and isinstance(paths, DictConfig) and paths.get("cache_dir"):
         check_writable_dir("paths.cache_dir", paths.cache_dir)
 
 
@@ -330,7 +330,7 @@ def validate(cfg: DictConfig) -> Checked:
     validate_model(cfg)
     check_reference(cfg, conf)
     validate_drafter(cfg, policy)
-    validate_cache_dirs(cfg)
+    validate_cache_dirs(cfg, policy)
     from adtbench.harness.loops import check_loop_config
 
     check_loop_config(cfg, policy)
