@@ -309,9 +309,15 @@ def build_static(node: Any) -> StaticTreePolicy:
 
 
 TREE_GRAPHS = ("verify", "levels", "step")  # captured verify buckets, graphed drafting levels, the tree verify step
+SCHEMAS = "adtbench.harness.schema"
+register_method(Method("chain", build_chain, f"{SCHEMAS}:ChainConf", ("exact",), TREE_GRAPHS))
 register_method(
-    Method("chain", build_chain, "adtbench.harness.schema:ChainConf", lossless=("exact",), graphs=TREE_GRAPHS)
-)
-register_method(
-    Method("static", build_static, "adtbench.harness.schema:StaticConf", lossless=("exact",), graphs=TREE_GRAPHS)
+    Method(
+        "static",
+        build_static,
+        f"{SCHEMAS}:StaticConf",
+        ("exact",),
+        TREE_GRAPHS,
+        law_keys={"tree": [[0], [1], [0, 0], [0, 1]], "draft_sampling": "sample"},  # child ranks < the law's 3 codes
+    )
 )
