@@ -1,28 +1,17 @@
 """Tree policies and loop policies (``LoopPolicy``: ZipAR, MuLo-SD, the Jacobi loops SJD / SCD / GSD / SJD-PAC).
 
-Importing the package registers every policy's ``Method`` in ``POLICIES`` (``policy.name``), the shipped ones and
-those of installed plugin packages (entry points of ``adtbench.policies``: ``adtbench.plugins``)."""
+Importing the package imports every module in it — each policy module registers its ``Method`` in ``POLICIES``
+(``policy.name``) when imported, so a new module here needs no edit elsewhere — then the methods of installed plugin
+packages (entry points of ``adtbench.policies``: ``adtbench.plugins``)."""
 
-from adtbench.algorithm.policies import adt, ar, eagle2, jacobi, mulo, sjd_pac, static, zipar
+import importlib
+import pkgutil
+
 from adtbench.algorithm.policies.base import POLICIES, LoopPolicy, Method, Policy, TreePolicy, method_of, methods
 from adtbench.plugins import load_policies
 
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
 load_policies()
 
-__all__ = [
-    "POLICIES",
-    "LoopPolicy",
-    "Method",
-    "Policy",
-    "TreePolicy",
-    "adt",
-    "ar",
-    "eagle2",
-    "jacobi",
-    "method_of",
-    "methods",
-    "mulo",
-    "sjd_pac",
-    "static",
-    "zipar",
-]
+__all__ = ["POLICIES", "LoopPolicy", "Method", "Policy", "TreePolicy", "method_of", "methods"]
