@@ -15,8 +15,8 @@ whose context is all committed). Each rule declares:
   outside the timed scope and handed in as ``calibrated``).
 
 **Lossless** whatever the rule, as long as L depends on the past only: committed tokens, acceptance counts and the
-rows a forward computed — never on a draft still to be tested (module docstring of ``algorithm.jacobi``). Every
-rows-reading rule below reads row ``a`` or rows left of it.
+rows a forward computed — never on a draft still to be tested (module docstring of ``algorithm.jacobi``). A rule that
+reads rows reads row ``a`` or rows left of it (docs/adding_a_method.md: an entropy-gated window reading row ``a``).
 """
 
 from __future__ import annotations

@@ -97,7 +97,8 @@ class LoopPolicy(ABC):
 
     def models_for(self, drafter: Any) -> Any:
         """``aux`` on a bare target and its EAGLE ``drafter`` (``adtbench check``'s tiny models); None: nothing
-        besides the target (a loop whose models need the harness, MuLo-SD, says so by raising)."""
+        besides the target. A ``ValueError`` says the tiny target alone cannot run this setting (a Jacobi
+        ``window: cost`` needs the harness's calibration); a method that never can declares ``Method.tiny = False``."""
         return None
 
     def bind(self, cost: CostModelSource | None) -> None:  # noqa: B027
