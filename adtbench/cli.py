@@ -11,6 +11,7 @@ adtbench results [render|check]                the published speed tables from r
 adtbench merge <shard dirs | array dir> --out DIR   merge prompt shards into one run
 adtbench table <results dir> [...]             paper tables from a results tree
 adtbench report <results dirs> --out DIR       one static HTML page of a sweep (adtbench.reporting.report)
+adtbench check policy=<name> [policy.<key>=…]  is a method what it claims? (greedy = AR, the law, the device, config)
 
 Help: ``adtbench --help`` (or ``-h``, ``help``) lists the subcommands, one line each (:data:`SUMMARIES`), and exits 0;
 ``adtbench <sub> --help`` prints that subcommand's help and exits 0 — its own argparse page where it has one
@@ -34,6 +35,7 @@ SUBCOMMANDS = {
     "merge": "adtbench.reporting.merge",
     "table": "adtbench.reporting.tables",
     "report": "adtbench.reporting.report",
+    "check": "adtbench.harness.check",
 }
 BENCH_SUBCOMMANDS = {"count": "adtbench.tools.bench_count"}  # ``adtbench bench count``: not a ``tools.bench`` mode
 #: the one-line description of each word ``adtbench --help`` lists (``run`` is the Hydra app itself)
@@ -47,6 +49,7 @@ SUMMARIES = {
     "merge": "merge the prompt shards of one config into one run",
     "table": "paper tables (markdown / LaTeX / CSV) with bootstrap CIs from a results tree",
     "report": "one self-contained HTML page of a sweep: leaderboard, images beside AR's, maps, plots",
+    "check": "is a method what it claims? greedy = AR, the T = 1 law test, the simulated GPU, config errors",
 }
 #: subcommands whose ``main`` parses ``--help`` itself (argparse); the others get their module docstring
 OWN_HELP = {"merge", "table", "report"}

@@ -1,13 +1,14 @@
 """One registration style for everything a config names: policies, model families, metrics.
 
-    POLICIES = Registry("policy")                 # the config key whose value selects an entry
+    FAMILIES = Registry("model.family")           # the config key whose value selects an entry
 
-    @POLICIES.register("adt")
-    def build_adt(node: DictConfig) -> ADTPolicy: ...
+    @FAMILIES.register("mini")
+    def build_target(cfg: DictConfig) -> Target: ...
 
-    POLICIES.build("adt", node)                   # → the entry's result; unknown names are a ConfigError
+    FAMILIES.build("mini", cfg)                   # → the entry's result; unknown names are a ConfigError
 
-An entry is any callable (a builder function or a class). Entries may also be registered lazily by dotted path
+An entry is any callable (a builder function, a class, or a policy's ``Method``: callable, and carrying what the
+method declares). Entries may also be registered lazily by dotted path
 (``"pkg.module:attr"``) so that selecting one family never imports another's heavy dependencies. Invariants:
 a name is registered once (a second registration is an error, not an override); lookups never import more
 than the selected entry's module; the error for an unknown name names the config key and lists the known names.

@@ -22,8 +22,6 @@ from omegaconf import OmegaConf
 
 from adtbench import accel
 from adtbench.harness.config import register_resolvers
-from adtbench.harness.drafters import build_drafter
-from adtbench.models.registry import build_target
 
 ROOT = Path(__file__).resolve().parents[1]
 register_resolvers()
@@ -58,10 +56,10 @@ def model_cfg(name: str, **over):
 
 
 def tiny(name: str = "tiny_llamagen", dtype: str = "float64", **over):
-    """A tiny target and a random EAGLE drafter (float64 by default: exactness tests)."""
-    target = build_target(model_cfg(name, dtype=dtype, **over))
-    dcfg = OmegaConf.create({"kind": "eagle", "path": None, "seed": 1, "num_layers": 1, "input_norm": False})
-    return target, build_drafter(dcfg, target)
+    """A tiny target and a random EAGLE drafter (float64 by default: exactness tests): ``harness.check.tiny_models``."""
+    from adtbench.harness.check import tiny_models
+
+    return tiny_models(name, dtype, **over)
 
 
 @pytest.fixture(scope="session")
@@ -410,8 +408,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The test time summed over every phase and worker against the session's wall time (CI's 15-minute budget:
     under ``-n 2`` the sum is what one core would take, the wall what CI takes); then every law test's power line
-    (``tests/laws.py``: ``record_property("law", …)``, xdist workers included): draws, cells, the TV it detects at
-    90 % power, its p-value."""
+    (``adtbench/algorithm/laws.py``: ``record_property("law", …)``, xdist workers included): draws, cells, the TV it
+    detects at 90 % power, its p-value."""
     summed = sum(getattr(rep, "duration", 0.0) for reps in terminalreporter.stats.values() for rep in reps)
     workers = getattr(terminalreporter.config.option, "numprocesses", None) or 1
     wall = time.perf_counter() - _SESSION_T0

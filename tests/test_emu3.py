@@ -24,12 +24,12 @@ from collections import Counter
 from itertools import product
 from pathlib import Path
 
-import laws as L
 import pytest
 import torch
 from conftest import run_in_process
 from omegaconf import OmegaConf
 
+from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.sampling import SamplingParams

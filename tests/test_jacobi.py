@@ -101,7 +101,7 @@ def test_init_sources_left_and_up() -> None:
 
 
 # T = 1: the joint law of whole images, every init / redraw / proposal / window, the planted failure modes and
-# their power: tests/test_laws.py (the harness: tests/laws.py)
+# their power: tests/test_laws.py (the harness: adtbench/algorithm/laws.py)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ random op in the graph), float64:
   no device read (the tokens and the kept count: one read per image), and ``bench overhead bench.count=true``'s
   engine kernels per forward;
 - T = 1: the graph replays the step run eagerly at its fixed shapes draw for draw (same seeds, same images), and
-  that step's law is AR's exact law (``tests/laws.py``'s χ² at stated power; CPU, float64 — the stand-in's
+  that step's law is AR's exact law (``adtbench/algorithm/laws.py``'s χ² at stated power; CPU, float64 — the stand-in's
   per-op checks cost ≈ 0.8 s an image, too slow for thousands) for SCD (``up``, the end-of-line layout), SJD
   (``random``) and GSD with an empty group; the SCD authors' stored proposal planted into the step fails it;
 - the choice: ``auto`` runs the step where the verifies are graphed and the eager loop elsewhere, ``graph`` refuses a
@@ -24,13 +24,13 @@ from itertools import product
 from pathlib import Path
 from typing import Any
 
-import laws as L
 import pytest
 import torch
 from conftest import tiny
 
 import adtbench.algorithm.jacobi_step as JS
 from adtbench import accel
+from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
@@ -195,7 +195,8 @@ def step_law(name: str, setup: str, method: str, node: dict, n: int, record: Any
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_law_of_the_fixed_shape_step(name: str, record_property) -> None:
-    """The T = 1 law of the step's images is AR's (p > 10⁻³), float64 (``tests/laws.py``; the power printed)."""
+    """The T = 1 law of the step's images is AR's (p > 10⁻³), float64 (``adtbench/algorithm/laws.py``; the power
+    printed)."""
     r = step_law(name, *CASES[name], record_property)
     assert r.pvalue > L.ALPHA, r.line()
 

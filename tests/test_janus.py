@@ -8,7 +8,7 @@
   token for token over the whole tiny image (16 tokens).
 - Images decode through ``JanusVQVAE`` (equal to its own ``decode``) to 16 × 16 px.
 - Greedy ``ar`` / ``scd`` / ``sjd`` (and ``gsd``, ``sjd_pac``) equal AR; SCD's law at T = 1 is AR's
-  (``tests/laws.py``).
+  (``adtbench/algorithm/laws.py``).
 - The app: ``make-tiny model=janus_pro``, ``run.py model=janus_pro model.path=DIR policy=scd`` writes images, a
   drafting policy without ``drafter.path`` names how to train a drafter, bad keys name themselves.
 """
@@ -21,12 +21,12 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import laws as L
 import pytest
 import torch
 from conftest import run_in_process
 from omegaconf import OmegaConf
 
+from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.sampling import SamplingParams
@@ -238,7 +238,8 @@ def test_greedy_jacobi_equals_ar(tiny, impl: str) -> None:
 @pytest.mark.slow
 def test_scd_law_at_t1(tiny, record_property) -> None:
     """SCD (the preset's random init with the one-hot proposal and coupled redraws, L = 3) at T = 1, CFG 5, top-k 2
-    on a 2 × 2 image of the tiny Janus-Pro (float64): the χ² law test against AR's exact law (``tests/laws.py``)."""
+    on a 2 × 2 image of the tiny Janus-Pro (float64): the χ² law test against AR's exact law
+    (``adtbench/algorithm/laws.py``)."""
     out, _ = tiny
     t = build_target(model_cfg(out, dtype="float64"))
     t.layout = dataclasses.replace(t.layout, grid_h=2, grid_w=2)

@@ -1,4 +1,4 @@
-"""Law tests of every lossless path at T > 0, with stated power (the harness: ``tests/laws.py``).
+"""Law tests of every lossless path at T > 0, with stated power (the harness: ``adtbench/algorithm/laws.py``).
 
 Each test draws N images of a tiny float64 target, compares their law with AR's exact law (χ² over the pooled
 cells, α = 10⁻³) and prints / records the total-variation distance it detects with probability 0.9
@@ -30,7 +30,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import laws as L
 import pytest
 import torch
 from conftest import synthetic_cost_model, tiny
@@ -39,6 +38,7 @@ import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.tree_step as TS
 import adtbench.algorithm.verify as V
 from adtbench import accel
+from adtbench.algorithm import laws as L
 from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate

@@ -16,7 +16,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_explicit_package_list_matches_the_tree() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "adtbench").rglob("__init__.py")}
+    found = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for top in ("adtbench", "hydra_plugins")
+        for p in (ROOT / top).rglob("__init__.py")
+    }
     assert listed == found | {"adtbench.conf"}, "pyproject [tool.setuptools] packages is out of date"
 
 

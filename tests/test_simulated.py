@@ -25,28 +25,32 @@ from hydra import compose, initialize_config_dir
 from adtbench import accel
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.policies import methods
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import EXACT
 from adtbench.harness.config import build_policy, register_resolvers
 
 FAST = ["warmup=1", "progress=false", "maps.per_run=false", "dataset=smoke", "dataset.limit=1", "model.device=cuda"]
 
-# every policy once; exact and LANTERN, greedy and T = 1 alternate among them; engine.compile=true: the graph path
+# every registered method that runs on the tiny models, from the registry (``Method.smoke`` sizes it), then the
+# variants: exact and LANTERN, greedy and T = 1 alternate among them; engine.compile=true: the graph path
 APP_CASES = {
-    "ar": ["policy=ar", "sampling=default"],
-    "chain": ["policy=chain", "lantern=on", "sampling=greedy"],
-    "static": ["policy=static", "sampling=greedy"],
+    **{m.name: [f"policy={m.name}", *m.smoke] for m in methods() if m.tiny},
     "static_sampled": ["policy=static_sampled", "lantern=on"],
-    "eagle2": ["policy=eagle2"],
-    "adt_cost": ["policy=adt", "lantern=on"],  # budget: cost — the cost model measured on the graphs
+    "chain_lantern_greedy": ["policy=chain", "lantern=on", "sampling=greedy"],
     "adt_gate": ["policy=adt", "policy.draft_sampling=sample", "policy.gate_tokens=2.0"],
     "eagle2_cost_greedy": ["policy=eagle2", "policy.budget=cost", "sampling=greedy"],
-    "zipar": ["policy=zipar", "policy.window=2"],
-    "scd": ["policy=scd", "policy.window=8"],  # Jacobi: a chain of drafts through the graphed verify buckets
-    "gsd_greedy": ["policy=gsd", "sampling=greedy"],
     "sjd_batched": ["policy=sjd", "policy.init=left", "decode.batch_size=2", "decode.window=1", "dataset.limit=3"],
     "batched": ["policy=eagle2", "decode.batch_size=2", "decode.window=1", "dataset.limit=3"],
 }
+
+
+def test_the_app_cases_cover_every_registered_method() -> None:
+    """The list above is the registry's: every method that runs on the tiny models has its case (MuLo-SD, which
+    needs a low-resolution model, has its own test below)."""
+    assert {m.name for m in methods() if m.tiny} <= set(APP_CASES)
+    shipped = [m for m in methods() if m.build.__module__.startswith("adtbench.")]
+    assert {m.name for m in shipped if not m.tiny} == {"mulo"}
 
 
 def _compose(overrides: list[str]):

@@ -22,7 +22,6 @@ from collections import Counter
 from itertools import product
 from pathlib import Path
 
-import laws
 import pytest
 import test_laws as T
 import torch
@@ -32,6 +31,7 @@ from test_jacobi import PROMPTS, compose_run
 import adtbench.algorithm.jacobi as J
 import adtbench.algorithm.sjd_pac as S
 from adtbench import accel
+from adtbench.algorithm import laws
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.sampling import SamplingParams, sample_rows

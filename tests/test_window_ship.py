@@ -167,3 +167,15 @@ def test_shipped_table_applies_only_to_its_weights_and_settings(tmp_path):
     cfg.model.path = str(SHIPPED.parent)
     target64 = build_target(OmegaConf.merge(cfg.model, {"dtype": "float64"}))
     assert caches.shipped_taus(cfg, target64, None, settings) is None
+
+
+def test_calibration_images_reach_every_caption_and_no_further():
+    """``policy.calibration_images`` takes 2 … len(``CALIBRATION_PROMPTS``) captions; beyond, a ``ConfigError``
+    naming the key (before any weights load)."""
+    from adtbench.errors import ConfigError
+
+    n = len(jacobi.CALIBRATION_PROMPTS)
+    assert jacobi.jacobi_params({"calibration_images": n}).calibration_images == n == 48
+    for bad in (1, n + 1):
+        with pytest.raises(ConfigError, match=r"policy\.calibration_images"):
+            jacobi.jacobi_params({"calibration_images": bad})

@@ -78,10 +78,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import torch
 
 from adtbench.algorithm.ar import prefill_token
+from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import (
     SamplingParams,
@@ -94,14 +94,14 @@ from adtbench.algorithm.sampling import (
 from adtbench.algorithm.slot import SlotStream, Timing, decides_on_host, verify_slots
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
-from adtbench.errors import ConfigError, check_choice, check_number
+from adtbench.algorithm.windows import AdaptiveWindow, FixedWindow, make_sizer, window_rule
+from adtbench.errors import ConfigError, check_number
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target
 
 INITS = ("random", "left", "up", "drafter")
 REDRAWS = ("independent", "coupled", "gumbel")
 PROPOSALS = ("uniform", "point")
-WINDOW_MODES = ("cost", "adaptive")
 RULES = ("exact", "gsd")
 STEPS = ("auto", "graph", "eager")  # policy.step (``jacobi_step``)
 
@@ -111,31 +111,72 @@ STEPS = ("auto", "graph", "eager")  # policy.step (``jacobi_step``)
 # --------------------------------------------------------------------------------------------------------
 
 
+def window_value(value: Any, full: str) -> int | str:
+    """``policy.window``: an integer L ≥ 1 or a registered window rule's name (``windows.WINDOWS``)."""
+    if isinstance(value, str):
+        window_rule(value)
+        return value
+    return int(check_number(value, full, int, lo=1))
+
+
 @dataclass(frozen=True)
 class JacobiParams:
-    """One Jacobi method (module docstring). ``window``: L, the chain's nodes (root + L − 1 drafts), or ``cost`` /
-    ``adaptive`` (then L ∈ [``window_min``, ``window_max``]); ``step``: ``auto`` / ``graph`` / ``eager``, how a
-    forward runs (``jacobi_step``: the fixed-shape step captured as one graph, or the host-driven loop); ``rule``:
-    ``exact`` or ``gsd`` (``group_*``: its group); ``proposal``: the stored q of an ``init: random`` draft,
-    ``uniform`` or ``point`` (a point mass on the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``:
-    ``window: cost`` decodes the first that many tokens of each calibration image, of the first
-    ``calibration_images`` captions of ``CALIBRATION_PROMPTS``."""
+    """One Jacobi method (module docstring), and its keys' schema (``params.key``: the harness merges the composed
+    ``policy`` node into this class, ``jacobi_params`` parses it). ``window``: L, the chain's nodes (root + L − 1
+    drafts), or a registered window rule (``windows.WINDOWS``: ``cost``, ``adaptive``; then L ∈ [``window_min``,
+    ``window_max``]); ``step``: ``auto`` / ``graph`` / ``eager``, how a forward runs (``jacobi_step``: the
+    fixed-shape step captured as one graph, or the host-driven loop); ``rule``: ``exact`` or ``gsd`` (``group_*``:
+    its group); ``proposal``: the stored q of an ``init: random`` draft, ``uniform`` or ``point`` (a point mass on
+    the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``: ``window: cost`` decodes the first that
+    many tokens of each calibration image, of the first ``calibration_images`` captions of ``CALIBRATION_PROMPTS``
+    (τ(L)'s standard error falls as 1/√n). A method with keys of its own subclasses this (``sjd_pac.SJDPACParams``).
+    """
 
-    window: int | str = 16
-    init: str = "random"
-    redraw: str = "coupled"
-    rule: str = "exact"
-    proposal: str = "uniform"
-    window_min: int = 4
-    window_max: int = 32
-    adapt_margin: int = 8
-    overhead_steps: float = 0.3
-    calibration_tokens: int = 512
-    calibration_images: int = 24
-    group_size: int = 14
-    group_gap: float = 0.15
-    group_dist: float = 0.5
-    step: str = "auto"
+    window: int | str = key(16, check=window_value)
+    init: str = key("random", choices=INITS)
+    redraw: str = key("coupled", choices=REDRAWS)
+    rule: str = key("exact", choices=RULES)
+    proposal: str = key("uniform", choices=PROPOSALS)
+    window_min: int = key(4, lo=1)
+    window_max: int = key(32, lo=1)
+    adapt_margin: int = key(8, lo=0)
+    overhead_steps: float = key(0.3, lo=0)
+    calibration_tokens: int = key(512, lo=1)
+    calibration_images: int = key(24, lo=2, hi=48)  # ≤ len(CALIBRATION_PROMPTS) (tests/test_window_ship.py)
+    group_size: int = key(14, lo=0)
+    group_gap: float = key(0.15, lo=0.0)
+    group_dist: float = key(0.5, lo=0.0)
+    step: str = key("auto", choices=STEPS)
+
+    def __post_init__(self) -> None:
+        """The rules between keys: ``window_max ≥ window_min``; ``step=graph`` only where the fixed-shape step can
+        run the setting (``step_refusal``) — each a ``ConfigError`` naming the key, raised when the policy is built,
+        before any weights load."""
+        if self.window_max < self.window_min:
+            raise ConfigError(
+                "policy.window_max", f"must be ≥ policy.window_min ({self.window_min}), got {self.window_max}"
+            )
+        why = self.step_refusal() if self.step == "graph" else None
+        if why is not None:
+            raise ConfigError("policy.step", f"graph needs {why}")
+
+    def step_refusal(self) -> str | None:
+        """Why the fixed-shape device step (``jacobi_step``) cannot run these keys, whatever the target (None: it
+        can); ``jacobi_step.refusal`` adds the target's reasons."""
+        if self.state_type is not JacobiState:
+            return f"JacobiState's iteration; this policy runs its own ({self.state_type.__name__})"
+        if not window_rule(self.window).device_step:
+            return f"a window the step can run; window={self.window} sizes each forward on the host"
+        if self.init == "drafter":
+            return "init≠drafter; init=drafter drafts with the EAGLE drafter between forwards"
+        if self.redraw == "gumbel":
+            return "redraw≠gumbel; redraw=gumbel keeps a noise row per window position"
+        return None
+
+    @property
+    def calibrated_window(self) -> bool:
+        """Whether the window rule needs the machine's calibrated L (``window: cost``; built by ``harness.loops``)."""
+        return window_rule(self.window).calibrated
 
     @property
     def max_nodes(self) -> int:
@@ -150,114 +191,9 @@ class JacobiParams:
 
 
 def jacobi_params(node: dict[str, Any]) -> JacobiParams:
-    """``JacobiParams`` from a plain policy node; every bad value a ``ConfigError`` naming ``policy.<key>``."""
-    d = JacobiParams()
-    window = node.get("window", d.window)
-    if isinstance(window, str):
-        window = check_choice(window, "policy.window", WINDOW_MODES)
-    else:
-        window = check_number(window, "policy.window", int, lo=1)
-    lo = check_number(node.get("window_min", d.window_min), "policy.window_min", int, lo=1)
-    hi = check_number(node.get("window_max", d.window_max), "policy.window_max", int, lo=1)
-    if hi < lo:
-        raise ConfigError("policy.window_max", f"must be ≥ policy.window_min ({lo}), got {hi}")
-    return JacobiParams(
-        window=window,
-        init=check_choice(node.get("init", d.init), "policy.init", INITS),
-        redraw=check_choice(node.get("redraw", d.redraw), "policy.redraw", REDRAWS),
-        rule=check_choice(node.get("rule", d.rule), "policy.rule", RULES),
-        proposal=check_choice(node.get("proposal", d.proposal), "policy.proposal", PROPOSALS),
-        window_min=lo,
-        window_max=hi,
-        adapt_margin=check_number(node.get("adapt_margin", d.adapt_margin), "policy.adapt_margin", int, lo=0),
-        overhead_steps=check_number(node.get("overhead_steps", d.overhead_steps), "policy.overhead_steps", float, 0),
-        calibration_tokens=check_number(
-            node.get("calibration_tokens", d.calibration_tokens), "policy.calibration_tokens", int, lo=1
-        ),
-        calibration_images=check_number(
-            node.get("calibration_images", d.calibration_images),
-            "policy.calibration_images",
-            int,
-            lo=2,
-            hi=len(CALIBRATION_PROMPTS),
-        ),
-        group_size=check_number(node.get("group_size", d.group_size), "policy.group_size", int, lo=0),
-        group_gap=check_number(node.get("group_gap", d.group_gap), "policy.group_gap", float, lo=0.0),
-        group_dist=check_number(node.get("group_dist", d.group_dist), "policy.group_dist", float, lo=0.0),
-        step=check_choice(node.get("step", d.step), "policy.step", STEPS),
-    )
-
-
-# --------------------------------------------------------------------------------------------------------
-# window sizes: how many drafts the next forward verifies
-# --------------------------------------------------------------------------------------------------------
-
-
-class FixedWindow:
-    """L − 1 drafts every iteration (the papers' setting)."""
-
-    def __init__(self, L: int) -> None:
-        self.L = L
-
-    def reset(self) -> None:
-        """A new image."""
-
-    def size(self, g: int) -> int:
-        """Chain nodes L for the iteration rooted at generation index ``g``."""
-        return self.L
-
-    def observe(self, g: int, m: int, a: int) -> None:
-        """The iteration rooted at ``g`` verified ``m`` drafts and accepted ``a``."""
-
-
-class AdaptiveWindow(FixedWindow):
-    """``window: adaptive`` — ADT-Tree's adjacency idea for one chain: grow the window where the windows above were
-    accepted far, shrink it where not.
-
-    State per committed image position j: run[j] = a + 1, the tokens the forward that committed j committed. The
-    forward rooted at g drafts g + 1, …; their upper neighbours (one row up, end-of-line column counted) were
-    committed by forwards whose runs say how far drafts were accepted there. L = clamp(max run[g + 1 − row_len ± 2] +
-    ``adapt_margin``, ``window_min``, ``window_max``): a long run above (a flat region) predicts long accepts here, and
-    the margin keeps drafts ahead being refined; without a row above (the first row) the root's own run stands in
-    (its raster predecessor). Drafts held past a shrunken window wait unverified (``JacobiState.held``), so shrinking
-    loses no refinement. Reads no clock and no draft; restarts with every image. (Also tried: ADT's bisectional
-    rule on α = a / m — doubling at α ≥ ½, halving below — and grow-on-full / shrink-on-zero: both commit fewer
-    tokens per forward than this at equal mean window on the mini model, since a = 0 follows most rejections.)"""
-
-    SPAN = 2  # upper neighbours either side of the first draft's
-
-    def __init__(self, lo: int, hi: int, margin: int, row_len: int, n_gen: int) -> None:
-        super().__init__(min(hi, max(lo, margin + 1)))
-        self.lo, self.hi, self.margin, self.row_len, self.n_gen = lo, hi, margin, row_len, n_gen
-        self.reset()
-
-    def reset(self) -> None:
-        self.run = np.zeros(self.n_gen + 1, dtype=np.int64)  # 0: nothing committed there yet
-
-    def size(self, g: int) -> int:
-        up = g + 1 - self.row_len
-        if up >= 0:
-            ref = int(self.run[max(0, up - self.SPAN) : up + self.SPAN + 1].max())
-        else:
-            ref = int(self.run[g]) if g > 0 else 1
-        return int(np.clip(ref + self.margin, self.lo, self.hi))
-
-    def observe(self, g: int, m: int, a: int) -> None:
-        self.run[g : g + a + 1] = a + 1
-
-
-def make_sizer(params: JacobiParams, layout: TokenLayout, window: int | None = None) -> FixedWindow:
-    """The window sizer of ``params``; ``window``: L chosen for ``window: cost`` (``calibrate_window``)."""
-    if params.window == "adaptive":
-        return AdaptiveWindow(
-            params.window_min, params.window_max, params.adapt_margin, layout.row_len, layout.num_gen_tokens
-        )
-    if params.window == "cost":
-        if window is None:
-            raise RuntimeError("policy.window=cost needs its calibrated L (jacobi.calibrate_window; harness.loops)")
-        return FixedWindow(window)
-    assert isinstance(params.window, int)
-    return FixedWindow(params.window)
+    """``JacobiParams`` from a plain policy node (``params.parse``); every bad value a ``ConfigError`` naming
+    ``policy.<key>``."""
+    return parse(JacobiParams, node)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -591,13 +527,11 @@ class JacobiState:
             else:
                 assert self.q is not None
                 has_old = arange_on(r, rows.device) < old
-                tok, q, kept = redraw(
-                    self.params.redraw,
+                tok, q, kept = self.redraw_rows(
                     rows.softmax(-1),
                     self.seq[b + 1 : b + 1 + r],
                     self.q[a + 1 : a + 1 + r],
                     has_old,
-                    self.generator,
                     None if self.noise is None else self.noise[a + 1 : a + 1 + r],
                 )
                 self.seq[b + 1 : b + 1 + r] = tok
@@ -607,7 +541,7 @@ class JacobiState:
                     self.coupled += min(r, old)
         elif self.q is not None:
             self.q = torch.cat([self.q[m + 1 : m + 1 + tail], _zero_row(self.q.shape[1], self.q.device, self.q.dtype)])
-        self.sizer.observe(g, m, a)
+        self.sizer.observe(g, m, a, processed)
         while len(self.hist) <= a:
             self.hist.append(0)
         self.hist[a] += 1
@@ -624,6 +558,14 @@ class JacobiState:
         self.g, self.m, self.held = b, 0, r + tail
         self._noise_rows(r + tail + 1, shift=a + 1)
         return rec
+
+    def redraw_rows(
+        self, probs: torch.Tensor, old: torch.Tensor, q_old: torch.Tensor, has_old: torch.Tensor, noise: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The redraw of ``advance`` (step 2 of the module docstring): ``redraw(params.redraw, …)`` → (tokens, their
+        stored proposals, kept). A state subclass may change it; the invariant it must keep is the module
+        docstring's (each stored q is its draft's law given everything left of it)."""
+        return redraw(self.params.redraw, probs, old, q_old, has_old, self.generator, noise)
 
     def stats(self) -> dict[str, Any]:
         """The image's counters (``GenerationResult.stats``); reads the kept count once."""

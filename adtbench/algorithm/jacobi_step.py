@@ -44,9 +44,10 @@ AR and the T = 1 law on the graph stand-in, float64.
 
 **Where it runs** (``policy.step``): ``auto`` — when the target's verifies are captured as graphs (``engine.compile=
 true`` on CUDA or the simulated device) and the loop's acceptance is on the device; ``graph`` — always (a
-``ConfigError`` naming ``policy.step`` where the setting cannot: ``window: adaptive``, ``init: drafter``,
-``redraw: gumbel``, a rule other than exact / GSD, L < 2, a target without static buckets; on a target whose
-buckets are not captured it runs the same fixed-shape step eagerly); ``eager`` — the host-driven loop, which stays
+``ConfigError`` naming ``policy.step`` where the setting cannot: a window rule that declares ``device_step = False``
+(``windows``: ``adaptive``), ``init: drafter``, ``redraw: gumbel`` (these three when the policy is built), a rule
+other than exact / GSD, L < 2, a target without static buckets; on a target whose buckets are not captured it
+runs the same fixed-shape step eagerly); ``eager`` — the host-driven loop, which stays
 the CPU path and the fallback (an image whose prompt outgrows the pinned cache runs it too).
 """
 
@@ -62,7 +63,6 @@ from adtbench import accel
 from adtbench.algorithm.jacobi import (
     GroupedRule,
     JacobiParams,
-    JacobiState,
     init_drafts,
     layout_tables,
     redraw,
@@ -81,14 +81,9 @@ STEPS = ("auto", "graph", "eager")
 
 def refusal(params: JacobiParams, rule: AcceptanceRule, target: Any, window: int | None) -> str | None:
     """Why the fixed-shape step cannot run this setting (None: it can): the reasons of the module docstring."""
-    if params.state_type is not JacobiState:
-        return "the fixed-shape step verifies a chain; this policy verifies a tree"
-    if params.window == "adaptive":
-        return "window=adaptive sizes each forward on the host"
-    if params.init == "drafter":
-        return "init=drafter drafts with the EAGLE drafter between forwards"
-    if params.redraw == "gumbel":
-        return "redraw=gumbel keeps a noise row per window position"
+    why = params.step_refusal()  # the keys' reasons (a ConfigError already when policy.step=graph)
+    if why is not None:
+        return why
     if type(rule) not in (AcceptanceRule, GroupedRule):
         return f"the rule {type(rule).__name__} (exact and GSD's grouped rule only)"
     L = _window(params, window)

@@ -73,7 +73,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from adtbench.algorithm.jacobi import FixedWindow, JacobiParams, JacobiState, jacobi_params
+from adtbench.algorithm.jacobi import FixedWindow, JacobiParams, JacobiState, window_value
+from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import CycleRecord
 from adtbench.algorithm.sampling import SamplingParams, gumbel_top_k, uniforms
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device, arange_on, host_ancestry
@@ -88,7 +89,7 @@ from adtbench.algorithm.verify import (
     read_verdict,
     read_verdicts,
 )
-from adtbench.errors import ConfigError, check_choice, check_number
+from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 
 VARIANTS = ("exact", "authors")
@@ -102,12 +103,22 @@ VARIANTS = ("exact", "authors")
 @dataclass(frozen=True)
 class SJDPACParams(JacobiParams):
     """SJD-PAC (module docstring): ``branch`` K, ``tree_depth`` D (levels of the K-ary tree, root included),
-    ``variant`` exact | authors; every ``JacobiParams`` key applies (``redraw`` coupled and ``rule`` exact only)."""
+    ``variant`` exact | authors; every ``JacobiParams`` key applies (``redraw`` coupled and ``rule`` exact only; the
+    authors' defaults: L = 64, K = D = 3, random init)."""
 
-    window: int | str = 64
-    branch: int = 3
-    tree_depth: int = 3
-    variant: str = "exact"
+    window: int | str = key(64, check=window_value)
+    branch: int = key(3, lo=1)
+    tree_depth: int = key(3, lo=1)
+    variant: str = key("exact", choices=VARIANTS)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.redraw != "coupled":
+            raise ConfigError("policy.redraw", f"SJD-PAC continues with SCD's coupled redraw only, got {self.redraw}")
+        if self.rule != "exact":
+            raise ConfigError("policy.rule", f"SJD-PAC verifies with its own rule (policy.variant), got {self.rule}")
+        if self.init == "drafter":
+            raise ConfigError("policy.init", "SJD-PAC drafts without a drafter: init=random|left|up")
 
     @property
     def state_type(self) -> type[JacobiState]:
@@ -115,21 +126,9 @@ class SJDPACParams(JacobiParams):
 
 
 def sjd_pac_params(node: dict[str, Any]) -> SJDPACParams:
-    """``SJDPACParams`` from a plain policy node (the authors' defaults: L = 64, K = D = 3, random init); every bad
-    value a ``ConfigError`` naming ``policy.<key>``."""
-    d = SJDPACParams()
-    node = {"window": d.window, "init": d.init, "redraw": "coupled", **node}
-    branch = check_number(node.pop("branch", d.branch), "policy.branch", int, lo=1)
-    depth = check_number(node.pop("tree_depth", d.tree_depth), "policy.tree_depth", int, lo=1)
-    variant = check_choice(node.pop("variant", d.variant), "policy.variant", VARIANTS)
-    base = jacobi_params(node)
-    if base.redraw != "coupled":
-        raise ConfigError("policy.redraw", f"SJD-PAC continues with SCD's coupled redraw only, got {base.redraw}")
-    if base.rule != "exact":
-        raise ConfigError("policy.rule", f"SJD-PAC verifies with its own rule (policy.variant), got {base.rule}")
-    if base.init == "drafter":
-        raise ConfigError("policy.init", "SJD-PAC drafts without a drafter: init=random|left|up")
-    return SJDPACParams(**{**base.__dict__, "branch": branch, "tree_depth": depth, "variant": variant})
+    """``SJDPACParams`` from a plain policy node (``params.parse``); every bad value a ``ConfigError`` naming
+    ``policy.<key>``."""
+    return parse(SJDPACParams, node)
 
 
 def full_tree_nodes(K: int, levels: int) -> int:
@@ -162,8 +161,8 @@ class TreeSizer(FixedWindow):
         M, self.t = geometry(self.inner.size(g), self.K, self.D)
         return M
 
-    def observe(self, g: int, m: int, a: int) -> None:
-        self.inner.observe(g, m, a)
+    def observe(self, g: int, m: int, a: int, rows: torch.Tensor | None = None) -> None:
+        self.inner.observe(g, m, a, rows)
 
 
 @dataclass(frozen=True)

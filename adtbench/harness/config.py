@@ -240,17 +240,17 @@ def check_writable_dir(key: str, value: Any) -> None:
         raise ConfigError(key, f"cannot write into {p.absolute()} ({why}); set {key}=<a writable dir>") from e
 
 
-def validate_cache_dirs(cfg: DictConfig) -> None:
+def validate_cache_dirs(cfg: DictConfig, policy: Policy | None = None) -> None:
     """The caches this run will write: ``lantern.cache_dir`` (with LANTERN on) and ``paths.cache_dir`` (cost
-    models, with a ``budget: cost`` policy or a Jacobi loop's ``window: cost``)."""
+    models, with a ``budget: cost`` policy or a loop whose window rule declares ``calibrated``: ``window: cost``)."""
     lantern = cfg.get("lantern")
     if isinstance(lantern, DictConfig) and bool(lantern.get("enabled", False)) and lantern.get("cache_dir"):
         check_writable_dir("lantern.cache_dir", lantern.cache_dir)
     paths = cfg.get("paths")
-    policy = cfg.get("policy")
-    budget = policy.get("budget") if isinstance(policy, DictConfig) else None
-    window = policy.get("window") if isinstance(policy, DictConfig) else None  # the Jacobi loops' window=cost
-    if "cost" in (str(budget), str(window)) and isinstance(paths, DictConfig) and paths.get("cache_dir"):
+    node = cfg.get("policy")
+    budget = node.get("budget") if isinstance(node, DictConfig) else None
+    calibrated = bool(getattr(policy, "calibrated_window", False))  # a Jacobi loop's window: cost
+    if (str(budget) == "cost" or calibrated) and isinstance(paths, DictConfig) and paths.get("cache_dir"):
         check_writable_dir("paths.cache_dir", paths.cache_dir)
 
 
@@ -331,7 +331,7 @@ def validate(cfg: DictConfig) -> Checked:
     check_reference(cfg, conf)
     check_aa(conf)
     validate_drafter(cfg, policy)
-    validate_cache_dirs(cfg)
+    validate_cache_dirs(cfg, policy)
     from adtbench.harness.loops import check_loop_config
 
     check_loop_config(cfg, policy)
@@ -359,12 +359,9 @@ def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:
     if conf.decode.batch_size == 1:
         return
     if isinstance(policy, LoopPolicy) and not policy.batchable:
-        if policy.name in ("sjd", "scd", "gsd"):
-            raise ConfigError(
-                "policy.init",
-                f"policy={policy.name} with init=drafter decodes one prompt at a time; "
-                "use decode.batch_size=1, or init=random|left|up",
-            )
+        if policy.one_prompt is not None:  # a key's value makes a batchable loop one-prompt (Jacobi init=drafter)
+            key, why = policy.one_prompt
+            raise ConfigError(key, f"policy={policy.name} with {why}; use decode.batch_size=1, or another {key}")
         raise ConfigError(
             "decode.batch_size",
             f"policy={policy.name} runs its own loop, one prompt at a time; use decode.batch_size=1 with it",

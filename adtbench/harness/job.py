@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 from adtbench import accel
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.policies import LoopPolicy, Policy
+from adtbench.algorithm.policies import POLICIES, LoopPolicy, Method, Policy
 from adtbench.algorithm.records import Clock, GenerationResult
 from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import AcceptanceRule
@@ -86,9 +86,13 @@ def exactness(policy: Policy, rule: Any) -> Exactness:
     is lossless iff ``rule.lossless`` (``verify.AcceptanceRule``: exact; ``lantern.LanternRule``: only with a zero
     bound, δ = 0 or λ = 1, and the principled residual); AR (no drafts) is AR whatever the rule. A loop policy
     declares ``lossless`` for its own loop (ZipAR never, MuLo-SD and the Jacobi loops by their ``rule``, SJD-PAC by
-    its ``variant``); one that ``accepts_rule`` (SJD, SCD) is lossless iff it declares so and ``rule.lossless``.
+    its ``variant``); one that ``accepts_rule`` (SJD, SCD) is lossless iff it declares so and ``rule.lossless``; a
+    registered method that declares no lossless rule (``Method.lossless`` empty) is lossy whatever its policy says.
     ``rule``: anything with ``name`` and ``lossless`` (an ``AcceptanceRule``; LANTERN's bounds are named when set)."""
     what, rule_ok = _policy_text(policy), bool(getattr(rule, "lossless", False))
+    method = POLICIES.get(policy.name) if policy.name in POLICIES else None
+    if isinstance(method, Method) and not method.lossless:  # the method's own declaration (``Method.lossless``)
+        return Exactness(False, f"{what}: the method declares itself lossy")
     if isinstance(policy, LoopPolicy):
         if not policy.lossless:
             return Exactness(False, f"{what}: the loop is lossy by its own rule, not distribution-identical to AR")

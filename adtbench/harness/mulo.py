@@ -116,7 +116,7 @@ def _upsampler_path(cfg: DictConfig) -> Path | None:
     return None if v is None else Path(str(v)).expanduser()
 
 
-def check_mulo_config(cfg: DictConfig) -> None:
+def check_mulo_config(cfg: DictConfig, policy: Any = None) -> None:
     """Every ``policy=mulo`` rule that needs no weights (module docstring); ConfigError naming the key and path."""
     mulo_params(_plain(cfg.policy))  # the values (ConfigError naming policy.<key>)
     kinds = {

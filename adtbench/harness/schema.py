@@ -27,7 +27,9 @@ configs (``conf/train/*``, ``@package _global_``) that this schema does not desc
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, make_dataclass, replace
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +50,6 @@ __all__ = [
     "DrafterConf",
     "Eagle2Conf",
     "EngineConf",
-    "JacobiConf",
     "LanternConf",
     "LoggerConf",
     "MapsConf",
@@ -159,47 +160,41 @@ class MuloConf:
     island_window: int | None = None  # ZipAR window inside an island (islands; None: raster order)
 
 
-@dataclass
-class JacobiConf:
-    """``policy=sjd|scd|gsd``: Jacobi decoding (``algorithm.jacobi``; no drafter unless ``init=drafter``). The three
-    yamls differ in ``name``, ``redraw`` and ``rule`` only."""
+class PolicySchemas(Mapping[str, type]):
+    """``policy.name`` → the dataclass its node is merged into, derived from the registry (``Method.schema``, with a
+    ``name`` field added where the method's params class has none, e.g. ``jacobi.JacobiParams``). Read lazily: the
+    policy modules, a plugin's included, register themselves on ``import adtbench.algorithm.policies``."""
 
-    name: str = "sjd"
-    window: Any = 16  # L (an integer ≥ 1: chain nodes, root included) | cost | adaptive
-    init: str = "random"  # random | left | up | drafter
-    redraw: str = "independent"  # independent (SJD) | coupled (SCD) | gumbel (SCD's Gumbel coupling)
-    rule: str = "exact"  # exact | gsd (lossy)
-    proposal: str = "uniform"  # init=random: the stored q, uniform | point (a point mass on the draft)
-    window_min: int = 4  # window=cost|adaptive: bounds on L
-    window_max: int = 32
-    adapt_margin: int = 8  # window=adaptive: L = the longest run committed one row up + adapt_margin
-    overhead_steps: float = 0.3  # window=cost: engine work per forward besides the verify (AR steps)
-    calibration_tokens: int = 512  # window=cost: the first tokens of each calibration image decoded
-    calibration_images: int = 24  # window=cost: the calibration captions decoded (2..48; τ(L)'s error ∝ 1/√n)
-    group_size: int = 14  # rule=gsd: ranks in the window: x, group_size // 2 below, the rest above
-    group_gap: float = 0.15  # rule=gsd: probability gap
-    group_dist: float = 0.5  # rule=gsd: squared input-embedding distance
-    step: str = "auto"  # auto | graph | eager: a forward as the fixed-shape device step (algorithm.jacobi_step)
+    def __getitem__(self, name: str) -> type:
+        from adtbench.algorithm.policies import POLICIES
+        from adtbench.algorithm.policies.base import method_of
 
+        if name not in POLICIES:
+            raise KeyError(name)
+        return _named(method_of(name).schema_type, name)
 
-@dataclass
-class SJDPACConf(JacobiConf):
-    """``policy=sjd_pac``: SJD-PAC (``algorithm.sjd_pac``): the SCD loop verifying a K-ary tree of depth D followed by
-    a chain; ``redraw`` coupled and ``rule`` exact only."""
+    def __iter__(self) -> Iterator[str]:
+        from adtbench.algorithm.policies import POLICIES
 
-    name: str = "sjd_pac"
-    window: Any = 64  # L: tree + chain nodes, root included | cost | adaptive
-    redraw: str = "coupled"
-    branch: int = 3  # K: candidates at each of the first D − 1 positions
-    tree_depth: int = 3  # D: levels of the full K-ary tree, root included ((K^D − 1)/(K − 1) nodes)
-    variant: str = "exact"  # exact (lossless) | authors (the authors' code: lossy)
+        return iter(POLICIES.names())
+
+    def __len__(self) -> int:
+        from adtbench.algorithm.policies import POLICIES
+
+        return len(POLICIES.names())
 
 
-POLICY_SCHEMAS: dict[str, type] = {
-    "ar": ArConf, "chain": ChainConf, "static": StaticConf, "eagle2": Eagle2Conf, "adt": AdtConf,
-    "zipar": ZiparConf, "mulo": MuloConf, "sjd": JacobiConf, "scd": JacobiConf, "gsd": JacobiConf,
-    "sjd_pac": SJDPACConf,
-}  # fmt: skip
+@cache
+def _named(schema: type, name: str) -> type:
+    """``schema`` with a ``name`` field (default ``name``) when it has none: the node's ``name`` selects the policy."""
+    if any(f.name == "name" for f in fields(schema)):
+        return schema
+    frozen = schema.__dataclass_params__.frozen  # type: ignore[attr-defined]
+    extra = [("name", str, field(default=name))]
+    return make_dataclass(f"{schema.__name__}Node", extra, bases=(schema,), frozen=frozen)
+
+
+POLICY_SCHEMAS: Mapping[str, type] = PolicySchemas()
 
 
 @dataclass

@@ -55,7 +55,7 @@ from typing import Any
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget
 from adtbench.algorithm.drafters.session import DraftSession, Steps
-from adtbench.algorithm.policies.base import GATE_KEYS, POLICIES, TreePolicy, with_gate
+from adtbench.algorithm.policies.base import GATE_KEYS, Method, TreePolicy, register_method, with_gate
 from adtbench.algorithm.policies.eagle2 import eagle2_candidates, eagle2_steps
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree
@@ -255,7 +255,6 @@ def neighbours(layout: TokenLayout, s: int, init: str) -> list[tuple[int, str]]:
     return order
 
 
-@POLICIES.register("adt")
 def build_adt_policy(node: Any) -> ADTPolicy:
     """``ADTPolicy`` from the ``policy`` config node (unknown keys are a ConfigError naming them)."""
     data = dict(node)
@@ -267,3 +266,15 @@ def build_adt_policy(node: Any) -> ADTPolicy:
     if unknown:
         raise ConfigError(f"policy.{unknown[0]}", f"unknown ADT parameter; known: {sorted(known)}")
     return with_gate(ADTPolicy(**data), node)
+
+
+register_method(
+    Method(
+        "adt",
+        build_adt_policy,
+        "adtbench.harness.schema:AdtConf",
+        lossless=("exact",),
+        graphs=("verify", "levels", "step"),
+        smoke=("policy.N_max=10", "policy.K0=3", "policy.K_min=2", "policy.K_max=4", "policy.D0=3"),
+    )
+)

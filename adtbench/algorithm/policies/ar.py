@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy
+from adtbench.algorithm.policies.base import Method, TreePolicy, register_method
 from adtbench.algorithm.tree import DraftTree, root_only
 
 
@@ -17,7 +17,9 @@ class ArPolicy(TreePolicy):
         return root_only(session.root_token)
 
 
-@POLICIES.register("ar")
 def build_ar(node: Any) -> ArPolicy:
     """``policy=ar`` (no keys besides ``name``)."""
     return ArPolicy()
+
+
+register_method(Method("ar", build_ar, "adtbench.harness.schema:ArConf", lossless=("exact",), graphs=("verify",)))

@@ -7,7 +7,10 @@ image positions left), never the model. ``observe`` feeds back the verification 
 
 from __future__ import annotations
 
+import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -90,6 +93,13 @@ class LoopPolicy(ABC):
     lossless: bool = False  # True only where the loop is distribution-identical to AR (tested)
     accepts_rule: bool = False  # True: the loop accepts with the app's rule (LANTERN may relax it); else its own
     batchable: bool = False  # True: ``generate_batch`` decodes B prompts per target forward (decode.batch_size)
+    one_prompt: tuple[str, str] | None = None  # (key, why) where a key's value makes a batchable loop one-prompt
+
+    def models_for(self, drafter: Any) -> Any:
+        """``aux`` on a bare target and its EAGLE ``drafter`` (``adtbench check``'s tiny models); None: nothing
+        besides the target. A ``ValueError`` says the tiny target alone cannot run this setting (a Jacobi
+        ``window: cost`` needs the harness's calibration); a method that never can declares ``Method.tiny = False``."""
+        return None
 
     def bind(self, cost: CostModelSource | None) -> None:  # noqa: B027
         """Loops size nothing to the machine (same signature as ``TreePolicy.bind``)."""
@@ -117,10 +127,92 @@ class LoopPolicy(ABC):
 
 Policy = TreePolicy | LoopPolicy
 
+GRAPH_PATHS = ("verify", "levels", "step")
+"""The graph paths a method may declare (``Method.graphs``): ``verify`` — its target forwards run through the target's
+captured verify buckets (``engine.compile``); ``levels`` — its drafting levels as graph replays
+(``policy.graph_levels``); ``step`` — its whole iteration as one fixed-shape device step (``policy.step``)."""
+
+
+@dataclass(frozen=True)
+class Method:
+    """Everything the harness, the checks and the docs know of one ``policy.name``, declared by the policy's module:
+
+    - ``build(node) → Policy`` (a plain dict node, ``name`` included; every bad value a ``ConfigError`` naming
+      ``policy.<key>``) and ``schema`` (the dataclass of its keys — ``params.key`` fields parse and validate — or a
+      ``"pkg.module:Class"`` path), merged with the composed ``policy`` node by ``harness.schema``;
+    - what it needs built besides the target: ``models(cfg, conf, target) → aux`` and ``check(cfg, policy)`` (cross-key
+      rules against other groups, before any weights load), each a callable or a lazy ``"pkg.module:attr"`` path
+      (the harness's, which ``algorithm`` may not import); the built policy declares the rest
+      (``drafts_with_eagle``, ``uses_drafter``, ``batchable``, a Jacobi window's ``calibrated_window``);
+    - ``lossless``: the acceptance rules under which its output law is AR's (``("exact",)``; empty: a lossy method);
+      a key can still make one setting lossy (the built policy's ``lossless`` attribute, e.g. ``rule=gsd``);
+    - ``graphs``: the graph paths it supports (``GRAPH_PATHS``);
+    - ``smoke``: the overrides that size it to the tiny models (the simulated app test, ``adtbench check``), and
+      ``law_keys``: the keys of its law test on a 2 × 2 image (``adtbench check``; e.g. a short window).
+
+    Registered by ``register_method``; ``POLICIES.get(name)`` returns it (calling it builds the policy).
+    """
+
+    name: str
+    build: Callable[[dict[str, Any]], Policy]
+    schema: type | str
+    lossless: tuple[str, ...] = ()
+    graphs: tuple[str, ...] = ()
+    models: Callable[..., Any] | str | None = None
+    check: Callable[..., None] | str | None = None
+    smoke: tuple[str, ...] = ()
+    tiny: bool = True  # runs on the tiny models alone (MuLo-SD: False, it needs a low-resolution model of its family)
+    law_keys: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.graphs) - set(GRAPH_PATHS)
+        if unknown:
+            raise ValueError(f"policy {self.name}: unknown graph paths {sorted(unknown)}; known: {GRAPH_PATHS}")
+
+    def __call__(self, node: dict[str, Any]) -> Policy:
+        return self.build(node)
+
+    @property
+    def schema_type(self) -> type:
+        """``schema`` imported where it is a path."""
+        schema = resolve(self.schema)
+        assert isinstance(schema, type), schema
+        return schema
+
+    def claims_lossless(self, policy: Policy) -> bool:
+        """Whether ``policy`` (built by this method, exact acceptance) declares AR's law."""
+        return "exact" in self.lossless and bool(getattr(policy, "lossless", True))
+
+
+def resolve(obj: Any) -> Any:
+    """``obj``, or the attribute a ``"pkg.module:attr"`` path names (imported)."""
+    if isinstance(obj, str):
+        module, _, attr = obj.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return obj
+
+
 POLICIES: Registry[Policy] = Registry("policy")
-"""``policy.name`` → builder(policy node) → TreePolicy; each policy module registers its own builder(s), and
-``import adtbench.algorithm.policies`` imports them all. Builders get a node already checked against its schema
-(``adtbench.harness.schema``); constructors check ranges and choices, naming ``policy.<key>``."""
+"""``policy.name`` → its ``Method`` (callable: node → Policy); each policy module registers its own
+(``register_method``), ``import adtbench.algorithm.policies`` imports them all and the plugins' (``plugins``)."""
+
+
+def register_method(method: Method) -> Method:
+    """Register ``method`` under its name (twice is an error)."""
+    POLICIES.register(method.name, method)
+    return method
+
+
+def method_of(name: str) -> Method:
+    """The ``Method`` of ``policy.name`` (unknown: ``ConfigError`` naming ``policy``)."""
+    method = POLICIES.get(name)
+    assert isinstance(method, Method), f"policy {name} is registered without a Method"
+    return method
+
+
+def methods() -> list[Method]:
+    """Every registered method, by name."""
+    return [method_of(name) for name in POLICIES.names()]
 
 
 GATE_KEYS = ("gate_tokens", "gate_explore", "graph_levels")  # ``with_gate``'s keys

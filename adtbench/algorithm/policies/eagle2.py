@@ -29,7 +29,15 @@ import torch
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, desc_stable, stable_topk, top_k_stable, with_gate
+from adtbench.algorithm.policies.base import (
+    Method,
+    TreePolicy,
+    desc_stable,
+    register_method,
+    stable_topk,
+    top_k_stable,
+    with_gate,
+)
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device, host_ancestry, true_flag
 from adtbench.algorithm.verify import Acceptance
@@ -394,7 +402,6 @@ class Eagle2Policy(TreePolicy):
         self.sampled.reset()
 
 
-@POLICIES.register("eagle2")
 def build_eagle2(node: Any) -> Eagle2Policy:
     """``policy=eagle2``: ``depth``, ``top_k``, ``total_tokens``, ``budget`` (default fixed), ``calibrate``,
     ``draft_sampling``, ``rounds``, ``gate_tokens``, ``gate_explore``."""
@@ -408,3 +415,15 @@ def build_eagle2(node: Any) -> Eagle2Policy:
         str(node.get("rounds", "auto")),
     )
     return with_gate(policy, node)
+
+
+register_method(
+    Method(
+        "eagle2",
+        build_eagle2,
+        "adtbench.harness.schema:Eagle2Conf",
+        lossless=("exact",),
+        graphs=("verify", "levels", "step"),
+        smoke=("policy.total_tokens=12", "policy.top_k=3", "policy.depth=3"),
+    )
+)

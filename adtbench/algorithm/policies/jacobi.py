@@ -6,6 +6,7 @@ all three (``policy.window``, ``policy.init``, ``policy.redraw``, ``policy.rule`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +14,7 @@ import torch
 
 from adtbench.algorithm.jacobi import JacobiParams, decode_jacobi, generate_jacobi_batch, grouped_rule, jacobi_params
 from adtbench.algorithm.jacobi_step import fixed_shape_step
-from adtbench.algorithm.policies.base import POLICIES, LoopPolicy
+from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.verify import EXACT
 
@@ -31,16 +32,28 @@ class JacobiModels:
 
 class JacobiPolicy(LoopPolicy):
     """A Jacobi decoding loop with ``params``. ``lossless`` iff the rule is exact (and, at run time, the app's rule:
-    LANTERN relaxes the acceptance of ``sjd`` / ``scd``, ``accepts_rule``)."""
+    LANTERN relaxes the acceptance of ``sjd`` / ``scd``, ``accepts_rule``). What it needs built it declares:
+    ``drafts_with_eagle`` (``init: drafter``) and ``calibrated_window`` (a window rule that declares ``calibrated``,
+    ``window: cost``), read by ``harness.loops``."""
 
     def __init__(self, name: str, params: JacobiParams) -> None:
         self.name, self.params = name, params
         self.lossless = params.rule == "exact"
         self.accepts_rule = params.rule == "exact"  # the app's acceptance rule (LANTERN) applies
         self.batchable = params.init != "drafter"  # decode.batch_size > 1: a ragged window per slot
+        if params.init == "drafter":
+            self.one_prompt = ("policy.init", "init=drafter decodes one prompt at a time")
         self.drafts_with_eagle = params.init == "drafter"  # drafts start from the EAGLE drafter's chain
+        self.calibrated_window = params.calibrated_window  # window: cost — the machine's L, built by the harness
         self._rule: tuple[Any, Any] | None = None  # (target, GroupedRule)
         self.limit: int | None = None  # stop each image once this many tokens are committed (``bench.overhead_tokens``)
+
+    def models_for(self, drafter: Any) -> JacobiModels:
+        """``JacobiModels`` with ``drafter`` where ``init: drafter`` runs it (``window: cost`` needs the harness's
+        calibration: refused here)."""
+        if self.calibrated_window:
+            raise ValueError(f"policy.window={self.params.window} needs the machine's calibrated L (the harness)")
+        return JacobiModels(drafter if self.drafts_with_eagle else None)
 
     def max_nodes(self) -> int:
         return self.params.max_nodes
@@ -106,14 +119,33 @@ NAME_DEFAULTS: dict[str, dict[str, str]] = {
 }
 """What each paper's name means where its yaml (``conf/policy/<name>.yaml``) or the node leaves a key out."""
 
+JACOBI_MODELS = "adtbench.harness.loops:build_jacobi_models"  # the EAGLE drafter, the calibrated L (``JacobiModels``)
+JACOBI_CHECK = "adtbench.harness.loops:check_jacobi_config"  # init=drafter needs drafter=eagle, … (no weights read)
 
-def _builder(name: str) -> Any:
-    def build(node: Any) -> JacobiPolicy:
+
+def jacobi_method(
+    name: str,
+    build: Callable[[dict[str, Any]], LoopPolicy],
+    schema: type = JacobiParams,
+    lossless: tuple[str, ...] = ("exact",),
+    graphs: tuple[str, ...] = ("verify", "step"),
+    **declared: Any,
+) -> Method:
+    """The ``Method`` of a Jacobi loop: its models and checks are the Jacobi family's (``harness.loops``), its keys
+    ``schema`` (``JacobiParams`` or a subclass with keys of its own). ``law_keys``: a window of 3 (the 2 × 2 image's
+    law test)."""
+    declared.setdefault("law_keys", {"window": 3})
+    return Method(name, build, schema, lossless, graphs, JACOBI_MODELS, JACOBI_CHECK, **declared)
+
+
+def _builder(name: str) -> Callable[[dict[str, Any]], JacobiPolicy]:
+    def build(node: dict[str, Any]) -> JacobiPolicy:
         return JacobiPolicy(name, jacobi_params({**NAME_DEFAULTS[name], **dict(node)}))
 
     build.__doc__ = f"``policy={name}`` from a plain dict node (``jacobi_params``: ConfigError naming the key)."
     return build
 
 
-for _name in ("sjd", "scd", "gsd"):
-    POLICIES.register(_name, _builder(_name))
+register_method(jacobi_method("sjd", _builder("sjd"), smoke=("policy.init=left",)))
+register_method(jacobi_method("scd", _builder("scd"), smoke=("policy.window=8",)))
+register_method(jacobi_method("gsd", _builder("gsd"), lossless=(), smoke=("sampling=greedy",)))

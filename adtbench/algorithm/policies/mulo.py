@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.mulo import MuloModels, MuloParams, decode_mulo, mulo_params
-from adtbench.algorithm.policies.base import POLICIES, LoopPolicy
+from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
 
 
@@ -38,8 +38,22 @@ class MuloPolicy(LoopPolicy):
         return decode_mulo(target, aux, inputs, sp, generator, self.params, rule)
 
 
-@POLICIES.register("mulo")
 def build_mulo(node: Any) -> MuloPolicy:
     """``policy=mulo`` from a plain dict node (``mulo_params``: ConfigError naming ``policy.<key>``). The model-
     facing keys (``drafter_model``, ``upsampler``, ``downsampler``, ``upsampler_path``) are the harness's."""
     return MuloPolicy(mulo_params(dict(node)))
+
+
+register_method(
+    Method(
+        "mulo",
+        build_mulo,
+        "adtbench.harness.schema:MuloConf",
+        lossless=("exact",),  # the control arm rule=exact only (the built policy's ``lossless``)
+        graphs=("verify",),
+        models="adtbench.harness.mulo:build_mulo_models",
+        check="adtbench.harness.mulo:check_mulo_config",
+        smoke=("policy.block_rows=2",),
+        tiny=False,
+    )
+)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from adtbench.algorithm.policies.base import POLICIES
-from adtbench.algorithm.policies.jacobi import JacobiPolicy
+from adtbench.algorithm.policies.base import register_method
+from adtbench.algorithm.policies.jacobi import JacobiPolicy, jacobi_method
 from adtbench.algorithm.sjd_pac import SJDPACParams, sjd_pac_params
 
 
@@ -23,7 +23,11 @@ class SJDPACPolicy(JacobiPolicy):
 
 def build_sjd_pac(node: Any) -> SJDPACPolicy:
     """``policy=sjd_pac`` from a plain dict node (``sjd_pac_params``: ConfigError naming the key)."""
-    return SJDPACPolicy(sjd_pac_params({k: v for k, v in dict(node).items() if k != "name"}))
+    return SJDPACPolicy(sjd_pac_params(dict(node)))
 
 
-POLICIES.register("sjd_pac", build_sjd_pac)
+register_method(
+    jacobi_method(
+        "sjd_pac", build_sjd_pac, SJDPACParams, graphs=("verify",), smoke=("policy.window=8",), law_keys={"window": 16}
+    )
+)

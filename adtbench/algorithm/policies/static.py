@@ -21,7 +21,7 @@ import torch
 
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
-from adtbench.algorithm.policies.base import POLICIES, TreePolicy, stable_topk, with_gate
+from adtbench.algorithm.policies.base import Method, TreePolicy, register_method, stable_topk, with_gate
 from adtbench.algorithm.sampling import draw_into, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree, true_flag
 from adtbench.errors import check_choice, check_number
@@ -287,13 +287,11 @@ class ChainPolicy(StaticTreePolicy):
         super().__init__(chain_paths(check_number(depth, "policy.depth", int, lo=1)), draft_sampling, name="chain")
 
 
-@POLICIES.register("chain")
 def build_chain(node: Any) -> ChainPolicy:
     """``policy=chain``: ``depth``, ``draft_sampling``, ``gate_tokens``, ``gate_explore``."""
     return with_gate(ChainPolicy(int(node["depth"]), str(node["draft_sampling"])), node)
 
 
-@POLICIES.register("static")
 def build_static(node: Any) -> StaticTreePolicy:
     """``policy=static``: ``tree`` (a name in ``SHAPES`` or a list of child-rank paths), ``draft_sampling``,
     ``gate_tokens``, ``gate_explore``."""
@@ -308,3 +306,18 @@ def build_static(node: Any) -> StaticTreePolicy:
     else:
         paths = [list(p) for p in tree]
     return with_gate(StaticTreePolicy(paths, str(node["draft_sampling"]), name="static"), node)
+
+
+TREE_GRAPHS = ("verify", "levels", "step")  # captured verify buckets, graphed drafting levels, the tree verify step
+SCHEMAS = "adtbench.harness.schema"
+register_method(Method("chain", build_chain, f"{SCHEMAS}:ChainConf", ("exact",), TREE_GRAPHS))
+register_method(
+    Method(
+        "static",
+        build_static,
+        f"{SCHEMAS}:StaticConf",
+        ("exact",),
+        TREE_GRAPHS,
+        law_keys={"tree": [[0], [1], [0, 0], [0, 1]], "draft_sampling": "sample"},  # child ranks < the law's 3 codes
+    )
+)

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.policies.base import POLICIES, LoopPolicy
+from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.zipar import decode_zipar
 from adtbench.errors import check_number
@@ -37,7 +37,9 @@ class ZipARPolicy(LoopPolicy):
         return decode_zipar(target, inputs, sp, generator, self.window)
 
 
-@POLICIES.register("zipar")
 def build_zipar(node: Any) -> ZipARPolicy:
     """``policy=zipar`` from a plain dict node: ``window`` (ConfigError naming ``policy.window`` unless an int ≥ 1)."""
     return ZipARPolicy(window=node.get("window", 4))
+
+
+register_method(Method("zipar", build_zipar, "adtbench.harness.schema:ZiparConf", smoke=("policy.window=2",)))

@@ -1,7 +1,8 @@
-"""The law-test harness: exact laws of small images, χ² against them, and the power each test has.
+"""The law-test machinery: exact laws of small images, χ² against them, and the power each test has.
 
 Every lossless path (the tree policies, Jacobi's ``sjd`` / ``scd``, SJD-PAC's exact variant, LANTERN at δ = 0) is
-tested the same way (``tests/test_laws.py``):
+tested the same way (``tests/test_laws.py``; ``adtbench check``'s law test, ``harness.check``, for any registered
+method). Needs scipy (the ``metrics`` extra), imported when a test runs:
 
 1. **The exact law.** :func:`exact_law` enumerates every image of a tiny float64 target (a few tokens over 3 or 4 codes;
    any layout, forced end-of-line tokens included; any temperature / top-k / top-p) with positive probability under
@@ -34,10 +35,9 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import product
+from typing import Any
 
 import torch
-from scipy.optimize import brentq
-from scipy.stats import chi2, chisquare, ncx2
 
 from adtbench.algorithm.sampling import SamplingParams, process_logits
 from adtbench.algorithm.verify import AcceptanceRule
@@ -52,16 +52,21 @@ def detectable_tv(n: int, df: int, alpha: float = ALPHA, power: float = POWER) -
     """The smallest total-variation distance d (over the test's cells) at which the χ² test of ``n`` draws with
     ``df`` degrees of freedom rejects at level ``alpha`` with probability ≥ ``power``: λ solves
     P(χ²_df(λ) > χ²_{df, 1−α}) = power, and d = √(λ / 4n) (module docstring: w ≥ 2·TV)."""
+    return math.sqrt(_noncentrality(df, alpha, power) / (4 * n))
+
+
+def _noncentrality(df: int, alpha: float, power: float) -> float:
+    """λ with P(χ²_df(λ) > χ²_{df, 1−α}) = ``power``."""
+    from scipy.optimize import brentq
+    from scipy.stats import chi2, ncx2
+
     crit = chi2.isf(alpha, df)
-    lam = brentq(lambda x: ncx2.sf(crit, df, x) - power, 1e-9, 1e7)
-    return math.sqrt(lam / (4 * n))
+    return float(brentq(lambda x: ncx2.sf(crit, df, x) - power, 1e-9, 1e7))
 
 
 def draws_for(tv: float, df: int, alpha: float = ALPHA, power: float = POWER) -> int:
     """The smallest N at which a χ² test with ``df`` degrees of freedom detects TV ``tv`` (:func:`detectable_tv`)."""
-    crit = chi2.isf(alpha, df)
-    lam = brentq(lambda x: ncx2.sf(crit, df, x) - power, 1e-9, 1e7)
-    return math.ceil(lam / (4 * tv * tv))
+    return math.ceil(_noncentrality(df, alpha, power) / (4 * tv * tv))
 
 
 def cells(law: dict[Outcome, float], n: int, min_expected: float = 5.0) -> tuple[list[Outcome], list[Outcome]]:
@@ -95,6 +100,8 @@ def chi2_law(name: str, counts: Counter, law: dict[Outcome, float], n: int, min_
     """Pooled χ² of ``counts`` (outcome → count over ``n`` draws) against ``n · law`` and its power (module
     docstring). An outcome outside ``law``'s support counts into the pooled cell (expected 0 there would make any
     such draw a certain rejection; the pooled cell is never empty then)."""
+    from scipy.stats import chisquare
+
     keys, rest = cells(law, n, min_expected)
     seen = sum(counts.values())
     assert seen == n, (seen, n)
@@ -134,7 +141,9 @@ def _ancestors(parents: list[int]) -> torch.Tensor:
     return mask
 
 
-def exact_law(target, inputs, sp: SamplingParams, n_tokens: int | None = None) -> dict[tuple[int, ...], float]:
+def exact_law(
+    target: Any, inputs: Any, sp: SamplingParams, n_tokens: int | None = None
+) -> dict[tuple[int, ...], float]:
     """AR's probability of every ``n_tokens``-token image prefix (default: the whole image) with positive
     probability under ``sp``: for each first token, the tree of all positive-probability continuations is grown
     one level per forward (a fresh prefill each: ``verify_forward`` reads the committed prefix only), and a node's
