@@ -281,7 +281,6 @@ MEASURED_S = {
     "test_gpu_script.py::test_the_emu3_shape_probes_on_the_simulated_device": 48,
     "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device": 47,
     "test_bench_compare.py::test_a_one_prompt_one_row_comparison_writes_its_table": 43,
-    "test_timing.py::test_ar_policy_reads_one_against_the_baseline": 42,
     "test_batch.py::test_batched_speculation_has_the_ar_law_at_t1": 37,
     "test_jacobi_step.py::test_greedy_equals_ar_through_the_graphed_step": 37,
     "test_rundir.py::test_app_on_a_filesystem_without_flock": 12,  # in process since: 18 → 6 s on one core

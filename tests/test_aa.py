@@ -363,3 +363,22 @@ def test_plots_never_read_aa_as_a_quality_metric(aa_tree: Path, tmp_path: Path) 
 
     names = {p.name for p in write_all(aa_tree, tmp_path / "figs", n_boot=20)}
     assert "speedup.png" in names and not any(n.startswith("speedup_vs_") for n in names)
+
+
+@pytest.mark.slow
+def test_the_floor_script_runs_the_app_and_judges_each_run(tmp_path: Path) -> None:
+    """``benchmarks/aa_floor.py`` (the A/A floor benchmark) runs the app as a user would and prints each run's speedup
+    and ``aa_ratio`` and the medians; on the tiny model, one prompt, one repeat (smoke size: its verdict unread)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "aa_floor.py"), "--runs", "1", "model=tiny_llamagen",
+         "dataset=smoke", "dataset.limit=1", "timing.repeats=1", "sampling.cfg_scale=1.0"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode in (0, 1), proc.stderr[-2000:]
+    assert "run 0: speedup " in proc.stdout and " aa " in proc.stdout, proc.stdout
+    assert "aa_ratio: median " in proc.stdout and "speedup: median " in proc.stdout

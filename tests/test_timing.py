@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -389,46 +386,6 @@ def test_resume_with_repeats(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # end to end: policy=ar against its own baseline
 # ---------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow
-def test_ar_policy_reads_one_against_the_baseline(tmp_path: Path) -> None:
-    """``policy=ar`` decodes exactly like the baseline, so its speedup must read 1.00 ± 0.03 (ratio of totals and
-    per-prompt median) on the 8 first held-out prompts of the mini model, through the real app.
-
-    Without CFG (CI time: one row, a decode 20 % shorter): both sides run ``decode_ar`` (``engine.generate`` hands
-    ``policy=ar`` to it), so what is checked — that the app times the two sides alike — does not depend on the rows.
-    Not fewer prompts or repeats: with i.i.d. log-normal timing noise (simulated, at the worst noise level) the
-    ± 0.03 claim false-alarms in ≤ 2e-4 of runs at 8 prompts × 4 repeats, 2e-3 at 5 × 4, and 9e-2 at 8 × 2 (the
-    spread gate, a range of 2 repeats, then lets twice the noise through)."""
-    out = tmp_path / "ar"
-    args = ["policy=ar", "dataset=mini", "dataset.limit=8", "timing.repeats=4", "sampling.cfg_scale=1.0",
-            "save_images=false", "maps.per_run=false", "logger=none", "progress=false",
-            f"hydra.run.dir={out}"]  # fmt: skip
-    cmd = [sys.executable, str(ROOT / "run.py"), *args]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "HYDRA_FULL_ERROR": "1"})  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    s = json.loads((out / "summary.json").read_text())
-    print(f"policy=ar: {proc.stdout.strip()} ({time.perf_counter() - t0:.0f} s, load {os.getloadavg()})")
-    assert s["n_samples"] == 8 and s["policy"] == "ar" and s["timing_repeats"] == [4] and s["threads"] == 1
-    assert all(r["tokens_match_baseline"] for r in lines(out / "samples.jsonl"))  # the same work on both sides
-    if s["load_warning"]:  # the timer itself says its numbers cannot be trusted: no claim about them either way
-        pytest.skip(f"machine overloaded during the timed work: {s['load_warning']}")
-    assert s["speedup_ci"][0] <= s["speedup"] <= s["speedup_ci"][1] and s["speedup_ci_caveat"] is None
-    if s["timing_warning"]:
-        # A noisy host (repeats of one prompt disagree by more than 5 %): the ± 0.03 claim is void, but the reading
-        # must stay within the noise the timer itself reports. (Not "the 95 % CI covers 1.00": a calibrated CI
-        # misses the truth in 5 % of runs by definition — a clean-clone CI read 1.017 [1.004, 1.032] at spread 0.053.)
-        tol = 0.03 + s["timing_spread"]
-        assert abs(s["speedup"] - 1.0) <= tol, (s["speedup"], s["timing_warning"])
-        assert abs(s["speedup_median"] - 1.0) <= tol, (s["speedup_median"], s["timing_warning"])
-        pytest.skip(
-            f"noisy timing: {s['timing_warning']} (read {s['speedup']:.3f}, within 0.03 + {s['timing_spread']:.3f})"
-        )
-    assert abs(s["speedup"] - 1.0) <= 0.03, s["speedup"]
-    assert abs(s["speedup_median"] - 1.0) <= 0.03, s["speedup_median"]
 
 
 def test_resume_of_a_run_dir_from_before_timing_and_engine(tmp_path: Path) -> None:
