@@ -147,6 +147,29 @@ def _logging_restored() -> Iterator[None]:
         logging.disable(disabled)
 
 
+def tiny_app_config(*overrides: str):
+    """The app's composed config for the tiny vehicle (``TINY_OVERRIDES``) with ``overrides``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
+        return compose("config", overrides=[*TINY_OVERRIDES, *overrides])
+
+
+def tiny_app_run(run_dir: Path, *overrides: str) -> dict:
+    """``harness.app.run`` of ``tiny_app_config(*overrides)`` into ``run_dir``: its summary."""
+    from adtbench.harness import app
+
+    cfg = tiny_app_config(*overrides)
+    return app.run(cfg, run_dir, {"model": "tiny_llamagen", "policy": str(cfg.policy.name)})
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The records of a ``.jsonl`` file."""
+    import json
+
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
 def run_in_process(*argv: str, env: dict[str, str] | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``python run.py *argv`` run in this process: the same entry function (``adtbench.cli.main``: the command-line
     precheck, Hydra's app, the task) without an interpreter, torch and Hydra to start (≈ 3 s a run). Returns what

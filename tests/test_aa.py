@@ -16,10 +16,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import TINY_OVERRIDES, run_in_process
-from hydra import compose, initialize_config_dir
+from conftest import TINY_OVERRIDES, read_jsonl, run_in_process, tiny_app_config, tiny_app_run
 
-import adtbench.harness.app as app
 import adtbench.harness.timing as timing
 from adtbench.errors import ConfigError
 from adtbench.harness.config import refuse_reference_in_bench, validate
@@ -31,17 +29,14 @@ QUICK = ["warmup=0", "progress=false", "maps.per_run=false", "save_images=false"
 
 
 def config(*overrides: str):
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return compose("config", overrides=[*TINY_OVERRIDES, *QUICK, *overrides])
+    return tiny_app_config(*QUICK, *overrides)
 
 
 def decode_in_process(run_dir: Path, *overrides: str) -> dict:
-    cfg = config(*overrides)
-    return app.run(cfg, run_dir, {"model": "tiny_llamagen", "policy": str(cfg.policy.name)})
+    return tiny_app_run(run_dir, *QUICK, *overrides)
 
 
-def lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
+lines = read_jsonl
 
 
 # ---------------------------------------------------------------------------------------------------------

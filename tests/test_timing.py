@@ -12,10 +12,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import TINY_OVERRIDES
-from hydra import compose, initialize_config_dir
+from conftest import read_jsonl, tiny_app_config, tiny_app_run
 
-import adtbench.harness.app as app
 import adtbench.harness.job as job
 import adtbench.harness.timing as timing
 from adtbench.errors import ConfigError
@@ -28,17 +26,14 @@ QUICK = ["dataset.limit=3", "warmup=0", "progress=false", "maps.per_run=false", 
 
 
 def config(*overrides: str):
-    with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
-        return compose("config", overrides=[*TINY_OVERRIDES, *QUICK, *overrides])
+    return tiny_app_config(*QUICK, *overrides)
 
 
 def decode_in_process(run_dir: Path, *overrides: str) -> dict:
-    cfg = config(*overrides)
-    return app.run(cfg, run_dir, {"model": "tiny_llamagen", "policy": str(cfg.policy.name)})
+    return tiny_app_run(run_dir, *QUICK, *overrides)
 
 
-def lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()]
+lines = read_jsonl
 
 
 # ---------------------------------------------------------------------------------------------------------
