@@ -295,6 +295,7 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 MEASURED_S = {
     "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 315,  # 392 × its CPU time since, 118 / 146
     "test_laws.py::test_law": 72,  # the longest now B = 1 tree cases (72 s): scd-up-t1 (93 s) draws through 16 slots
+    "test_laws.py::test_q_not_reduced_fails_the_sjd_pac_headline": 72,  # as long as sjd_pac-K2D2-pac, the longest case
     "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 90,
     "test_bench_device.py::test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models": 78,
     "test_lean_forward.py::test_compiled_forward_matches_eager": 65,

@@ -9,8 +9,10 @@ random op in the graph), float64:
   engine kernels per forward;
 - T = 1: the graph replays the step run eagerly at its fixed shapes draw for draw (same seeds, same images), and
   that step's law is AR's exact law (``adtbench/algorithm/laws.py``'s χ² at stated power; CPU, float64 — the stand-in's
-  per-op checks cost ≈ 0.8 s an image, too slow for thousands) for SCD (``up``, the end-of-line layout), SJD
-  (``random``) and GSD with an empty group; the SCD authors' stored proposal planted into the step fails it;
+  per-op checks cost ≈ 0.8 s an image, too slow for thousands) for SCD (``up``: the headline tier, TV ≤ 0.05
+  detected at 90 % power, its rejection, residual bonus, full accept and coupled redraw each in ≥ 30 % of the images;
+  the end-of-line layout), SJD (``random``) and GSD with an empty group; the SCD authors' stored proposal planted
+  into the step fails it;
 - the choice: ``auto`` runs the step where the verifies are graphed and the eager loop elsewhere, ``graph`` refuses a
   setting it cannot run naming ``policy.step``, ``eager`` keeps the host-driven loop.
 """
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import test_laws as TL
 import torch
 from conftest import tiny
 
@@ -168,8 +171,11 @@ def law_setup(name: str) -> tuple[Any, Any, dict]:
     return _LAWS[name]
 
 
+HEADLINE = "scd-up-step-t1"
+"""The step's headline case: ``tests/test_laws.py``'s headline tier (TV ≤ 0.05 detected at 90 % power, its paths each
+in ≥ 30 % of the images, ``PathWatch`` from the records)."""
 CASES = {
-    "scd-up-step-t1": ("t1", "scd", {"window": 3}, 2000),
+    HEADLINE: ("t1", "scd", {"window": 3}, TL.HEADLINE_N["t1"]),
     "sjd-random-step-t1": ("t1", "sjd", {"window": 3, "init": "random"}, 1000),
     "gsd0-left-step-t1": ("t1", "gsd", {"window": 3, "init": "left", "group_size": 0}, 1000),  # an empty group
     "scd-up-step-eol": ("eol", "scd", {"window": 4}, 1000),
@@ -182,13 +188,20 @@ def step_law(name: str, setup: str, method: str, node: dict, n: int, record: Any
     counts: Counter = Counter()
     g = torch.Generator().manual_seed(7)
     accepted = 0
+    watch = TL.PathWatch()  # from the records: the step's chain verdict is its own
     for _ in range(n):
         res = generate(target, JacobiModels(), policy(method, step="graph", **node), inputs, T1, g)
         assert res.stats["step"] == "fixed-shape"
         counts[tuple(res.tokens)] += 1
         accepted += sum(c.accepted for c in res.cycles)
+        watch.image(g, res, chain=True)
     result = L.report(L.chi2_law(name, counts, law, n), record)
+    print(f"  paths per image: {watch.fractions()}")
     assert accepted / n > 0.3, accepted / n  # the acceptance, rejection and redraw paths all ran
+    if name == HEADLINE:
+        short = {k: watch.ran[k] / n for k in ("rejected", "residual bonus", "leaf bonus", "redraw")
+                 if watch.ran[k] < TL.PATHS_MIN * n}  # fmt: skip
+        assert not short, (name, short)
     return result
 
 
@@ -199,6 +212,8 @@ def test_law_of_the_fixed_shape_step(name: str, record_property) -> None:
     printed)."""
     r = step_law(name, *CASES[name], record_property)
     assert r.pvalue > L.ALPHA, r.line()
+    if name == HEADLINE:
+        assert r.tv90 <= TL.HEADLINE_TV, r.line()
 
 
 _REDRAW = JS.redraw

@@ -48,7 +48,7 @@ NONE_UNCOVERED = pytest.param("", marks=pytest.mark.skip(reason="every lossless 
 @pytest.mark.parametrize("name", UNCOVERED or [NONE_UNCOVERED])
 def test_a_lossless_method_without_a_headline_case_passes_the_full_law_test(name: str) -> None:
     """A shipped method that declares itself lossless and has no headline case in ``tests/test_laws.py`` (a new
-    one) gets ``adtbench check``'s law test at the full tier (N = 6000, TV ≈ 0.05 at 90 % power) here."""
+    one) gets ``adtbench check``'s law test at the full tier (N = 6500, TV ≤ 0.05 at 90 % power) here."""
     verdict = check.check_law(check.compose_subject([f"policy={name}"]), check.TIERS["full"])
     assert verdict.status == "PASS", verdict.line()
 
