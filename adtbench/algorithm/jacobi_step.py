@@ -15,8 +15,8 @@ buffers, so it can be captured:
   accepted, ``verify.chain_verdict``'s ``live``), and ``live`` = g + 1 < end makes a step past the image's last
   token a no-op (no state written). Every size that depended on the accepted count a is a mask or a gather: the
   bonus goes to g + a + 1 by ``index_copy_``; the next window's row i (position g + a + 2 + i) is the redraw of
-  processed row a + 1 + i where i < r = min(m − a, room after the bonus) (``jacobi.redraw``: coupled to the old
-  draft where i < m − a − 1), else a new draft (``jacobi.init_drafts`` at the device position s = g + a + 2 + r);
+  processed row a + 1 + i where i < r = min(m − a, room after the bonus) (``jacobi_draws.redraw``: coupled to the old
+  draft where i < m − a − 1), else a new draft (``jacobi_draws.init_drafts`` at the device position s = g + a + 2 + r);
   q is gathered the same way.
 - **The verify** writes the static bucket's inputs (``graphs.StaticVerify``'s tokens, positions, written columns and
   the mask of the chosen attention width, built from the device length: the prompt's bias below the prompt columns,
@@ -60,13 +60,8 @@ from typing import Any
 import torch
 
 from adtbench import accel
-from adtbench.algorithm.jacobi import (
-    GroupedRule,
-    JacobiParams,
-    init_drafts,
-    layout_tables,
-    redraw,
-)
+from adtbench.algorithm.jacobi import GroupedRule, JacobiParams
+from adtbench.algorithm.jacobi_draws import init_drafts, layout_tables, redraw
 from adtbench.algorithm.records import Clock, CycleRecord
 from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits, sample_rows_cdf
 from adtbench.algorithm.slot import Timing, decides_on_host
@@ -192,8 +187,8 @@ class JacobiStep:
 
     @torch.no_grad()
     def start_image(self, root: torch.Tensor, generator: torch.Generator | None, limit: int | None) -> None:
-        """Load a prefilled image: the root at g = 0, the first window's drafts (``jacobi.init_drafts``), the prompt's
-        bias and the target's length and positions."""
+        """Load a prefilled image: the root at g = 0, the first window's drafts (``jacobi_draws.init_drafts``), the
+        prompt's bias and the target's length and positions."""
         t, D = self.target, self.L - 1
         plen = t.prompt_cols
         self.prompt_bias[:, :plen].copy_(t.key_bias[:, :plen])
