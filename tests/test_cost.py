@@ -212,10 +212,10 @@ def test_live_rounds_are_decided_before_they_run(on_host):
 
 
 def test_the_rounds_knob_picks_the_rule_and_is_checked():
-    from adtbench import accel
+    from adtbench import accel, accel_sim
 
     with accel.simulate():  # the simulated CUDA device plans its rounds, as a GPU does
-        assert not TreeBudget(linear_model(0.1)).live(accel.SIM_DEVICE)
+        assert not TreeBudget(linear_model(0.1)).live(accel_sim.SIM_DEVICE)
     assert TreeBudget(linear_model(0.1), rounds="live").live(torch.device("cuda"))
     assert not TreeBudget(linear_model(0.1), rounds="planned").live(torch.device("cpu"))
     policy = ADTPolicy(rounds="planned")

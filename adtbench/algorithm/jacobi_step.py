@@ -24,7 +24,7 @@ buffers, so it can be captured:
   0 … a are already in place (a chain's path), so the commit is the move of g (length = length₀ + g).
 - **Draws** are filled outside the graph from the prompt's own generator into one static buffer (``[4(L−1) + 1]``
   uniforms: acceptance, the bonus by inverse CDF, the coupling's keep test, the residual draws, ``init: random``),
-  so the graph holds no random op (``accel.capture`` refuses one from an unregistered generator).
+  so the graph holds no random op (``accel_graphs.capture`` refuses one from an unregistered generator).
 
 **Host per forward** (``run_image``): fill the draws (one launch; none when greedy), launch the step (one graph
 replay per attention width, captured the first time that width is needed — the warm-up image's), copy the verdict
@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 
-from adtbench import accel
+from adtbench import accel, accel_graphs
 from adtbench.algorithm.jacobi import GroupedRule, JacobiParams
 from adtbench.algorithm.jacobi_draws import init_drafts, layout_tables, redraw
 from adtbench.algorithm.records import Clock, CycleRecord
@@ -175,7 +175,7 @@ class JacobiStep:
         self.host = [accel.pinned((3,), torch.long, dev) for _ in range(2)]  # two verdicts in flight
         self.host_np = [h.numpy() for h in self.host]  # read without a torch call
         self.fences = [accel.Fence(dev), accel.Fence(dev)]
-        self.graphs: dict[int, accel.Graph] = {}
+        self.graphs: dict[int, accel_graphs.Graph] = {}
         self.graphed = bool(static.captures)  # the target's verifies are captured: so is the step
 
     # --- the image's buffers, eager (once per image) ---
@@ -238,7 +238,7 @@ class JacobiStep:
         graph = self.graphs.get(K)
         if graph is None:
             self.on.fill_(False)
-            graph = self.graphs[K] = accel.capture(lambda: self._step(K), self.device)
+            graph = self.graphs[K] = accel_graphs.capture(lambda: self._step(K), self.device)
             self.on.fill_(True)
         graph.replay()
 

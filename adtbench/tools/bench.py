@@ -21,7 +21,7 @@ and nothing synchronises per call: the device is synchronised once at the end of
 read, so the overhead is the device timeline's share outside the model calls (engine kernels, launch gaps, waits).
 Prefill (the prompt pass, the first token, the drafter's prefix pass) and prompt encoding are outside every cycle.
 It also reports the synchronisations per cycle outside the prefill (on the simulated device from
-``accel.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
+``accel_sim.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
 synchronisations per image (the loop's image boundaries) and the graph replays per cycle. Models built here are
 compiled (``engine.compile``) before the policy binds, as in the app. ``bench.overhead_tokens=N`` (a Jacobi loop
 only; default null: the whole image) stops each decode once N tokens are committed — how the CPU runs the overhead of
