@@ -572,7 +572,7 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
 
 PACED_RUN = """
 import runpy, sys, time
-from adtbench.harness.rundir import ResultStore
+from adtbench.harness.rundir_write import ResultStore
 commit = ResultStore.commit
 def paced(self, *args, **kwargs):
     out = commit(self, *args, **kwargs)

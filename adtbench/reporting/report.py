@@ -50,7 +50,6 @@ import numpy as np
 
 from adtbench.harness.maps import GridLayout, position_grids, render_map
 from adtbench.harness.rundir import (
-    map_file,
     read_override_list,
     read_provenance,
     read_run_config,
@@ -60,6 +59,7 @@ from adtbench.harness.rundir import (
     read_traces,
     safe_stem,
 )
+from adtbench.harness.rundir_write import map_file
 from adtbench.io import atomic_write_text, save_png
 from adtbench.reporting.tables import (
     NOT_QUALITY,
