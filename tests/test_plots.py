@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from adtbench.reporting.tables import aggregate, load_tree
+from adtbench.reporting.load import load_tree
+from adtbench.reporting.tables import aggregate
 
 RUNS = [  # (job, policy, lantern, budget, tau-ish accepted length)
     ("0_policy=adt,lantern=on", "adt", True, "cost", 2.5),

@@ -125,7 +125,7 @@ def _rule(cfg):
     residual only)."""
     from omegaconf import OmegaConf
 
-    from adtbench.reporting.tables import _recorded_rule
+    from adtbench.reporting.load import _recorded_rule
 
     node = OmegaConf.to_container(cfg.lantern, resolve=True) if cfg.get("lantern") is not None else {}
     return _recorded_rule({"lantern": node}, None)

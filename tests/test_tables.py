@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from adtbench.harness.stats import bootstrap_ci
-from adtbench.reporting.tables import aggregate, load_tree, main, render
+from adtbench.reporting.load import load_tree
+from adtbench.reporting.tables import aggregate, main, render
 
 ROOT = Path(__file__).resolve().parents[1]
 

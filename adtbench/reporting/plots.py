@@ -37,7 +37,8 @@ import numpy as np
 from adtbench.harness.maps import MAP_LABELS, colormap, map_norm
 from adtbench.harness.rundir import has_summary, is_plumbing, read_run_config, read_run_maps, read_summary
 from adtbench.io import atomic_write_with
-from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, NOT_QUALITY, aggregate, load_tree
+from adtbench.reporting.load import CHOICE_COLUMNS, load_tree
+from adtbench.reporting.tables import LOWER_IS_BETTER, NOT_QUALITY, aggregate
 
 __all__ = [
     "accept_histogram",
