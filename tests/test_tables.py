@@ -126,7 +126,7 @@ def test_table_command_formats(tree, capsys):
 
 
 def test_analysis_tables(tree, tmp_path, capsys):
-    from analysis.plots import pareto_front
+    from adtbench.reporting.plots import pareto_front
     from analysis.tables import main as analysis_main
     from analysis.tables import main_table, pivot, write_tables
 
