@@ -13,8 +13,8 @@ from adtbench.accel_graphs import GraphError
 from adtbench.accel_sim import PlacementError
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.kv import StaticKVCache
+from adtbench.sampling_params import SamplingParams
 
 
 def test_a_host_tensor_in_device_work_is_refused_naming_the_op_and_where_it_was_made() -> None:

@@ -13,10 +13,10 @@ from adtbench.algorithm.cost import PRIOR, CostModel, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession, drive
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy, eagle2_steps
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness import caches as cost_mod
 from adtbench.harness.caches import cost_source, load_or_measure
+from adtbench.sampling_params import SamplingParams
 
 
 def build_eagle2_tree(session, *args, **kwargs):

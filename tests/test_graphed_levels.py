@@ -19,7 +19,7 @@ from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.graphed import LevelGraphs
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.base import desc_stable, stable_topk
-from adtbench.algorithm.sampling import SamplingParams
+from adtbench.sampling_params import SamplingParams
 
 POLICIES = small_tree_policies()
 

@@ -26,13 +26,13 @@ from adtbench.algorithm.engine import decode_ar, generate, prefill
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import StaticTreePolicy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness import job
 from adtbench.models import graphs, lean
 from adtbench.models.base import Capabilities, PromptInputs
 from adtbench.models.chameleon.target import prompt_rows
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of, capacity_buckets
+from adtbench.sampling_params import SamplingParams
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
 

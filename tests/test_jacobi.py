@@ -30,11 +30,12 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.jacobi import INITS, GroupedRule, calibrate_window, jacobi_params
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
-from adtbench.algorithm.sampling import SamplingParams, exponentials
+from adtbench.algorithm.sampling import exponentials
 from adtbench.algorithm.windows import AdaptiveWindow
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.batch import BatchTarget
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)

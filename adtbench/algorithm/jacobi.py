@@ -89,7 +89,7 @@ from adtbench.algorithm.jacobi_drafter import DrafterInit
 from adtbench.algorithm.jacobi_draws import LayoutTables, chain_structure, init_drafts, layout_tables, redraw, zero_row
 from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams, exponentials, process_logits
+from adtbench.algorithm.sampling import exponentials, process_logits
 from adtbench.algorithm.slot import Timing, verify_slots
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
@@ -97,6 +97,7 @@ from adtbench.algorithm.windows import FixedWindow, make_sizer, window_rule
 from adtbench.errors import ConfigError, check_number
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target
+from adtbench.sampling_params import SamplingParams
 
 INITS = ("random", "left", "up", "drafter")
 REDRAWS = ("independent", "coupled", "gumbel")

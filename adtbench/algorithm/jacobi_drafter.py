@@ -7,10 +7,11 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows
+from adtbench.algorithm.sampling import process_logits, sample_rows
 from adtbench.algorithm.tree import arange_on
 from adtbench.algorithm.verify import CycleRead
 from adtbench.models.base import Target
+from adtbench.sampling_params import SamplingParams
 
 # --------------------------------------------------------------------------------------------------------
 # init=drafter: the EAGLE drafter's chain

@@ -63,13 +63,14 @@ from adtbench import accel, accel_graphs
 from adtbench.algorithm.jacobi import GroupedRule, JacobiParams
 from adtbench.algorithm.jacobi_draws import init_drafts, layout_tables, redraw
 from adtbench.algorithm.records import Clock, CycleRecord
-from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits, sample_rows_cdf
+from adtbench.algorithm.sampling import draw_into, process_logits, sample_rows_cdf
 from adtbench.algorithm.slot import Timing, decides_on_host
 from adtbench.algorithm.tree import arange_on
 from adtbench.algorithm.verify import AcceptanceRule, chain_verdict
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
 from adtbench.models.graphs import bucket_of
+from adtbench.sampling_params import SamplingParams
 
 STEPS = ("auto", "graph", "eager")
 

@@ -76,7 +76,7 @@ import torch
 from adtbench.algorithm.jacobi import JacobiParams, JacobiState, window_value
 from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import CycleRecord
-from adtbench.algorithm.sampling import SamplingParams, gumbel_top_k, uniforms
+from adtbench.algorithm.sampling import gumbel_top_k, uniforms
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device, arange_on, host_ancestry
 from adtbench.algorithm.verify import (
     AcceptanceRule,
@@ -92,6 +92,7 @@ from adtbench.algorithm.verify import (
 from adtbench.algorithm.windows import FixedWindow
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
+from adtbench.sampling_params import SamplingParams
 
 VARIANTS = ("exact", "authors")
 

@@ -46,7 +46,7 @@ import torch
 
 from adtbench import accel_graphs
 from adtbench.algorithm.gate import DraftGate
-from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits
+from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.slot import decides_on_host
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import (
@@ -61,6 +61,7 @@ from adtbench.algorithm.verify import (
 )
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
+from adtbench.sampling_params import SamplingParams
 
 VERIFY_STEPS = ("auto", "graph", "eager")
 

@@ -76,7 +76,6 @@ from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, 
 )
 from adtbench.errors import ConfigError
 from adtbench.harness.config import (
-    build_sampling,
     compose_config,
     refuse_reference_in_bench,
     register_resolvers,
@@ -84,6 +83,7 @@ from adtbench.harness.config import (
     validate,
 )
 from adtbench.io import atomic_write_json
+from adtbench.sampling_params import build_sampling
 from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead_table
 
 # Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or
