@@ -703,7 +703,7 @@ def generated_sequences(
     """The target's own AR samples (CFG ``cfg``, ``temperature``: 0 = greedy; generator seed = index), as the
     engine decodes."""
     from adtbench.algorithm.engine import decode_ar
-    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.sampling_params import SamplingParams
 
     sp = SamplingParams(temperature=temperature, cfg_scale=cfg)
     out = []

@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from adtbench.harness.rundir import find_runs
+from adtbench.reporting.load import load_tree
 from adtbench.reporting.plots import acceptance_grids
-from adtbench.reporting.tables import aggregate, load_tree
+from adtbench.reporting.tables import aggregate
 from adtbench.resources import root_dir
 
 __all__ = ["acceptance_grids", "aggregate", "find_runs", "load", "load_runs", "load_samples", "results_dir"]

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adtbench.reporting.tables import aggregate, load_tree, pivot, pivot_latex, write_tables
+from adtbench.reporting.load import load_tree
+from adtbench.reporting.tables import aggregate, pivot, pivot_latex, write_tables
 from adtbench.reporting.tables import main as table_main
 
 __all__ = ["main_table", "pivot", "pivot_latex", "write_tables"]

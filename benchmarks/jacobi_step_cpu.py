@@ -16,9 +16,9 @@ from adtbench.algorithm.ar import ar_tokens
 from adtbench.algorithm.engine import generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness.config import compose_config, resolve_paths
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 
 PROMPTS = (
     "a small red circle on a plain white background",

@@ -20,7 +20,7 @@ run policy=zipar policy.window=2,4,8 hydra.sweep.dir="$OUT/zipar"
 run policy=ar,adt,eagle2 hydra.sweep.dir="$OUT/trees"
 run policy=adt,eagle2 lantern=on hydra.sweep.dir="$OUT/lantern"
 uptime
-.venv/bin/python -m analysis.plots "$OUT" --metric mini_agreement
+.venv/bin/python -m adtbench.reporting.plots "$OUT" --metric mini_agreement
 cp "$OUT/speedup_vs_mini_agreement.png" docs/mulo_pareto.png
 .venv/bin/adtbench table "$OUT" --format md --out "$OUT/table.md" \
     --into docs/mini_model.md --marker mulo-table

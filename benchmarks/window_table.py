@@ -7,8 +7,8 @@ matches (``harness.caches.shipped_taus``), recalibrates τ(L) for every L of the
 of every calibration caption per L, no cache read) and prints one line per L: shipped τ ± se, fresh τ ± se, z =
 (fresh − shipped) / √(se_f² + se_s²) and the paired test's p over the captions (``caches.calibrations_agree_p``).
 Then the L this machine's cost model picks from each table, and whether each is in the other's ``near`` set
-(``jacobi.choose_window``: the L whose rate is within 2 standard errors of the best). On the machine that shipped
-the table the two agree bit for bit; elsewhere a CPU that rounds a float32 logit otherwise draws other paths and
+(``jacobi_calibration.choose_window``: the L whose rate is within 2 standard errors of the best). On the machine that
+shipped the table the two agree bit for bit; elsewhere a CPU that rounds a float32 logit otherwise draws other paths and
 τ(L) moves within its error (docs/development.md).
 
 Exit 0 when every |z| ≤ ``Z_AGREE``, every p ≥ ``P_AGREE`` and each L is in the other's near set, 1 otherwise (run
@@ -36,7 +36,7 @@ def main(argv: Sequence[str]) -> int:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from adtbench.algorithm.jacobi import choose_window
+    from adtbench.algorithm.jacobi_calibration import choose_window
     from adtbench.harness import caches
     from adtbench.harness.config import register_resolvers, resolve_paths, validate
     from adtbench.models.registry import build_target

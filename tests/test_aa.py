@@ -22,7 +22,8 @@ import adtbench.harness.timing as timing
 from adtbench.errors import ConfigError
 from adtbench.harness.config import refuse_reference_in_bench, validate
 from adtbench.harness.stats import ratio_of_totals_ci, summarize
-from adtbench.reporting.tables import aggregate, load_tree, render
+from adtbench.reporting.load import load_tree
+from adtbench.reporting.tables import aggregate, render
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["warmup=0", "progress=false", "maps.per_run=false", "save_images=false", "policy=ar"]

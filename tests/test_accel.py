@@ -8,19 +8,20 @@ import pytest
 import torch
 from conftest import tiny
 
-from adtbench import accel
-from adtbench.accel import GraphError, PlacementError
+from adtbench import accel, accel_graphs, accel_sim
+from adtbench.accel_graphs import GraphError
+from adtbench.accel_sim import PlacementError
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.kv import StaticKVCache
+from adtbench.sampling_params import SamplingParams
 
 
 def test_a_host_tensor_in_device_work_is_refused_naming_the_op_and_where_it_was_made() -> None:
     with accel.simulate():
         x = torch.ones(3, device="cuda")
         host = torch.arange(3)  # no device: born on the host
-        assert x.device == accel.SIM_DEVICE and host.device == torch.device("cpu") and x.is_cuda
+        assert x.device == accel_sim.SIM_DEVICE and host.device == torch.device("cpu") and x.is_cuda
         with pytest.raises(PlacementError, match=r"add at .*test_accel.py.*arange without a device"):
             x + host
         assert (x + torch.tensor(2.0)).is_cuda  # a 0-d host tensor is a scalar: CUDA accepts it
@@ -49,7 +50,7 @@ def test_a_generator_on_the_other_device_is_refused() -> None:
     with accel.simulate():
         dev = torch.device("cuda")
         g_host, g_dev = torch.Generator().manual_seed(0), accel.generator(accel.resolve("cuda"), 0)
-        assert g_dev.device == accel.SIM_DEVICE
+        assert g_dev.device == accel_sim.SIM_DEVICE
         torch.rand(2, generator=g_dev, device=dev)
         with pytest.raises(PlacementError, match="Expected a 'cuda' device type for generator"):
             torch.rand(2, generator=g_host, device=dev)
@@ -79,8 +80,8 @@ def _stand_in_step():
 
 def test_the_graph_stand_in_replays_into_the_captured_outputs() -> None:
     buf, _, forward = _stand_in_step()
-    with accel.standin_graphs():
-        g = accel.capture(forward, torch.device("cpu"))
+    with accel_graphs.standin_graphs():
+        g = accel_graphs.capture(forward, torch.device("cpu"))
     out = g.out
     buf.copy_(torch.tensor([1.0, 2.0, 3.0]))  # new inputs go into the static buffer
     g.replay()
@@ -89,8 +90,8 @@ def test_the_graph_stand_in_replays_into_the_captured_outputs() -> None:
 
 def test_the_graph_stand_in_refuses_what_a_cuda_graph_cannot_replay() -> None:
     buf, state, forward = _stand_in_step()
-    with accel.standin_graphs():
-        g = accel.capture(forward, torch.device("cpu"))
+    with accel_graphs.standin_graphs():
+        g = accel_graphs.capture(forward, torch.device("cpu"))
         state["n"] = 2  # a Python value the capture froze
         with pytest.raises(GraphError, match="other work than its capture"):
             g.replay()
@@ -102,7 +103,7 @@ def test_the_graph_stand_in_refuses_what_a_cuda_graph_cannot_replay() -> None:
             return buf * float(buf.sum())
 
         with accel.simulate(), pytest.raises(GraphError, match="illegal while a CUDA graph is being captured"):
-            accel.capture(lambda: syncing(), accel.resolve("cuda"))
+            accel_graphs.capture(lambda: syncing(), accel.resolve("cuda"))
 
 
 @pytest.mark.parametrize("model", ["tiny_llamagen", "tiny_chameleon"])
@@ -141,13 +142,13 @@ def test_graphed_cfg_decoding_equals_eager_and_the_planted_capture_bug_fails(mod
 def _cached_buffer_step(pinning: bool):
     """A forward that writes a buffer it takes from a cache (as ``lean.scratch`` hands out ``Scratch``), and the
     cache's eviction: a least-recently-used cache making room drops the entry — unless, with ``pinning``, a live
-    graph was captured over it (``accel.Pins``)."""
-    cache: dict[str, tuple[torch.Tensor, accel.Pins]] = {}
+    graph was captured over it (``accel_graphs.Pins``)."""
+    cache: dict[str, tuple[torch.Tensor, accel_graphs.Pins]] = {}
     x = torch.arange(3.0)
 
     def forward() -> torch.Tensor:
         if "buf" not in cache:
-            cache["buf"] = (torch.empty(3), accel.Pins())
+            cache["buf"] = (torch.empty(3), accel_graphs.Pins())
         buf, pins = cache["buf"]
         pins.note()
         torch.mul(x, 2, out=buf)
@@ -165,9 +166,9 @@ def test_the_graph_stand_in_refuses_a_replay_over_a_storage_no_live_tensor_owns(
     on CUDA the graph keeps writing an address the allocator hands out again — and the stand-in's replay refuses,
     naming the op that first used it at capture. The graph holds what its capture touched (``held``); a cache that
     pins what it hands out during a capture keeps it, the replay runs, and the pin lapses with the graph."""
-    with accel.standin_graphs():
+    with accel_graphs.standin_graphs():
         x, cache, forward, evict = _cached_buffer_step(pinning=False)
-        g = accel.capture(forward, torch.device("cpu"))
+        g = accel_graphs.capture(forward, torch.device("cpu"))
         assert g.held_bytes() == 2 * 3 * 4 and not g.orphans()  # x and the cached buffer, float32
         evict()
         assert len(g.orphans()) == 1
@@ -175,7 +176,7 @@ def test_the_graph_stand_in_refuses_a_replay_over_a_storage_no_live_tensor_owns(
             g.replay()
 
         x, cache, forward, evict = _cached_buffer_step(pinning=True)
-        g = accel.capture(forward, torch.device("cpu"))
+        g = accel_graphs.capture(forward, torch.device("cpu"))
         evict()
         x.copy_(torch.tensor([1.0, 2.0, 3.0]))
         g.replay()
@@ -198,10 +199,10 @@ def test_a_random_op_in_a_capture_needs_its_generator_registered() -> None:
             return base + torch.rand(4, generator=g, device=dev)
 
         with pytest.raises(GraphError, match=r"rand at .*test_accel\.py.* not registered with the graph"):
-            accel.capture(draw, dev)
+            accel_graphs.capture(draw, dev)
         with pytest.raises(GraphError, match=r"normal_ at .*test_accel\.py.*the default generator"):
-            accel.capture(lambda: base.clone().normal_(), dev)
-        graph = accel.capture(draw, dev, generators=(g,))
+            accel_graphs.capture(lambda: base.clone().normal_(), dev)
+        graph = accel_graphs.capture(draw, dev, generators=(g,))
         first = graph.out.clone()
         graph.replay()
         assert not torch.equal(first, graph.out) and bool(((graph.out >= 0) & (graph.out < 1)).all())

@@ -16,10 +16,10 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.lantern import LanternRule
 from adtbench.algorithm.policies.adt import ADTPolicy, PositionState, TreeShape, build_adt_policy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
-from adtbench.algorithm.verify import Acceptance
+from adtbench.algorithm.records import Acceptance
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 V = 16

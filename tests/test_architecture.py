@@ -14,7 +14,11 @@ PKG = Path(__file__).resolve().parents[1] / "adtbench"
 
 LAYERS: dict[str, int] = {  # module or folder under adtbench (longest prefix wins) → layer (0 = foundation)
     **dict.fromkeys(
-        ["errors", "registry", "plugins", "layout", "sampling_params", "io", "scenes", "resources", "accel"], 0
+        [
+            *("errors", "registry", "plugins", "layout", "sampling_params", "io", "scenes", "resources"),
+            *("accel", "accel_graphs", "accel_sim"),
+        ],
+        0,
     ),
     "models": 1,  # targets: forward, commit, decode images — no token choice (that is the algorithm's)
     "algorithm": 2,  # the AR steps, sampling law, trees, verification, engine, loops, policies, drafters, cost

@@ -25,8 +25,8 @@ from adtbench.algorithm.batch import decode_ar_batch, generate_batch
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.batch import BatchTarget, SlotTree
+from adtbench.sampling_params import SamplingParams
 
 PROMPTS = ["a red circle", "two blue squares on a striped floor", "a cat", "the sea at night", "a dog on a mat"]
 

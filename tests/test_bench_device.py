@@ -40,7 +40,7 @@ def test_the_cost_model_is_measured_pinned_at_a_real_images_room_through_the_sta
     from adtbench.algorithm.cost import measure_cost
     from adtbench.algorithm.engine import prefill
     from adtbench.algorithm.policies.static import StaticTreePolicy
-    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.sampling_params import SamplingParams
 
     with accel.simulate():
         target, drafter = tiny("tiny_chameleon", dtype="float32", device="cuda", grid=[32, 32])

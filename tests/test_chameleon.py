@@ -118,9 +118,9 @@ def test_random_init_anole_with_its_full_vocabulary_builds_and_decodes() -> None
     from omegaconf import OmegaConf
 
     from adtbench.algorithm.engine import decode_ar
-    from adtbench.algorithm.sampling import SamplingParams
     from adtbench.models.chameleon.target import FILLER_PREFIX
     from adtbench.resources import conf_dir
+    from adtbench.sampling_params import SamplingParams
 
     node = OmegaConf.load(conf_dir() / "model" / "anole.yaml")
     node.random_init, node.device, node.dtype, node.grid = True, "cpu", "float32", [2, 2]
@@ -292,7 +292,7 @@ def test_commit_leaves_sequential_cache(target: ChameleonTarget) -> None:
 def test_greedy_eagle2_matches_ar(target: ChameleonTarget, cfg_scale: float) -> None:
     from adtbench.algorithm.engine import decode_ar, generate
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.sampling_params import SamplingParams
 
     t = target
     drafter = _drafter(t)
@@ -341,7 +341,7 @@ class OraclePolicy(TreePolicy):
 def test_long_accepted_paths_match_ar(target: ChameleonTarget, cfg_scale: float) -> None:
     """Greedy generation with multi-token commits (oracle trees) reproduces AR exactly, in fewer forwards."""
     from adtbench.algorithm.engine import decode_ar, generate
-    from adtbench.algorithm.sampling import SamplingParams
+    from adtbench.sampling_params import SamplingParams
 
     t = target
     sp = SamplingParams(temperature=0.0, cfg_scale=cfg_scale)

@@ -21,11 +21,12 @@ from omegaconf import OmegaConf
 
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
 from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "a red cat on a mat"

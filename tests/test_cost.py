@@ -13,10 +13,10 @@ from adtbench.algorithm.cost import PRIOR, CostModel, TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession, drive
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy, eagle2_steps
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness import caches as cost_mod
 from adtbench.harness.caches import cost_source, load_or_measure
+from adtbench.sampling_params import SamplingParams
 
 
 def build_eagle2_tree(session, *args, **kwargs):
@@ -212,10 +212,10 @@ def test_live_rounds_are_decided_before_they_run(on_host):
 
 
 def test_the_rounds_knob_picks_the_rule_and_is_checked():
-    from adtbench import accel
+    from adtbench import accel, accel_sim
 
     with accel.simulate():  # the simulated CUDA device plans its rounds, as a GPU does
-        assert not TreeBudget(linear_model(0.1)).live(accel.SIM_DEVICE)
+        assert not TreeBudget(linear_model(0.1)).live(accel_sim.SIM_DEVICE)
     assert TreeBudget(linear_model(0.1), rounds="live").live(torch.device("cuda"))
     assert not TreeBudget(linear_model(0.1), rounds="planned").live(torch.device("cpu"))
     policy = ADTPolicy(rounds="planned")

@@ -37,8 +37,8 @@ from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.policies.zipar import ZipARPolicy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import EXACT
+from adtbench.sampling_params import SamplingParams
 
 PKG = Path(__file__).resolve().parents[1] / "adtbench"
 LOOP = [PKG / "algorithm" / f for f in ("engine.py", "tree.py", "verify.py", "sampling.py", "lantern.py", "gate.py")]

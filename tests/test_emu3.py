@@ -32,10 +32,10 @@ from omegaconf import OmegaConf
 from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "a red cube on a table"

@@ -34,8 +34,8 @@ from adtbench import accel
 from adtbench.algorithm.ar import ar_step, prefill_token
 from adtbench.algorithm.jacobi_step import JacobiStep
 from adtbench.algorithm.policies import jacobi as jacobi_policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.emu3.target import SPECIALS_AFTER_TEXT
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu.sh"

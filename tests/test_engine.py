@@ -15,9 +15,10 @@ from adtbench.algorithm.policies.ar import ArPolicy
 from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import MC_SIM_7B_63, ChainPolicy, StaticTreePolicy
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
+from adtbench.sampling_params import SamplingParams
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
 POLICIES = {

@@ -20,7 +20,7 @@ from adtbench.harness.eval import EVAL_SAMPLES_FILE, run_eval
 from adtbench.harness.eval.features import Extractor
 from adtbench.harness.eval.fid import frechet_distance, inception_score
 from adtbench.harness.eval.prc import precision_recall
-from adtbench.harness.rundir import ResultStore
+from adtbench.harness.rundir_write import ResultStore
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = {"p-b": "a red cube", "p-a": "two blue spheres", "p-c": "a green cat on a sofa", "p-d": "an old clock"}

@@ -26,12 +26,12 @@ from adtbench.algorithm.ar import ar_tokens
 from adtbench.algorithm.drafters.eagle import EagleConfig
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.tree import DraftTree
 from adtbench.errors import ConfigError
 from adtbench.harness.config import register_resolvers
 from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target, resolve_dtype
+from adtbench.sampling_params import SamplingParams
 from adtbench.tools.make_tiny import FAMILIES, write_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -780,9 +780,9 @@ def test_run_py_literal_command(tiny, tmp_path: Path) -> None:
 def test_tar_stage_sampling_reads_its_node() -> None:
     """``model.lm_sampling`` / ``detok_sampling`` override the stage default field by field (through the one
     ``build_sampling``), and errors name the stage's key."""
-    from adtbench.algorithm.sampling import SamplingParams
     from adtbench.errors import ConfigError
     from adtbench.models.tar.target import _sampling
+    from adtbench.sampling_params import SamplingParams
 
     got = _sampling({"temperature": 0.5, "top_k": 7}, SamplingParams(cfg_scale=2.0), "model.lm_sampling")
     assert got == SamplingParams(temperature=0.5, top_k=7, top_p=1.0, cfg_scale=2.0)

@@ -12,8 +12,8 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.gate import PRIOR_WEIGHT, DraftGate
 from adtbench.algorithm.policies.base import POLICIES
 from adtbench.algorithm.policies.static import StaticTreePolicy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 
 def test_gate_drafts_until_a_bin_shows_it_does_not_pay_and_still_explores():

@@ -35,8 +35,8 @@ from adtbench.algorithm.policies.ar import ArPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.policies.zipar import ZipARPolicy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import EXACT
+from adtbench.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
 DEVICE = os.environ.get("ADTBENCH_GPU_TEST_DEVICE", "cuda")

@@ -1,7 +1,7 @@
 """Graphed drafting levels (``algorithm/drafters/graphed.py``): each level of a tree policy's drafting is one graph
 replay, builds the eager path's trees, and keeps greedy decoding equal to AR greedy.
 
-On the plain CPU ``request_static(graphs=True)`` gives the graph stand-in (``accel.StandInGraph``: capture order,
+On the plain CPU ``request_static(graphs=True)`` gives the graph stand-in (``accel_graphs.StandInGraph``: capture order,
 static buffers, replays that must run the captured ops and read only captured storages, no draw from an unregistered
 generator during a capture); under ``accel.simulate()`` the same path runs with CUDA's placement rules and counted
 synchronisations."""
@@ -14,12 +14,12 @@ import pytest
 import torch
 from conftest import small_tree_policies, tiny
 
-from adtbench import accel
+from adtbench import accel, accel_graphs
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.graphed import LevelGraphs
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.base import desc_stable, stable_topk
-from adtbench.algorithm.sampling import SamplingParams
+from adtbench.sampling_params import SamplingParams
 
 POLICIES = small_tree_policies()
 
@@ -130,7 +130,7 @@ def test_a_draw_inside_a_level_graph_is_refused(monkeypatch: pytest.MonkeyPatch)
             return real_log(torch.empty_like(self).exponential_(generator=g))
 
         monkeypatch.setattr(torch.Tensor, "log", drawn_log)
-        with pytest.raises(accel.GraphError, match="draws random numbers"):
+        with pytest.raises(accel_graphs.GraphError, match="draws random numbers"):
             generate(target, drafter, POLICIES["static_sampled"](), inputs, sp, g)
 
 

@@ -19,20 +19,20 @@ from conftest import tiny
 from omegaconf import OmegaConf
 
 import adtbench.algorithm.tree_step as TS
-from adtbench import accel
+from adtbench import accel, accel_graphs
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate, prefill
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import StaticTreePolicy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness import job
 from adtbench.models import graphs, lean
 from adtbench.models.base import Capabilities, PromptInputs
 from adtbench.models.chameleon.target import prompt_rows
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of, capacity_buckets
+from adtbench.sampling_params import SamplingParams
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]
 
@@ -416,7 +416,7 @@ def test_captured_graphs_keep_their_buffers_through_twenty_prompt_lengths(memo: 
         graphs_ = [g for st in (target.static, drafter.static) for s in st.steps.values() for g in s.graphs.values()]
         if memo == "planted_lru":
             assert any(g.orphans() for g in graphs_)
-            with pytest.raises(accel.GraphError, match=r"no live tensor owns any more .* in lean_stack"):
+            with pytest.raises(accel_graphs.GraphError, match=r"no live tensor owns any more .* in lean_stack"):
                 generate(target, drafter, tree, inputs, sp, None)
             return
         assert not any(g.orphans() for g in graphs_)
@@ -428,7 +428,7 @@ def test_captured_graphs_keep_their_buffers_through_twenty_prompt_lengths(memo: 
         assert generate(target, drafter, tree, inputs, sp, None).tokens == eager
         scd = POLICIES.build("scd", {"window": 8, "init": "up"})
         assert generate(target, None, scd, inputs, sp, accel.generator(target.device, 0)).tokens == eager
-        assert sum(g.replays for g in graphs_ if isinstance(g, accel.StandInGraph)) > 0
+        assert sum(g.replays for g in graphs_ if isinstance(g, accel_graphs.StandInGraph)) > 0
 
 
 def test_routing_sends_a_bucket_to_a_cheaper_larger_one_and_keeps_its_outputs() -> None:

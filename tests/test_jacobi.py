@@ -24,14 +24,18 @@ import torch
 from conftest import TINY_OVERRIDES, batched_against_single, synthetic_cost_model, tiny
 
 import adtbench.algorithm.jacobi as J
+import adtbench.algorithm.jacobi_calibration as JC
+import adtbench.algorithm.jacobi_draws as JD
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.jacobi import INITS, AdaptiveWindow, GroupedRule, calibrate_window, jacobi_params
+from adtbench.algorithm.jacobi import INITS, GroupedRule, calibrate_window, jacobi_params
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
-from adtbench.algorithm.sampling import SamplingParams
+from adtbench.algorithm.sampling import exponentials
+from adtbench.algorithm.windows import AdaptiveWindow
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.batch import BatchTarget
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
@@ -92,12 +96,12 @@ def test_eol_layout_greedy_and_forced_tokens() -> None:
 def test_init_sources_left_and_up() -> None:
     lay = TokenLayout(vocab_size=20, image_token_offset=0, num_codes=16, grid_h=4, grid_w=3, eol_token=17,
                       eoi_token=18)  # fmt: skip
-    tables = J.layout_tables(lay, torch.device("cpu"), torch.float32, 8)
+    tables = JD.layout_tables(lay, torch.device("cpu"), torch.float32, 8)
     assert tables.forced[:8].tolist() == [-1, -1, -1, 17, -1, -1, -1, 17]
     # s = 4 (row 1, col 0): left skips the end-of-line column 3; up reads column c one row up, then the row above it
-    assert J.init_sources(lay, tables, 4, 6, "left").tolist() == [2] * 6
-    assert J.init_sources(lay, tables, 4, 6, "up").tolist() == [0, 1, 2, 3, 0, 1]
-    assert J.init_sources(lay, tables, 1, 3, "up").tolist() == [0, 0, 0]  # the first row: the left neighbour
+    assert JD.init_sources(lay, tables, 4, 6, "left").tolist() == [2] * 6
+    assert JD.init_sources(lay, tables, 4, 6, "up").tolist() == [0, 1, 2, 3, 0, 1]
+    assert JD.init_sources(lay, tables, 1, 3, "up").tolist() == [0, 0, 0]  # the first row: the left neighbour
 
 
 # T = 1: the joint law of whole images, every init / redraw / proposal / window, the planted failure modes and
@@ -131,7 +135,8 @@ def test_device_discipline(monkeypatch: pytest.MonkeyPatch) -> None:
     T = 1, acceptance on the device): every tensor of the loop born with ``device=``, every draw on its generator's."""
     import test_device_discipline as D
 
-    monkeypatch.setattr(D, "LOOP", [*D.LOOP, D.PKG / "algorithm" / "jacobi.py"])
+    files = ("jacobi", "jacobi_draws", "jacobi_drafter", "jacobi_batch")
+    monkeypatch.setattr(D, "LOOP", [*D.LOOP, *(D.PKG / "algorithm" / f"{m}.py" for m in files)])
     target, drafter = tiny("tiny_llamagen", dtype="float32")
     inputs = target.encode_prompt("a red circle", cfg=True)
     with D.Watcher() as w:
@@ -255,7 +260,7 @@ def test_calibrated_cost_window() -> None:
     for L, tau in out["fit"].items():
         assert out["rates"][L] == pytest.approx(tau * cost.step_ms / (float(cost.t_verify(L)) + 0.3 * cost.step_ms))
     assert calibrate_window(target, inputs, sp, params, cost, torch.Generator())["taus"] == out["taus"]
-    assert J.isotonic([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 2.0, 2.0, 4.5, 4.5]
+    assert JC.isotonic([3.0, 1.0, 2.0, 5.0, 4.0]) == [2.0, 2.0, 2.0, 4.5, 4.5]
     # ``calibration_tokens``: each calibration decode stops once that many tokens are committed
     short = jacobi_params({"window": 4, "calibration_tokens": 5})
     n = target.layout.num_gen_tokens
@@ -359,10 +364,10 @@ def test_gumbel_redraw_keeps_the_noise_of_its_position() -> None:
     shift by the committed count), so a redraw under an unchanged p repeats the old draft; the coupling keeps far
     more drafts than independent redraws do (``kept`` counts the old draft winning again)."""
     probs = torch.softmax(torch.randn(3, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64), -1)
-    noise = J.exponentials((3, 12), torch.Generator().manual_seed(1), probs.device)
-    first, _, _ = J.redraw("gumbel", probs, torch.zeros(3, dtype=torch.long), probs, torch.zeros(3, dtype=torch.bool),
+    noise = exponentials((3, 12), torch.Generator().manual_seed(1), probs.device)
+    first, _, _ = JD.redraw("gumbel", probs, torch.zeros(3, dtype=torch.long), probs, torch.zeros(3, dtype=torch.bool),
                            None, noise)  # fmt: skip
-    again, q, kept = J.redraw("gumbel", probs, first, probs, torch.ones(3, dtype=torch.bool), None, noise)
+    again, q, kept = JD.redraw("gumbel", probs, first, probs, torch.ones(3, dtype=torch.bool), None, noise)
     assert torch.equal(again, first) and bool(kept.all()) and q is probs
     assert torch.equal(first, (probs / noise).argmax(-1))
     target, _ = tiny("tiny_llamagen")

@@ -29,10 +29,10 @@ from omegaconf import OmegaConf
 from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness.config import register_resolvers
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 from adtbench.tools.make_tiny import write_tiny
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,11 +20,11 @@ from adtbench.algorithm.engine import generate
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, verify_sampling
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import build_lantern_rule, lantern_params, load_or_build_table
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,12 +30,12 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.jacobi import JacobiModels
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness.drafters import build_drafter, read_drafter
 from adtbench.models.chameleon.tiny import CHAMELEON_ARCH, lantern_drafter_config
 from adtbench.models.registry import build_target
 from adtbench.models.rope import Rope1D
+from adtbench.sampling_params import SamplingParams
 from adtbench.tools.make_tiny import main as make_tiny
 
 ROOT = Path(__file__).resolve().parents[1]

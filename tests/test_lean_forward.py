@@ -16,10 +16,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from adtbench.algorithm.cost import random_tree
 from adtbench.algorithm.drafters.eagle import EagleConfig, EagleDrafter
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.llamagen.gpt import GPTConfig, LlamaGenGPT
 from adtbench.models.rope import Rope1D, Rope2D, _direct_tables, apply_rope, qkv_tables, rotary, rotate
+from adtbench.sampling_params import SamplingParams
 
 ONE = torch.ones(1, 1, dtype=torch.bool)
 ZERO = torch.zeros(1, dtype=torch.long)

@@ -14,9 +14,9 @@ from omegaconf import OmegaConf
 
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness.drafters import build_drafter
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "adtbench" / "weights" / "mini"

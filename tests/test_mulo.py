@@ -22,10 +22,11 @@ from adtbench.algorithm.lantern import nearest_codes
 from adtbench.algorithm.mulo import MuloModels, MuloParams, decode_mulo, mulo_params
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.records import GenerationResult
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.errors import ConfigError
 from adtbench.harness.config import register_resolvers
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "adtbench" / "weights" / "mini"

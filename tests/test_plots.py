@@ -1,4 +1,4 @@
-"""analysis/plots.py on a synthetic sweep (policy × LANTERN, two budgets, maps): every config choice is on the
+"""adtbench/reporting/plots.py on a synthetic sweep (policy × LANTERN, two budgets, maps): every config choice is on the
 figure (varying ones label points / bars / panels, shared ones in the title), colour bars with their quantity,
 legends outside the axes, PNGs written by the Agg canvas."""
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from adtbench.reporting.tables import aggregate, load_tree
+from adtbench.reporting.load import load_tree
+from adtbench.reporting.tables import aggregate
 
 RUNS = [  # (job, policy, lantern, budget, tau-ish accepted length)
     ("0_policy=adt,lantern=on", "adt", True, "cost", 2.5),
@@ -63,7 +64,7 @@ def texts(fig) -> str:
 
 
 def test_config_labels_and_split_common(tmp_path):
-    from analysis.plots import config_labels, fmt_config, split_common
+    from adtbench.reporting.plots import config_labels, fmt_config, split_common
 
     root = make_tree(tmp_path / "sw")
     on = config_labels(root / RUNS[0][0], {"ov.policy": "adt", "ov.policy.total_tokens": "30", "ov.dataset.limit": 2})
@@ -76,7 +77,7 @@ def test_config_labels_and_split_common(tmp_path):
 
 
 def test_figures_carry_every_config_choice_and_colour_bars(tmp_path):
-    from analysis.plots import montage_figure, run_maps_figure, scatter_figure, speedup_figure
+    from adtbench.reporting.plots import montage_figure, run_maps_figure, scatter_figure, speedup_figure
 
     root = make_tree(tmp_path / "sw")
     runs, samples = load_tree(root)
@@ -107,7 +108,7 @@ def test_figures_carry_every_config_choice_and_colour_bars(tmp_path):
 
 
 def test_plots_command_writes_every_png(tmp_path, capsys):
-    from analysis.plots import main
+    from adtbench.reporting.plots import main
 
     root = make_tree(tmp_path / "sw")
     out = tmp_path / "figs"
@@ -119,7 +120,7 @@ def test_plots_command_writes_every_png(tmp_path, capsys):
         with Image.open(p) as im:
             assert im.format == "PNG" and im.size[0] >= 600 and im.size[1] >= 200
     assert main([str(tmp_path / "empty")]) == 1
-    from analysis.plots import acceptance_montage, run_maps_figure
+    from adtbench.reporting.plots import acceptance_montage, run_maps_figure
 
     no_maps = make_tree(tmp_path / "nomaps", maps=False)
     assert acceptance_montage(load_tree(no_maps)[0], tmp_path / "m.png") is None and not (tmp_path / "m.png").exists()
@@ -129,7 +130,7 @@ def test_plots_command_writes_every_png(tmp_path, capsys):
 def test_legends_show_the_lantern_values_the_runs_used(tmp_path):
     """``lantern.k=1000`` on the command line ran as k = 511 on a 512-code model (``build_lantern_rule`` clips it):
     the summary records what was used (``lantern_params``) and every label shows that, never the 1000."""
-    from analysis.plots import config_labels, scatter_figure, speedup_figure
+    from adtbench.reporting.plots import config_labels, scatter_figure, speedup_figure
 
     root = make_tree(tmp_path / "sw")
     for job, _, lantern, *_ in RUNS:
@@ -151,7 +152,7 @@ def test_legends_show_the_lantern_values_the_runs_used(tmp_path):
 def test_an_empty_table_is_a_clear_error(tmp_path, monkeypatch):
     import pytest
 
-    from analysis.plots import scatter_figure, speedup_figure
+    from adtbench.reporting.plots import scatter_figure, speedup_figure
     from analysis.results import load, results_dir
 
     (tmp_path / "empty").mkdir()

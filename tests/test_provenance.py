@@ -1,4 +1,4 @@
-"""What wrote a run dir (``harness.provenance``, ``rundir.record_provenance``) and whether its method is lossless
+"""What wrote a run dir (``harness.provenance``, ``rundir_write.record_provenance``) and whether its method is lossless
 (``job.exactness``, the one place a policy's and a rule's declarations compose): the git commit and dirty flag of
 the code's checkout (None with a reason outside one), the commits list a resume by other code extends, the
 one-line warning naming both shas, merged runs, and the lossless flag against the speed table's own row labels."""
@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from adtbench.errors import ConfigError
-from adtbench.harness import rundir
+from adtbench.harness import rundir, rundir_write
 from adtbench.harness.config import build_policy
 from adtbench.harness.job import exactness
 from adtbench.harness.provenance import code_version, merged_provenance, resume_warning
@@ -81,28 +81,28 @@ def test_record_provenance_keeps_the_config_apart_and_lists_the_commits(tmp_path
     alone; each other code version that opens the dir to decode is appended; a dir with samples from before the
     key starts with an unknown entry; the warning names both shas."""
     fingerprint = {**RESUME_NEW_KEYS, "model": {"name": "m"}, "seed": 0}  # today's fingerprint has these nodes
-    rundir.check_resume(tmp_path, fingerprint)
-    prev, block = rundir.record_provenance(tmp_path, _prov("a" * 40), decoding=True)
+    rundir_write.check_resume(tmp_path, fingerprint)
+    prev, block = rundir_write.record_provenance(tmp_path, _prov("a" * 40), decoding=True)
     assert prev is None and [c["commit"] for c in block["commits"]] == ["a" * 40]
     assert rundir.read_run_config(tmp_path) == fingerprint and rundir.read_provenance(tmp_path) == block
-    rundir.check_resume(tmp_path, fingerprint)  # the provenance is no config difference
-    prev, block = rundir.record_provenance(tmp_path, _prov("a" * 40), decoding=True)  # same code: nothing added
+    rundir_write.check_resume(tmp_path, fingerprint)  # the provenance is no config difference
+    prev, block = rundir_write.record_provenance(tmp_path, _prov("a" * 40), decoding=True)  # same code: nothing added
     assert len(block["commits"]) == 1 and resume_warning(tmp_path, prev, _prov("a" * 40)) is None
-    prev, block = rundir.record_provenance(tmp_path, _prov("b" * 40), decoding=False)  # nothing to decode
+    prev, block = rundir_write.record_provenance(tmp_path, _prov("b" * 40), decoding=False)  # nothing to decode
     assert len(block["commits"]) == 1 and block["device_name"] == "cpu (x)"
-    prev, block = rundir.record_provenance(tmp_path, _prov("b" * 40, dirty=True), decoding=True)
+    prev, block = rundir_write.record_provenance(tmp_path, _prov("b" * 40, dirty=True), decoding=True)
     assert [(c["commit"], c["dirty"]) for c in block["commits"]] == [("a" * 40, False), ("b" * 40, True)]
     line = resume_warning(tmp_path, prev, _prov("b" * 40, dirty=True))
     assert line is not None and "\n" not in line and "a" * 40 in line and "b" * 40 in line
     with pytest.raises(ConfigError, match="provenance"):
-        rundir.check_resume(tmp_path / "other", {**fingerprint, "provenance": 1})
+        rundir_write.check_resume(tmp_path / "other", {**fingerprint, "provenance": 1})
 
     old = tmp_path / "old"  # a run dir from before provenance: a config and samples, no block
     old.mkdir()
     (old / "run_config.json").write_text(json.dumps(fingerprint))
     (old / "samples.jsonl").write_text('{"prompt_id": "p"}\n')
     assert rundir.read_provenance(old) is None
-    prev, block = rundir.record_provenance(old, _prov("c" * 40), decoding=True)
+    prev, block = rundir_write.record_provenance(old, _prov("c" * 40), decoding=True)
     assert prev is not None and prev["commit"] is None and "before" in prev["reason"]
     assert [c["commit"] for c in block["commits"]] == [None, "c" * 40]
     assert resume_warning(old, prev, _prov("c" * 40)) is None  # nothing to name: the old code is unknown
@@ -125,7 +125,7 @@ def _rule(cfg):
     residual only)."""
     from omegaconf import OmegaConf
 
-    from adtbench.reporting.tables import _recorded_rule
+    from adtbench.reporting.load import _recorded_rule
 
     node = OmegaConf.to_container(cfg.lantern, resolve=True) if cfg.get("lantern") is not None else {}
     return _recorded_rule({"lantern": node}, None)

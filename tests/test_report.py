@@ -249,7 +249,7 @@ def test_lossless_flag_of_a_run_from_before_the_flag_is_derived_by_exactness(tmp
 
     from adtbench.harness.records import Summary
     from adtbench.harness.rundir import RUN_CONFIG_FILE
-    from adtbench.reporting.tables import run_lossless
+    from adtbench.reporting.load import run_lossless
 
     node = yaml.safe_load((ROOT / "conf" / "policy" / f"{policy}.yaml").read_text())  # the group's defaults
     (tmp_path / RUN_CONFIG_FILE).write_text(json.dumps({"policy": node, "lantern": {"enabled": lantern}}))

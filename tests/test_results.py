@@ -16,7 +16,8 @@ import pytest
 from PIL import Image
 
 import adtbench.harness.rundir as rundir
-from adtbench.harness.rundir import ResultStore
+import adtbench.harness.rundir_write as rundir_write
+from adtbench.harness.rundir_write import ResultStore
 from adtbench.harness.stats import bootstrap_ci, summarize
 
 REPO = Path(__file__).parents[1]
@@ -202,17 +203,17 @@ def test_crash_between_image_and_samples_line(tmp_path: Path, monkeypatch: pytes
     store = ResultStore(tmp_path)
     store.commit(_rec("p0"), {"a": [1]}, _img(0))
 
-    real_append = rundir.append_line_fsync
+    real_append = rundir_write.append_line_fsync
 
     def crash_on_samples(path: Path, data: bytes) -> None:
         if path.name == "samples.jsonl":
             raise KeyboardInterrupt("killed before the commit marker")
         real_append(path, data)
 
-    monkeypatch.setattr(rundir, "append_line_fsync", crash_on_samples)
+    monkeypatch.setattr(rundir_write, "append_line_fsync", crash_on_samples)
     with pytest.raises(KeyboardInterrupt):
         store.commit(_rec("p1"), {"a": [2]}, _img(1))
-    monkeypatch.setattr(rundir, "append_line_fsync", real_append)
+    monkeypatch.setattr(rundir_write, "append_line_fsync", real_append)
     assert store.image_path("p1").exists()  # image and trace line were written ...
     assert len(_lines(store.trace_path)) == 2
     # ... plus a stray temp file from another interrupted image write.
@@ -231,7 +232,7 @@ def test_crash_between_image_and_samples_line(tmp_path: Path, monkeypatch: pytes
 
 _KILL_SCRIPT = r"""
 import sys, numpy as np
-from adtbench.harness.rundir import ResultStore
+from adtbench.harness.rundir_write import ResultStore
 store = ResultStore(sys.argv[1])
 i = len(store.done_ids())
 print("ready", flush=True)

@@ -13,7 +13,6 @@ from adtbench.harness.rundir import (
     PLUMBING_KEYS,
     POOLED_KEYS,
     SUMMARY_FILE,
-    ResultStore,
     find_runs,
     is_plumbing,
     lantern_choice,
@@ -27,6 +26,7 @@ from adtbench.harness.rundir import (
     read_summary,
     safe_stem,
 )
+from adtbench.harness.rundir_write import ResultStore
 from adtbench.io import append_line_fsync, atomic_write_bytes, atomic_write_json, atomic_write_text, atomic_write_with
 
 # ----------------------------------------------------------------------------------------------------

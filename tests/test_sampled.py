@@ -12,10 +12,11 @@ from adtbench.algorithm.drafters.session import DraftSession, drive
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.sampled import AcceptanceModel, sampled_steps
-from adtbench.algorithm.sampling import SamplingParams, gumbel_top_k
+from adtbench.algorithm.records import Acceptance
+from adtbench.algorithm.sampling import gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
-from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 
 def build_sampled_tree(session, *args, **kwargs):

@@ -1,7 +1,8 @@
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, cfg_mix, constrain, process_logits, top_k_filter, top_p_filter
+from adtbench.algorithm.sampling import cfg_mix, constrain, process_logits, top_k_filter, top_p_filter
 from adtbench.layout import TokenLayout
+from adtbench.sampling_params import SamplingParams
 
 INF = float("inf")
 

@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf, open_dict
 
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
 from adtbench.harness import schema
-from adtbench.harness.config import build_policy, build_sampling, config_fingerprint, register_resolvers, validate
+from adtbench.harness.config import build_policy, config_fingerprint, register_resolvers, validate
+from adtbench.sampling_params import SamplingParams, build_sampling
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -26,9 +26,9 @@ from adtbench import accel
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies import methods
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import EXACT
 from adtbench.harness.config import build_policy, register_resolvers
+from adtbench.sampling_params import SamplingParams
 
 FAST = ["warmup=1", "progress=false", "maps.per_run=false", "dataset=smoke", "dataset.limit=1", "model.device=cuda"]
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from adtbench.harness.stats import bootstrap_ci
-from adtbench.reporting.tables import aggregate, load_tree, main, render
+from adtbench.reporting.load import load_tree
+from adtbench.reporting.tables import aggregate, main, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -125,7 +126,7 @@ def test_table_command_formats(tree, capsys):
 
 
 def test_analysis_tables(tree, tmp_path, capsys):
-    from analysis.plots import pareto_front
+    from adtbench.reporting.plots import pareto_front
     from analysis.tables import main as analysis_main
     from analysis.tables import main_table, pivot, write_tables
 

@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 from adtbench.tools.train.cli import main as train_main
 from adtbench.tools.train.drafter import collate, drafter_forward, drafter_slots, teacher_sample
 

@@ -32,10 +32,11 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.lantern import LanternRule
 from adtbench.algorithm.policies.adt import ADTPolicy
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, Draws, accept_tree
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)

@@ -199,8 +199,8 @@ def test_unwritable_cache_dirs_fail_with_the_config(tmp_path):
 
 
 def test_long_prompt_and_huge_top_k_warn_naming_the_limit(caplog):
-    from adtbench.algorithm.sampling import SamplingParams
     from adtbench.harness.job import clamp_top_k, prompt_overflow
+    from adtbench.sampling_params import SamplingParams
 
     target, _ = tiny()
     limit = target.gpt.cfg.cls_token_num
@@ -572,7 +572,7 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
 
 PACED_RUN = """
 import runpy, sys, time
-from adtbench.harness.rundir import ResultStore
+from adtbench.harness.rundir_write import ResultStore
 commit = ResultStore.commit
 def paced(self, *args, **kwargs):
     out = commit(self, *args, **kwargs)

@@ -17,6 +17,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import adtbench.algorithm.jacobi as jacobi
+import adtbench.algorithm.jacobi_calibration as calibration
 import adtbench.harness.caches as caches
 from adtbench.harness.config import register_resolvers, resolve_paths, validate
 from adtbench.harness.job import build_models
@@ -64,17 +65,17 @@ def test_default_run_reads_the_shipped_table(tmp_path, monkeypatch):
 
 def test_the_shipped_counts_are_the_shipped_estimates():
     """The shipped entry keeps its raw data: per L, each calibration caption's (committed, forwards); τ(L) and its
-    standard error are ``jacobi.ratio_estimate`` of them, over all ``images`` captions (the calibration set of the
+    standard error are ``calibration.ratio_estimate`` of them, over all ``images`` captions (the calibration set of the
     key), and the error is stated: under 10 % of τ(L) at every L (4–8 % on the mini model at 24 images)."""
     entry = shipped_table()
     n = entry["key"]["policy"]["calibration_images"]
     assert entry["images"] == n == len(entry["key"]["prompts"]) and entry["key"]["prompts"] == list(
-        jacobi.CALIBRATION_PROMPTS[:n]
+        calibration.CALIBRATION_PROMPTS[:n]
     )
     for L, tau in shipped_entry().items():
         counts = [tuple(c) for c in entry["counts"][str(L)]]
         assert len(counts) == entry["images"]
-        assert jacobi.ratio_estimate(counts) == pytest.approx((tau, entry["tau_se"][str(L)]), rel=1e-12)
+        assert calibration.ratio_estimate(counts) == pytest.approx((tau, entry["tau_se"][str(L)]), rel=1e-12)
         assert 0 < entry["tau_se"][str(L)] < 0.10 * tau, L
 
 
@@ -110,14 +111,14 @@ def test_shipped_table_agrees_with_a_fresh_calibration(tmp_path, monkeypatch):
     assert set(SPOT_CHECK) < set(shipped_entry()), "the recomputed L are entries of the shipped table"
     monkeypatch.setattr(caches, "shipped_taus", lambda *args: None)
     monkeypatch.setattr(caches, "load_or_measure", lambda *args: synthetic_cost_model())
-    monkeypatch.setattr(jacobi, "CALIBRATION_GRID", SPOT_CHECK)
+    monkeypatch.setattr(calibration, "CALIBRATION_GRID", SPOT_CHECK)
     cfg, checked = default_cfg(tmp_path, f"policy.calibration_images={SPOT_IMAGES}")
     _, models = build_models(cfg, checked.conf, checked.policy)
     assert list((tmp_path / "cache" / "jacobi").glob("*.json")), "a fresh calibration ran (and was cached)"
     fresh = models.calibration
     for L in SPOT_CHECK:
         shipped = [tuple(c) for c in entry["counts"][str(L)][:SPOT_IMAGES]]
-        tau, se = jacobi.ratio_estimate(shipped)
+        tau, se = calibration.ratio_estimate(shipped)
         z = (fresh["taus"][L] - tau) / math.hypot(fresh["tau_se"][L], se)
         assert abs(z) <= Z_AGREE, (L, fresh["taus"][L], fresh["tau_se"][L], tau, se)
         assert caches.calibrations_agree_p(fresh["counts"][L], shipped) >= P_AGREE, (L, fresh["counts"][L], shipped)
@@ -138,8 +139,8 @@ def test_the_paired_test_sees_a_shift_the_standard_error_hides():
         other[i] = (int((taus[i] + delta) * forwards[i]), int(forwards[i]))
     assert caches.calibrations_agree_p(other, shipped) > 0.3
     moved = [(int(0.94 * t * f + rng.normal(0, 3)), int(f)) for t, f in zip(taus, forwards)]
-    t_s, se_s = jacobi.ratio_estimate(shipped)
-    t_m, se_m = jacobi.ratio_estimate(moved)
+    t_s, se_s = calibration.ratio_estimate(shipped)
+    t_m, se_m = calibration.ratio_estimate(moved)
     assert abs(t_m - t_s) / math.hypot(se_s, se_m) < 1.0
     assert caches.calibrations_agree_p(moved, shipped) < P_AGREE
     assert caches.calibrations_agree_p(moved[:12], shipped[:12]) == pytest.approx(2 / 2**12)
@@ -179,7 +180,7 @@ def test_calibration_images_reach_every_caption_and_no_further():
     naming the key (before any weights load)."""
     from adtbench.errors import ConfigError
 
-    n = len(jacobi.CALIBRATION_PROMPTS)
+    n = len(calibration.CALIBRATION_PROMPTS)
     assert jacobi.jacobi_params({"calibration_images": n}).calibration_images == n == 48
     for bad in (1, n + 1):
         with pytest.raises(ConfigError, match=r"policy\.calibration_images"):

@@ -27,7 +27,6 @@ from adtbench.algorithm.policies import POLICIES, LoopPolicy
 from adtbench.algorithm.policies.zipar import ZipARPolicy
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.regions import window_schedule
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.zipar import (
     EOL_INPUT,
     GridShape,
@@ -40,6 +39,7 @@ from adtbench.algorithm.zipar import (
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.registry import build_target
+from adtbench.sampling_params import SamplingParams
 from adtbench.tools.make_tiny import write_tiny
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -17,9 +17,10 @@ from functools import lru_cache
 
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, next_token_tensor, process_logits
+from adtbench.algorithm.sampling import next_token_tensor, process_logits
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PrefillResult, PromptInputs, Target
+from adtbench.sampling_params import SamplingParams
 
 
 def prefill_token(

@@ -41,12 +41,13 @@ from adtbench.algorithm.engine import pending_slots, prefill_drafter
 from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows
+from adtbench.algorithm.sampling import process_logits, sample_rows
 from adtbench.algorithm.slot import DecodeState, Item, SlotStream, Timing, decides_on_host, root_alone, verify_slots
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead
 from adtbench.models.base import PromptInputs
 from adtbench.models.batch import BatchTarget, SlotTree
+from adtbench.sampling_params import SamplingParams
 
 
 def _processed(bt: BatchTarget, raw: torch.Tensor, gen_idx: torch.Tensor, sp: SamplingParams) -> torch.Tensor:

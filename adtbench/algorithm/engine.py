@@ -48,11 +48,12 @@ from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.gate import DraftGate
 from adtbench.algorithm.policies.base import LoopPolicy, Policy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.slot import DecodeState, Mark, Timing, decides_on_host, root_alone
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.models.base import PrefillResult, PromptInputs, Target
+from adtbench.sampling_params import SamplingParams
 
 
 def prefill(

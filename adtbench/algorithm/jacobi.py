@@ -29,7 +29,8 @@ stored with the full proposal distribution q_i it was drawn from. One iteration 
    (``INITS``): ``random`` — uniform over the image tokens, stored q uniform (the SJD code stores a one-hot; both are
    exact, uniform accepts Σ_y min(p(y), 1/n) instead of 1/n on average); ``left`` / ``up`` — repeat the raster-left
    (forced end-of-line tokens skipped) or upper neighbour, a point-mass q; ``drafter`` — the EAGLE drafter's chain
-   (``DrafterInit``). Forced positions (end-of-line / end-of-image) always get their forced token, q a point mass.
+   (``jacobi_drafter.DrafterInit``). Forced positions (end-of-line / end-of-image) always get their forced token,
+   q a point mass.
    ``proposal: point`` stores a point mass for ``random`` drafts too (the SJD, SCD and GSD codes' one-hot): exact,
    since the draft is a function of q then, and a random draft x is accepted with probability p(x).
 
@@ -67,37 +68,36 @@ Device discipline: every tensor of the loop is born on the target's device, draw
 and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image. At a
 fixed window on graphed verifies the same iteration runs as one fixed-shape device step, one graph replay per forward
 with the verdict read one step late (``jacobi_step``, ``policy.step``).
+
+Here: the params, the state of one image, the loop and ``window: cost``'s calibration decodes, and GSD's rule. Beside
+it: ``jacobi_draws`` (the tables, redraws and inits), ``jacobi_drafter`` (``init: drafter``), ``jacobi_batch`` (the
+batched loop), ``jacobi_calibration`` (the calibration captions, grid and the choice of L).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any
 
 import torch
 
+from adtbench.algorithm import jacobi_calibration as calibration
 from adtbench.algorithm.ar import prefill_token
+from adtbench.algorithm.jacobi_drafter import DrafterInit
+from adtbench.algorithm.jacobi_draws import LayoutTables, chain_structure, init_drafts, layout_tables, redraw, zero_row
 from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
-from adtbench.algorithm.sampling import (
-    SamplingParams,
-    exponentials,
-    process_logits,
-    sample_rows,
-    sample_rows_cdf,
-    uniforms,
-)
-from adtbench.algorithm.slot import SlotStream, Timing, decides_on_host, verify_slots
+from adtbench.algorithm.sampling import exponentials, process_logits
+from adtbench.algorithm.slot import Timing, verify_slots
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
-from adtbench.algorithm.windows import AdaptiveWindow, FixedWindow, make_sizer, window_rule
+from adtbench.algorithm.windows import FixedWindow, make_sizer, window_rule
 from adtbench.errors import ConfigError, check_number
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target
+from adtbench.sampling_params import SamplingParams
 
 INITS = ("random", "left", "up", "drafter")
 REDRAWS = ("independent", "coupled", "gumbel")
@@ -128,8 +128,9 @@ class JacobiParams:
     fixed-shape step captured as one graph, or the host-driven loop); ``rule``: ``exact`` or ``gsd`` (``group_*``:
     its group); ``proposal``: the stored q of an ``init: random`` draft, ``uniform`` or ``point`` (a point mass on
     the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``: ``window: cost`` decodes the first that
-    many tokens of each calibration image, of the first ``calibration_images`` captions of ``CALIBRATION_PROMPTS``
-    (τ(L)'s standard error falls as 1/√n). A method with keys of its own subclasses this (``sjd_pac.SJDPACParams``).
+    many tokens of each calibration image, of the first ``calibration_images`` captions of
+    ``jacobi_calibration.CALIBRATION_PROMPTS`` (τ(L)'s standard error falls as 1/√n). A method with keys of its own
+    subclasses this (``sjd_pac.SJDPACParams``).
     """
 
     window: int | str = key(16, check=window_value)
@@ -185,8 +186,8 @@ class JacobiParams:
 
     @property
     def state_type(self) -> type[JacobiState]:
-        """The state class the loops run (``decode_jacobi``, ``generate_jacobi_batch``): ``JacobiState`` here; a
-        method that verifies a tree instead of the chain (``sjd_pac.SJDPACParams``) names its own."""
+        """The state class the loops run (``decode_jacobi``, ``jacobi_batch.generate_jacobi_batch``): ``JacobiState``
+        here; a method that verifies a tree instead of the chain (``sjd_pac.SJDPACParams``) names its own."""
         return JacobiState
 
 
@@ -194,165 +195,6 @@ def jacobi_params(node: dict[str, Any]) -> JacobiParams:
     """``JacobiParams`` from a plain policy node (``params.parse``); every bad value a ``ConfigError`` naming
     ``policy.<key>``."""
     return parse(JacobiParams, node)
-
-
-# --------------------------------------------------------------------------------------------------------
-# static tables: the chain's structure, the layout's forced tokens and neighbours
-# --------------------------------------------------------------------------------------------------------
-
-
-@lru_cache(maxsize=512)
-def _chain(n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(parents, depth, ancestor mask, child ranks) of a chain of ``n`` nodes on ``device`` (cached, never written)."""
-    ar = torch.arange(n, device=device)
-    ranks = torch.where(ar + 1 < n, ar + 1, -1)[:, None]
-    return ar - 1, ar, torch.ones(n, n, dtype=torch.bool, device=device).tril(), ranks
-
-
-@dataclass(frozen=True)
-class LayoutTables:
-    """Per (layout, device): ``forced [n_gen + pad]`` (the forced token at each generation index, −1 where none, on
-    the device), ``prev_image`` (host: the latest non-forced index before each index, −1 for none), ``uniform [V]``
-    (the uniform proposal over the image tokens), ``has_forced``, ``prev_device`` (``prev_image`` on the device)."""
-
-    forced: torch.Tensor
-    prev_image: list[int]
-    uniform: torch.Tensor
-    has_forced: bool
-    prev_device: torch.Tensor  # ``prev_image`` on the device (the fixed-shape step's ``init_sources``)
-
-
-def layout_tables(layout: TokenLayout, device: torch.device, dtype: torch.dtype, pad: int) -> LayoutTables:
-    """The ``LayoutTables`` of ``layout`` (cached per layout shape, device, dtype and padding; never written)."""
-    key = (
-        layout.vocab_size,
-        layout.image_token_offset,
-        layout.num_codes,
-        layout.grid_h,
-        layout.grid_w,
-        layout.eol_token,
-        layout.eoi_token,
-    )
-    return _tables(key, device, dtype, pad)
-
-
-@lru_cache(maxsize=32)
-def _tables(key: tuple[Any, ...], device: torch.device, dtype: torch.dtype, pad: int) -> LayoutTables:
-    layout = TokenLayout(*key)
-    n = layout.num_gen_tokens
-    forced = [layout.forced_token(g) for g in range(n)] + [-1] * pad
-    prev, last = [], -1
-    for g in range(n + pad):
-        prev.append(last)
-        if g >= n or forced[g] < 0:
-            last = g
-    uniform = torch.zeros(layout.vocab_size, dtype=dtype, device=device)
-    uniform[layout.image_token_offset : layout.image_token_offset + layout.num_codes] = 1.0 / layout.num_codes
-    fd = torch.tensor(forced, dtype=torch.long, device=device)
-    pd = torch.tensor(prev, dtype=torch.long, device=device)
-    return LayoutTables(fd, prev, uniform, any(f >= 0 for f in forced), pd)
-
-
-@lru_cache(maxsize=16)
-def _zero_row(V: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    return torch.zeros(1, V, dtype=dtype, device=device)
-
-
-# --------------------------------------------------------------------------------------------------------
-# redraws and initialisation (vectorised over the window's rows; no host read)
-# --------------------------------------------------------------------------------------------------------
-
-
-def redraw(
-    kind: str,
-    probs: torch.Tensor,
-    old: torch.Tensor,
-    q_old: torch.Tensor,
-    has_old: torch.Tensor,
-    generator: torch.Generator | None,
-    noise: torch.Tensor | None = None,
-    draws: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """New drafts from this forward's rows ``probs [r, V]`` (module docstring, step 2): returns (tokens ``[r]``, their
-    proposals ``[r, V]`` = ``probs``, kept ``[r]`` bool). ``coupled``: row i keeps ``old[i]`` (drawn from
-    ``q_old[i]``) with probability min(1, p(x)/q_old(x)) where ``has_old[i]``, else draws from
-    norm(max(p − q_old, 0)) (rows without an old draft: ``q_old`` is 0, so from p). ``gumbel``: the exponential race
-    argmax_v p(v) / E_v (Gumbel-max) on the position's own Exp(1) row ``noise [r, V]``, drawn once when the position
-    entered the window and reused by every redraw there (the SCD authors' Gumbel coupling); kept = the old draft
-    won again. ``draws``: (the keep test's uniforms ``[r]``, the residual draws' ``[r]``), drawn by the caller (the
-    graphed step, ``jacobi_step``); None: both drawn from ``generator`` here."""
-    keep_u, resid_u = (None, None) if draws is None else draws
-    if kind == "independent":
-        return sample_rows_cdf(probs, generator, resid_u), probs, torch.zeros_like(has_old)
-    if kind == "gumbel":
-        assert noise is not None, "redraw=gumbel needs the window's noise rows"
-        tok = (probs.to(noise.dtype) / noise).argmax(-1)
-        return tok, probs, has_old & (tok == old)
-    u = uniforms((probs.shape[0],), generator, probs.device) if keep_u is None else keep_u
-    px = probs.gather(1, old[:, None])[:, 0]
-    qx = q_old.gather(1, old[:, None])[:, 0]
-    keep = has_old & (u * qx < px)  # u is float64: the test runs in float64
-    resid = (probs - q_old).clamp_min(0.0)
-    resid = torch.where(resid.sum(-1, keepdim=True) > 0, resid, probs)  # zero only if p = q_old: then keep is sure
-    return torch.where(keep, old, sample_rows_cdf(resid, generator, resid_u)), probs, keep
-
-
-def init_sources(layout: TokenLayout, tables: LayoutTables, s: int | torch.Tensor, t: int, init: str) -> torch.Tensor:
-    """Generation indices whose tokens ``left`` / ``up`` copy into positions s … s + t − 1 (all known: committed, the
-    root or drafts before s). ``left``: the latest non-forced index before s, for every position (a repeated
-    neighbour); ``up``: the same column in the nearest row above that is known (before s), else ``left``'s. ``s``: a
-    host int, or a device ``[1]`` tensor (the fixed-shape step, ``jacobi_step``: no read)."""
-    dev = tables.forced.device
-    left: int | torch.Tensor = tables.prev_image[s] if isinstance(s, int) else tables.prev_device[s]
-    j = s + arange_on(t, dev)
-    if init == "left":
-        return torch.full_like(j, left) if isinstance(left, int) else left.expand(t)
-    src = j - layout.row_len * ((j - s) // layout.row_len + 1)
-    return torch.where(src >= 0, src, left)
-
-
-def init_drafts(
-    init: str,
-    seq: torch.Tensor,
-    s: int | torch.Tensor,
-    t: int,
-    layout: TokenLayout,
-    tables: LayoutTables,
-    generator: torch.Generator | None,
-    greedy: bool,
-    proposal: str = "uniform",
-    u: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """New drafts for positions s … s + t − 1 (``random`` / ``left`` / ``up``; module docstring, step 3): (tokens
-    ``[t]``, proposals ``[t, V]``, None when greedy). ``proposal``: ``random`` drafts' stored q, ``uniform`` or
-    ``point`` (a point mass on the draft: exact too, the draft is known once q is). ``s``: a host int or a device
-    ``[1]`` tensor (``init_sources``); ``u [t]``: ``random``'s uniforms drawn by the caller (None: from
-    ``generator``)."""
-    dev, V = seq.device, layout.vocab_size
-    if init == "random":
-        if u is None:
-            u = uniforms((t,), generator, dev)
-        tok = layout.image_token_offset + (u * layout.num_codes).long().clamp_max(layout.num_codes - 1)
-    else:
-        tok = seq[init_sources(layout, tables, s, t, init)]
-    forced = None
-    if tables.has_forced:
-        f = tables.forced[s : s + t] if isinstance(s, int) else tables.forced[s + arange_on(t, dev)]
-        forced = f >= 0
-        tok = torch.where(forced, f, tok)
-    if greedy:
-        return tok, None
-    if init != "random" or proposal == "point":  # left / up (or random with point masses): a point mass everywhere
-        return tok, _point_masses(tok, V, tables.uniform.dtype)
-    uniform = tables.uniform[None].expand(t, V)
-    if forced is None:
-        return tok, uniform
-    return tok, torch.where(forced[:, None], _point_masses(tok, V, uniform.dtype), uniform)
-
-
-def _point_masses(tok: torch.Tensor, V: int, dtype: torch.dtype) -> torch.Tensor:
-    """One-hot rows ``[t, V]`` of ``tok`` (``one_hot`` would read the device to check the range)."""
-    return torch.zeros(tok.numel(), V, dtype=dtype, device=tok.device).scatter_(1, tok[:, None], 1.0)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -403,7 +245,7 @@ class JacobiState:
         tables = layout_tables(layout, dev, torch.promote_types(dtype, torch.float32), pad)
         seq = torch.zeros(layout.num_gen_tokens + pad, dtype=torch.long, device=dev)
         seq[:1] = root.view(1)
-        q = None if sp.greedy else _zero_row(layout.vocab_size, dev, tables.uniform.dtype)
+        q = None if sp.greedy else zero_row(layout.vocab_size, dev, tables.uniform.dtype)
         sizer.reset()
         st = cls(layout, tables, params, sizer, seq, q, sp.greedy, generator)
         st._noise_rows(1)
@@ -493,7 +335,7 @@ class JacobiState:
     def chain(self) -> DraftTree:
         """The chain root → d_1 → … → d_m with its proposal rows (None when greedy)."""
         n = self.m + 1
-        parents, depth, mask, ranks = _chain(n, self.seq.device)
+        parents, depth, mask, ranks = chain_structure(n, self.seq.device)
         q = None if self.q is None else self.q[:n]
         return DraftTree(
             self.seq[self.g : self.g + n].clone(),
@@ -535,12 +377,12 @@ class JacobiState:
                     None if self.noise is None else self.noise[a + 1 : a + 1 + r],
                 )
                 self.seq[b + 1 : b + 1 + r] = tok
-                self.q = torch.cat([q, self.q[m + 1 : m + 1 + tail], _zero_row(q.shape[1], q.device, q.dtype)])
+                self.q = torch.cat([q, self.q[m + 1 : m + 1 + tail], zero_row(q.shape[1], q.device, q.dtype)])
                 if self.params.redraw != "independent":
                     self.kept.append(kept.sum())
                     self.coupled += min(r, old)
         elif self.q is not None:
-            self.q = torch.cat([self.q[m + 1 : m + 1 + tail], _zero_row(self.q.shape[1], self.q.device, self.q.dtype)])
+            self.q = torch.cat([self.q[m + 1 : m + 1 + tail], zero_row(self.q.shape[1], self.q.device, self.q.dtype)])
         self.sizer.observe(g, m, a, processed)
         while len(self.hist) <= a:
             self.hist.append(0)
@@ -584,90 +426,6 @@ class JacobiState:
             "target_forwards": len(self.cycles),
             "step": "eager",
         }
-
-
-# --------------------------------------------------------------------------------------------------------
-# init=drafter: the EAGLE drafter's chain
-# --------------------------------------------------------------------------------------------------------
-
-
-class DrafterInit:
-    """``init: drafter`` — new window positions drafted by the EAGLE drafter (``drafters.eagle``), one chain.
-
-    The drafter's committed slots follow the committed tokens (``commit``: the features of the iteration's committed
-    nodes, exact). To draft past the window it first reads the window in one scratch forward: slot k (the root's
-    position + k) pairs the *verify forward's* feature at that position — computed on the previous window's token
-    there, so stale where the draft changed — with the current draft after it; then it extends the chain one level
-    per new token, feeding its own output as the next feature (EAGLE's chain). Every new draft is drawn from the
-    drafter's processed distribution q (stored), so the proposal is exact whatever the features."""
-
-    def __init__(self, drafter: Any, target: Target, sp: SamplingParams) -> None:
-        self.drafter, self.target, self.sp = drafter, target, sp
-        self.out: torch.Tensor | None = None  # the drafter's output at the last committed slot [R, H]
-        self.feats: torch.Tensor | None = None  # the last verify's features [R, n, H]
-        self.first = 0  # node of ``feats`` at the root's position
-        self.pos: torch.Tensor | None = None  # the root's position ids [R]
-        self.levels = 0
-        self.forwards = 0
-
-    def start(self, res: Any, root: torch.Tensor, slots: int) -> None:
-        from adtbench.algorithm.engine import prefill_drafter
-
-        self.out = prefill_drafter(self.target, self.drafter, res, root, slots)
-        self.feats, self.pos, self.forwards = None, self.target.next_pos, 1
-
-    def commit(self, read: CycleRead, feats: torch.Tensor, next_pos: torch.Tensor) -> None:
-        """The drafter consumes the iteration's committed slots (f of root … d_a, x of d_1 … bonus)."""
-        k = read.keep.numel()
-        f = feats.index_select(1, read.keep)
-        emb = self.drafter.embed(self.target, read.next_tokens)[None].expand(f.shape[0], -1, -1).to(f.dtype)
-        pos = next_pos[:, None] + arange_on(k, f.device)[None]
-        self.out = self.drafter.extend(f, emb, pos)
-        self.feats, self.first, self.pos = feats, k, next_pos + k
-        self.forwards += 1
-
-    def _q(self, out: torch.Tensor, gen: int) -> torch.Tensor:
-        raw = self.target.lm_head(out[:, None])
-        return process_logits(raw, gen, self.target.layout, self.sp)[0]
-
-    def draft(self, st: JacobiState, s: int, t: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Drafts for s … s + t − 1 (the window holds g + 1 … s − 1) and their proposals."""
-        assert self.out is not None and self.pos is not None
-        R, dev = self.out.shape[0], self.out.device
-        w = s - st.g - 1  # window drafts already there
-        out, self.levels = self.out, 0
-        if w > 0:  # read the window: slots at the root … s − 2, features of the last verify
-            assert self.feats is not None
-            f = self.feats[:, self.first : self.first + w]
-            emb = self.drafter.embed(self.target, st.seq[st.g + 1 : s])[None].expand(R, -1, -1).to(f.dtype)
-            pos = self.pos[:, None] + arange_on(w, dev)[None]
-            outs = self.drafter.expand(f, emb, pos, _causal(w, dev))
-            out, self.levels = outs[:, -1], 1
-        toks, qs = [], []
-        for i in range(t):
-            logits = self._q(out, s + i)  # forced positions: the constraint leaves the forced token alone
-            if self.sp.greedy:
-                tok = logits.argmax(-1)
-            else:
-                p = logits.softmax(-1)
-                tok = sample_rows(p, st.generator)
-                qs.append(p)
-            toks.append(tok.view(1))
-            if i + 1 < t:
-                emb = self.drafter.embed(self.target, tok.view(1))[None].expand(R, -1, -1).to(out.dtype)
-                pos = self.pos[:, None] + (w + i)
-                done = self.drafter.scratch
-                mask = torch.ones(1, done + 1, dtype=torch.bool, device=dev)
-                out = self.drafter.expand(out[:, None], emb, pos, mask)[:, -1]
-                self.levels += 1
-        self.drafter.rollback()
-        self.forwards += self.levels
-        return torch.cat(toks), (torch.stack(qs) if qs else None)
-
-
-@lru_cache(maxsize=64)
-def _causal(n: int, device: torch.device) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -755,203 +513,6 @@ def decode_jacobi(
     )
 
 
-# --------------------------------------------------------------------------------------------------------
-# batched decoding: B prompts per target forward, a ragged window per slot
-# --------------------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def generate_jacobi_batch(
-    bt: Any,
-    items: Any,
-    sp: SamplingParams,
-    params: JacobiParams,
-    on_done: Any,
-    rule: AcceptanceRule = EXACT,
-    acceptance: str = "auto",
-    window: int | None = None,
-) -> None:
-    """Jacobi decoding of ``items`` (``(key, inputs, generator)``) through the ``bt.B`` slots of a ``BatchTarget``
-    (``models.batch``), continuous batching (``slot.SlotStream``); ``on_done(key, GenerationResult)`` per prompt in
-    completion order.
-
-    Every slot keeps its own window (sized by its own sizer), accepted length and generator: one forward verifies
-    every slot's chain, padded to the longest (``BatchTarget.forward``), and each slot commits its own accepted path
-    (ragged) — never the batch minimum, as the SJD reference does. A slot makes the calls and the draws of a B = 1
-    decode of its prompt (``decode_jacobi``), in the same order, so its tokens are B = 1's up to the float rounding
-    of the batched forward. ``init: drafter`` is not batched (refused by the harness)."""
-    from adtbench.algorithm.ar import first_token
-    from adtbench.models.batch import BatchTarget, SlotTree
-
-    clock, layout, dev = Clock(bt.device), bt.layout, bt.device
-    on_host = decides_on_host(acceptance, dev)
-    zero = torch.zeros(1, dtype=torch.long, device=dev)
-
-    def start(s: int, inputs: PromptInputs, gen: torch.Generator | None) -> JacobiState:
-        root = first_token(bt.admit(s, inputs), layout, sp, gen)
-        return params.state_type.start(root, layout, params, make_sizer(params, layout, window), sp, bt.dtype, gen)
-
-    def result(st: JacobiState, timing: Timing) -> GenerationResult:
-        timing.stop(clock)
-        return timing.result(clock, st.tokens[: layout.num_gen_tokens], st.cycles, 0, st.stats())
-
-    stream = SlotStream(bt.B, items, clock, start, lambda st: st.done, result, on_done)
-    slots = stream.slots
-    while stream.busy:
-        start_mark = clock.mark()
-        trees: list[Any] = []
-        chains: list[tuple[DraftTree, torch.Generator | None] | None] = []
-        first = [0] * bt.B  # the generation index of each slot's first prediction
-        for s, sl in enumerate(slots):
-            if sl is None:
-                trees.append(BatchTarget.idle(zero))
-                chains.append(None)
-                continue
-            sl.state.plan()
-            tree = sl.state.tree()
-            trees.append(SlotTree(tree.tokens, tree.ancestor_mask, tree.depth))
-            chains.append((tree, sl.state.generator))
-            first[s] = sl.state.g + 1
-        gidx = torch.tensor(first, dtype=torch.long, device=dev)
-        drafted = clock.mark()
-        raw, _ = bt.forward(trees)
-        depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in trees], batch_first=True)
-        _, N, V = raw.shape
-        gen_idx = (gidx[:, None] + depth).reshape(-1)
-        processed = process_logits(raw.view(bt.c, bt.B * N, V), gen_idx, layout, sp).view(bt.B, N, V)
-        states = [None if sl is None else sl.state for sl in slots]
-        reads = params.state_type.verify_batch(states, chains, processed, sp, rule, acceptance, on_host)
-        in_place = [sl is None or not isinstance(r, CycleRead) or sl.state.in_place(r) for sl, r in zip(slots, reads)]
-        bt.commit([r.keep if isinstance(r, CycleRead) else None for r in reads], in_place)
-        verified = clock.mark()
-        for s, sl in enumerate(slots):
-            read, chain = reads[s], chains[s]
-            if sl is None or chain is None:
-                continue
-            assert isinstance(read, CycleRead)
-            sl.state.advance(read, processed[s, : chain[0].size])
-            sl.timing.forwards += 1
-            sl.timing.drafts.append((start_mark, drafted))
-            sl.timing.verifies.append((drafted, verified))
-            if sl.state.done:
-                stream.finish(s)
-
-
-# --------------------------------------------------------------------------------------------------------
-# window: cost — the machine's choice of L
-# --------------------------------------------------------------------------------------------------------
-
-CALIBRATION_PROMPTS = (
-    "a small yellow square on a plain white background",
-    "a small green circle left of a small yellow square on a striped purple background",
-    "a large red square on a checkered orange background",
-    "a small black square above a large black square on a striped blue background",
-    "a small orange circle on a gradient purple background",
-    "a large green square left of a large purple square on a checkered yellow background",
-    "a large red square on a plain blue background",
-    "a large black triangle above a small red circle on a checkered yellow background",
-    "a large orange triangle on a noisy green background",
-    "a large black triangle above a small black square on a noisy yellow background",
-    "a large yellow triangle on a plain black background",
-    "a small purple triangle above a small red triangle on a checkered green background",
-    "a large blue square on a gradient white background",
-    "a small purple square above a small orange triangle on a checkered blue background",
-    "a small red square on a checkered yellow background",
-    "a large black triangle below a large white square on a plain purple background",
-    "a large purple triangle on a gradient white background",
-    "a large white square below a small red triangle on a gradient orange background",
-    "a small white circle on a gradient purple background",
-    "a small white triangle right of a small orange square on a noisy red background",
-    "a small blue triangle on a checkered orange background",
-    "a small yellow circle above a large black triangle on a noisy orange background",
-    "a small yellow square on a striped blue background",
-    "a small green circle below a small red square on a gradient black background",
-    "a large blue square on a checkered black background",
-    "a small green square below a large red triangle on a noisy purple background",
-    "a small black triangle on a striped blue background",
-    "a large blue triangle right of a small white circle on a gradient black background",
-    "a small purple circle on a noisy black background",
-    "a small orange square below a large yellow circle on a striped green background",
-    "a large red triangle on a plain purple background",
-    "a small orange circle right of a large orange circle on a striped red background",
-    "a small green triangle on a noisy red background",
-    "a large red triangle left of a large purple square on a plain yellow background",
-    "a small purple triangle on a striped blue background",
-    "a large yellow triangle left of a large orange triangle on a checkered white background",
-    "a large red circle on a noisy blue background",
-    "a small blue square above a large orange square on a plain white background",
-    "a small white circle on a noisy black background",
-    "a small green circle below a large green square on a striped yellow background",
-    "a small purple square on a plain red background",
-    "a small orange circle right of a small green triangle on a noisy black background",
-    "a large green square on a plain red background",
-    "a small yellow triangle above a small purple triangle on a checkered orange background",
-    "a large black circle on a noisy yellow background",
-    "a large red circle above a large black square on a plain purple background",
-    "a large orange triangle on a striped blue background",
-    "a large white circle left of a large purple square on a plain orange background",
-)
-"""Fixed captions decoded by ``calibrate_window`` (the first ``policy.calibration_images`` of them): the first 24
-one-object and 24 two-object captions of the mini model's training split (``scenes.iter_split(1, "train", …)``; none
-held out), alternating; any text model reads them as captions. τ(L) varies much from image to image (on the mini
-model its standard error is ≈ 15 % of τ(L) over 6 images, 4–8 % over 24, 2–5 % over 48): the number of images sets
-how well L is chosen."""
-CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
-
-
-def isotonic(values: Sequence[float]) -> list[float]:
-    """The non-decreasing sequence nearest ``values`` in least squares (pool adjacent violators, equal weights)."""
-    blocks: list[list[float]] = []  # [mean, count]
-    for v in values:
-        blocks.append([float(v), 1.0])
-        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
-            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
-            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
-    return [m for m, n in blocks for _ in range(int(n))]
-
-
-def window_rates(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[int, float]:
-    """Committed tokens per AR-step time for each L: τ(L) · t_step / (t_verify(L) + o · t_step)."""
-    step = float(cost.step_ms)
-    return {L: tau * step / (float(cost.t_verify(L)) + overhead_steps * step) for L, tau in taus.items()}
-
-
-def ratio_estimate(counts: Sequence[tuple[int, int]]) -> tuple[float, float]:
-    """τ̂ = Σcᵢ / Σfᵢ over images i (cᵢ committed tokens in fᵢ forwards) and its standard error by the delta method,
-
-        se(τ̂) = √(n / (n − 1) · Σ (cᵢ − τ̂ fᵢ)²) / Σfᵢ,
-
-    which counts both the images' spread and each image's one path of random draws (0 for n < 2: no spread seen)."""
-    n, c, f = len(counts), sum(c for c, _ in counts), max(1, sum(f for _, f in counts))
-    tau = c / f
-    if n < 2:
-        return tau, 0.0
-    return tau, math.sqrt(n / (n - 1) * sum((ci - tau * fi) ** 2 for ci, fi in counts)) / f
-
-
-SAME_RATE_Z = 2.0
-"""``choose_window``'s ``near``: the L whose rate is within this many standard errors of the chosen L's."""
-
-
-def choose_window(
-    taus: dict[int, float], cost: Any, overhead_steps: float, errors: dict[int, float] | None = None
-) -> dict[str, Any]:
-    """``{"L", "taus", "fit", "rates", "tau_se", "near"}``: τ(L) made non-decreasing in L (``isotonic``: a longer
-    window never verifies fewer drafts, and a few calibration images are noisy), the rate of each L on ``cost`` and
-    the best L (ties → the smaller). ``errors``: τ(L)'s standard errors (``ratio_estimate``; None: unknown, taken as
-    0); ``near``: every L whose rate r(L) is within ``SAME_RATE_Z`` standard errors of the chosen L's,
-    r(L*) − r(L) ≤ z · √(se_r(L)² + se_r(L*)²), se_r(L) = se_τ(L) · r(L) / fit(L) — the L a calibration of other
-    draws (another machine's rounding, other captions) could as well choose."""
-    Ls = sorted(taus)
-    fit = dict(zip(Ls, isotonic([taus[L] for L in Ls]), strict=True))
-    rates = window_rates(fit, cost, overhead_steps)
-    best = max(Ls, key=lambda L: (rates[L], -L))
-    se = {L: float((errors or {}).get(L, 0.0)) for L in Ls}
-    rate_se = {L: se[L] * rates[L] / fit[L] if fit[L] > 0 else 0.0 for L in Ls}
-    near = [L for L in Ls if rates[best] - rates[L] <= SAME_RATE_Z * math.hypot(rate_se[L], rate_se[best])]
-    return {"L": best, "taus": taus, "fit": fit, "rates": rates, "tau_se": se, "near": near}
-
-
 @torch.no_grad()
 def calibrate_window(
     target: Target,
@@ -979,7 +540,8 @@ def calibrate_window(
     survival curve: a longer window also refines its far drafts for more forwards before they are tested, which a
     per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict and ``counts``: {L: [(committed,
     forwards) per image]}, the raw data (the harness caches the measured τ(L); a shipped table keeps the counts)."""
-    grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max] or [params.window_min]
+    grid = [L for L in calibration.CALIBRATION_GRID if params.window_min <= L <= params.window_max]
+    grid = grid or [params.window_min]
     taus: dict[int, float] = {}
     errors: dict[int, float] = {}
     counts_by_L: dict[int, list[tuple[int, int]]] = {}
@@ -990,9 +552,9 @@ def calibrate_window(
             generator.manual_seed(0)
             res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter, limit=params.calibration_tokens)
             counts.append((res.committed, len(res.cycles)))
-        taus[L], errors[L] = ratio_estimate(counts)
+        taus[L], errors[L] = calibration.ratio_estimate(counts)
         counts_by_L[L] = counts
-    return choose_window(taus, cost, params.overhead_steps, errors) | {"counts": counts_by_L}
+    return calibration.choose_window(taus, cost, params.overhead_steps, errors) | {"counts": counts_by_L}
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -1050,20 +612,13 @@ def grouped_rule(target: Target, params: JacobiParams) -> GroupedRule:
 
 
 __all__ = [
-    "CALIBRATION_PROMPTS",
     "INITS",
     "REDRAWS",
-    "AdaptiveWindow",
-    "DrafterInit",
-    "FixedWindow",
     "GroupedRule",
     "JacobiParams",
     "JacobiState",
     "calibrate_window",
-    "choose_window",
     "decode_jacobi",
-    "generate_jacobi_batch",
     "grouped_rule",
     "jacobi_params",
-    "ratio_estimate",
 ]

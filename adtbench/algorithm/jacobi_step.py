@@ -15,8 +15,8 @@ buffers, so it can be captured:
   accepted, ``verify.chain_verdict``'s ``live``), and ``live`` = g + 1 < end makes a step past the image's last
   token a no-op (no state written). Every size that depended on the accepted count a is a mask or a gather: the
   bonus goes to g + a + 1 by ``index_copy_``; the next window's row i (position g + a + 2 + i) is the redraw of
-  processed row a + 1 + i where i < r = min(m − a, room after the bonus) (``jacobi.redraw``: coupled to the old
-  draft where i < m − a − 1), else a new draft (``jacobi.init_drafts`` at the device position s = g + a + 2 + r);
+  processed row a + 1 + i where i < r = min(m − a, room after the bonus) (``jacobi_draws.redraw``: coupled to the old
+  draft where i < m − a − 1), else a new draft (``jacobi_draws.init_drafts`` at the device position s = g + a + 2 + r);
   q is gathered the same way.
 - **The verify** writes the static bucket's inputs (``graphs.StaticVerify``'s tokens, positions, written columns and
   the mask of the chosen attention width, built from the device length: the prompt's bias below the prompt columns,
@@ -24,7 +24,7 @@ buffers, so it can be captured:
   0 … a are already in place (a chain's path), so the commit is the move of g (length = length₀ + g).
 - **Draws** are filled outside the graph from the prompt's own generator into one static buffer (``[4(L−1) + 1]``
   uniforms: acceptance, the bonus by inverse CDF, the coupling's keep test, the residual draws, ``init: random``),
-  so the graph holds no random op (``accel.capture`` refuses one from an unregistered generator).
+  so the graph holds no random op (``accel_graphs.capture`` refuses one from an unregistered generator).
 
 **Host per forward** (``run_image``): fill the draws (one launch; none when greedy), launch the step (one graph
 replay per attention width, captured the first time that width is needed — the warm-up image's), copy the verdict
@@ -59,22 +59,18 @@ from typing import Any
 
 import torch
 
-from adtbench import accel
-from adtbench.algorithm.jacobi import (
-    GroupedRule,
-    JacobiParams,
-    init_drafts,
-    layout_tables,
-    redraw,
-)
+from adtbench import accel, accel_graphs
+from adtbench.algorithm.jacobi import GroupedRule, JacobiParams
+from adtbench.algorithm.jacobi_draws import init_drafts, layout_tables, redraw
 from adtbench.algorithm.records import Clock, CycleRecord
-from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits, sample_rows_cdf
+from adtbench.algorithm.sampling import draw_into, process_logits, sample_rows_cdf
 from adtbench.algorithm.slot import Timing, decides_on_host
 from adtbench.algorithm.tree import arange_on
 from adtbench.algorithm.verify import AcceptanceRule, chain_verdict
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
 from adtbench.models.graphs import bucket_of
+from adtbench.sampling_params import SamplingParams
 
 STEPS = ("auto", "graph", "eager")
 
@@ -180,7 +176,7 @@ class JacobiStep:
         self.host = [accel.pinned((3,), torch.long, dev) for _ in range(2)]  # two verdicts in flight
         self.host_np = [h.numpy() for h in self.host]  # read without a torch call
         self.fences = [accel.Fence(dev), accel.Fence(dev)]
-        self.graphs: dict[int, accel.Graph] = {}
+        self.graphs: dict[int, accel_graphs.Graph] = {}
         self.graphed = bool(static.captures)  # the target's verifies are captured: so is the step
 
     # --- the image's buffers, eager (once per image) ---
@@ -192,8 +188,8 @@ class JacobiStep:
 
     @torch.no_grad()
     def start_image(self, root: torch.Tensor, generator: torch.Generator | None, limit: int | None) -> None:
-        """Load a prefilled image: the root at g = 0, the first window's drafts (``jacobi.init_drafts``), the prompt's
-        bias and the target's length and positions."""
+        """Load a prefilled image: the root at g = 0, the first window's drafts (``jacobi_draws.init_drafts``), the
+        prompt's bias and the target's length and positions."""
         t, D = self.target, self.L - 1
         plen = t.prompt_cols
         self.prompt_bias[:, :plen].copy_(t.key_bias[:, :plen])
@@ -243,7 +239,7 @@ class JacobiStep:
         graph = self.graphs.get(K)
         if graph is None:
             self.on.fill_(False)
-            graph = self.graphs[K] = accel.capture(lambda: self._step(K), self.device)
+            graph = self.graphs[K] = accel_graphs.capture(lambda: self._step(K), self.device)
             self.on.fill_(True)
         graph.replay()
 

@@ -74,12 +74,13 @@ import torch
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import expand_rejections, island_schedule, islands, pooled_accept
-from adtbench.algorithm.sampling import SamplingParams, next_token, process_logits
+from adtbench.algorithm.sampling import next_token, process_logits
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, verify_cycle
 from adtbench.errors import ConfigError, check_choice, check_number
 from adtbench.models.base import PromptInputs, Target
 from adtbench.models.resample import Resampler
+from adtbench.sampling_params import SamplingParams
 
 DRAFTS = ("ar", "zipar")
 RULES = ("pooled", "exact")

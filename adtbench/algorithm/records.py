@@ -1,4 +1,5 @@
-"""What a decode loop returns: per-cycle records, per-image results, and the clock that times them.
+"""What a decode loop returns: per-cycle records, per-image results, and the clock that times them; and what the host
+learns of one verified tree (``Acceptance``, ``verify``'s result).
 
 Every loop (``engine.decode_ar``, ``engine.generate``, ``zipar.decode_zipar``, ``mulo.decode_mulo``) returns a
 ``GenerationResult`` whose ``cycles`` hold one ``CycleRecord`` per sequential target forward after the prefill;
@@ -16,6 +17,21 @@ from typing import Any
 import torch
 
 from adtbench import accel
+
+
+@dataclass(frozen=True)
+class Acceptance:
+    """What the host learns of one verified tree (the engine's one read per cycle; the reference verifier's result)."""
+
+    path: list[int]  # accepted node ids, root first
+    bonus: int  # token chosen by the target after the last accepted node
+    tree_depth: int = 0  # realised depth d of the verified tree (its live nodes)
+    nodes: int = 1  # live nodes verified, root included
+
+    @property
+    def accepted(self) -> int:
+        """a: accepted draft tokens, bonus excluded."""
+        return len(self.path) - 1
 
 
 @dataclass(kw_only=True)

@@ -18,9 +18,7 @@ import numpy as np
 import torch
 
 from adtbench.layout import TokenLayout
-from adtbench.sampling_params import SAMPLING_FIELDS as SAMPLING_FIELDS
-from adtbench.sampling_params import SamplingParams as SamplingParams
-from adtbench.sampling_params import build_sampling as build_sampling
+from adtbench.sampling_params import SamplingParams
 
 NEG_INF = float("-inf")
 ENTROPY_EDGES = np.array([0.25, 1.0, 2.0, 3.0, 4.0])
@@ -211,6 +209,3 @@ def next_token(processed: torch.Tensor, sp: SamplingParams, generator: torch.Gen
     """``next_token_tensor`` read to the host (the loops that decide on the host: ZipAR, MuLo-SD): the same draws as
     the AR baseline's, so a seeded generator gives the same tokens through either."""
     return int(next_token_tensor(processed, sp, generator))
-
-
-# --- SamplingParams from config (the one builder; ``adtbench.harness.config`` re-exports it) ------------------------

@@ -44,9 +44,9 @@ from typing import Any
 
 import torch
 
-from adtbench import accel
+from adtbench import accel_graphs
 from adtbench.algorithm.gate import DraftGate
-from adtbench.algorithm.sampling import SamplingParams, draw_into, process_logits
+from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.slot import decides_on_host
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import (
@@ -61,6 +61,7 @@ from adtbench.algorithm.verify import (
 )
 from adtbench.errors import ConfigError
 from adtbench.models.base import Target
+from adtbench.sampling_params import SamplingParams
 
 VERIFY_STEPS = ("auto", "graph", "eager")
 
@@ -102,7 +103,7 @@ class TreeStep:
         self.packed = torch.zeros(VERDICT_HEAD + int(entropy) + 2 * b, dtype=torch.float64, device=dev)
         self.order = torch.zeros(b, **long)  # the node ids, the accepted path first (in node order)
         self.following = torch.zeros(b, **long)  # the committed tokens after the root: the path's drafts, the bonus
-        self.graphs: dict[int, accel.Graph] = {}
+        self.graphs: dict[int, accel_graphs.Graph] = {}
         self.graphed = bool(static.captures)  # the target's verifies are captured: so is this step
         self.launches = 0
         self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
@@ -146,7 +147,7 @@ class TreeStep:
             return self._step(K)
         graph = self.graphs.get(K)
         if graph is None:  # the warm-ups and the capture write only outputs and K/V past the committed length
-            graph = self.graphs[K] = accel.capture(lambda: self._step(K), self.device)
+            graph = self.graphs[K] = accel_graphs.capture(lambda: self._step(K), self.device)
         graph.replay()
         out: tuple[torch.Tensor, torch.Tensor] = graph.out
         return out

@@ -51,23 +51,9 @@ import numpy as np
 import torch
 
 from adtbench import accel
+from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.sampling import sample, sample_np, sample_rows, sample_rows_cdf, uniforms
 from adtbench.algorithm.tree import DraftTree, arange_on, true_flag
-
-
-@dataclass(frozen=True)
-class Acceptance:
-    """What the host learns of one verified tree (the engine's one read per cycle; the reference verifier's result)."""
-
-    path: list[int]  # accepted node ids, root first
-    bonus: int  # token chosen by the target after the last accepted node
-    tree_depth: int = 0  # realised depth d of the verified tree (its live nodes)
-    nodes: int = 1  # live nodes verified, root included
-
-    @property
-    def accepted(self) -> int:
-        """a: accepted draft tokens, bonus excluded."""
-        return len(self.path) - 1
 
 
 @dataclass(frozen=True)

@@ -65,9 +65,10 @@ from adtbench.algorithm.ar import prefill_token
 from adtbench.algorithm.raster import RasterCache
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.regions import window_schedule
-from adtbench.algorithm.sampling import SamplingParams, process_logits, sample_rows
+from adtbench.algorithm.sampling import process_logits, sample_rows
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target
+from adtbench.sampling_params import SamplingParams
 
 EOL_INPUT = -1  # ``ForwardPlan.src`` value: the fed token is the layout's end-of-line token
 

@@ -1,11 +1,12 @@
 """The Hydra app: decode a prompt set with one model × drafter × policy, timing the AR baseline alongside.
 
 One job per Hydra run dir: check the config (:func:`check_config`), open the run dir for it
-(``rundir.check_resume``: a rerun resumes only with the same config), build the :class:`~adtbench.harness.job.Job`,
-warm it up, then decode every unfinished prompt — baseline and method, ``timing.repeats`` times in ABBA order
-(:mod:`adtbench.harness.timing`, the speedup protocol) — committing each prompt's :class:`SampleRecord`, trace and
-image through the run dir's one writer (:mod:`adtbench.harness.rundir`) and refreshing the :class:`Summary` (every
-10 s, and at the end); the printed line is :meth:`Summary.line`. docs/outputs.md documents the files.
+(``rundir_write.check_resume``: a rerun resumes only with the same config), build the
+:class:`~adtbench.harness.job.Job`, warm it up, then decode every unfinished prompt — baseline and method,
+``timing.repeats`` times in ABBA order (:mod:`adtbench.harness.timing`, the speedup protocol) — committing each prompt's
+:class:`SampleRecord`, trace and image through the run dir's one writer (:mod:`adtbench.harness.rundir_write`) and
+refreshing the :class:`Summary` (every 10 s, and at the end); the printed line is :meth:`Summary.line`. docs/outputs.md
+documents the files.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from adtbench.harness.job import Job
 from adtbench.harness.lock import RunDirGuard, RunDirLock, discard_new_run_dir, held_lock, refuse  # noqa: F401 (¹)
 from adtbench.harness.provenance import job_provenance, resume_warning
 from adtbench.harness.records import SampleRecord, Summary, slim, trace_record
-from adtbench.harness.rundir import ResultStore, check_resume, record_provenance
+from adtbench.harness.rundir_write import ResultStore, check_resume, record_provenance
 from adtbench.harness.timing import LoadWatch, environment, machine, timed_results
 from adtbench.resources import conf_dir
 

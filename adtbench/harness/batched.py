@@ -24,10 +24,10 @@ from adtbench import accel
 from adtbench.algorithm.batch import Item, decode_ar_batch, generate_batch
 from adtbench.algorithm.policies import LoopPolicy
 from adtbench.algorithm.records import Clock, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.harness.data.prompts import Prompt
 from adtbench.models.batch import BatchTarget
 from adtbench.models.graphs import bucket_of
+from adtbench.sampling_params import SamplingParams
 
 Decoded = tuple[Prompt, int, GenerationResult, GenerationResult | None, dict[str, Any]]
 

@@ -157,7 +157,8 @@ def _window_settings(cfg: Any, conf: AppConf) -> tuple[Any, dict[str, Any]]:
     """The Jacobi params of ``cfg.policy`` and what τ(L) depends on besides the model: the sampling, the policy's keys
     that change τ(L), LANTERN, the calibration prompts and grid, and the version of the calibration code (4: bump it
     when ``decode_jacobi`` or ``calibrate_window`` changes what they commit or record)."""
-    from adtbench.algorithm.jacobi import CALIBRATION_GRID, CALIBRATION_PROMPTS, JacobiParams
+    from adtbench.algorithm.jacobi import JacobiParams
+    from adtbench.algorithm.jacobi_calibration import CALIBRATION_GRID, CALIBRATION_PROMPTS
     from adtbench.algorithm.policies import POLICIES
 
     sp, lantern_on = conf.sampling, conf.lantern is not None and conf.lantern.enabled
@@ -259,7 +260,8 @@ def calibrations_agree_p(fresh: list[tuple[int, int]], shipped: list[tuple[int, 
 
 def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: Any, cost: Any) -> dict[str, Any]:
     """``calibrate_window`` on the calibration prompts with this config's sampling, rule and drafter (the decodes)."""
-    from adtbench.algorithm.jacobi import CALIBRATION_PROMPTS, calibrate_window
+    from adtbench.algorithm.jacobi import calibrate_window
+    from adtbench.algorithm.jacobi_calibration import CALIBRATION_PROMPTS
     from adtbench.algorithm.verify import EXACT
 
     sp = conf.sampling
@@ -284,7 +286,7 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
     calibration decodes (then cached). Only the choice of L reads the machine's cost model. ``cfg``: the app's config
     (``policy``, ``lantern``, ``model.path``); ``conf``: the typed sampling, ``lantern.enabled`` and
     ``paths.cache_dir``."""
-    from adtbench.algorithm.jacobi import choose_window
+    from adtbench.algorithm.jacobi_calibration import choose_window
 
     params, settings = _window_settings(cfg, conf)
     sp, cache_dir = conf.sampling, conf.cache_dir

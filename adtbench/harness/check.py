@@ -36,9 +36,9 @@ from omegaconf import OmegaConf
 
 from adtbench import accel
 from adtbench.algorithm.policies.base import LoopPolicy, Method, Policy, TreePolicy, method_of
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import EXACT
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 __all__ = ["TIERS", "Verdict", "law_table", "main", "run_checks", "tiny_models"]
 

@@ -17,11 +17,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from adtbench import accel, resources
 from adtbench.algorithm.policies import POLICIES, LoopPolicy, Policy
-from adtbench.algorithm.sampling import SAMPLING_FIELDS, SamplingParams, build_sampling  # noqa: F401 (build_sampling re-exported)
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.harness import schema
 from adtbench.harness.rundir import PLUMBING_KEYS
+from adtbench.sampling_params import SamplingParams, build_sampling
 
 PACKAGE_DIR = resources.PACKAGE_DIR
 PROJECT_ROOT = resources.project_root()  # the checkout holding conf/ (an installed wheel: the working directory)

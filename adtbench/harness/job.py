@@ -35,7 +35,6 @@ from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES, LoopPolicy, Method, Policy
 from adtbench.algorithm.records import Clock, GenerationResult
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.algorithm.verify import AcceptanceRule
 from adtbench.errors import ConfigError
 from adtbench.harness.caches import cost_source
@@ -44,6 +43,7 @@ from adtbench.harness.data.prompts import Prompt
 from adtbench.harness.drafters import build_drafter
 from adtbench.harness.loops import build_loop_models
 from adtbench.harness.schema import AppConf
+from adtbench.sampling_params import SamplingParams
 
 log = logging.getLogger("adtbench")
 

@@ -24,7 +24,7 @@ token layout, ``layout``: ``grid_h``, ``grid_w``, ``row_len``, ``eoi``, so a rea
 grid). The same PNGs are what W&B logs (:mod:`adtbench.harness.tracking`). Files:
 ``run_dir/maps/<prompt>_{accept,depth,width}.png`` and
 ``run_dir/maps/run_{accept,depth,width}.png`` (+ ``run_maps.json``: :data:`adtbench.harness.rundir.RUN_MAPS_FILE`),
-each written atomically by :func:`adtbench.harness.rundir.write_maps`; ``<prompt>`` is
+each written atomically by :func:`adtbench.harness.rundir_write.write_maps`; ``<prompt>`` is
 :func:`adtbench.harness.rundir.safe_stem` of the prompt id.
 """
 
@@ -40,7 +40,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 from PIL import Image, ImageDraw
 
-from adtbench.harness.rundir import safe_stem, write_maps
+from adtbench.harness.rundir import safe_stem
+from adtbench.harness.rundir_write import write_maps
 
 if TYPE_CHECKING:  # the layout module imports torch; a reader of maps (adtbench report) needs none
     from adtbench.layout import TokenLayout

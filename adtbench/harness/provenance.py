@@ -1,8 +1,8 @@
 """What wrote a run dir: the code (:func:`code_version`: the git commit of the checkout the package is imported from,
 or the installed package's version), the software and device, and whether the composed method is lossless
 (``job.exactness``). The app records it in ``run_config.json`` under :data:`PROVENANCE_KEY`
-(``rundir.record_provenance``, the one writer; ``rundir.read_provenance`` reads it back), before the first sample of
-the job is written.
+(``rundir_write.record_provenance``, the one writer; ``rundir.read_provenance`` reads it back), before the first sample
+of the job is written.
 
 Invariants. ``commit`` is the 40-hex sha of ``HEAD`` of the git checkout whose tracked files include this package's
 ``__init__.py`` (a virtual environment or site-packages that merely lies inside some repository is not that

@@ -10,7 +10,7 @@ Invariants:
   schema (``OmegaConf.structured`` + ``merge``); :func:`check` returns the merge as plain dataclasses
   (:class:`AppConf`, its groups typed) and leaves the ``DictConfig`` as composed, so run fingerprints,
   ``summary.json`` and resume checks see exactly the values the user composed. Range checks (``top_p`` in
-  (0, 1], ``policy.depth ≥ 1`` …) stay with the builders (``config.validate``, ``config.build_sampling``, the
+  (0, 1], ``policy.depth ≥ 1`` …) stay with the builders (``config.validate``, ``sampling_params.build_sampling``, the
   policy constructors), which also reject the strings OmegaConf would coerce (``"yes"`` → ``True``); the typed
   values are what the builders read once those checks passed (``config.Checked``).
 - Open groups: ``model`` (each family has its own keys: ``arch``, ``vq``, ``text_encoder`` …; checked by the
@@ -36,8 +36,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 __all__ = [
     "POLICY_SCHEMAS",

@@ -59,15 +59,14 @@ from typing import Any
 
 from adtbench.harness.rundir import (
     count_sample_lines,
-    map_file,
     read_hydra_config,
     read_run_config,
     read_samples,
     read_traces,
     read_tracking,
     safe_stem,
-    update_tracking,
 )
+from adtbench.harness.rundir_write import map_file, update_tracking
 
 log = logging.getLogger(__name__)
 

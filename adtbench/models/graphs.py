@@ -20,7 +20,7 @@ where a step is shorter than the largest node bucket). All the graphs of a node 
 one mask storage of ``R·b·C`` elements (each K views the first ``R·b·K`` of it), so the static inputs take the memory
 they took with one graph per node bucket; what grows with the number of graphs is the capture time (each capture
 is three forwards: two warm-ups and the capture) and, on CUDA, each graph's private pool of intermediates (sharing
-one pool between them needs ``accel.capture`` to pass ``pool=`` to ``torch.cuda.graph``).
+one pool between them needs ``accel_graphs.capture`` to pass ``pool=`` to ``torch.cuda.graph``).
 
 Padding is inert: a padded node attends to itself only (its row of the block is the identity) and writes its K/V
 at columns L + n … L + b − 1, past the committed length L, where no later mask admits them until a commit
@@ -61,7 +61,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from adtbench import accel
+from adtbench import accel, accel_graphs
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CAPACITY_BUCKETS = 8  # attention widths per node bucket: the pinned capacity in this many equal steps
@@ -87,8 +87,8 @@ def capacity_buckets(capacity: int, count: int = CAPACITY_BUCKETS, align: int = 
 class _Step(Generic[_Out]):
     """One node bucket's static-shape forwards, one per capacity bucket ``K`` (``widths``): ``run`` the one the last
     ``load`` chose (``width``) eagerly, or ``capture`` each once as a CUDA graph (its stand-in off a GPU:
-    ``accel.capture``) and replay it; either way the outputs are static tensors the next ``run`` rewrites (read them
-    first). The widths share the node bucket's input buffers and one mask storage (``_mask_at``)."""
+    ``accel_graphs.capture``) and replay it; either way the outputs are static tensors the next ``run`` rewrites (read
+    them first). The widths share the node bucket's input buffers and one mask storage (``_mask_at``)."""
 
     b: int
     device: torch.device
@@ -98,7 +98,7 @@ class _Step(Generic[_Out]):
     _pad_block: torch.Tensor
 
     def __init__(self) -> None:
-        self.graphs: dict[int, accel.Graph] = {}
+        self.graphs: dict[int, accel_graphs.Graph] = {}
         self.masks: dict[int, torch.Tensor] = {}
 
     def _init_masks(self, rows: int, widths: tuple[int, ...]) -> None:
@@ -122,7 +122,7 @@ class _Step(Generic[_Out]):
         raise NotImplementedError
 
     @property
-    def graph(self) -> accel.Graph | None:
+    def graph(self) -> accel_graphs.Graph | None:
         """The captured graph of the current width (None before ``capture``)."""
         return self.graphs.get(self.width)
 
@@ -135,12 +135,12 @@ class _Step(Generic[_Out]):
         return self._forward_at(self.width)
 
     def capture(self) -> int:
-        """Capture the forward of every width (``accel.capture``: two warm-up runs, then the capture; the mask of the
-        width reset first, so no row is fully masked); returns the number of graphs."""
+        """Capture the forward of every width (``accel_graphs.capture``: two warm-up runs, then the capture; the mask of
+        the width reset first, so no row is fully masked); returns the number of graphs."""
         for K in self.widths:
             self._reset_mask(K)
             self.width = K
-            self.graphs[K] = accel.capture(lambda K=K: self._forward_at(K), self.device)
+            self.graphs[K] = accel_graphs.capture(lambda K=K: self._forward_at(K), self.device)
         return len(self.widths)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from adtbench import accel
+from adtbench import accel_graphs
 
 WINDOWS = 16  # attention widths whose views a cache keeps (besides those a live CUDA graph was captured over)
 
@@ -31,12 +31,12 @@ class StaticKVCache:
         self.v = [b[:, kv_heads:] for b in self.kv]
         self.kv_heads, self.capacity = kv_heads, capacity
         self._windows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self._window_pins: dict[int, accel.Pins] = {}
+        self._window_pins: dict[int, accel_graphs.Pins] = {}
 
     def window(self, layer: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The K and V views ``[R, kv_heads, width, d]`` of ``layer``'s first ``width`` columns; the views of the last
         ``WINDOWS`` widths are kept (a static bucket's attention reads the same ones every call), and those of the
-        widths a live CUDA graph was captured over (``accel.Pins``: its stand-in replays the capture's views)."""
+        widths a live CUDA graph was captured over (``accel_graphs.Pins``: its stand-in replays the capture's views)."""
         views = self._windows.pop(width, None)
         if views is None:
             views = [(k[:, :, :width], v[:, :, :width]) for k, v in zip(self.k, self.v, strict=True)]
@@ -44,8 +44,8 @@ class StaticKVCache:
             for w in unpinned[: max(0, len(unpinned) + 1 - WINDOWS)]:
                 del self._windows[w]
         self._windows[width] = views  # most recently used last
-        if accel.capturing() is not None:
-            self._window_pins.setdefault(width, accel.Pins()).note()
+        if accel_graphs.capturing() is not None:
+            self._window_pins.setdefault(width, accel_graphs.Pins()).note()
         return views[layer]
 
     def write_kv(self, layer: int, start: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adtbench import accel
+from adtbench import accel, accel_graphs
 from adtbench.models.kv import StaticKVCache
 from adtbench.models.rope import Rotary, rotate
 
@@ -316,7 +316,7 @@ class Scratch:
         self.table: torch.Tensor | None = None
         self.sin: torch.Tensor | None = None
         self.cols: torch.Tensor | None = None
-        self.pins = accel.Pins()  # the live graphs captured over these buffers (``scratch`` keeps them)
+        self.pins = accel_graphs.Pins()  # the live graphs captured over these buffers (``scratch`` keeps them)
 
     def nbytes(self) -> int:
         """Bytes of the buffers (their storages, each counted once)."""
@@ -456,7 +456,7 @@ def scratch(
     """The ``Scratch`` of this shape: from ``memo`` (a network's dict) or new (``memo`` None).
 
     ``memo`` keeps the ``SCRATCH_SHAPES`` most recently used shapes, plus every shape a live CUDA graph (or its
-    stand-in) uses: a ``Scratch`` handed out while a graph is being captured (``accel.capturing()``, its warm-ups
+    stand-in) uses: a ``Scratch`` handed out while a graph is being captured (``accel_graphs.capturing()``, its warm-ups
     included) is pinned to that graph (``Scratch.pins``) and never evicted while the graph lives — its replays write
     these buffers at the captured addresses without calling ``scratch`` again, so recency cannot protect them (the
     hazard: each distinct prompt length adds a shape, and an evicted captured buffer is memory a replay writes after

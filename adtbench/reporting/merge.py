@@ -40,7 +40,6 @@ from adtbench.harness.data.prompts import load_prompts, parse_shard, shard_promp
 from adtbench.harness.provenance import merged_provenance
 from adtbench.harness.records import Summary
 from adtbench.harness.rundir import (
-    ResultStore,
     has_samples,
     has_summary,
     is_merged_run,
@@ -50,8 +49,8 @@ from adtbench.harness.rundir import (
     read_summary_typed,
     read_tracking,
     run_config_dirs,
-    write_merged_run,
 )
+from adtbench.harness.rundir_write import ResultStore, write_merged_run
 
 
 class MergeError(ValueError):

@@ -1,10 +1,10 @@
 """Figures of a results tree, drawn with matplotlib (Agg canvas, no display, no pyplot state; ``pip install -e
 ".[plots]"``): speedup per config, speedup vs quality with its Pareto front, τ vs d̄, the runs' acceptance maps
-side by side, and one acceptance / depth / width figure per run.
+side by side, and one acceptance / depth / width figure per run (in the package: ``adtbench report`` draws them
+from an installed wheel too).
 
-    python -m analysis.plots <results dir> [--out DIR] [--metric clip_score] [--by model,policy] [--n-boot 500]
-    python -m adtbench.reporting.plots ...   (the same; this module moved here from analysis/ so that
-                                              ``adtbench report`` draws them from an installed package too)
+    python -m adtbench.reporting.plots <results dir> [--out DIR] [--metric clip_score] [--by model,policy]
+        [--n-boot 500]
 
 writes into ``--out`` (default: the results dir) ``speedup.png``, ``tau_vs_dbar.png``,
 ``speedup_vs_<metric>.png`` (when a quality metric was evaluated), ``acceptance_maps.png`` and
@@ -37,7 +37,8 @@ import numpy as np
 from adtbench.harness.maps import MAP_LABELS, colormap, map_norm
 from adtbench.harness.rundir import has_summary, is_plumbing, read_run_config, read_run_maps, read_summary
 from adtbench.io import atomic_write_with
-from adtbench.reporting.tables import CHOICE_COLUMNS, LOWER_IS_BETTER, NOT_QUALITY, aggregate, load_tree
+from adtbench.reporting.load import CHOICE_COLUMNS, load_tree
+from adtbench.reporting.tables import LOWER_IS_BETTER, NOT_QUALITY, aggregate
 
 __all__ = [
     "accept_histogram",

@@ -8,7 +8,7 @@ needs no server, no network and no script or style from elsewhere (inline CSS an
 folder into a paper's supplement. Sections:
 
 - **Leaderboard**: one row per setting — the groups and the numbers of ``adtbench table`` with the same options
-  (:func:`~adtbench.reporting.tables.load_tree`, :func:`~adtbench.reporting.tables.aggregate`, its row groups
+  (:func:`~adtbench.reporting.load.load_tree`, :func:`~adtbench.reporting.tables.aggregate`, its row groups
   :func:`~adtbench.reporting.tables.run_groups` and its text :func:`~adtbench.reporting.tables.cells`: one reader,
   one aggregation, one formatting), plus the setting's model, policy, relaxation (LANTERN), drafter and sampling,
   whether it is lossless (the table's ``lossless`` column: what each run recorded, ``job.exactness`` of its policy and
@@ -50,7 +50,6 @@ import numpy as np
 
 from adtbench.harness.maps import GridLayout, position_grids, render_map
 from adtbench.harness.rundir import (
-    map_file,
     read_override_list,
     read_provenance,
     read_run_config,
@@ -60,7 +59,9 @@ from adtbench.harness.rundir import (
     read_traces,
     safe_stem,
 )
+from adtbench.harness.rundir_write import map_file
 from adtbench.io import atomic_write_text, save_png
+from adtbench.reporting.load import load_tree
 from adtbench.reporting.tables import (
     NOT_QUALITY,
     aggregate,
@@ -68,7 +69,6 @@ from adtbench.reporting.tables import (
     cells,
     default_by,
     group_lossless,
-    load_tree,
     run_groups,
     table_notes,
 )

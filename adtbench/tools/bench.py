@@ -21,7 +21,7 @@ and nothing synchronises per call: the device is synchronised once at the end of
 read, so the overhead is the device timeline's share outside the model calls (engine kernels, launch gaps, waits).
 Prefill (the prompt pass, the first token, the drafter's prefix pass) and prompt encoding are outside every cycle.
 It also reports the synchronisations per cycle outside the prefill (on the simulated device from
-``accel.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
+``accel_sim.Simulation``'s counts, on CUDA from ``torch.cuda.set_sync_debug_mode("warn")``), the explicit
 synchronisations per image (the loop's image boundaries) and the graph replays per cycle. Models built here are
 compiled (``engine.compile``) before the policy binds, as in the app. ``bench.overhead_tokens=N`` (a Jacobi loop
 only; default null: the whole image) stops each decode once N tokens are committed — how the CPU runs the overhead of
@@ -76,7 +76,6 @@ from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, 
 )
 from adtbench.errors import ConfigError
 from adtbench.harness.config import (
-    build_sampling,
     compose_config,
     refuse_reference_in_bench,
     register_resolvers,
@@ -84,6 +83,7 @@ from adtbench.harness.config import (
     validate,
 )
 from adtbench.io import atomic_write_json
+from adtbench.sampling_params import build_sampling
 from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead_table
 
 # Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or

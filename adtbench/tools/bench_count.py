@@ -365,11 +365,11 @@ def count_table(model: str, rows: list[dict]) -> str:
 def main(args: list[str]) -> int:
     """``adtbench bench count [overrides]`` (module docstring): one fresh target per (path, nodes)."""
     from adtbench.algorithm.ar import ar_tokens
-    from adtbench.algorithm.sampling import build_sampling
     from adtbench.errors import ConfigError
     from adtbench.harness.config import compose_config, refuse_reference_in_bench, resolve_paths
     from adtbench.io import atomic_write_json
     from adtbench.models.registry import build_target
+    from adtbench.sampling_params import build_sampling
 
     extra = ["+bench.nodes=[1,8,16,32]", "+bench.paths=[eager,static]", "+bench.fill=0.5", "+bench.out=null"]
     try:

@@ -13,7 +13,7 @@ prefix pass) or the prompt's encoding are not timed: prefill is outside every cy
 
 It also counts the **synchronisations** outside the prefill:
 
-- on the simulated device (``ADTBENCH_SIMULATE_DEVICE=cuda``, ``accel.simulate()``): ``accel.Simulation``'s counts —
+- on the simulated device (``ADTBENCH_SIMULATE_DEVICE=cuda``, ``accel.simulate()``): ``accel_sim.Simulation``'s counts —
   host reads of device values (``device_reads``) and blocking host→device copies (``host_to_device_copies``);
 - on CUDA: every warning of ``torch.cuda.set_sync_debug_mode("warn")`` ("called a synchronizing CUDA operation":
   ``.item()`` / ``.tolist()`` / ``.cpu()``, ``nonzero`` and other data-dependent shapes, blocking copies), caught

@@ -299,11 +299,11 @@ def probe(cfg: Any, overhead: Callable[..., dict] | None = None, overrides: list
 
     from adtbench.algorithm.ar import ar_step
     from adtbench.algorithm.cost import fill_cache_to, random_tree
-    from adtbench.algorithm.sampling import SamplingParams
-    from adtbench.harness.config import build_sampling, register_resolvers
+    from adtbench.harness.config import register_resolvers
     from adtbench.harness.job import build_models
     from adtbench.harness.schema import check
     from adtbench.models.graphs import BUCKETS
+    from adtbench.sampling_params import SamplingParams, build_sampling
     from adtbench.tools.bench_cycle import device_bandwidth
 
     register_resolvers()

@@ -5,9 +5,9 @@ outputs, the embedding, positions, the static bucket's input copies and mask), i
 graph under ``engine.compile``), the LM head, the logits processing and the policy's selection (a top-k, Gumbel keys,
 the next frontier): some 30–60 kernel launches and a few hundred µs of host time for ≈ 0.15 ms of device work on the
 7B shape. Here a policy hands the whole level to ``LevelGraphs.run`` as a *program*: a function of the attention
-width K that reads and writes only static buffers, captured once per (level key, K) — ``accel.capture``: a CUDA graph
-on a GPU, its stand-in elsewhere — and replayed by every later level with the same key and width. The host keeps the
-policy's decisions (ADT's depth and width, ``budget: cost``'s node count, how many rounds), the per-cycle load
+width K that reads and writes only static buffers, captured once per (level key, K) — ``accel_graphs.capture``: a CUDA
+graph on a GPU, its stand-in elsewhere — and replayed by every later level with the same key and width. The host keeps
+the policy's decisions (ADT's depth and width, ``budget: cost``'s node count, how many rounds), the per-cycle load
 (``begin``: the root's drafter output, the drafter's committed length, the root's generation index and positions —
 five small device writes) and one launch per level: the replay (plus, for sampled drafts, the draw of the level's
 noise into a static buffer outside the graph: a graph replays its capture's draws, and each prompt draws from its
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adtbench import accel
+from adtbench import accel_graphs
 from adtbench.algorithm.sampling import process_logits
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class LevelGraphs:
         self.nodes = self.slots = 0
         self.outputs = torch.zeros(rows, 0, self.hidden, dtype=self.dtype, device=self.device)
         self.anc = torch.zeros(0, 0, dtype=self.dtype, device=self.device)
-        self.graphs: dict[tuple[Any, int | None], accel.Graph] = {}
+        self.graphs: dict[tuple[Any, int | None], accel_graphs.Graph] = {}
         self._buffers: dict[str, torch.Tensor] = {}
         self.replays = self.tree_replays = self.captures = 0
         self.L = 0  # the drafter's committed length this cycle (host)
@@ -143,7 +143,7 @@ class LevelGraphs:
         K = None if end is None else self.width(end)
         graph = self.graphs.get((key, K))
         if graph is None:
-            graph = self.graphs[(key, K)] = accel.capture(lambda: program(K), self.device)
+            graph = self.graphs[(key, K)] = accel_graphs.capture(lambda: program(K), self.device)
             self.captures += 1
         graph.replay()
         if level:

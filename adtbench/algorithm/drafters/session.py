@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.models.base import Target
+from adtbench.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.base import Drafter

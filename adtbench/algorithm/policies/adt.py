@@ -58,8 +58,8 @@ from adtbench.algorithm.drafters.session import DraftSession, Steps
 from adtbench.algorithm.policies.base import GATE_KEYS, Method, TreePolicy, register_method, with_gate
 from adtbench.algorithm.policies.eagle2 import eagle2_candidates, eagle2_steps
 from adtbench.algorithm.policies.sampled import SampledDrafts
+from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.tree import DraftTree
-from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError, check_choice, check_flag, check_number
 from adtbench.layout import TokenLayout
 

@@ -19,9 +19,8 @@ import torch
 
 from adtbench.algorithm.cost import CostModelSource
 from adtbench.algorithm.drafters.session import DraftSession, Steps, drive
-from adtbench.algorithm.records import GenerationResult
+from adtbench.algorithm.records import Acceptance, GenerationResult
 from adtbench.algorithm.tree import DraftTree
-from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import check_flag
 from adtbench.registry import Registry
 

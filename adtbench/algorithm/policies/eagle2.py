@@ -39,8 +39,8 @@ from adtbench.algorithm.policies.base import (
     with_gate,
 )
 from adtbench.algorithm.policies.sampled import SampledDrafts
+from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.tree import DraftTree, ancestry_on_device, host_ancestry, true_flag
-from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import ConfigError, check_number
 
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.jacobi import JacobiParams, decode_jacobi, generate_jacobi_batch, grouped_rule, jacobi_params
+from adtbench.algorithm.jacobi import JacobiParams, decode_jacobi, grouped_rule, jacobi_params
+from adtbench.algorithm.jacobi_batch import generate_jacobi_batch
 from adtbench.algorithm.jacobi_step import fixed_shape_step
 from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
@@ -102,8 +103,9 @@ class JacobiPolicy(LoopPolicy):
         rule: Any,
         acceptance: str = "auto",
     ) -> None:
-        """Batched decoding (``jacobi.generate_jacobi_batch``: a ragged window per slot) of ``items`` through ``bt``
-        (a ``models.batch.BatchTarget``); ``on_done(key, result)`` per prompt. ``init: drafter`` is single-prompt."""
+        """Batched decoding (``jacobi_batch.generate_jacobi_batch``: a ragged window per slot) of ``items`` through
+        ``bt`` (a ``models.batch.BatchTarget``); ``on_done(key, result)`` per prompt. ``init: drafter`` is
+        single-prompt."""
         if self.params.init == "drafter":
             raise ValueError("policy.init=drafter decodes one prompt at a time")
         models = aux if isinstance(aux, JacobiModels) else JacobiModels()

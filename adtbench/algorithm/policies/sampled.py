@@ -40,9 +40,9 @@ import torch
 
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
+from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.sampling import ENTROPY_EDGES, exponentials, gumbel_top_k
 from adtbench.algorithm.tree import DraftTree
-from adtbench.algorithm.verify import Acceptance
 from adtbench.errors import check_choice
 
 DRAFT_SAMPLING = ("topk", "sample")

@@ -34,11 +34,11 @@ from typing import Any
 from adtbench.errors import ConfigError
 
 __all__ = [
-    "load_dataset",
     "CAPTION_RULES",
     "KINDS",
     "PARTI_HEADER",
     "Prompt",
+    "load_dataset",
     "load_prompts",
     "parse_shard",
     "shard_bounds",

@@ -23,7 +23,8 @@ import torch
 from PIL import Image
 
 from adtbench.errors import ConfigError
-from adtbench.harness.rundir import ResultStore, has_samples
+from adtbench.harness.rundir import has_samples
+from adtbench.harness.rundir_write import ResultStore
 from adtbench.io import atomic_write_json
 
 IMAGE_EXTS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")

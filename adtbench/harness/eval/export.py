@@ -28,7 +28,13 @@ from PIL import Image
 from adtbench.errors import ConfigError
 from adtbench.harness.eval.common import EvalSample, load_run_samples, node_get, open_rgb, require_dir, require_file
 from adtbench.harness.eval.context import EvalContext, MetricOutput
-from adtbench.harness.rundir import dpg_images_dir, export_dir, write_dpg_grid, write_export_index, write_geneval_prompt
+from adtbench.harness.rundir_write import (
+    dpg_images_dir,
+    export_dir,
+    write_dpg_grid,
+    write_export_index,
+    write_geneval_prompt,
+)
 
 
 def _sample_sets(node: Any, ctx: EvalContext, key: str) -> list[dict[str, EvalSample]]:

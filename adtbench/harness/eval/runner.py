@@ -25,8 +25,8 @@ from adtbench.harness.rundir import (
     read_summary_typed,
     sample_dirs,
     samples_path,
-    write_eval,
 )
+from adtbench.harness.rundir_write import write_eval
 
 log = logging.getLogger("adtbench.harness.eval")
 
@@ -40,7 +40,7 @@ def run_eval(
     summary: Summary | None = None,
 ) -> Summary | None:
     """Evaluate the run in ``run_dir`` with ``cfg.eval``; write ``eval.json``, ``eval_samples.jsonl`` and the
-    ``eval`` block of ``summary.json`` (``rundir.write_eval``); return the updated summary (the run's as it was
+    ``eval`` block of ``summary.json`` (``rundir_write.write_eval``); return the updated summary (the run's as it was
     when nothing is evaluated: None without one).
 
     Args:

@@ -163,7 +163,7 @@ class TarLMTarget(HFCausalTarget):
 
 def _sampling(node: Any, default: SamplingParams, key: str) -> SamplingParams:
     """``model.lm_sampling`` / ``model.detok_sampling``: ``default`` overridden by the node's entries, validated by
-    ``sampling.build_sampling`` (the app's own ``sampling`` rules); errors name ``<key>.<field>``."""
+    ``sampling_params.build_sampling`` (the app's own ``sampling`` rules); errors name ``<key>.<field>``."""
     from adtbench.models.registry import plain
 
     fields = ("temperature", "top_k", "top_p", "cfg_scale")

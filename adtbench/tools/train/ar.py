@@ -271,8 +271,8 @@ def sample_grid(cfg: DictConfig, model: ARModel, vq, captions: list[str], dev: t
     """AR samples through the real engine (``decode_ar``, CFG) → ``samples.png`` (+ evaluator agreement)."""
 
     from adtbench.algorithm.engine import decode_ar
-    from adtbench.harness.config import build_sampling
     from adtbench.models.llamagen.target import LlamaGenTarget
+    from adtbench.sampling_params import build_sampling
 
     target = LlamaGenTarget(model.gpt, vq, model.text.encode, device=dev)
     sp = build_sampling(cfg.sampling)

@@ -277,7 +277,7 @@ def teacher_sequences(cfg: DictConfig, target: Target, split: str, count: int) -
     if src == "scenes":
         return scene_sequences(target, int(t.scene_seed), split, count, t.get("size"))
     if src == "generated":
-        from adtbench.harness.config import build_sampling
+        from adtbench.sampling_params import build_sampling
 
         if t.get("prompts"):
             lines = Path(str(t.prompts)).read_text().splitlines()
@@ -437,7 +437,7 @@ def engine_tau(cfg: DictConfig, drafter: EagleDrafter, target: Target, prompts: 
     """Mean τ of EAGLE-2 trees (depth 4, K 10, 59 nodes) with this drafter, greedy and T = 1 (CFG 3)."""
     from adtbench.algorithm.engine import generate
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy
-    from adtbench.harness.config import build_sampling
+    from adtbench.sampling_params import build_sampling
 
     out = {}
     for tag, temp in (("greedy", 0.0), ("t1", 1.0)):

@@ -41,7 +41,7 @@ FIGURES = WEIGHTS / "figures.json"
 
 def _sampling_params(name: str = "default") -> Any:
     """The ``conf/sampling/<name>.yaml`` group as ``SamplingParams`` (built where the app builds its own)."""
-    from adtbench.harness.config import build_sampling
+    from adtbench.sampling_params import build_sampling
 
     return build_sampling(OmegaConf.load(conf_dir() / "sampling" / f"{name}.yaml"))
 

@@ -1,0 +1,133 @@
+"""``window: cost`` — the machine's choice of L: the calibration captions and grid, and the statistics that turn the
+measured τ(L) into a choice (``choose_window``). The decodes that measure τ(L) are ``jacobi.calibrate_window``'s."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+# --------------------------------------------------------------------------------------------------------
+# window: cost — the machine's choice of L
+# --------------------------------------------------------------------------------------------------------
+
+CALIBRATION_PROMPTS = (
+    "a small yellow square on a plain white background",
+    "a small green circle left of a small yellow square on a striped purple background",
+    "a large red square on a checkered orange background",
+    "a small black square above a large black square on a striped blue background",
+    "a small orange circle on a gradient purple background",
+    "a large green square left of a large purple square on a checkered yellow background",
+    "a large red square on a plain blue background",
+    "a large black triangle above a small red circle on a checkered yellow background",
+    "a large orange triangle on a noisy green background",
+    "a large black triangle above a small black square on a noisy yellow background",
+    "a large yellow triangle on a plain black background",
+    "a small purple triangle above a small red triangle on a checkered green background",
+    "a large blue square on a gradient white background",
+    "a small purple square above a small orange triangle on a checkered blue background",
+    "a small red square on a checkered yellow background",
+    "a large black triangle below a large white square on a plain purple background",
+    "a large purple triangle on a gradient white background",
+    "a large white square below a small red triangle on a gradient orange background",
+    "a small white circle on a gradient purple background",
+    "a small white triangle right of a small orange square on a noisy red background",
+    "a small blue triangle on a checkered orange background",
+    "a small yellow circle above a large black triangle on a noisy orange background",
+    "a small yellow square on a striped blue background",
+    "a small green circle below a small red square on a gradient black background",
+    "a large blue square on a checkered black background",
+    "a small green square below a large red triangle on a noisy purple background",
+    "a small black triangle on a striped blue background",
+    "a large blue triangle right of a small white circle on a gradient black background",
+    "a small purple circle on a noisy black background",
+    "a small orange square below a large yellow circle on a striped green background",
+    "a large red triangle on a plain purple background",
+    "a small orange circle right of a large orange circle on a striped red background",
+    "a small green triangle on a noisy red background",
+    "a large red triangle left of a large purple square on a plain yellow background",
+    "a small purple triangle on a striped blue background",
+    "a large yellow triangle left of a large orange triangle on a checkered white background",
+    "a large red circle on a noisy blue background",
+    "a small blue square above a large orange square on a plain white background",
+    "a small white circle on a noisy black background",
+    "a small green circle below a large green square on a striped yellow background",
+    "a small purple square on a plain red background",
+    "a small orange circle right of a small green triangle on a noisy black background",
+    "a large green square on a plain red background",
+    "a small yellow triangle above a small purple triangle on a checkered orange background",
+    "a large black circle on a noisy yellow background",
+    "a large red circle above a large black square on a plain purple background",
+    "a large orange triangle on a striped blue background",
+    "a large white circle left of a large purple square on a plain orange background",
+)
+"""Fixed captions decoded by ``calibrate_window`` (the first ``policy.calibration_images`` of them): the first 24
+one-object and 24 two-object captions of the mini model's training split (``scenes.iter_split(1, "train", …)``; none
+held out), alternating; any text model reads them as captions. τ(L) varies much from image to image (on the mini
+model its standard error is ≈ 15 % of τ(L) over 6 images, 4–8 % over 24, 2–5 % over 48): the number of images sets
+how well L is chosen."""
+CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
+
+
+def isotonic(values: Sequence[float]) -> list[float]:
+    """The non-decreasing sequence nearest ``values`` in least squares (pool adjacent violators, equal weights)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, n2), (m1, n1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(int(n))]
+
+
+def window_rates(taus: dict[int, float], cost: Any, overhead_steps: float) -> dict[int, float]:
+    """Committed tokens per AR-step time for each L: τ(L) · t_step / (t_verify(L) + o · t_step)."""
+    step = float(cost.step_ms)
+    return {L: tau * step / (float(cost.t_verify(L)) + overhead_steps * step) for L, tau in taus.items()}
+
+
+def ratio_estimate(counts: Sequence[tuple[int, int]]) -> tuple[float, float]:
+    """τ̂ = Σcᵢ / Σfᵢ over images i (cᵢ committed tokens in fᵢ forwards) and its standard error by the delta method,
+
+        se(τ̂) = √(n / (n − 1) · Σ (cᵢ − τ̂ fᵢ)²) / Σfᵢ,
+
+    which counts both the images' spread and each image's one path of random draws (0 for n < 2: no spread seen)."""
+    n, c, f = len(counts), sum(c for c, _ in counts), max(1, sum(f for _, f in counts))
+    tau = c / f
+    if n < 2:
+        return tau, 0.0
+    return tau, math.sqrt(n / (n - 1) * sum((ci - tau * fi) ** 2 for ci, fi in counts)) / f
+
+
+SAME_RATE_Z = 2.0
+"""``choose_window``'s ``near``: the L whose rate is within this many standard errors of the chosen L's."""
+
+
+def choose_window(
+    taus: dict[int, float], cost: Any, overhead_steps: float, errors: dict[int, float] | None = None
+) -> dict[str, Any]:
+    """``{"L", "taus", "fit", "rates", "tau_se", "near"}``: τ(L) made non-decreasing in L (``isotonic``: a longer
+    window never verifies fewer drafts, and a few calibration images are noisy), the rate of each L on ``cost`` and
+    the best L (ties → the smaller). ``errors``: τ(L)'s standard errors (``ratio_estimate``; None: unknown, taken as
+    0); ``near``: every L whose rate r(L) is within ``SAME_RATE_Z`` standard errors of the chosen L's,
+    r(L*) − r(L) ≤ z · √(se_r(L)² + se_r(L*)²), se_r(L) = se_τ(L) · r(L) / fit(L) — the L a calibration of other
+    draws (another machine's rounding, other captions) could as well choose."""
+    Ls = sorted(taus)
+    fit = dict(zip(Ls, isotonic([taus[L] for L in Ls]), strict=True))
+    rates = window_rates(fit, cost, overhead_steps)
+    best = max(Ls, key=lambda L: (rates[L], -L))
+    se = {L: float((errors or {}).get(L, 0.0)) for L in Ls}
+    rate_se = {L: se[L] * rates[L] / fit[L] if fit[L] > 0 else 0.0 for L in Ls}
+    near = [L for L in Ls if rates[best] - rates[L] <= SAME_RATE_Z * math.hypot(rate_se[L], rate_se[best])]
+    return {"L": best, "taus": taus, "fit": fit, "rates": rates, "tau_se": se, "near": near}
+
+
+__all__ = [
+    "CALIBRATION_GRID",
+    "CALIBRATION_PROMPTS",
+    "SAME_RATE_Z",
+    "choose_window",
+    "isotonic",
+    "ratio_estimate",
+    "window_rates",
+]
