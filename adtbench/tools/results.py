@@ -112,10 +112,10 @@ def record_from_run(
     """The result file of one finished app job (``run_dir``): its provenance (``run_config.json``), its summary's
     environment and load, and each prompt's latencies (``samples.jsonl``, in prompt order); ``figures`` are the
     table's figures for it (``bench_speed.row_figures``)."""
-    from adtbench.harness.rundir import read_samples, read_summary, summary_time
+    from adtbench.harness.rundir import read_provenance, read_samples, read_summary, summary_time
 
     s = read_summary(run_dir)
-    prov = json.loads((Path(run_dir) / "run_config.json").read_text()).get("provenance") or {}
+    prov = read_provenance(run_dir) or {}
     env = s.get("env") or {}
     samples = read_samples(run_dir)
     written = summary_time(run_dir)
