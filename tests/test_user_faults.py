@@ -571,7 +571,8 @@ def test_a_multirun_job_refused_at_run_time_does_not_stop_the_others(tmp_path):
 
 
 PACED_RUN = """
-import runpy, sys, time
+import runpy, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as at a terminal, also under a background launcher
 from adtbench.harness.rundir_write import ResultStore
 commit = ResultStore.commit
 def paced(self, *args, **kwargs):
@@ -583,7 +584,9 @@ sys.argv = ["run.py", *sys.argv[1:]]
 runpy.run_path("run.py", run_name="__main__")
 """
 """``python run.py`` with a second's pause after each committed prompt: the interrupt lands mid-run however loaded the
-machine (tiny prompts could otherwise all finish between the first commit and the signal)."""
+machine (tiny prompts could otherwise all finish between the first commit and the signal). SIGINT is set to Python's
+own handler first: a process started from a background job inherits SIGINT ignored (a shell's ``cmd &``), and the
+test is of the app's handling of a Ctrl-C, which a terminal always delivers."""
 
 
 @pytest.mark.slow
