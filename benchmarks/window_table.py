@@ -5,30 +5,21 @@ default run's, ``model=mini policy=scd_cost``), finds the entry of ``<model.path
 matches (``harness.caches.shipped_taus``), recalibrates τ(L) for every L of the grid in [``window_min``,
 ``window_max``] as ``python -m adtbench.tools.ship_window`` does (``caches.calibrate_taus``: the calibration decodes
 of every calibration caption per L, no cache read) and prints one line per L: shipped τ ± se, fresh τ ± se, z =
-(fresh − shipped) / √(se_f² + se_s²) and the paired test's p over the captions (``caches.calibrations_agree_p``).
-Then the L this machine's cost model picks from each table, and whether each is in the other's ``near`` set
-(``jacobi_calibration.choose_window``: the L whose rate is within 2 standard errors of the best). On the machine that
-shipped the table the two agree bit for bit; elsewhere a CPU that rounds a float32 logit otherwise draws other paths and
-τ(L) moves within its error (docs/development.md).
-
-Exit 0 when every |z| ≤ ``Z_AGREE``, every p ≥ ``P_AGREE`` and each L is in the other's near set, 1 otherwise (run
-``ship_window`` again, bumping the key's version if the calibration code changed), 2 when no entry matches. CI
-(``tests/test_window_ship.py``) recomputes a stated subset through the app's own path; this is the whole table (≈
-3–4 min of CPU on one thread)."""
+(fresh − shipped) / √(se_f² + se_s²) and the paired test's p over the captions
+(``jacobi_calibration.calibrations_agree``). Then the L this machine's cost model picks from each table, and whether
+each is in the other's ``near`` set (``jacobi_calibration.choose_window``: the L whose rate is within 2 standard
+errors of the best). On the machine that shipped the table the two agree bit for bit; elsewhere a CPU that rounds a
+float32 logit otherwise draws other paths and τ(L) moves within its error (docs/development.md). Exit 0 when every L
+agrees (|z| ≤ ``Z_AGREE``, p ≥ ``P_AGREE``) and each L is in the other's near set, 1 otherwise (run ``ship_window``
+again, bumping the key's version if the calibration code changed), 2 when no entry matches. CI
+(``tests/test_window_ship.py``) recomputes a stated subset through the app's own path; this is the whole table (≈ 80
+s of CPU on one thread)."""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
 from collections.abc import Sequence
-
-Z_AGREE = 4.0
-"""|z| above which a fresh τ(L) and the shipped one disagree: two estimates of one τ(L) (the same captions, other
-paths of draws) differ by less than 4 combined standard errors but for a chance of ≈ 10⁻⁴ per L."""
-P_AGREE = 1e-3
-"""The level of the paired sign-flip test per L (``caches.calibrations_agree_p``: the captions' spread cancels)."""
 
 
 def main(argv: Sequence[str]) -> int:
@@ -36,7 +27,7 @@ def main(argv: Sequence[str]) -> int:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from adtbench.algorithm.jacobi_calibration import choose_window
+    from adtbench.algorithm.jacobi_calibration import calibrations_agree, choose_window
     from adtbench.harness import caches
     from adtbench.harness.config import register_resolvers, resolve_paths, validate
     from adtbench.models.registry import build_target
@@ -55,13 +46,7 @@ def main(argv: Sequence[str]) -> int:
     if found is None:
         print(f"no shipped τ(L) entry matches these settings (model.path={cfg.model.get('path')})")
         return 2
-    path, shipped, shipped_se = found
-    [entry] = [
-        e
-        for e in json.loads(path.read_text())["entries"]
-        if e["key"] == caches.shipped_window_key(cfg, target, None, settings)
-    ]
-    counts = entry["counts"]
+    path, shipped, shipped_se, counts = found
     t0 = time.perf_counter()
     cost = caches.load_or_measure(target, None, conf.sampling, max(64, params.window_max), 1, None)
     fresh_out = caches.calibrate_taus(cfg, conf, target, None, params, cost)
@@ -74,10 +59,7 @@ def main(argv: Sequence[str]) -> int:
             bad += 1
             print(f"L={L:3d}  in one table only")
             continue
-        se = math.hypot(shipped_se.get(L, 0.0), fresh_se[L])
-        z = (fresh[L] - shipped[L]) / se if se > 0 else (0.0 if fresh[L] == shipped[L] else math.inf)
-        p = caches.calibrations_agree_p(fresh_out["counts"][L], [tuple(c) for c in counts[str(L)]])
-        ok = abs(z) <= Z_AGREE and p >= P_AGREE
+        ok, z, p = calibrations_agree(fresh_out["counts"][L], counts[L])
         bad += not ok
         print(
             f"L={L:3d}  shipped {shipped[L]:.4f} ± {shipped_se.get(L, 0.0):.4f}"

@@ -82,31 +82,25 @@ def test_the_shipped_counts_are_the_shipped_estimates():
 SPOT_CHECK = (8, 32)
 """The L whose τ(L) CI recomputes (two of the shipped eight)."""
 SPOT_IMAGES = 12
-"""The calibration captions CI decodes for each L of ``SPOT_CHECK``, the first of the shipped 24 (1/8 of a
-calibration's decodes; the paired test can still reject at ``P_AGREE``: 2 / 2¹² < 10⁻³). The whole table on every
+"""The calibration captions CI decodes for each L of ``SPOT_CHECK``, the first of the shipped 24 (1/8 of a calibration's
+decodes; the paired test can still reject at ``calibration.P_AGREE``: 2 / 2¹² < 10⁻³). The whole table on every
 caption: ``python benchmarks/window_table.py``."""
-Z_AGREE = 4.0
-"""Two estimates of one τ(L) from the same captions differ by at most 4 combined standard errors, but for a chance
-of ≈ 10⁻⁴ (normal) to 10⁻³ (Student's t on 11 degrees of freedom, the errors' own uncertainty) per L."""
-P_AGREE = 1e-3
-"""The paired test's level (``caches.calibrations_agree_p``) per L."""
 
 
 @pytest.mark.slow
 def test_shipped_table_agrees_with_a_fresh_calibration(tmp_path, monkeypatch):
-    """The shipped τ(L) is what the calibration decodes measure today for the same settings, for the L of
-    ``SPOT_CHECK`` on the first ``SPOT_IMAGES`` captions (the app's own path — ``build_models`` →
-    ``load_or_calibrate_window`` → ``calibrate_taus`` — with the shipped table hidden, the grid cut to those L and
-    ``policy.calibration_images`` to ``SPOT_IMAGES``; compared with the shipped counts of the same captions). τ(L)
-    is a statistic of sampled decodes: on the machine that shipped the table the fresh counts equal the shipped ones
-    exactly, while a CPU that rounds a float32 logit otherwise draws other paths (an AMD EPYC and an Intel Xeon do),
-    so the check is statistical: the fresh τ(L) lies within the stated error, |τ_fresh − τ_shipped| ≤ ``Z_AGREE`` ·
-    √(se_fresh² + se_shipped²), and the per-caption pairs pass the paired sign-flip test
-    (``caches.calibrations_agree_p`` ≥ ``P_AGREE``: the captions' own spread cancels, so a change that moves every
-    image's τ fails here where the standard error alone would hide it). A change to ``decode_jacobi`` or
-    ``calibrate_window`` that moves τ(L) fails until ``python -m adtbench.tools.ship_window`` is run again (and the
-    key's version bumped). The cost model only picks L from τ(L), so a fixed one stands in for this machine's
-    measurement."""
+    """The shipped τ(L) is what the calibration decodes measure today for the same settings, for the L of ``SPOT_CHECK``
+    on the first ``SPOT_IMAGES`` captions (the app's own path — ``build_models`` → ``load_or_calibrate_window`` →
+    ``calibrate_taus`` — with the shipped table hidden, the grid cut to those L and ``policy.calibration_images`` to
+    ``SPOT_IMAGES``; compared with the shipped counts of the same captions). τ(L) is a statistic of sampled decodes:
+    on the machine that shipped the table the fresh counts equal the shipped ones exactly, while a CPU that rounds a
+    float32 logit otherwise draws other paths (an AMD EPYC and an Intel Xeon do), so the check is statistical: the
+    fresh τ(L) lies within the stated error, |τ_fresh − τ_shipped| ≤ ``calibration.Z_AGREE`` · √(se_fresh² +
+    se_shipped²), and the per-caption pairs pass the paired sign-flip test (``calibration.calibrations_agree``: p ≥
+    ``P_AGREE``: the captions' own spread cancels, so a change that moves every image's τ fails here where the
+    standard error alone would hide it). A change to ``decode_jacobi`` or ``calibrate_window`` that moves τ(L) fails
+    until ``python -m adtbench.tools.ship_window`` is run again (and the key's version bumped). The cost model only
+    picks L from τ(L), so a fixed one stands in for this machine's measurement."""
     entry = shipped_table()
     assert set(SPOT_CHECK) < set(shipped_entry()), "the recomputed L are entries of the shipped table"
     monkeypatch.setattr(caches, "shipped_taus", lambda *args: None)
@@ -118,32 +112,32 @@ def test_shipped_table_agrees_with_a_fresh_calibration(tmp_path, monkeypatch):
     fresh = models.calibration
     for L in SPOT_CHECK:
         shipped = [tuple(c) for c in entry["counts"][str(L)][:SPOT_IMAGES]]
-        tau, se = calibration.ratio_estimate(shipped)
-        z = (fresh["taus"][L] - tau) / math.hypot(fresh["tau_se"][L], se)
-        assert abs(z) <= Z_AGREE, (L, fresh["taus"][L], fresh["tau_se"][L], tau, se)
-        assert caches.calibrations_agree_p(fresh["counts"][L], shipped) >= P_AGREE, (L, fresh["counts"][L], shipped)
+        agree, z, p = calibration.calibrations_agree(fresh["counts"][L], shipped)
+        assert abs(z) <= calibration.Z_AGREE, (L, z, fresh["counts"][L], shipped)
+        assert p >= calibration.P_AGREE, (L, p, fresh["counts"][L], shipped)
+        assert agree
 
 
 def test_the_paired_test_sees_a_shift_the_standard_error_hides():
-    """``calibrations_agree_p`` on made-up counts of 24 images whose τᵢ spread from 1.5 to 4.5 (as the mini's do):
-    equal counts give 1; a few images on other paths (differences of both signs) pass; every image's τ moved by
-    −6 % (a code change; the unpaired z is < 1 there) fails at ``P_AGREE``; the permutation is exact for ≤ 16
+    """``paired_sign_flip_p`` on made-up counts of 24 images whose τᵢ spread from 1.5 to 4.5 (as the mini's do): equal
+    counts give 1; a few images on other paths (differences of both signs) pass; every image's τ moved by −6 % (a
+    code change; the unpaired z is < 1 there) fails at ``calibration.P_AGREE``; the permutation is exact for ≤ 16
     differing images."""
     rng = np.random.default_rng(1)
     forwards = rng.integers(60, 130, 24)
     taus = rng.uniform(1.5, 4.5, 24)
     shipped = [(int(t * f), int(f)) for t, f in zip(taus, forwards)]
-    assert caches.calibrations_agree_p(shipped, shipped) == 1.0
+    assert calibration.paired_sign_flip_p(shipped, shipped) == 1.0
     other = list(shipped)
     for i, delta in ((0, 0.4), (5, -0.3), (9, 0.2), (17, -0.5)):
         other[i] = (int((taus[i] + delta) * forwards[i]), int(forwards[i]))
-    assert caches.calibrations_agree_p(other, shipped) > 0.3
+    assert calibration.paired_sign_flip_p(other, shipped) > 0.3
     moved = [(int(0.94 * t * f + rng.normal(0, 3)), int(f)) for t, f in zip(taus, forwards)]
     t_s, se_s = calibration.ratio_estimate(shipped)
     t_m, se_m = calibration.ratio_estimate(moved)
     assert abs(t_m - t_s) / math.hypot(se_s, se_m) < 1.0
-    assert caches.calibrations_agree_p(moved, shipped) < P_AGREE
-    assert caches.calibrations_agree_p(moved[:12], shipped[:12]) == pytest.approx(2 / 2**12)
+    assert calibration.paired_sign_flip_p(moved, shipped) < calibration.P_AGREE
+    assert calibration.paired_sign_flip_p(moved[:12], shipped[:12]) == pytest.approx(2 / 2**12)
 
 
 def test_shipped_table_applies_only_to_its_weights_and_settings(tmp_path):
@@ -156,7 +150,8 @@ def test_shipped_table_applies_only_to_its_weights_and_settings(tmp_path):
     _, settings = caches._window_settings(cfg, checked.conf)
     found = caches.shipped_taus(cfg, target, None, settings)
     assert found is not None and found[0] == SHIPPED and found[1] == shipped_entry()
-    assert found[2] == {int(k): v for k, v in shipped_table()["tau_se"].items()}
+    assert found.tau_se == {int(k): v for k, v in shipped_table()["tau_se"].items()}
+    assert found.counts == {int(L): [tuple(c) for c in rows] for L, rows in shipped_table()["counts"].items()}
     copy = tmp_path / "ar16"
     shutil.copytree(cfg.model.path, copy)
     cfg.model.path = str(copy)

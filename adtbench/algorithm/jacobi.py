@@ -143,7 +143,7 @@ class JacobiParams:
     adapt_margin: int = key(8, lo=0)
     overhead_steps: float = key(0.3, lo=0)
     calibration_tokens: int = key(512, lo=1)
-    calibration_images: int = key(24, lo=2, hi=48)  # ≤ len(CALIBRATION_PROMPTS) (tests/test_window_ship.py)
+    calibration_images: int = key(24, lo=2, hi=len(calibration.CALIBRATION_PROMPTS))
     group_size: int = key(14, lo=0)
     group_gap: float = key(0.15, lo=0.0)
     group_dist: float = key(0.5, lo=0.0)
@@ -532,14 +532,14 @@ def calibrate_window(
     forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
     ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] over the first ``calibration_tokens`` tokens of each image
     (``generator`` reseeded to 0 before each, so τ(L) reads no clock), made non-decreasing (``choose_window``), with its
-    standard error over the images (``ratio_estimate``). τ(L) is an estimate from one path of random draws per
-    image: a machine whose kernels round a logit otherwise draws another path, so two machines agree within the
-    error, not bit for bit. The
-    cap bounds the calibration's cost on large images (a 7B model decoding 6 × 8 whole 2 352-token images would take
-    minutes); its price is τ measured on the images' top rows only. τ(L) is measured rather than predicted from a
-    survival curve: a longer window also refines its far drafts for more forwards before they are tested, which a
-    per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict and ``counts``: {L: [(committed,
-    forwards) per image]}, the raw data (the harness caches the measured τ(L); a shipped table keeps the counts)."""
+    standard error over the images (``ratio_estimate``). τ(L) is an estimate from one path of random draws per image: a
+    machine whose kernels round a logit otherwise draws another path, so two machines agree within the error, not bit
+    for bit. The cap bounds the calibration's cost on large images (a 7B model decoding 24 × 8 whole 2 352-token images
+    would take many minutes); its price is τ measured on the images' top rows only. τ(L) is measured rather than
+    predicted from a survival curve: a longer window also refines its far drafts for more forwards before they are
+    tested, which a per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict and ``counts``: {L:
+    [(committed, forwards) per image]}, the raw data (the harness caches the measured τ(L); a shipped table keeps the
+    counts)."""
     grid = [L for L in calibration.CALIBRATION_GRID if params.window_min <= L <= params.window_max]
     grid = grid or [params.window_min]
     taus: dict[int, float] = {}

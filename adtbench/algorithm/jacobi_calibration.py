@@ -7,6 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 # --------------------------------------------------------------------------------------------------------
 # window: cost — the machine's choice of L
 # --------------------------------------------------------------------------------------------------------
@@ -122,12 +124,61 @@ def choose_window(
     return {"L": best, "taus": taus, "fit": fit, "rates": rates, "tau_se": se, "near": near}
 
 
+Z_AGREE = 4.0
+"""``calibrations_agree``: two estimates of one τ(L) from the same captions (other paths of draws) differ by at most
+this many combined standard errors, but for a chance of ≈ 10⁻⁴ (normal) to 10⁻³ (Student's t on 11 degrees of
+freedom, the errors' own uncertainty at 12 captions) per L."""
+P_AGREE = 1e-3
+"""``calibrations_agree``: the level of the paired sign-flip test per L."""
+
+
+def paired_sign_flip_p(
+    fresh: Sequence[tuple[int, int]], shipped: Sequence[tuple[int, int]], draws: int = 100_000
+) -> float:
+    """The two-sided p-value of "two calibrations of one τ(L) on the same captions, each image's decode one path of
+    draws from the same law" — a paired sign-flip test on the per-image differences dᵢ = cᵢ/fᵢ − c'ᵢ/f'ᵢ (per image
+    counts (committed, forwards)). Under that hypothesis each dᵢ is symmetric about 0 (the two paths are exchangeable:
+    they share a prefix, then diverge where one CPU rounds a logit otherwise), so flipping signs at random gives the
+    exact null law of |Σdᵢ|: p = P(|Σ sᵢdᵢ| ≥ |Σdᵢ|), over all 2^k signs of the k nonzero dᵢ (k ≤ 16) or ``draws``
+    seeded random ones. The images' own spread cancels in the pairs, so a code change that moves every image's τ is
+    seen where the unpaired standard error would hide it; equal counts (the machine that shipped them) give p = 1."""
+    if len(fresh) != len(shipped):
+        raise ValueError(f"{len(fresh)} fresh images against {len(shipped)} shipped")
+    d = np.array([c / max(1, f) - c2 / max(1, f2) for (c, f), (c2, f2) in zip(fresh, shipped, strict=True)])
+    d = d[d != 0]
+    if d.size == 0:
+        return 1.0
+    observed = abs(d.sum()) * (1 - 1e-12)  # ties count as at least as extreme
+    if d.size <= 16:
+        signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
+    else:
+        signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(draws, d.size))
+    return float((np.abs(signs @ d) >= observed).mean())
+
+
+def calibrations_agree(
+    fresh: Sequence[tuple[int, int]], shipped: Sequence[tuple[int, int]]
+) -> tuple[bool, float, float]:
+    """(agree, z, p) of two calibrations of one τ(L) on the same captions (per image counts): z = (τ_fresh −
+    τ_shipped) / √(se_fresh² + se_shipped²) (``ratio_estimate``), p = ``paired_sign_flip_p``; they agree when
+    |z| ≤ ``Z_AGREE`` and p ≥ ``P_AGREE``. Equal counts give z = 0, p = 1."""
+    (t_f, se_f), (t_s, se_s) = ratio_estimate(fresh), ratio_estimate(shipped)
+    se = math.hypot(se_f, se_s)
+    z = (t_f - t_s) / se if se > 0 else (0.0 if t_f == t_s else math.inf)
+    p = paired_sign_flip_p(fresh, shipped)
+    return abs(z) <= Z_AGREE and p >= P_AGREE, z, p
+
+
 __all__ = [
     "CALIBRATION_GRID",
     "CALIBRATION_PROMPTS",
+    "P_AGREE",
     "SAME_RATE_Z",
+    "Z_AGREE",
+    "calibrations_agree",
     "choose_window",
     "isotonic",
+    "paired_sign_flip_p",
     "ratio_estimate",
     "window_rates",
 ]

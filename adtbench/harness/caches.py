@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -215,11 +215,17 @@ def shipped_window_key(cfg: Any, target: Any, drafter: Any, settings: dict[str, 
     }
 
 
-def shipped_taus(
-    cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]
-) -> tuple[Path, dict[int, float], dict[int, float]] | None:
-    """(file, τ(L), its standard errors) from ``<model.path>/window_taus.json`` whose key equals
-    ``shipped_window_key`` exactly, else None."""
+class ShippedTaus(NamedTuple):
+    """A shipped τ(L) entry (``SHIPPED_TAUS``): its file, τ(L), their standard errors and each caption's counts."""
+
+    path: Path
+    taus: dict[int, float]
+    tau_se: dict[int, float]
+    counts: dict[int, list[tuple[int, int]]]
+
+
+def shipped_taus(cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]) -> ShippedTaus | None:
+    """The entry of ``<model.path>/window_taus.json`` whose key equals ``shipped_window_key`` exactly, else None."""
     key = shipped_window_key(cfg, target, drafter, settings)
     if key is None:
         return None
@@ -230,32 +236,11 @@ def shipped_taus(
     try:
         for entry in json.loads(path.read_text())["entries"]:
             if json.dumps(entry["key"], sort_keys=True, default=str) == want:
-                return path, _by_L(entry["taus"]), _by_L(entry.get("tau_se"))
+                counts = {int(L): [(int(c), int(f)) for c, f in rows] for L, rows in entry.get("counts", {}).items()}
+                return ShippedTaus(path, _by_L(entry["taus"]), _by_L(entry.get("tau_se")), counts)
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("window=cost: ignoring unreadable shipped τ(L) %s (%s)", path, e)
     return None
-
-
-def calibrations_agree_p(fresh: list[tuple[int, int]], shipped: list[tuple[int, int]], draws: int = 100_000) -> float:
-    """The two-sided p-value of "two calibrations of one τ(L) on the same captions, each image's decode one path of
-    draws from the same law" — a paired sign-flip test on the per-image differences dᵢ = cᵢ/fᵢ − c'ᵢ/f'ᵢ (per image
-    counts (committed, forwards)). Under that hypothesis each dᵢ is symmetric about 0 (the two paths are exchangeable:
-    they share a prefix, then diverge where one CPU rounds a logit otherwise), so flipping signs at random gives the
-    exact null law of |Σdᵢ|: p = P(|Σ sᵢdᵢ| ≥ |Σdᵢ|), over all 2^k signs of the k nonzero dᵢ (k ≤ 16) or ``draws``
-    seeded random ones. The images' own spread cancels in the pairs, so a code change that moves every image's τ is
-    seen where the unpaired standard error would hide it; equal counts (the machine that shipped them) give p = 1."""
-    if len(fresh) != len(shipped):
-        raise ValueError(f"{len(fresh)} fresh images against {len(shipped)} shipped")
-    d = np.array([c / max(1, f) - c2 / max(1, f2) for (c, f), (c2, f2) in zip(fresh, shipped, strict=True)])
-    d = d[d != 0]
-    if d.size == 0:
-        return 1.0
-    observed = abs(d.sum()) * (1 - 1e-12)  # ties count as at least as extreme
-    if d.size <= 16:
-        signs = 1 - 2 * ((np.arange(2**d.size)[:, None] >> np.arange(d.size)) & 1)
-    else:
-        signs = np.random.default_rng(0).choice([-1.0, 1.0], size=(draws, d.size))
-    return float((np.abs(signs @ d) >= observed).mean())
 
 
 def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: Any, cost: Any) -> dict[str, Any]:
@@ -305,8 +290,8 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
             log.warning("window=cost: ignoring unreadable cache %s (%s)", path, e)
     shipped = shipped_taus(cfg, target, drafter, settings)
     if shipped is not None:
-        out = choose_window(shipped[1], cost, params.overhead_steps, shipped[2])
-        log.info("window=cost: τ(L) shipped with the model %s → L = %d", shipped[0], out["L"])
+        out = choose_window(shipped.taus, cost, params.overhead_steps, shipped.tau_se)
+        log.info("window=cost: τ(L) shipped with the model %s → L = %d", shipped.path, out["L"])
         return out
     t0 = time.perf_counter()
     out = calibrate_taus(cfg, conf, target, drafter, params, cost)
