@@ -1,4 +1,4 @@
-"""The fixed-shape Jacobi step (``algorithm.jacobi_step``) against the host-driven loop on the CPU, one process.
+"""The fixed-shape Jacobi step (``algorithm.methods.jacobi.step``) against the host-driven loop on the CPU, one process.
 
 SCD at window L (argv[1], default 16) on ``model=mini``, T = 1, its verifies through static buckets without graphs
 (``request_static(graphs=False)``, the CPU's stand-in for ``engine.compile``): ``policy.step=eager`` (the loop) and

@@ -6,8 +6,8 @@ matches (``harness.caches.shipped_taus``), recalibrates τ(L) for every L of the
 ``window_max``] as ``python -m adtbench.tools.ship_window`` does (``caches.calibrate_taus``: the calibration decodes
 of every calibration caption per L, no cache read) and prints one line per L: shipped τ ± se, fresh τ ± se, z =
 (fresh − shipped) / √(se_f² + se_s²) and the paired test's p over the captions
-(``jacobi_calibration.calibrations_agree``). Then the L this machine's cost model picks from each table, and whether
-each is in the other's ``near`` set (``jacobi_calibration.choose_window``: the L whose rate is within 2 standard
+(``jacobi.calibration.calibrations_agree``). Then the L this machine's cost model picks from each table, and whether
+each is in the other's ``near`` set (``jacobi.calibration.choose_window``: the L whose rate is within 2 standard
 errors of the best). On the machine that shipped the table the two agree bit for bit; elsewhere a CPU that rounds a
 float32 logit otherwise draws other paths and τ(L) moves within its error (docs/development.md). Exit 0 when every L
 agrees (|z| ≤ ``Z_AGREE``, p ≥ ``P_AGREE``) and each L is in the other's near set, 1 otherwise (run ``ship_window``
@@ -27,7 +27,7 @@ def main(argv: Sequence[str]) -> int:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from adtbench.algorithm.jacobi_calibration import calibrations_agree, choose_window
+    from adtbench.algorithm.methods.jacobi.calibration import calibrations_agree, choose_window
     from adtbench.harness import caches
     from adtbench.harness.config import register_resolvers, resolve_paths, validate
     from adtbench.models.registry import build_target

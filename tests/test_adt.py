@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.lantern import LanternRule
+from adtbench.algorithm.methods.lantern import LanternRule
 from adtbench.algorithm.policies.adt import ADTPolicy, PositionState, TreeShape, build_adt_policy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.records import Acceptance

@@ -225,10 +225,11 @@ def test_the_algorithm_check_catches_what_it_should(tmp_path: Path) -> None:
 
 
 def test_every_engine_module_imports_first() -> None:
-    """A user may import any module of ``adtbench.algorithm`` / ``models`` first (``from adtbench.algorithm.jacobi
-    import decode_jacobi`` in a notebook): each is imported into a fresh ``adtbench`` namespace in turn. The AST check
-    above sees module cycles but not a package ``__init__`` re-entering a module half-way (``slot`` → ``policies``
-    → ``policies.jacobi`` → ``jacobi`` → ``slot``: an ImportError when ``slot`` or ``jacobi`` came first)."""
+    """A user may import any module of ``adtbench.algorithm`` / ``models`` first (``from
+    adtbench.algorithm.methods.jacobi.loop import decode_jacobi`` in a notebook): each is imported into a fresh
+    ``adtbench`` namespace in turn. The AST check above sees module cycles but not a package ``__init__`` re-entering
+    a module half-way (``slot`` → ``policies`` → ``policies.jacobi`` → ``jacobi`` → ``slot``: an ImportError when
+    ``slot`` or ``jacobi`` came first)."""
     import importlib
     import sys
 

@@ -110,7 +110,7 @@ def test_device_acceptance_reads_every_slot_at_once_and_keeps_the_tokens(gated: 
     per cycle (``verify.read_verdicts``); each prompt's tokens still equal its B = 1 tokens with the same acceptance
     path, at T = 1, with and without a draft gate (whose entropy is read with the verdicts)."""
     from adtbench.algorithm import verify
-    from adtbench.algorithm.gate import DraftGate
+    from adtbench.algorithm.methods.gate import DraftGate
 
     target, drafter = tiny("tiny_chameleon")
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)

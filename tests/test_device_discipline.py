@@ -32,7 +32,7 @@ from torch.overrides import TorchFunctionMode
 
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate
-from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
@@ -41,7 +41,8 @@ from adtbench.algorithm.verify import EXACT
 from adtbench.sampling_params import SamplingParams
 
 PKG = Path(__file__).resolve().parents[1] / "adtbench"
-LOOP = [PKG / "algorithm" / f for f in ("engine.py", "tree.py", "verify.py", "sampling.py", "lantern.py", "gate.py")]
+LOOP = [PKG / "algorithm" / f for f in ("engine.py", "tree.py", "verify.py", "sampling.py")]
+LOOP += [PKG / "algorithm" / "methods" / f for f in ("lantern.py", "gate.py")]
 LOOP += [PKG / "algorithm" / "drafters" / "session.py", PKG / "algorithm" / "policies"]
 FACTORIES = frozenset(
     {"tensor", "as_tensor", "zeros", "ones", "full", "empty", "arange", "eye", "linspace", "rand", "randn",
@@ -119,7 +120,7 @@ POLICIES = {
 
 
 def _gated(policy: Any) -> Any:
-    from adtbench.algorithm.gate import DraftGate
+    from adtbench.algorithm.methods.gate import DraftGate
 
     policy.gate = DraftGate(1.5, 2)
     return policy
@@ -141,7 +142,7 @@ def test_every_policy_keeps_its_tensors_and_draws_on_the_device(relax: str, temp
 def test_mulo_keeps_its_draws_on_the_generator_device() -> None:
     from test_mulo import pair
 
-    from adtbench.algorithm.mulo import MuloParams, decode_mulo
+    from adtbench.algorithm.methods.mulo import MuloParams, decode_mulo
 
     target, models = pair()
     sp = SamplingParams(temperature=1.0, cfg_scale=3.0)

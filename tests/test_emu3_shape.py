@@ -16,7 +16,7 @@ One run of ``bench probe`` in process (the CLI's entry, ``tools.bench.main``) is
 verify(n) for n in 1, 2, 32 replayed through the captured graphs (graphed = eager logits in float32), the AR step
 graphed (one replay per step) and eager, continuing from the half-filled cache; the weight bytes and the tighter
 bytes-an-AR-step-reads figure against the arch's own count; the SCD 32 overhead run (the gpu.sh stage policy) through
-the device-resident Jacobi step (``jacobi_step.JacobiStep``: one host read per image) over the first row of each
+the device-resident Jacobi step (``jacobi.step.JacobiStep``: one host read per image) over the first row of each
 image (``bench.overhead_tokens``: whole 8,191-token images cost 5 minutes here; a GPU runs them whole). The overhead
 run's measured image, greedy SCD through the Jacobi step, equals AR's greedy tokens on the same captured target over
 that row, its forced end-of-line and 5 more."""
@@ -32,7 +32,7 @@ import pytest
 
 from adtbench import accel
 from adtbench.algorithm.ar import ar_step, prefill_token
-from adtbench.algorithm.jacobi_step import JacobiStep
+from adtbench.algorithm.methods.jacobi.step import JacobiStep
 from adtbench.algorithm.policies import jacobi as jacobi_policy
 from adtbench.models.emu3.target import SPECIALS_AFTER_TEXT
 from adtbench.sampling_params import SamplingParams

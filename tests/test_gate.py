@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from test_engine import _exact_joint
 
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.gate import PRIOR_WEIGHT, DraftGate
+from adtbench.algorithm.methods.gate import PRIOR_WEIGHT, DraftGate
 from adtbench.algorithm.policies.base import POLICIES
 from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.errors import ConfigError

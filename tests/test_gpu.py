@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import TreeBudget, random_tree
 from adtbench.algorithm.engine import Clock, decode_ar, generate
-from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies import POLICIES as POLICY_BUILDERS
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.ar import ArPolicy
@@ -154,7 +154,7 @@ def test_mulo_on_the_device(temperature: float) -> None:
     from conftest import model_cfg
     from test_mulo import Nearest
 
-    from adtbench.algorithm.mulo import MuloModels, MuloParams, decode_mulo
+    from adtbench.algorithm.methods.mulo import MuloModels, MuloParams, decode_mulo
     from adtbench.models.registry import build_target
 
     cfg = {"arch.vocab_size": 64}
@@ -432,7 +432,7 @@ def test_a_graphed_cycle_synchronises_once_or_twice_with_budget_cost(case) -> No
 @pytest.mark.gpu_sim
 @pytest.mark.parametrize("name", ["scd", "sjd", "gsd"])
 def test_the_jacobi_step_is_one_graph_replay_and_no_read_per_forward(name: str) -> None:
-    """The device-resident Jacobi step (``algorithm.jacobi_step``, ``policy.step=auto`` on graphed verifies): greedy
+    """The device-resident Jacobi step (``methods.jacobi.step``, ``policy.step=auto`` on graphed verifies): greedy
     = AR greedy token for token, and at T = 1 every forward is one graph replay with no synchronisation inside the
     loop — the host waits only on the previous forward's fence (one step late; ``CycleTimer`` counts the
     ``set_sync_debug_mode`` warnings on CUDA, the simulated device's reads and blocking copies elsewhere): the image's

@@ -23,15 +23,17 @@ import pytest
 import torch
 from conftest import TINY_OVERRIDES, batched_against_single, synthetic_cost_model, tiny
 
-import adtbench.algorithm.jacobi as J
-import adtbench.algorithm.jacobi_calibration as JC
-import adtbench.algorithm.jacobi_draws as JD
+import adtbench.algorithm.methods.jacobi.calibration as JC
+import adtbench.algorithm.methods.jacobi.draws as JD
+import adtbench.algorithm.methods.jacobi.loop as J
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.jacobi import INITS, GroupedRule, calibrate_window, jacobi_params
+from adtbench.algorithm.methods.gsd import GroupedRule
+from adtbench.algorithm.methods.jacobi.calibration import calibrate_window
+from adtbench.algorithm.methods.jacobi.loop import INITS, jacobi_params
+from adtbench.algorithm.methods.jacobi.windows import AdaptiveWindow
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.algorithm.sampling import exponentials
-from adtbench.algorithm.windows import AdaptiveWindow
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.batch import BatchTarget
@@ -135,8 +137,8 @@ def test_device_discipline(monkeypatch: pytest.MonkeyPatch) -> None:
     T = 1, acceptance on the device): every tensor of the loop born with ``device=``, every draw on its generator's."""
     import test_device_discipline as D
 
-    files = ("jacobi", "jacobi_draws", "jacobi_drafter", "jacobi_batch")
-    monkeypatch.setattr(D, "LOOP", [*D.LOOP, *(D.PKG / "algorithm" / f"{m}.py" for m in files)])
+    files = ("loop", "draws", "drafter", "batch")
+    monkeypatch.setattr(D, "LOOP", [*D.LOOP, *(D.PKG / "algorithm" / "methods" / "jacobi" / f"{m}.py" for m in files)])
     target, drafter = tiny("tiny_llamagen", dtype="float32")
     inputs = target.encode_prompt("a red circle", cfg=True)
     with D.Watcher() as w:

@@ -1,5 +1,5 @@
-"""The device-resident Jacobi step (``algorithm.jacobi_step``, ``policy.step``) on the simulated CUDA device (the graph
-stand-in: a replay must run the captured ops on the captured storages, no read or host copy during capture, no
+"""The device-resident Jacobi step (``methods.jacobi.step``, ``policy.step``) on the simulated CUDA device (the
+graph stand-in: a replay must run the captured ops on the captured storages, no read or host copy during capture, no
 random op in the graph), float64:
 
 - T = 0: token-identical to AR greedy for SCD / SJD / GSD × the inits × windows 2 … 16 (the room clamp and the
@@ -31,7 +31,7 @@ import test_laws as TL
 import torch
 from conftest import tiny
 
-import adtbench.algorithm.jacobi_step as JS
+import adtbench.algorithm.methods.jacobi.step as JS
 from adtbench import accel
 from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate

@@ -17,7 +17,7 @@ from scipy.stats import chisquare
 
 import adtbench.harness.caches as caches_mod
 from adtbench.algorithm.engine import generate
-from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.tree import DraftTree

@@ -46,7 +46,7 @@ import pytest
 import torch
 from conftest import synthetic_cost_model, tiny
 
-import adtbench.algorithm.jacobi as J
+import adtbench.algorithm.methods.jacobi.loop as J
 import adtbench.algorithm.tree_step as TS
 import adtbench.algorithm.verify as V
 from adtbench import accel
@@ -54,8 +54,8 @@ from adtbench.algorithm import laws as L
 from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.cost import TreeBudget
 from adtbench.algorithm.engine import generate
-from adtbench.algorithm.jacobi import JacobiParams
-from adtbench.algorithm.lantern import LanternRule
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams
+from adtbench.algorithm.methods.lantern import LanternRule
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy

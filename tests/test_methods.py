@@ -17,9 +17,9 @@ import pytest
 from conftest import ROOT
 from test_laws import HEADLINE
 
+from adtbench.algorithm.methods.jacobi.windows import WINDOWS, FixedWindow
 from adtbench.algorithm.policies import POLICIES, Method, methods
 from adtbench.algorithm.policies.base import method_of
-from adtbench.algorithm.windows import WINDOWS, FixedWindow
 from adtbench.errors import ConfigError
 from adtbench.harness import check, schema
 

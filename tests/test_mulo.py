@@ -1,6 +1,6 @@
-"""MuLo-SD (``adtbench.algorithm.mulo``, ``policy=mulo``): the degenerate ends (τ = 0: one forward per block; τ > 1:
-exact AR), the lossless control arm (T = 0 identity, T = 1 χ²), island and sequential resampling, the records,
-the config checks before any model loads, and end-to-end runs through the app (mini, tiny Tar)."""
+"""MuLo-SD (``adtbench.algorithm.methods.mulo``, ``policy=mulo``): the degenerate ends (τ = 0: one forward per
+block; τ > 1: exact AR), the lossless control arm (T = 0 identity, T = 1 χ²), island and sequential resampling, the
+records, the config checks before any model loads, and end-to-end runs through the app (mini, tiny Tar)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from conftest import model_cfg, pooled_chisquare
 from hydra import compose, initialize_config_dir
 
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.lantern import nearest_codes
-from adtbench.algorithm.mulo import MuloModels, MuloParams, decode_mulo, mulo_params
+from adtbench.algorithm.methods.lantern import nearest_codes
+from adtbench.algorithm.methods.mulo import MuloModels, MuloParams, decode_mulo, mulo_params
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.sampling import process_logits
@@ -246,7 +246,7 @@ def test_pooled_neighbours_widen_acceptance():
 def test_zipar_drafter():
     """``draft=zipar``: the drafter decodes ZipAR-parallel (fewer drafter forwards than its 4 tokens + prefill);
     τ = 0 keeps the up-sampled ZipAR drafts, τ > 1 is still AR."""
-    from adtbench.algorithm.zipar import decode_zipar
+    from adtbench.algorithm.methods.zipar import decode_zipar
 
     t, m = pair(block=64)  # 8×8 target, 4×4 drafter: ZipAR w = 1 runs 4 + 3 = 7 steps instead of 16
     sp = SamplingParams(temperature=0.0, cfg_scale=3.0)

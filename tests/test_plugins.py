@@ -28,11 +28,11 @@ all committed, so L depends on the past only and the law is AR's)."""
 
 from dataclasses import dataclass
 
-from adtbench.algorithm.jacobi import JacobiParams, window_value
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams, window_value
 from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.policies.base import register_method
 from adtbench.algorithm.policies.jacobi import JacobiPolicy, jacobi_method
-from adtbench.algorithm.windows import WINDOWS, FixedWindow
+from adtbench.algorithm.methods.jacobi.windows import WINDOWS, FixedWindow
 
 
 @WINDOWS.register("entropy")
@@ -89,7 +89,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adtbench.algorithm.jacobi import JacobiParams, JacobiState
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams, JacobiState
 from adtbench.algorithm.params import parse
 from adtbench.algorithm.policies.base import register_method
 from adtbench.algorithm.policies.jacobi import NAME_DEFAULTS, JacobiPolicy, jacobi_method
@@ -149,7 +149,7 @@ def test_a_plugin_registers_its_policy_yaml_and_window_rule(entropy_plugin: Path
     naming ``policy.step`` when the policy is built — before any weights load."""
     script = """
 from adtbench.algorithm.policies import POLICIES
-from adtbench.algorithm.windows import WINDOWS
+from adtbench.algorithm.methods.jacobi.windows import WINDOWS
 from adtbench.errors import ConfigError
 from adtbench.harness.config import build_policy, compose_config
 from adtbench.harness.schema import POLICY_SCHEMAS

@@ -27,7 +27,7 @@ def test_register_build_and_errors() -> None:
 def test_shared_value_checks_name_the_key() -> None:
     """``adtbench.errors``' checks are the one spelling of number / choice / flag errors (MuLo-SD's parameters,
     LANTERN's node and the harness's config checks use them)."""
-    from adtbench.algorithm.mulo import mulo_params
+    from adtbench.algorithm.methods.mulo import mulo_params
     from adtbench.errors import check_choice, check_flag, check_number
     from adtbench.harness.caches import lantern_params
 

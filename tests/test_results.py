@@ -363,7 +363,7 @@ def test_summarize_single_and_edge_cases() -> None:
 
 
 def _jacobi_stats(step: str | None, forwards: int, idle: int | None = None) -> dict:
-    """A Jacobi record's ``stats`` with the keys ``algorithm.jacobi`` / ``algorithm.jacobi_step`` write."""
+    """A Jacobi record's ``stats`` with the keys ``algorithm.jacobi`` / ``algorithm.methods.jacobi.step`` write."""
     st = {"window": 16, "init": "up", "redraw": "coupled", "rule": "exact", "window_mean": 4.0, "accept_hist": [1, 2],
           "kept": 1, "coupled": 2, "kept_frac": 0.5, "target_forwards": forwards}  # fmt: skip
     if step is not None:

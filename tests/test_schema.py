@@ -48,7 +48,7 @@ def _constructor_defaults(name: str) -> dict:
     """The keyword defaults of the class a ``policy.name`` builds (MuLo-SD: its ``MuloParams``)."""
     import inspect
 
-    from adtbench.algorithm.mulo import MuloParams
+    from adtbench.algorithm.methods.mulo import MuloParams
     from adtbench.algorithm.policies.adt import ADTPolicy
     from adtbench.algorithm.policies.ar import ArPolicy
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 
 from adtbench import accel
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies import methods
 from adtbench.algorithm.verify import EXACT
 from adtbench.harness.config import build_policy, register_resolvers

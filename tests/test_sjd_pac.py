@@ -30,8 +30,9 @@ import torch
 from conftest import batched_against_single, run_in_process, synthetic_cost_model, tiny
 from test_jacobi import PROMPTS, compose_run
 
-import adtbench.algorithm.jacobi as J
-import adtbench.algorithm.sjd_pac as S
+import adtbench.algorithm.methods.jacobi.calibration as JC
+import adtbench.algorithm.methods.jacobi.loop as J
+import adtbench.algorithm.methods.sjd_pac as S
 from adtbench import accel
 from adtbench.algorithm import laws
 from adtbench.algorithm.engine import decode_ar, generate
@@ -287,7 +288,7 @@ def test_cost_window_calibrates_the_tree() -> None:
     target, _ = tiny("tiny_llamagen")
     inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS[:2]]
     params = policy(window="cost", window_min=4, window_max=16).params
-    out = J.calibrate_window(target, inputs, T1, params, synthetic_cost_model(), torch.Generator().manual_seed(3))
+    out = JC.calibrate_window(target, inputs, T1, params, synthetic_cost_model(), torch.Generator().manual_seed(3))
     assert set(out["taus"]) == {4, 6, 8, 12, 16} and out["L"] in out["taus"]
     res = J.decode_jacobi(target, inputs[0], GREEDY, None, params, window=out["L"])
     assert res.tokens == decode_ar(target, inputs[0], GREEDY, None).tokens

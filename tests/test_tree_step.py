@@ -29,8 +29,8 @@ from conftest import small_tree_policies, tiny, with_cost
 import adtbench.algorithm.tree_step as TS
 from adtbench import accel
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.gate import DraftGate
-from adtbench.algorithm.lantern import LanternRule
+from adtbench.algorithm.methods.gate import DraftGate
+from adtbench.algorithm.methods.lantern import LanternRule
 from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.tree import DraftTree

@@ -174,7 +174,7 @@ def _outcomes(tree: DraftTree, logits: torch.Tensor, where: str, rule: Acceptanc
 
 
 def _lantern_rule(V: int):
-    from adtbench.algorithm.lantern import LanternRule
+    from adtbench.algorithm.methods.lantern import LanternRule
 
     table = torch.stack([torch.roll(torch.arange(V), -i)[1:4] for i in range(V)])  # neighbours: the next codes
     return LanternRule(table, 0, delta=0.3)
@@ -256,8 +256,8 @@ def test_chain_fast_path_decides_like_the_general_path(rule_name: str) -> None:
     """``accept_chain`` (a declared chain: Jacobi windows, chain policies) takes the decisions of the general device
     path (``_by_rank`` / the greedy ``_finish``) from the same draws, seed for seed, for every rule; and
     ``read_chain`` reads what ``read_verdict`` reads."""
-    from adtbench.algorithm.jacobi import GroupedRule
-    from adtbench.algorithm.lantern import LanternRule
+    from adtbench.algorithm.methods.gsd import GroupedRule
+    from adtbench.algorithm.methods.lantern import LanternRule
     from adtbench.algorithm.verify import accept, read_chain, read_verdict
 
     V = 9

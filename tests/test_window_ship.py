@@ -16,8 +16,9 @@ from conftest import ROOT, synthetic_cost_model
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-import adtbench.algorithm.jacobi as jacobi
-import adtbench.algorithm.jacobi_calibration as calibration
+import adtbench.algorithm.methods.jacobi.calibration as calibration
+import adtbench.algorithm.methods.jacobi.captions as captions
+import adtbench.algorithm.methods.jacobi.loop as jacobi
 import adtbench.harness.caches as caches
 from adtbench.harness.config import register_resolvers, resolve_paths, validate
 from adtbench.harness.job import build_models
@@ -70,7 +71,7 @@ def test_the_shipped_counts_are_the_shipped_estimates():
     entry = shipped_table()
     n = entry["key"]["policy"]["calibration_images"]
     assert entry["images"] == n == len(entry["key"]["prompts"]) and entry["key"]["prompts"] == list(
-        calibration.CALIBRATION_PROMPTS[:n]
+        captions.CALIBRATION_PROMPTS[:n]
     )
     for L, tau in shipped_entry().items():
         counts = [tuple(c) for c in entry["counts"][str(L)]]
@@ -175,7 +176,7 @@ def test_calibration_images_reach_every_caption_and_no_further():
     naming the key (before any weights load)."""
     from adtbench.errors import ConfigError
 
-    n = len(calibration.CALIBRATION_PROMPTS)
+    n = len(captions.CALIBRATION_PROMPTS)
     assert jacobi.jacobi_params({"calibration_images": n}).calibration_images == n == 48
     for bad in (1, n + 1):
         with pytest.raises(ConfigError, match=r"policy\.calibration_images"):

@@ -23,11 +23,7 @@ from omegaconf import OmegaConf
 
 from adtbench.algorithm.ar import ar_tokens
 from adtbench.algorithm.engine import decode_ar, generate
-from adtbench.algorithm.policies import POLICIES, LoopPolicy
-from adtbench.algorithm.policies.zipar import ZipARPolicy
-from adtbench.algorithm.raster import RasterCache
-from adtbench.algorithm.regions import window_schedule
-from adtbench.algorithm.zipar import (
+from adtbench.algorithm.methods.zipar import (
     EOL_INPUT,
     GridShape,
     decode_plan,
@@ -36,6 +32,10 @@ from adtbench.algorithm.zipar import (
     zipar_plan,
     zipar_steps,
 )
+from adtbench.algorithm.policies import POLICIES, LoopPolicy
+from adtbench.algorithm.policies.zipar import ZipARPolicy
+from adtbench.algorithm.raster import RasterCache
+from adtbench.algorithm.regions import window_schedule
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.models.registry import build_target
@@ -395,8 +395,8 @@ def test_app_bad_config_names_the_key(tmp_path: Path, overrides: tuple[str, ...]
 def test_a_forwards_draws_are_the_row_by_row_draws_of_the_ar_baseline() -> None:
     """``draw`` samples every row of a forward in one exponential race; on a CPU generator these are the draws of
     ``next_token_tensor`` row by row (the AR baseline's), token for token and to the generator's state after."""
+    from adtbench.algorithm.methods.zipar import draw
     from adtbench.algorithm.sampling import next_token_tensor
-    from adtbench.algorithm.zipar import draw
 
     sp = SamplingParams(temperature=1.0)
     for m in (1, 3, 8):

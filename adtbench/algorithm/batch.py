@@ -38,7 +38,7 @@ from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.engine import pending_slots, prefill_drafter
-from adtbench.algorithm.gate import DraftGate
+from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.policies.base import TreePolicy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import process_logits, sample_rows

@@ -45,7 +45,7 @@ from adtbench.algorithm import tree_step
 from adtbench.algorithm.ar import ar_step, ar_tokens, prefill_token
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.gate import DraftGate
+from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.policies.base import LoopPolicy, Policy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import process_logits

@@ -3,7 +3,7 @@
     Timing       a decode's clock marks and forwards → the timed fields of its ``GenerationResult``
     DecodeState  one prompt's speculative tree decode: ``engine.generate`` drives one, ``batch.generate_batch`` one
                  per slot, with the same calls in the same order
-    SlotStream   continuous batching's admissions (``batch.generate_batch``, ``jacobi_batch.generate_jacobi_batch``):
+    SlotStream   continuous batching's admissions (``batch.generate_batch``, ``jacobi.batch.generate_jacobi_batch``):
                  ``B`` slots fed from a stream of prompts; a finished slot hands its result on and takes the next
                  prompt at once
 
@@ -26,7 +26,7 @@ import torch
 from adtbench import accel
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
-from adtbench.algorithm.gate import DraftGate
+from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import next_token_tensor
 from adtbench.algorithm.tree import DraftTree, arange_on

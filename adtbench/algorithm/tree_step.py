@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from adtbench import accel_graphs
-from adtbench.algorithm.gate import DraftGate
+from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.slot import decides_on_host
 from adtbench.algorithm.tree import DraftTree, arange_on

@@ -541,7 +541,7 @@ def chain_verdict(
     draw: Callable[[torch.Tensor], torch.Tensor],
 ) -> Verdict:
     """The chain's acceptance law, one place for the eager loop (``accept_chain``) and the fixed-shape Jacobi step
-    (``jacobi_step``): drafts ``x [n − 1]`` (node i's child is i + 1) against processed rows ``[n, V]``, proposal
+    (``jacobi.step``): drafts ``x [n − 1]`` (node i's child is i + 1) against processed rows ``[n, V]``, proposal
     rows ``[n, V]`` (row i: draft x_i's q; None when greedy), uniforms ``u [n − 1]`` (None when greedy), the first
     ``live`` drafts testable (an int, or a device ``[1]`` tensor: the fixed-shape step's room clamp; drafts past it are
     never accepted) and ``draw`` (one token from an unnormalised probability row ``[1, V]`` or ``[V]``).

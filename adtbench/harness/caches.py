@@ -29,7 +29,7 @@ import torch
 
 from adtbench import accel
 from adtbench.algorithm.cost import MEASURE_METHOD, VERIFY_ONLY_METHOD, CostModel, measure_cost, target_parameters
-from adtbench.algorithm.lantern import LanternRule, nearest_codes
+from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.errors import ConfigError, check_flag, check_number
 from adtbench.harness.schema import AppConf
 from adtbench.io import atomic_write_bytes, atomic_write_with
@@ -157,8 +157,8 @@ def _window_settings(cfg: Any, conf: AppConf) -> tuple[Any, dict[str, Any]]:
     """The Jacobi params of ``cfg.policy`` and what τ(L) depends on besides the model: the sampling, the policy's keys
     that change τ(L), LANTERN, the calibration prompts and grid, and the version of the calibration code (4: bump it
     when ``decode_jacobi`` or ``calibrate_window`` changes what they commit or record)."""
-    from adtbench.algorithm.jacobi import JacobiParams
-    from adtbench.algorithm.jacobi_calibration import CALIBRATION_GRID, CALIBRATION_PROMPTS
+    from adtbench.algorithm.methods.jacobi.captions import CALIBRATION_GRID, CALIBRATION_PROMPTS
+    from adtbench.algorithm.methods.jacobi.loop import JacobiParams
     from adtbench.algorithm.policies import POLICIES
 
     sp, lantern_on = conf.sampling, conf.lantern is not None and conf.lantern.enabled
@@ -245,8 +245,8 @@ def shipped_taus(cfg: Any, target: Any, drafter: Any, settings: dict[str, Any]) 
 
 def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: Any, cost: Any) -> dict[str, Any]:
     """``calibrate_window`` on the calibration prompts with this config's sampling, rule and drafter (the decodes)."""
-    from adtbench.algorithm.jacobi import calibrate_window
-    from adtbench.algorithm.jacobi_calibration import CALIBRATION_PROMPTS
+    from adtbench.algorithm.methods.jacobi.calibration import calibrate_window
+    from adtbench.algorithm.methods.jacobi.captions import CALIBRATION_PROMPTS
     from adtbench.algorithm.verify import EXACT
 
     sp = conf.sampling
@@ -256,7 +256,7 @@ def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: A
     inputs = [target.encode_prompt(text, cfg=sp.use_cfg and target.supports_cfg) for text in prompts]
     rule: Any = build_lantern_rule(cfg.lantern, target) if conf.lantern is not None and conf.lantern.enabled else EXACT
     if params.rule == "gsd":
-        from adtbench.algorithm.jacobi import grouped_rule
+        from adtbench.algorithm.methods.gsd import grouped_rule
 
         rule = grouped_rule(target, params)
     return calibrate_window(target, inputs, sp, params, cost, gen, rule, drafter)
@@ -271,7 +271,7 @@ def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any)
     calibration decodes (then cached). Only the choice of L reads the machine's cost model. ``cfg``: the app's config
     (``policy``, ``lantern``, ``model.path``); ``conf``: the typed sampling, ``lantern.enabled`` and
     ``paths.cache_dir``."""
-    from adtbench.algorithm.jacobi_calibration import choose_window
+    from adtbench.algorithm.methods.jacobi.calibration import choose_window
 
     params, settings = _window_settings(cfg, conf)
     sp, cache_dir = conf.sampling, conf.cache_dir

@@ -278,8 +278,8 @@ def check_prompts(cfg: DictConfig, prompts: list[Any]) -> None:
 
 
 def build_rule(cfg: DictConfig, conf: schema.AppConf, target: Any) -> AcceptanceRule:
-    """The acceptance rule: exact unless ``lantern.enabled`` (relaxed acceptance, ``adtbench.algorithm.lantern``,
-    from the ``lantern`` node of ``cfg``)."""
+    """The acceptance rule: exact unless ``lantern.enabled`` (relaxed
+    acceptance, ``adtbench.algorithm.methods.lantern``, from the ``lantern`` node of ``cfg``)."""
     if conf.lantern is None or not conf.lantern.enabled:
         return EXACT
     from adtbench.harness.caches import build_lantern_rule

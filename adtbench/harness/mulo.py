@@ -1,4 +1,4 @@
-"""What ``policy=mulo`` (MuLo-SD, ``adtbench.algorithm.mulo``) needs from the harness: the pairing check before
+"""What ``policy=mulo`` (MuLo-SD, ``adtbench.algorithm.methods.mulo``) needs from the harness: the pairing check before
 any model loads, and its models besides the target (registered in ``adtbench.harness.loops``).
 
 The drafter's model node is ``conf/model/<policy.drafter_model>.yaml`` merged with ``policy.drafter_overrides``
@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from adtbench.algorithm.mulo import MuloModels, mulo_params
+from adtbench.algorithm.methods.mulo import MuloModels, mulo_params
 from adtbench.errors import ConfigError, check_choice
 from adtbench.harness.schema import AppConf
 from adtbench.resources import conf_dir
@@ -191,7 +191,7 @@ def _same_codebook(target: Any, drafter: Any) -> bool:
 
 def build_mulo_models(cfg: DictConfig, conf: AppConf, target: Any) -> MuloModels:
     """``aux`` of ``policy=mulo`` (module docstring); ConfigError naming ``policy.*`` keys on a bad pairing."""
-    from adtbench.algorithm.mulo import grids
+    from adtbench.algorithm.methods.mulo import grids
     from adtbench.harness.caches import load_or_build_table
     from adtbench.models.registry import build_target
     from adtbench.models.resample import build_resampler

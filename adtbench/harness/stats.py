@@ -374,7 +374,8 @@ def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     drafts, summed) and ``kept_frac`` (coupled redraws that kept their draft, pooled).
 
     The step that ran each image (a record's ``stats.step``: ``eager`` — the host loop —, ``fixed-shape`` or
-    ``graph`` — the device-resident step of ``algorithm.jacobi_step``): ``step_counts`` = {step: records}, summed;
+    ``graph`` — the device-resident step of ``algorithm.methods.jacobi.step``): ``step_counts`` = {step: records},
+    summed;
     ``step`` = the one step when every record that names one agrees, ``mixed`` when they differ (a run resumed on
     another machine under ``engine.verify_step=auto``), None when none names one (records from before the key).
     ``idle_forwards`` = Σ the device-resident step's forwards launched past an image's end (at most one per image;

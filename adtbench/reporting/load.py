@@ -95,7 +95,7 @@ def _recorded_rule(cfg: dict[str, Any], summary: Summary | None) -> Any:
         return EXACT
     import torch
 
-    from adtbench.algorithm.lantern import LanternRule
+    from adtbench.algorithm.methods.lantern import LanternRule
     from adtbench.harness.caches import lantern_params
 
     p = lantern_params(node)

@@ -91,7 +91,7 @@ from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead
 # in it); whatever no phase covers is ``cycle (rest)``: the cycle's own lines and unlisted helpers.
 TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "drafter network", "drafter LM head"
 EMBEDDING = "token embedding"
-JACOBI_STEP = "jacobi: step (one graph replay)"  # ``algorithm.jacobi_step``: the verify and the engine work, one launch
+JACOBI_STEP = "jacobi: step (one graph replay)"  # ``methods.jacobi.step``: the verify and the engine work, one launch
 LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection)"  # ``drafters.graphed``
 TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance)"  # ``algorithm.tree_step``
 # ``bench.count``: not engine ops
@@ -117,13 +117,13 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.policies.sampled", "gumbel_top_k", "draws without replacement (sampled trees)"),
     ("policy", "propose", "policy: tree building"),
     ("policy", "observe", "policy: observe"),
-    ("adtbench.algorithm.jacobi", "process_logits", "target logits processing"),
-    ("adtbench.algorithm.jacobi:JacobiState", "plan", "jacobi: window size + top-up"),
-    ("adtbench.algorithm.jacobi", "init_drafts", "jacobi: new drafts (init)"),
-    ("adtbench.algorithm.jacobi:JacobiState", "chain", "jacobi: the chain's tree"),
-    ("adtbench.algorithm.jacobi:JacobiState", "advance", "jacobi: advance (bonus, window, records)"),
-    ("adtbench.algorithm.jacobi", "redraw", "jacobi: redraw"),
-    ("adtbench.algorithm.jacobi_step:JacobiStep", "launch", JACOBI_STEP),
+    ("adtbench.algorithm.methods.jacobi.loop", "process_logits", "target logits processing"),
+    ("adtbench.algorithm.methods.jacobi.loop:JacobiState", "plan", "jacobi: window size + top-up"),
+    ("adtbench.algorithm.methods.jacobi.loop", "init_drafts", "jacobi: new drafts (init)"),
+    ("adtbench.algorithm.methods.jacobi.loop:JacobiState", "chain", "jacobi: the chain's tree"),
+    ("adtbench.algorithm.methods.jacobi.loop:JacobiState", "advance", "jacobi: advance (bonus, window, records)"),
+    ("adtbench.algorithm.methods.jacobi.loop", "redraw", "jacobi: redraw"),
+    ("adtbench.algorithm.methods.jacobi.step:JacobiStep", "launch", JACOBI_STEP),
     ("adtbench.algorithm.tree_step:TreeStep", "launch", TREE_STEP),
     ("adtbench.algorithm.tree_step:TreeStep", "fill", "tree verify step: the tree into its buffers, the draws"),
     ("adtbench.algorithm.tree_step:TreeStep", "verify", "the cycle's host read"),
@@ -366,9 +366,9 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     counter = DeviceCounter(NETWORKS, instances["target"].device)
     phases = (
         ("adtbench.algorithm.engine", "prefill", PREFILL),
-        ("adtbench.algorithm.jacobi", "prefill_token", PREFILL),
+        ("adtbench.algorithm.methods.jacobi.loop", "prefill_token", PREFILL),
         ("target", "encode_prompt", PREFILL),
-        ("adtbench.algorithm.jacobi_step:JacobiStep", "start_image", PREFILL),  # the image's first window
+        ("adtbench.algorithm.methods.jacobi.step:JacobiStep", "start_image", PREFILL),  # the image's first window
         *PHASES,
     )
     cycles = levels = 0

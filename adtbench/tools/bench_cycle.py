@@ -22,8 +22,8 @@ It also counts the **synchronisations** outside the prefill:
 
 Explicit ``accel.synchronize`` calls (the decode loop's image boundaries) are counted apart (``explicit``); on
 CUDA the sync debug mode is off during them, so they are not counted twice. ``replays`` counts the static-shape
-forwards (``models.graphs``; the Jacobi step's and the tree verify's, ``algorithm.jacobi_step`` / ``tree_step``) run
-through a captured graph, ``static_runs`` all of them: a graphed run that falls back to variable shapes shows as
+forwards (``models.graphs``; the Jacobi step's and the tree verify's, ``methods.jacobi.step`` / ``tree_step``)
+run through a captured graph, ``static_runs`` all of them: a graphed run that falls back to variable shapes shows as
 ``replays == 0``.
 """
 
@@ -49,14 +49,14 @@ MODEL_CALLS: tuple[tuple[str, str, str], ...] = (
     ("target", "lm_head", DRAFTER_HEAD),
     # the device-resident Jacobi step (``policy.step``): its replay holds the verify and the engine work on the device,
     # so the overhead left is the host's (the draws, the verdict's copy, the wait one step late, the records)
-    ("adtbench.algorithm.jacobi_step:JacobiStep", "launch", TARGET),
+    ("adtbench.algorithm.methods.jacobi.step:JacobiStep", "launch", TARGET),
     # the graphed tree verify (``engine.verify_step``): forward, processing and acceptance in one replay
     ("adtbench.algorithm.tree_step:TreeStep", "launch", TARGET),
 )
 """(owner, attribute, label): the public calls every model forward of a cycle goes through, eager or graphed."""
 _PREFILL: tuple[tuple[str, str], ...] = (
     ("adtbench.algorithm.engine", "prefill"),
-    ("adtbench.algorithm.jacobi", "prefill_token"),  # the Jacobi loop's prefill (no drafter prefix pass)
+    ("adtbench.algorithm.methods.jacobi.loop", "prefill_token"),  # the Jacobi loop's prefill (no drafter prefix pass)
     ("target", "encode_prompt"),
 )
 SYNC_WARNING = "synchronizing CUDA operation"  # torch.cuda.set_sync_debug_mode("warn")'s message
@@ -162,7 +162,7 @@ class CycleTimer:
         return wrapped
 
     def _jacobi_launch(self, fn: Any) -> Any:
-        """``jacobi_step.JacobiStep.launch`` / ``tree_step.TreeStep.launch``: one static-shape forward (and engine
+        """``jacobi.step.JacobiStep.launch`` / ``tree_step.TreeStep.launch``: one static-shape forward (and engine
         step), replayed when graphed."""
 
         def wrapped(step: Any, width: int) -> Any:
@@ -199,7 +199,8 @@ class CycleTimer:
                 self._patch(owner, attr, self._prefill_scope)
         self._patch(accel, "synchronize", self._explicit_sync)
         self._patch(graphs._Step, "run", self._step_run)
-        from adtbench.algorithm import jacobi_step, tree_step
+        from adtbench.algorithm import tree_step
+        from adtbench.algorithm.methods.jacobi import step as jacobi_step
 
         self._patch(jacobi_step.JacobiStep, "launch", self._jacobi_launch)
         self._patch(tree_step.TreeStep, "launch", self._jacobi_launch)

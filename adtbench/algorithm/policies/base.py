@@ -25,7 +25,7 @@ from adtbench.errors import check_flag
 from adtbench.registry import Registry
 
 if TYPE_CHECKING:
-    from adtbench.algorithm.gate import DraftGate
+    from adtbench.algorithm.methods.gate import DraftGate
 
 
 class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
@@ -221,7 +221,7 @@ P = TypeVar("P", bound=TreePolicy)
 def with_gate(policy: P, node: Any) -> P:
     """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``, and
     its ``policy.graph_levels`` flag (graphed drafting levels, ``drafters.graphed``; default on)."""
-    from adtbench.algorithm.gate import DraftGate
+    from adtbench.algorithm.methods.gate import DraftGate
 
     tokens = node.get("gate_tokens")
     policy.gate = None if tokens is None else DraftGate(float(tokens), int(node.get("gate_explore", 8)))

@@ -12,9 +12,10 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.jacobi import JacobiParams, decode_jacobi, grouped_rule, jacobi_params
-from adtbench.algorithm.jacobi_batch import generate_jacobi_batch
-from adtbench.algorithm.jacobi_step import fixed_shape_step
+from adtbench.algorithm.methods.gsd import grouped_rule
+from adtbench.algorithm.methods.jacobi.batch import generate_jacobi_batch
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams, decode_jacobi, jacobi_params
+from adtbench.algorithm.methods.jacobi.step import fixed_shape_step
 from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
 from adtbench.algorithm.verify import EXACT
@@ -103,7 +104,7 @@ class JacobiPolicy(LoopPolicy):
         rule: Any,
         acceptance: str = "auto",
     ) -> None:
-        """Batched decoding (``jacobi_batch.generate_jacobi_batch``: a ragged window per slot) of ``items`` through
+        """Batched decoding (``jacobi.batch.generate_jacobi_batch``: a ragged window per slot) of ``items`` through
         ``bt`` (a ``models.batch.BatchTarget``); ``on_done(key, result)`` per prompt. ``init: drafter`` is
         single-prompt."""
         if self.params.init == "drafter":

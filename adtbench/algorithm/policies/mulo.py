@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.mulo import MuloModels, MuloParams, decode_mulo, mulo_params
+from adtbench.algorithm.methods.mulo import MuloModels, MuloParams, decode_mulo, mulo_params
 from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from adtbench.algorithm.methods.sjd_pac import SJDPACParams, sjd_pac_params
 from adtbench.algorithm.policies.base import register_method
 from adtbench.algorithm.policies.jacobi import JacobiPolicy, jacobi_method
-from adtbench.algorithm.sjd_pac import SJDPACParams, sjd_pac_params
 
 
 class SJDPACPolicy(JacobiPolicy):

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
+from adtbench.algorithm.methods.zipar import decode_zipar
 from adtbench.algorithm.policies.base import LoopPolicy, Method, register_method
 from adtbench.algorithm.records import GenerationResult
-from adtbench.algorithm.zipar import decode_zipar
 from adtbench.errors import check_number
 
 

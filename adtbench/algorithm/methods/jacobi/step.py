@@ -15,8 +15,8 @@ buffers, so it can be captured:
   accepted, ``verify.chain_verdict``'s ``live``), and ``live`` = g + 1 < end makes a step past the image's last
   token a no-op (no state written). Every size that depended on the accepted count a is a mask or a gather: the
   bonus goes to g + a + 1 by ``index_copy_``; the next window's row i (position g + a + 2 + i) is the redraw of
-  processed row a + 1 + i where i < r = min(m − a, room after the bonus) (``jacobi_draws.redraw``: coupled to the old
-  draft where i < m − a − 1), else a new draft (``jacobi_draws.init_drafts`` at the device position s = g + a + 2 + r);
+  processed row a + 1 + i where i < r = min(m − a, room after the bonus) (``jacobi.draws.redraw``: coupled to the old
+  draft where i < m − a − 1), else a new draft (``jacobi.draws.init_drafts`` at the device position s = g + a + 2 + r);
   q is gathered the same way.
 - **The verify** writes the static bucket's inputs (``graphs.StaticVerify``'s tokens, positions, written columns and
   the mask of the chosen attention width, built from the device length: the prompt's bias below the prompt columns,
@@ -60,8 +60,9 @@ from typing import Any
 import torch
 
 from adtbench import accel, accel_graphs
-from adtbench.algorithm.jacobi import GroupedRule, JacobiParams
-from adtbench.algorithm.jacobi_draws import init_drafts, layout_tables, redraw
+from adtbench.algorithm.methods.gsd import GroupedRule
+from adtbench.algorithm.methods.jacobi.draws import init_drafts, layout_tables, redraw
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams
 from adtbench.algorithm.records import Clock, CycleRecord
 from adtbench.algorithm.sampling import draw_into, process_logits, sample_rows_cdf
 from adtbench.algorithm.slot import Timing, decides_on_host
@@ -188,7 +189,7 @@ class JacobiStep:
 
     @torch.no_grad()
     def start_image(self, root: torch.Tensor, generator: torch.Generator | None, limit: int | None) -> None:
-        """Load a prefilled image: the root at g = 0, the first window's drafts (``jacobi_draws.init_drafts``), the
+        """Load a prefilled image: the root at g = 0, the first window's drafts (``jacobi.draws.init_drafts``), the
         prompt's bias and the target's length and positions."""
         t, D = self.target, self.L - 1
         plen = t.prompt_cols

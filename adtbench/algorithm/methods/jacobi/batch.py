@@ -6,13 +6,13 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.jacobi import JacobiParams, JacobiState
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams, JacobiState
+from adtbench.algorithm.methods.jacobi.windows import make_sizer
 from adtbench.algorithm.records import Clock, GenerationResult
 from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.slot import SlotStream, Timing, decides_on_host
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead
-from adtbench.algorithm.windows import make_sizer
 from adtbench.models.base import PromptInputs
 from adtbench.sampling_params import SamplingParams
 

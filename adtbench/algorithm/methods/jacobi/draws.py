@@ -2,7 +2,7 @@
 neighbours (``LayoutTables``), the redraw of the positions past the bonus (``redraw``: ``independent``, ``coupled``,
 ``gumbel``; ``jacobi``'s module docstring, step 2) and the initialisation of new window positions (``init_drafts``:
 ``random``, ``left``, ``up``; step 3). Vectorised over the window's rows, no host read; shared by the host-driven loop
-(``jacobi.JacobiState``) and the fixed-shape device step (``jacobi_step``)."""
+(``jacobi.JacobiState``) and the fixed-shape device step (``jacobi.step``)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def redraw(
     argmax_v p(v) / E_v (Gumbel-max) on the position's own Exp(1) row ``noise [r, V]``, drawn once when the position
     entered the window and reused by every redraw there (the SCD authors' Gumbel coupling); kept = the old draft
     won again. ``draws``: (the keep test's uniforms ``[r]``, the residual draws' ``[r]``), drawn by the caller (the
-    graphed step, ``jacobi_step``); None: both drawn from ``generator`` here."""
+    graphed step, ``jacobi.step``); None: both drawn from ``generator`` here."""
     keep_u, resid_u = (None, None) if draws is None else draws
     if kind == "independent":
         return sample_rows_cdf(probs, generator, resid_u), probs, torch.zeros_like(has_old)
@@ -121,7 +121,7 @@ def init_sources(layout: TokenLayout, tables: LayoutTables, s: int | torch.Tenso
     """Generation indices whose tokens ``left`` / ``up`` copy into positions s … s + t − 1 (all known: committed, the
     root or drafts before s). ``left``: the latest non-forced index before s, for every position (a repeated
     neighbour); ``up``: the same column in the nearest row above that is known (before s), else ``left``'s. ``s``: a
-    host int, or a device ``[1]`` tensor (the fixed-shape step, ``jacobi_step``: no read)."""
+    host int, or a device ``[1]`` tensor (the fixed-shape step, ``jacobi.step``: no read)."""
     dev = tables.forced.device
     left: int | torch.Tensor = tables.prev_image[s] if isinstance(s, int) else tables.prev_device[s]
     j = s + arange_on(t, dev)

@@ -466,7 +466,7 @@ def draft_block(
     """The drafter's tokens after drafting low-resolution slots [lo, hi), and the drafter forwards it took
     (``draft=zipar``: the whole image by ``decode_zipar``, its prefill included)."""
     if dside is None:
-        from adtbench.algorithm.zipar import decode_zipar
+        from adtbench.algorithm.methods.zipar import decode_zipar
 
         zres = decode_zipar(models.drafter, dinputs, sp, generator, params.draft_window)
         return zres.tokens, zres.target_forwards

@@ -29,7 +29,7 @@ stored with the full proposal distribution q_i it was drawn from. One iteration 
    (``INITS``): ``random`` — uniform over the image tokens, stored q uniform (the SJD code stores a one-hot; both are
    exact, uniform accepts Σ_y min(p(y), 1/n) instead of 1/n on average); ``left`` / ``up`` — repeat the raster-left
    (forced end-of-line tokens skipped) or upper neighbour, a point-mass q; ``drafter`` — the EAGLE drafter's chain
-   (``jacobi_drafter.DrafterInit``). Forced positions (end-of-line / end-of-image) always get their forced token,
+   (``jacobi.drafter.DrafterInit``). Forced positions (end-of-line / end-of-image) always get their forced token,
    q a point mass.
    ``proposal: point`` stores a point mass for ``random`` drafts too (the SJD, SCD and GSD codes' one-hot): exact,
    since the draft is a function of q then, and a random draft x is accepted with probability p(x).
@@ -67,33 +67,39 @@ kept their draft), ``target_forwards``.
 Device discipline: every tensor of the loop is born on the target's device, draws use the generator handed in,
 and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image. At a
 fixed window on graphed verifies the same iteration runs as one fixed-shape device step, one graph replay per forward
-with the verdict read one step late (``jacobi_step``, ``policy.step``).
+with the verdict read one step late (``jacobi.step``, ``policy.step``).
 
 Here: the params, the state of one image, the loop and ``window: cost``'s calibration decodes, and GSD's rule. Beside
-it: ``jacobi_draws`` (the tables, redraws and inits), ``jacobi_drafter`` (``init: drafter``), ``jacobi_batch`` (the
-batched loop), ``jacobi_calibration`` (the calibration captions, grid and the choice of L).
+it: ``jacobi.draws`` (the tables, redraws and inits), ``jacobi.drafter`` (``init: drafter``), ``jacobi.batch`` (the
+batched loop), ``jacobi.calibration`` (the calibration captions, grid and the choice of L).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from adtbench.algorithm import jacobi_calibration as calibration
 from adtbench.algorithm.ar import prefill_token
-from adtbench.algorithm.jacobi_drafter import DrafterInit
-from adtbench.algorithm.jacobi_draws import LayoutTables, chain_structure, init_drafts, layout_tables, redraw, zero_row
+from adtbench.algorithm.methods.jacobi.captions import CALIBRATION_PROMPTS
+from adtbench.algorithm.methods.jacobi.drafter import DrafterInit
+from adtbench.algorithm.methods.jacobi.draws import (
+    LayoutTables,
+    chain_structure,
+    init_drafts,
+    layout_tables,
+    redraw,
+    zero_row,
+)
+from adtbench.algorithm.methods.jacobi.windows import FixedWindow, make_sizer, window_rule
 from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import exponentials, process_logits
 from adtbench.algorithm.slot import Timing, verify_slots
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
-from adtbench.algorithm.windows import FixedWindow, make_sizer, window_rule
 from adtbench.errors import ConfigError, check_number
 from adtbench.layout import TokenLayout
 from adtbench.models.base import PromptInputs, Target
@@ -103,7 +109,7 @@ INITS = ("random", "left", "up", "drafter")
 REDRAWS = ("independent", "coupled", "gumbel")
 PROPOSALS = ("uniform", "point")
 RULES = ("exact", "gsd")
-STEPS = ("auto", "graph", "eager")  # policy.step (``jacobi_step``)
+STEPS = ("auto", "graph", "eager")  # policy.step (``jacobi.step``)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -124,12 +130,12 @@ class JacobiParams:
     """One Jacobi method (module docstring), and its keys' schema (``params.key``: the harness merges the composed
     ``policy`` node into this class, ``jacobi_params`` parses it). ``window``: L, the chain's nodes (root + L − 1
     drafts), or a registered window rule (``windows.WINDOWS``: ``cost``, ``adaptive``; then L ∈ [``window_min``,
-    ``window_max``]); ``step``: ``auto`` / ``graph`` / ``eager``, how a forward runs (``jacobi_step``: the
+    ``window_max``]); ``step``: ``auto`` / ``graph`` / ``eager``, how a forward runs (``jacobi.step``: the
     fixed-shape step captured as one graph, or the host-driven loop); ``rule``: ``exact`` or ``gsd`` (``group_*``:
     its group); ``proposal``: the stored q of an ``init: random`` draft, ``uniform`` or ``point`` (a point mass on
     the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``: ``window: cost`` decodes the first that
     many tokens of each calibration image, of the first ``calibration_images`` captions of
-    ``jacobi_calibration.CALIBRATION_PROMPTS`` (τ(L)'s standard error falls as 1/√n). A method with keys of its own
+    ``captions.CALIBRATION_PROMPTS`` (τ(L)'s standard error falls as 1/√n). A method with keys of its own
     subclasses this (``sjd_pac.SJDPACParams``).
     """
 
@@ -143,7 +149,7 @@ class JacobiParams:
     adapt_margin: int = key(8, lo=0)
     overhead_steps: float = key(0.3, lo=0)
     calibration_tokens: int = key(512, lo=1)
-    calibration_images: int = key(24, lo=2, hi=len(calibration.CALIBRATION_PROMPTS))
+    calibration_images: int = key(24, lo=2, hi=len(CALIBRATION_PROMPTS))
     group_size: int = key(14, lo=0)
     group_gap: float = key(0.15, lo=0.0)
     group_dist: float = key(0.5, lo=0.0)
@@ -162,8 +168,8 @@ class JacobiParams:
             raise ConfigError("policy.step", f"graph needs {why}")
 
     def step_refusal(self) -> str | None:
-        """Why the fixed-shape device step (``jacobi_step``) cannot run these keys, whatever the target (None: it
-        can); ``jacobi_step.refusal`` adds the target's reasons."""
+        """Why the fixed-shape device step (``jacobi.step``) cannot run these keys, whatever the target (None: it
+        can); ``jacobi.step.refusal`` adds the target's reasons."""
         if self.state_type is not JacobiState:
             return f"JacobiState's iteration; this policy runs its own ({self.state_type.__name__})"
         if not window_rule(self.window).device_step:
@@ -186,7 +192,7 @@ class JacobiParams:
 
     @property
     def state_type(self) -> type[JacobiState]:
-        """The state class the loops run (``decode_jacobi``, ``jacobi_batch.generate_jacobi_batch``): ``JacobiState``
+        """The state class the loops run (``decode_jacobi``, ``jacobi.batch.generate_jacobi_batch``): ``JacobiState``
         here; a method that verifies a tree instead of the chain (``sjd_pac.SJDPACParams``) names its own."""
         return JacobiState
 
@@ -477,7 +483,7 @@ def decode_jacobi(
     """Decode one image by Jacobi iteration (module docstring), timed like ``engine.generate``. ``drafter``: the
     EAGLE drafter (``init: drafter``); ``window``: the calibrated L of ``window: cost`` (``calibrate_window``);
     ``limit``: stop once that many tokens are committed (a partial image: ``calibrate_window``'s); ``make_step``:
-    ``jacobi_step.fixed_shape_step`` (the policy passes it) — called after the prefill, it returns the device-resident
+    ``jacobi.step.fixed_shape_step`` (the policy passes it) — called after the prefill, it returns the device-resident
     step this decode runs or None for the host-driven loop; None: always the loop."""
     clock, layout = Clock(target.device), target.layout
     sizer = make_sizer(params, layout, window)
@@ -490,7 +496,7 @@ def decode_jacobi(
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
     step = None if make_step is None else make_step(target, params, sp, rule, acceptance, window)
-    if step is not None and step.fits():  # the device-resident step (``jacobi_step``; policy.step)
+    if step is not None and step.fits():  # the device-resident step (``jacobi.step``; policy.step)
         timing = Timing(t0, (begin, clock.mark()))
         tokens, stats, rec = step.run_image(root, generator, limit, clock, timing)
         timing.stop(clock)
@@ -513,112 +519,11 @@ def decode_jacobi(
     )
 
 
-@torch.no_grad()
-def calibrate_window(
-    target: Target,
-    inputs: Sequence[PromptInputs],
-    sp: SamplingParams,
-    params: JacobiParams,
-    cost: Any,
-    generator: torch.Generator,
-    rule: AcceptanceRule = EXACT,
-    drafter: Any = None,
-) -> dict[str, Any]:
-    """``window: cost``: the L maximising committed tokens per unit of time on this machine,
-
-        L* = argmax_L τ(L) / (t_verify(L) + o),
-
-    t_verify from the measured cost model (``cost.CostModel``), o = ``overhead_steps`` AR steps of engine work per
-    forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
-    ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] over the first ``calibration_tokens`` tokens of each image
-    (``generator`` reseeded to 0 before each, so τ(L) reads no clock), made non-decreasing (``choose_window``), with its
-    standard error over the images (``ratio_estimate``). τ(L) is an estimate from one path of random draws per image: a
-    machine whose kernels round a logit otherwise draws another path, so two machines agree within the error, not bit
-    for bit. The cap bounds the calibration's cost on large images (a 7B model decoding 24 × 8 whole 2 352-token images
-    would take many minutes); its price is τ measured on the images' top rows only. τ(L) is measured rather than
-    predicted from a survival curve: a longer window also refines its far drafts for more forwards before they are
-    tested, which a per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict and ``counts``: {L:
-    [(committed, forwards) per image]}, the raw data (the harness caches the measured τ(L); a shipped table keeps the
-    counts)."""
-    grid = [L for L in calibration.CALIBRATION_GRID if params.window_min <= L <= params.window_max]
-    grid = grid or [params.window_min]
-    taus: dict[int, float] = {}
-    errors: dict[int, float] = {}
-    counts_by_L: dict[int, list[tuple[int, int]]] = {}
-    for L in grid:
-        p = dataclasses.replace(params, window=L, step="eager")  # τ(L) is the law's: no graphs captured per L
-        counts = []
-        for x in inputs:
-            generator.manual_seed(0)
-            res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter, limit=params.calibration_tokens)
-            counts.append((res.committed, len(res.cycles)))
-        taus[L], errors[L] = calibration.ratio_estimate(counts)
-        counts_by_L[L] = counts
-    return calibration.choose_window(taus, cost, params.overhead_steps, errors) | {"counts": counts_by_L}
-
-
-# --------------------------------------------------------------------------------------------------------
-# GSD: grouped acceptance
-# --------------------------------------------------------------------------------------------------------
-
-
-class GroupedRule(AcceptanceRule):
-    """GSD's grouped acceptance test (arXiv 2508.07747; lossy): for a draft x drawn from q under target p, its group
-    G(x) = the tokens y within a window of ``size`` ranks of p's order — x, the ``below`` = size // 2 ranks just
-    below it (lower p) and the ``above`` = size − below − 1 ranks just above it (the reference's slice of 7 lower, x
-    and 6 higher at size 14) — with |p(y) − p(x)| < ``gap`` and
-    ‖e(y) − e(x)‖² < ``dist`` (e: the target's input embedding of image tokens; x ∈ G always); accept with
-    min(1, Σ_G p / Σ_G q). On rejection the plain residual max(p − q, 0) (not group-corrected, as the reference).
-    The paper's guarantee — acceptance at least the exact rule's — holds where the rest of the group has
-    Σp / Σq ≥ p(x) / q(x) (a mediant), e.g. for a point-mass q. Vectorised over rows: two top-k's per row for the
-    rank window (ties among equal probabilities fall as top-k breaks them, as the reference's argsort), a
-    [rows, size] candidate window. Greedy stays exact (argmax)."""
-
-    name = "gsd"
-    lossless = False
-
-    def __init__(self, embeddings: torch.Tensor, offset: int, size: int, gap: float, dist: float) -> None:
-        self.emb, self.offset, self.gap, self.dist = embeddings, offset, gap, dist
-        self.below = size // 2
-        self.above = max(0, size - self.below - 1)
-        self.codes = embeddings.shape[0]
-
-    def proposal_rows(
-        self, p: torch.Tensor, x: torch.Tensor, q: torch.Tensor, px: torch.Tensor, qx: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``[m, V]``: the group's acceptance and the plain residual. The rank window around x is two top-k's
-        (the ``above`` tokens just above p(x), the ``below`` + 1 at or below it) rather than a full sort."""
-        V, inf = p.shape[-1], float("inf")  # a Python scalar: no host→device copy (a sync on CUDA)
-        at_or_below = torch.where(p <= px[:, None], p, -inf).topk(min(self.below + 1, V), -1)
-        above = torch.where(p > px[:, None], -p, -inf).topk(min(self.above, V), -1)
-        cand = torch.cat([above.indices, at_or_below.indices], -1)  # [m, ≤ size]
-        inside = torch.cat([above.values, at_or_below.values], -1) > -inf
-        pc, qc = p.gather(1, cand), q.gather(1, cand)
-        code = (cand - self.offset).clamp(0, self.codes - 1)
-        image = (cand >= self.offset) & (cand < self.offset + self.codes)
-        ex = self.emb[(x - self.offset).clamp(0, self.codes - 1)]
-        near = ((self.emb[code] - ex[:, None]) ** 2).sum(-1) < self.dist
-        group = inside & (cand != x[:, None]) & ((pc - px[:, None]).abs() < self.gap) & image & near
-        num, den = px + (pc * group).sum(-1), qx + (qc * group).sum(-1)  # x itself always, once
-        return (num / den).clamp_max(1.0).nan_to_num(1.0), (p - q).clamp_min(0.0)
-
-
-def grouped_rule(target: Target, params: JacobiParams) -> GroupedRule:
-    """``GroupedRule`` on ``target``'s input embeddings of its image tokens (float32, on its device)."""
-    lay = target.layout
-    ids = lay.image_token_offset + torch.arange(lay.num_codes, device=target.device)
-    emb = target.embed_tokens(ids).to(torch.float32)
-    return GroupedRule(emb, lay.image_token_offset, params.group_size, params.group_gap, params.group_dist)
-
-
 __all__ = [
     "INITS",
     "REDRAWS",
-    "GroupedRule",
     "JacobiParams",
     "JacobiState",
-    "calibrate_window",
     "decode_jacobi",
-    "grouped_rule",
     "jacobi_params",
 ]

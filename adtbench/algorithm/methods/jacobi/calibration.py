@@ -1,74 +1,26 @@
-"""``window: cost`` — the machine's choice of L: the calibration captions and grid, and the statistics that turn the
-measured τ(L) into a choice (``choose_window``). The decodes that measure τ(L) are ``jacobi.calibrate_window``'s."""
+"""``window: cost`` — the machine's choice of L: ``calibrate_window`` decodes the calibration captions (``captions``)
+at every L of the grid; the statistics here turn the measured τ(L) into a choice (``choose_window``) and compare two
+calibrations (``calibrations_agree``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import torch
+
+from adtbench.algorithm.methods.jacobi.captions import CALIBRATION_GRID
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams, decode_jacobi
+from adtbench.algorithm.verify import EXACT, AcceptanceRule
+from adtbench.models.base import PromptInputs, Target
+from adtbench.sampling_params import SamplingParams
 
 # --------------------------------------------------------------------------------------------------------
 # window: cost — the machine's choice of L
 # --------------------------------------------------------------------------------------------------------
-
-CALIBRATION_PROMPTS = (
-    "a small yellow square on a plain white background",
-    "a small green circle left of a small yellow square on a striped purple background",
-    "a large red square on a checkered orange background",
-    "a small black square above a large black square on a striped blue background",
-    "a small orange circle on a gradient purple background",
-    "a large green square left of a large purple square on a checkered yellow background",
-    "a large red square on a plain blue background",
-    "a large black triangle above a small red circle on a checkered yellow background",
-    "a large orange triangle on a noisy green background",
-    "a large black triangle above a small black square on a noisy yellow background",
-    "a large yellow triangle on a plain black background",
-    "a small purple triangle above a small red triangle on a checkered green background",
-    "a large blue square on a gradient white background",
-    "a small purple square above a small orange triangle on a checkered blue background",
-    "a small red square on a checkered yellow background",
-    "a large black triangle below a large white square on a plain purple background",
-    "a large purple triangle on a gradient white background",
-    "a large white square below a small red triangle on a gradient orange background",
-    "a small white circle on a gradient purple background",
-    "a small white triangle right of a small orange square on a noisy red background",
-    "a small blue triangle on a checkered orange background",
-    "a small yellow circle above a large black triangle on a noisy orange background",
-    "a small yellow square on a striped blue background",
-    "a small green circle below a small red square on a gradient black background",
-    "a large blue square on a checkered black background",
-    "a small green square below a large red triangle on a noisy purple background",
-    "a small black triangle on a striped blue background",
-    "a large blue triangle right of a small white circle on a gradient black background",
-    "a small purple circle on a noisy black background",
-    "a small orange square below a large yellow circle on a striped green background",
-    "a large red triangle on a plain purple background",
-    "a small orange circle right of a large orange circle on a striped red background",
-    "a small green triangle on a noisy red background",
-    "a large red triangle left of a large purple square on a plain yellow background",
-    "a small purple triangle on a striped blue background",
-    "a large yellow triangle left of a large orange triangle on a checkered white background",
-    "a large red circle on a noisy blue background",
-    "a small blue square above a large orange square on a plain white background",
-    "a small white circle on a noisy black background",
-    "a small green circle below a large green square on a striped yellow background",
-    "a small purple square on a plain red background",
-    "a small orange circle right of a small green triangle on a noisy black background",
-    "a large green square on a plain red background",
-    "a small yellow triangle above a small purple triangle on a checkered orange background",
-    "a large black circle on a noisy yellow background",
-    "a large red circle above a large black square on a plain purple background",
-    "a large orange triangle on a striped blue background",
-    "a large white circle left of a large purple square on a plain orange background",
-)
-"""Fixed captions decoded by ``calibrate_window`` (the first ``policy.calibration_images`` of them): the first 24
-one-object and 24 two-object captions of the mini model's training split (``scenes.iter_split(1, "train", …)``; none
-held out), alternating; any text model reads them as captions. τ(L) varies much from image to image (on the mini
-model its standard error is ≈ 15 % of τ(L) over 6 images, 4–8 % over 24, 2–5 % over 48): the number of images sets
-how well L is chosen."""
-CALIBRATION_GRID = (4, 6, 8, 12, 16, 20, 24, 32, 48, 64)
 
 
 def isotonic(values: Sequence[float]) -> list[float]:
@@ -170,8 +122,6 @@ def calibrations_agree(
 
 
 __all__ = [
-    "CALIBRATION_GRID",
-    "CALIBRATION_PROMPTS",
     "P_AGREE",
     "SAME_RATE_Z",
     "Z_AGREE",
@@ -182,3 +132,47 @@ __all__ = [
     "ratio_estimate",
     "window_rates",
 ]
+
+
+@torch.no_grad()
+def calibrate_window(
+    target: Target,
+    inputs: Sequence[PromptInputs],
+    sp: SamplingParams,
+    params: JacobiParams,
+    cost: Any,
+    generator: torch.Generator,
+    rule: AcceptanceRule = EXACT,
+    drafter: Any = None,
+) -> dict[str, Any]:
+    """``window: cost``: the L maximising committed tokens per unit of time on this machine,
+
+        L* = argmax_L τ(L) / (t_verify(L) + o),
+
+    t_verify from the measured cost model (``cost.CostModel``), o = ``overhead_steps`` AR steps of engine work per
+    forward, and τ(L) measured by decoding the calibration prompts ``inputs`` with a fixed window L for every L of
+    ``CALIBRATION_GRID`` in [``window_min``, ``window_max``] over the first ``calibration_tokens`` tokens of each image
+    (``generator`` reseeded to 0 before each, so τ(L) reads no clock), made non-decreasing (``choose_window``), with its
+    standard error over the images (``ratio_estimate``). τ(L) is an estimate from one path of random draws per image: a
+    machine whose kernels round a logit otherwise draws another path, so two machines agree within the error, not bit
+    for bit. The cap bounds the calibration's cost on large images (a 7B model decoding 24 × 8 whole 2 352-token images
+    would take many minutes); its price is τ measured on the images' top rows only. τ(L) is measured rather than
+    predicted from a survival curve: a longer window also refines its far drafts for more forwards before they are
+    tested, which a per-draft estimate taken at one L does not see. Returns ``choose_window``'s dict and ``counts``: {L:
+    [(committed, forwards) per image]}, the raw data (the harness caches the measured τ(L); a shipped table keeps the
+    counts)."""
+    grid = [L for L in CALIBRATION_GRID if params.window_min <= L <= params.window_max]
+    grid = grid or [params.window_min]
+    taus: dict[int, float] = {}
+    errors: dict[int, float] = {}
+    counts_by_L: dict[int, list[tuple[int, int]]] = {}
+    for L in grid:
+        p = dataclasses.replace(params, window=L, step="eager")  # τ(L) is the law's: no graphs captured per L
+        counts = []
+        for x in inputs:
+            generator.manual_seed(0)
+            res = decode_jacobi(target, x, sp, generator, p, rule, "auto", drafter, limit=params.calibration_tokens)
+            counts.append((res.committed, len(res.cycles)))
+        taus[L], errors[L] = ratio_estimate(counts)
+        counts_by_L[L] = counts
+    return choose_window(taus, cost, params.overhead_steps, errors) | {"counts": counts_by_L}

@@ -27,7 +27,7 @@ each keeps its old branch-0 token x with probability min(1, p(x)/q_old(x)), else
 norm(max(p − q_old, 0)); stored q := p. **Proactive Drafting**: the candidates c_i^1 … c_i^{K−1} of the first t
 positions of the next forward are drawn without replacement from the stored q_i with c_i^0 removed (Gumbel-top-k;
 a candidate past q's support is dead: ``DraftTree.alive``, never tried). New positions are initialised by
-``jacobi_draws.init_drafts`` (``random``: uniform image tokens, q uniform — the authors' setting; ``left`` / ``up``: a
+``jacobi.draws.init_drafts`` (``random``: uniform image tokens, q uniform — the authors' setting; ``left`` / ``up``: a
 point mass, so no live alternatives). Greedy: the alternatives are the row's next K − 1 tokens by logit.
 
 **Lossless** (exact). jacobi.py's invariant, for candidate sets: at every verify, the candidate tuple
@@ -73,7 +73,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from adtbench.algorithm.jacobi import JacobiParams, JacobiState, window_value
+from adtbench.algorithm.methods.jacobi.loop import JacobiParams, JacobiState, window_value
+from adtbench.algorithm.methods.jacobi.windows import FixedWindow
 from adtbench.algorithm.params import key, parse
 from adtbench.algorithm.records import CycleRecord
 from adtbench.algorithm.sampling import gumbel_top_k, uniforms
@@ -89,7 +90,6 @@ from adtbench.algorithm.verify import (
     read_verdict,
     read_verdicts,
 )
-from adtbench.algorithm.windows import FixedWindow
 from adtbench.errors import ConfigError
 from adtbench.layout import TokenLayout
 from adtbench.sampling_params import SamplingParams
