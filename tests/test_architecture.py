@@ -249,3 +249,41 @@ def test_every_engine_module_imports_first() -> None:
             del sys.modules[k]
         sys.modules.update(saved)
     assert names and not failed, failed
+
+
+def _defined(p: Path) -> set[str]:
+    """The names module file ``p`` defines at any level (functions, classes, assignments), not those it imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(p.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names |= {x.id for x in ast.walk(target) if isinstance(x, ast.Name)}
+    return names
+
+
+def test_every_name_is_imported_from_its_home() -> None:
+    """One import home per name: ``from adtbench.m import n`` (in the package, the tests and the benchmarks) names the
+    module that defines ``n`` — or a package whose ``__init__`` is its public face (``policies``, ``harness.eval``)
+    — never a module that merely imported ``n`` itself (a second home: a move then leaves stale import paths working
+    by accident, and the reader looks in the wrong file)."""
+    mods = modules()
+    root = PKG.parent
+    files = [*PKG.rglob("*.py"), *(root / "tests").glob("*.py"), *(root / "benchmarks").glob("*.py")]
+    defined: dict[str, set[str]] = {}
+    bad = []
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text())):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("adtbench"):
+                continue
+            home = mods.get(node.module or "")
+            if home is None or home.name == "__init__.py":
+                continue
+            names = defined.setdefault(node.module or "", _defined(home))
+            bad += [
+                f"{f.relative_to(root)}:{node.lineno}: {a.name} from {node.module}"
+                for a in node.names
+                if a.name not in names and f"{node.module}.{a.name}" not in mods
+            ]
+    assert not bad, "imported from a module that does not define it:\n" + "\n".join(bad)

@@ -698,7 +698,7 @@ def test_convert_lantern_anole_drafter(tiny, tmp_path: Path) -> None:
 
 
 def test_convert_refuses_unknown_layouts(tmp_path: Path) -> None:
-    from adtbench.tools.convert_drafter import convert_state_dict
+    from adtbench.algorithm.drafters.checkpoint import convert_state_dict
 
     sd = _lantern_drafter_sd(64, 4, 96, 64, qk=False, seed=5)
     with pytest.raises(ValueError, match="unexpected drafter key"):

@@ -27,7 +27,7 @@ from conftest import ROOT, pooled_chisquare, static_runs, synthetic_cost_model, 
 from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import TreeBudget, random_tree
-from adtbench.algorithm.engine import Clock, decode_ar, generate
+from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies import POLICIES as POLICY_BUILDERS
 from adtbench.algorithm.policies.adt import ADTPolicy
@@ -35,6 +35,7 @@ from adtbench.algorithm.policies.ar import ArPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.policies.zipar import ZipARPolicy
+from adtbench.algorithm.records import Clock
 from adtbench.algorithm.verify import EXACT
 from adtbench.sampling_params import SamplingParams
 

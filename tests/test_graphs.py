@@ -30,8 +30,8 @@ from adtbench.errors import ConfigError
 from adtbench.harness import job
 from adtbench.models import graphs, lean
 from adtbench.models.base import Capabilities, PromptInputs
-from adtbench.models.chameleon.target import prompt_rows
 from adtbench.models.graphs import BUCKETS, StaticDraft, StaticVerify, bucket_of, capacity_buckets
+from adtbench.models.rows import prompt_rows
 from adtbench.sampling_params import SamplingParams
 
 MODELS = ["tiny_llamagen", "tiny_chameleon"]

@@ -37,8 +37,8 @@ from adtbench.algorithm import laws as L
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
-from adtbench.algorithm.sampling import SamplingParams
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)

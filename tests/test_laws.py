@@ -61,9 +61,10 @@ from adtbench.algorithm.policies.adt import ADTPolicy
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
-from adtbench.algorithm.sampling import SamplingParams, sample, sample_rows_cdf
+from adtbench.algorithm.sampling import sample, sample_rows_cdf
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.models.batch import BatchTarget
+from adtbench.sampling_params import SamplingParams
 
 BATCH_CHECKED = 100
 """A batched case's (``slots > 1``) first images decoded again by the B = 1 loop with the same generators: equal, so

@@ -37,8 +37,9 @@ from adtbench import accel
 from adtbench.algorithm import laws
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
-from adtbench.algorithm.sampling import SamplingParams, sample_rows
+from adtbench.algorithm.sampling import sample_rows
 from adtbench.errors import ConfigError
+from adtbench.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)

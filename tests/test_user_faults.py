@@ -57,7 +57,8 @@ def truncate(path: Path) -> None:
 
 
 def test_run_dir_lock_refuses_a_second_writer_and_takes_over_a_stale_lock(tmp_path):
-    from adtbench.harness.lock import LOCK_FILE, RunDirLock
+    from adtbench.harness.lock import RunDirLock
+    from adtbench.harness.rundir import LOCK_FILE
 
     run_dir = tmp_path / "run"
     first = RunDirLock(run_dir)
@@ -169,8 +170,9 @@ def test_truncated_torch_checkpoint_is_corrupt_not_a_traceback(tmp_path):
 
 
 def test_c2i_text_prompt_is_refused_with_the_dataset_naming_the_prompt(tmp_path):
-    from adtbench.harness.app import load_dataset, run
+    from adtbench.harness.app import run
     from adtbench.harness.config import check_prompts
+    from adtbench.harness.data.prompts import load_dataset
 
     cfg = cfg_of("model=llamagen_c2i", "dataset=smoke", "policy=eagle2", "drafter.random=true")
     with pytest.raises(ConfigError) as ei:
@@ -421,8 +423,8 @@ def test_training_checkpoint_loads_weights_only(tmp_path):
 
 
 def test_relative_paths_resolve_against_root_dir(tmp_path, monkeypatch):
-    from adtbench.harness.app import load_dataset
     from adtbench.harness.config import resolve_paths
+    from adtbench.harness.data.prompts import load_dataset
 
     assert Path(cfg_of().paths.root_dir) == ROOT  # default: the checkout holding conf/, whatever the cwd
     root = tmp_path / "clone"

@@ -39,8 +39,9 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.sampling import SamplingParams, process_logits
+from adtbench.algorithm.sampling import process_logits
 from adtbench.algorithm.verify import AcceptanceRule
+from adtbench.sampling_params import SamplingParams
 
 ALPHA = 1e-3
 POWER = 0.9

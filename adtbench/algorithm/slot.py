@@ -27,11 +27,10 @@ from adtbench import accel
 from adtbench.algorithm.drafters.base import Drafter
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.methods.gate import DraftGate
-from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
+from adtbench.algorithm.records import Acceptance, Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import next_token_tensor
 from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.verify import (
-    Acceptance,
     AcceptanceRule,
     CycleRead,
     Verdict,

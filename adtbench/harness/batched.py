@@ -21,9 +21,10 @@ from typing import Any
 import torch
 
 from adtbench import accel
-from adtbench.algorithm.batch import Item, decode_ar_batch, generate_batch
+from adtbench.algorithm.batch import decode_ar_batch, generate_batch
 from adtbench.algorithm.policies import LoopPolicy
 from adtbench.algorithm.records import Clock, GenerationResult
+from adtbench.algorithm.slot import Item
 from adtbench.harness.data.prompts import Prompt
 from adtbench.models.batch import BatchTarget
 from adtbench.models.graphs import bucket_of

@@ -112,4 +112,4 @@ if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
 
 
-__all__ = ["convert", "convert_state_dict", "main", "read_source"]
+__all__ = ["convert", "main", "read_source"]

@@ -42,9 +42,9 @@ from adtbench.models.chameleon.target import (
     LeanChameleonTarget,
     build_parts,
     grid_of,
-    prompt_rows,
 )
 from adtbench.models.hf_causal import common_options
+from adtbench.models.rows import prompt_rows
 
 EOL_NAME = "<reserved08799>"
 PROMPT_TEMPLATE = "Generate an image of {w}x{h} according to the following prompt:\n{caption}"

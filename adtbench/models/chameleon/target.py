@@ -418,7 +418,6 @@ __all__ = [
     "image_token_range",
     "make_tokenizer",
     "make_vq",
-    "prompt_rows",
     "random_chameleon",
     "special_token_ids",
     "tiny_vocabulary_map",
