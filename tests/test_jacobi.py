@@ -1,4 +1,4 @@
-"""Jacobi decoding (``policy=sjd|scd|gsd``, ``algorithm.jacobi``): exactness, the law at T = 1, batching, the app.
+"""Jacobi decoding (``policy=sjd|scd|gsd``, ``methods.jacobi.loop``): exactness, the law at T = 1, batching, the app.
 
 - T = 0: token-identical to AR greedy for every redraw × init × window (fixed, adaptive, a calibrated cost window),
   acceptance on the device and as the host walk, CFG rows, an end-of-line layout (Lumina) with forced tokens;

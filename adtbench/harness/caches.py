@@ -263,7 +263,7 @@ def calibrate_taus(cfg: Any, conf: AppConf, target: Any, drafter: Any, params: A
 
 
 def load_or_calibrate_window(cfg: Any, conf: AppConf, target: Any, drafter: Any) -> dict[str, Any]:
-    """``policy.window=cost`` of a Jacobi loop: ``algorithm.jacobi.calibrate_window`` on this machine's verify cost
+    """``policy.window=cost`` of a Jacobi loop: ``calibration.calibrate_window`` on this machine's verify cost
     model (``load_or_measure`` without a drafter, or with the ``init=drafter`` one). τ(L) comes, in this order, from
     the machine's cache ``<paths.cache_dir>/jacobi/<sha256(key)[:16]>.json`` (keyed by the cost model's key, the
     sampling, the policy's keys that change τ(L) and the calibration prompts; re-calibrated when the cost model is

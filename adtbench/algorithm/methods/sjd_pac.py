@@ -1,5 +1,5 @@
 """SJD-PAC (arXiv 2603.18599, CVPR 2026): Jacobi decoding whose verify is a tree — Proactive Drafting and Adaptive
-Continuation — on the SCD loop of ``algorithm.jacobi`` (its state, init, coupled redraw, window sizers, batched loop
+Continuation — on the SCD loop of ``methods.jacobi.loop`` (its state, init, coupled redraw, window sizers, batched loop
 and static buckets; this module adds the tree and its candidates only).
 
 **The tree** (K = ``branch``, D = ``tree_depth``, L = ``window``; the authors' ``generate_tree_mask_and_retrieve``).

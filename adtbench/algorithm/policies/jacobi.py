@@ -1,4 +1,4 @@
-"""``policy=sjd`` / ``scd`` / ``gsd``: training-free speculative decoding by Jacobi iteration (``algorithm.jacobi``).
+"""``policy=sjd`` / ``scd`` / ``gsd``: training-free speculative decoding by Jacobi iteration (``methods.jacobi.loop``).
 
 The three names differ in their defaults only (``conf/policy/{sjd,scd,gsd}.yaml``): SJD redraws independently, SCD
 couples each redraw to the previous draft, GSD is SJD with the grouped acceptance rule (lossy). Every key applies to
@@ -24,7 +24,7 @@ from adtbench.algorithm.verify import EXACT
 @dataclass
 class JacobiModels:
     """What a Jacobi loop runs besides the target (``aux``, built by ``harness.loops``): the EAGLE drafter
-    (``init: drafter``) and the calibrated L of ``window: cost`` (``jacobi.calibrate_window`` on the machine's cost
+    (``init: drafter``) and the calibrated L of ``window: cost`` (``calibration.calibrate_window`` on the machine's cost
     model, with its table); each None when not needed."""
 
     drafter: Any = None

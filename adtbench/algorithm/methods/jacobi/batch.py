@@ -1,4 +1,4 @@
-"""Batched Jacobi decoding (``algorithm.jacobi``): B prompts per target forward, a ragged window per slot."""
+"""Batched Jacobi decoding (``methods.jacobi.loop``): B prompts per target forward, a ragged window per slot."""
 
 from __future__ import annotations
 

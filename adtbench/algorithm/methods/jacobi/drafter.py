@@ -1,4 +1,4 @@
-"""``init: drafter`` of the Jacobi loop (``algorithm.jacobi``): new window positions drafted by the EAGLE drafter."""
+"""``init: drafter`` of the Jacobi loop (``methods.jacobi.loop``): new window positions drafted by the EAGLE drafter."""
 
 from __future__ import annotations
 

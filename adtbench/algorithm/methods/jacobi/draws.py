@@ -1,4 +1,4 @@
-"""The Jacobi loop's draws and tables (``algorithm.jacobi``): the chain's structure and the layout's forced tokens and
+"""The Jacobi loop's draws and tables (``loop``): the chain's structure and the layout's forced tokens and
 neighbours (``LayoutTables``), the redraw of the positions past the bonus (``redraw``: ``independent``, ``coupled``,
 ``gumbel``; ``jacobi``'s module docstring, step 2) and the initialisation of new window positions (``init_drafts``:
 ``random``, ``left``, ``up``; step 3). Vectorised over the window's rows, no host read; shared by the host-driven loop

@@ -11,11 +11,11 @@ whose context is all committed). Each rule declares:
 - ``device_step``: whether the fixed-shape device step (``jacobi.step``, ``policy.step``) can run it — it can only
   run a window fixed for the whole image; ``policy.step=graph`` with a rule that says False is a ``ConfigError``
   naming ``policy.step`` when the policy is built (before any weights load);
-- ``calibrated``: whether it needs the machine's calibrated L (``jacobi.calibrate_window``, built by the harness
+- ``calibrated``: whether it needs the machine's calibrated L (``calibration.calibrate_window``, built by the harness
   outside the timed scope and handed in as ``calibrated``).
 
 **Lossless** whatever the rule, as long as L depends on the past only: committed tokens, acceptance counts and the
-rows a forward computed — never on a draft still to be tested (module docstring of ``algorithm.jacobi``). A rule that
+rows a forward computed — never on a draft still to be tested (module docstring of ``methods.jacobi.loop``). A rule that
 reads rows reads row ``a`` or rows left of it (docs/adding_a_method.md: an entropy-gated window reading row ``a``).
 """
 
@@ -66,7 +66,7 @@ WINDOWS: Registry[FixedWindow] = Registry("policy.window")
 
 @WINDOWS.register("cost")
 class CostWindow(FixedWindow):
-    """``window: cost`` — a fixed L chosen once per machine by ``jacobi.calibrate_window`` (committed tokens per unit
+    """``window: cost`` — a fixed L chosen once per machine by ``calibrate_window`` (committed tokens per unit
     of time on the measured cost model)."""
 
     calibrated = True
@@ -74,7 +74,9 @@ class CostWindow(FixedWindow):
     @classmethod
     def from_params(cls, params: Any, layout: TokenLayout, calibrated: int | None) -> FixedWindow:
         if calibrated is None:
-            raise RuntimeError("policy.window=cost needs its calibrated L (jacobi.calibrate_window; harness.loops)")
+            raise RuntimeError(
+                "policy.window=cost needs its calibrated L (calibration.calibrate_window; harness.loops)"
+            )
         return cls(calibrated)
 
 
