@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {  # module or folder under adtbench (longest prefix wi
     **dict.fromkeys(
         [
             *("errors", "registry", "plugins", "layout", "sampling_params", "io", "scenes", "resources"),
-            *("accel", "accel_graphs", "accel_sim"),
+            *("accel", "accel_graphs", "accel_sim", "graph_modes", "graph_runner"),
         ],
         0,
     ),
