@@ -13,8 +13,8 @@ runner owns
 - the switch ``graphed``: True — a key's program is captured at its first use (``capture``; an owner may wrap the
   capture, ``capture_scope``) and replayed from then on; False — the same program runs eagerly, at the same fixed
   shapes (the CPU's static buckets, ``engine.graphs.<part>=graph`` on uncaptured buckets);
-- the static buffers a program reads and writes (``buffer(name, shape, dtype)``: zeros at creation, the same tensor
-  while it lives);
+- the static buffers a program reads and writes (``buffer(name, shape, dtype)``: zeros (or ``fill``) at creation,
+  the same tensor while it lives);
 - the counters, one way for all: ``captures``, ``replays``, ``eager_runs``.
 
 Invariants: a program reads and writes only static storages (a graph replays the captured addresses); reallocating a
@@ -79,14 +79,18 @@ class GraphRunner:
         state while captured overrides it (``JacobiStep`` switches its step off)."""
         return contextlib.nullcontext()
 
-    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """The static buffer ``name`` (zeros at creation; the same tensor while it lives). Asked at another shape or
-        dtype it is reallocated, and every graph dropped first (they read the old storage)."""
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float = 0) -> torch.Tensor:
+        """The static buffer ``name`` (``fill`` at creation, zeros by default; the same tensor while it lives). Asked at
+        another shape or dtype it is reallocated, and every graph dropped first (they read the old storage)."""
         buf = self._buffers.get(name)
         if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype:
             if buf is not None:
                 self.graphs.clear()
-            buf = self._buffers[name] = torch.zeros(shape, dtype=dtype, device=self.device)
+            if fill == 0:
+                buf = torch.zeros(shape, dtype=dtype, device=self.device)
+            else:
+                buf = torch.full(shape, fill, dtype=dtype, device=self.device)
+            self._buffers[name] = buf
         return buf
 
     def drop(self) -> None:

@@ -297,9 +297,10 @@ def test_the_graphed_parts_are_graph_runners() -> None:
     from adtbench.algorithm.methods.jacobi.step import JacobiStep
     from adtbench.algorithm.tree_step import TreeStep
     from adtbench.graph_runner import GraphRunner
+    from adtbench.models.batch import StaticBatchVerify
     from adtbench.models.graphs import StaticDraft, StaticVerify
 
-    for cls in (JacobiStep, TreeStep, LevelGraphs, StaticVerify, StaticDraft):
+    for cls in (JacobiStep, TreeStep, LevelGraphs, StaticVerify, StaticDraft, StaticBatchVerify):
         assert issubclass(cls, GraphRunner), cls
         own = {k for c in cls.__mro__[: cls.__mro__.index(GraphRunner)] for k in vars(c)}
         assert not own & {"replay_or_run", "capture", "buffer", "drop"}, (cls, own)

@@ -90,15 +90,15 @@ class TreeStep(GraphRunner):
         self.own = torch.arange(b, dtype=long, device=dev)
         self.depth = buffer("depth", (b,), long)
         self.eye = torch.eye(b, dtype=torch.bool, device=dev)
-        self.anc = buffer("anc", (b, b), torch.bool).copy_(self.eye)
+        self.anc = self.eye.clone()  # the ancestor mask (padded rows the identity; ``fill`` rewrites it per cycle)
         self.alive = buffer("alive", (b,), torch.bool)
-        self.ranks = buffer("ranks", (b, ranks), long).fill_(-1) if ranks else None
+        self.ranks = buffer("ranks", (b, ranks), long, fill=-1) if ranks else None
         V = target.layout.vocab_size
         self.proposal = None if proposal is None else buffer("proposal", (b, V), proposal)
         self.root_gen = buffer("root_gen", (1,), long)
         self.length = buffer("length", (1,), long)
         self.pos0 = buffer("pos0", (static.rows,), long)
-        self.bias = buffer("bias", (static.rows, static.capacity), target.dtype).fill_(float("-inf"))
+        self.bias = buffer("bias", (static.rows, static.capacity), target.dtype, fill=float("-inf"))
         self.draws = buffer("draws", (b + 1,), torch.float64)
         self.packed = buffer("packed", (VERDICT_HEAD + int(entropy) + 2 * b,), torch.float64)
         self.order = buffer("order", (b,), long)  # the node ids, the accepted path first (in node order)

@@ -132,7 +132,7 @@ class LevelGraphs(GraphRunner):
     def run(self, key: Any, end: int | None, program: Program, level: bool = True) -> Any:
         """Replay ``key``'s graph at the width holding this cycle's columns ``< L + end`` (``end`` None: the program
         runs no drafter forward, one graph); capture it first at its first use. Returns the graph's outputs.
-        ``level`` False: a tree's finalisation (counted in ``tree_replays``, not ``replays``)."""
+        ``level`` False: a tree's finalisation (counted in ``tree_replays`` too, not in ``level_replays``)."""
         K = None if end is None else self.width(end)
         out = self.replay_or_run((key, K), lambda: program(K))
         self.tree_replays += not level
