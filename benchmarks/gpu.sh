@@ -24,11 +24,11 @@
 #   (jacobi and trees below: with AA=true the AR side is timed against itself too, the A/A line above each table)
 #   trees   `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: the tree policies (EAGLE-2,
 #           ADT, the static sampled tree: $TREE_POLICIES) with drafting levels and tree verify graphed, the verify eager
-#           (engine.verify_step=eager), both eager (+ policy.graph_levels=false), AR interleaved in one job,
+#           (engine.graphs.verify=eager), both eager (+ engine.graphs.levels=eager), AR interleaved in one job,
 #           $PROMPTS prompts                                                 → trees.json, results/…/trees/*.json
 #   jacobi  `adtbench bench versus` on $SPEED_MODEL, graphed, acceptance on the device: SCD at the windows of
-#           $JACOBI_WINDOWS (the device-resident step: policy.step=auto), SCD 32 through the host-driven loop
-#           (policy.step=eager), SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
+#           $JACOBI_WINDOWS (the device-resident step: engine.graphs.step=auto), SCD 32 through the host-driven loop
+#           (engine.graphs.step=eager), SJD and GSD at 16, SJD-PAC at 32, window=cost, the default policy, AR interleaved in one job, $PROMPTS
 #           prompts (the verify cost against L is the probe's verify(n))       → jacobi.json, results/…/jacobi/*.json
 #   policies `adtbench bench probe` on $POLICY_MODEL (the 7B shape at $POLICY_GRID) judging every policy of
 #           $POLICY_NAMES at a pinned shape on one set of captured models: per policy the cycle split, the overhead
@@ -237,7 +237,7 @@ stage_jacobi() {
     variants+=(--variant sjd_16 policy=sjd policy.window=16 --variant gsd_16 policy=gsd policy.window=16
                --variant sjd_pac_32 policy=sjd_pac policy.window=32
                --variant scd_cost policy=scd policy.window=cost --variant static_sampled policy=static_sampled
-               --variant scd_32_eager policy=scd policy.window=32 policy.step=eager)  # the host-driven SCD loop
+               --variant scd_32_eager policy=scd policy.window=32 engine.graphs.step=eager)  # the host-driven SCD loop
     md "### Jacobi decoding head to head, $SPEED_MODEL, graphed, acceptance on the device"
     step "jacobi" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini "timing.aa=$AA" \
         "bench.prompts=$PROMPTS" bench.repeats=1 "bench.out=$OUT/jacobi.json" "${variants[@]}" >> "$OUT/gpu.md"
@@ -250,8 +250,8 @@ stage_trees() {  # graphed drafting levels and tree verify (drafters/graphed.py,
     over_of "$SPEED_MODEL"
     for p in $TREE_POLICIES; do
         variants+=(--variant "$p" "policy=$p"
-                   --variant "${p}_eager_verify" "policy=$p" engine.verify_step=eager
-                   --variant "${p}_eager" "policy=$p" policy.graph_levels=false engine.verify_step=eager)
+                   --variant "${p}_eager_verify" "policy=$p" engine.graphs.verify=eager
+                   --variant "${p}_eager" "policy=$p" engine.graphs.levels=eager engine.graphs.verify=eager)
     done
     md "### Tree policies: levels + verify graphed, verify eager, both eager; $SPEED_MODEL, acceptance on the device"
     step "trees" bench versus "${over[@]}" engine.compile=true engine.acceptance=device dataset=mini "timing.aa=$AA" \

@@ -16,7 +16,7 @@ LAYERS: dict[str, int] = {  # module or folder under adtbench (longest prefix wi
     **dict.fromkeys(
         [
             *("errors", "registry", "plugins", "layout", "sampling_params", "io", "scenes", "resources"),
-            *("accel", "accel_graphs", "accel_sim"),
+            *("accel", "accel_graphs", "accel_sim", "graph_modes", "graph_runner"),
         ],
         0,
     ),
@@ -287,3 +287,58 @@ def test_every_name_is_imported_from_its_home() -> None:
                 if a.name not in names and f"{node.module}.{a.name}" not in mods
             ]
     assert not bad, "imported from a module that does not define it:\n" + "\n".join(bad)
+
+
+GRAPH_MAKERS = {"capture", "CudaGraph", "StandInGraph"}  # ``accel_graphs``' ways to make a graph
+
+
+def graph_makers(p: Path) -> list[str]:
+    """The calls in ``p`` that make a graph through ``accel_graphs`` (``accel_graphs.capture(…)``, or a name
+    imported from it)."""
+    tree = ast.parse(p.read_text())
+    imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and (n.module or "").endswith("accel_graphs") for a in n.names if a.name in GRAPH_MAKERS}  # fmt: skip
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "accel_graphs":
+            if f.attr in GRAPH_MAKERS:
+                out.append(f"accel_graphs.{f.attr}() at line {node.lineno}")
+        elif isinstance(f, ast.Name) and f.id in imported:
+            out.append(f"{f.id}() at line {node.lineno}")
+    return out
+
+
+def test_only_the_graph_runner_makes_graphs() -> None:
+    """One graph runner (``graph_runner.GraphRunner``): the static buckets, the Jacobi step, the tree verify step and
+    the drafting levels build on it; no other module captures a graph itself."""
+    owners = {"adtbench.graph_runner", "adtbench.accel_graphs"}
+    bad = {m: v for m, p in sorted(modules().items()) if m not in owners and (v := graph_makers(p))}
+    assert not bad, bad
+    assert graph_makers(PKG / "graph_runner.py")
+
+
+def test_the_graph_maker_check_catches_what_it_should(tmp_path: Path) -> None:
+    src = tmp_path / "m.py"
+    src.write_text(
+        "from adtbench import accel_graphs\nfrom adtbench.accel_graphs import capture as cap\n"
+        "accel_graphs.capture(f, d)\ncap(f, d)\naccel_graphs.capturing()\n"
+    )
+    assert graph_makers(src) == ["accel_graphs.capture() at line 3", "cap() at line 4"]
+
+
+def test_the_graphed_parts_are_graph_runners() -> None:
+    """Each user of the runner is one (subclass): none keeps a graphs dict or a capture of its own."""
+    from adtbench.algorithm.drafters.graphed import LevelGraphs
+    from adtbench.algorithm.methods.jacobi.step import JacobiStep
+    from adtbench.algorithm.tree_step import TreeStep
+    from adtbench.graph_runner import GraphRunner
+    from adtbench.models.batch import StaticBatchVerify
+    from adtbench.models.graphs import StaticDraft, StaticVerify
+
+    for cls in (JacobiStep, TreeStep, LevelGraphs, StaticVerify, StaticDraft, StaticBatchVerify):
+        assert issubclass(cls, GraphRunner), cls
+        own = {k for c in cls.__mro__[: cls.__mro__.index(GraphRunner)] for k in vars(c)}
+        assert not own & {"replay_or_run", "capture", "buffer", "drop"}, (cls, own)

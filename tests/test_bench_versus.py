@@ -52,22 +52,22 @@ def test_bad_arguments_name_the_option(args, key) -> None:
 
 def test_versus_decodes_what_the_app_decodes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every variant decodes through ``Job.decode`` — the app's call: ``engine.acceptance`` and
-    ``engine.verify_step`` reach the engine and ``sampling.top_k`` is clamped to the model as in ``python run.py``
+    ``engine.graphs`` reach the engine and ``sampling.top_k`` is clamped to the model as in ``python run.py``
     (landed main timed the host walk whatever the setting, with an unclamped top-k and no compile)."""
     import adtbench.harness.job as job
 
-    seen: list[tuple[str, int, str]] = []
+    seen: list[tuple[str, int, str, str]] = []
     real = job.generate
 
-    def spy(target, models, policy, inputs, sp, g, rule, acceptance, verify_step):
-        seen.append((acceptance, sp.top_k, verify_step))
-        return real(target, models, policy, inputs, sp, g, rule, acceptance, verify_step)
+    def spy(target, models, policy, inputs, sp, g, rule, acceptance):
+        seen.append((acceptance, sp.top_k, policy.graphs.verify, policy.graphs.levels))
+        return real(target, models, policy, inputs, sp, g, rule, acceptance)
 
     monkeypatch.setattr(job, "generate", spy)
-    args = [*COMMON, "engine.acceptance=device", "engine.verify_step=eager", "sampling.top_k=100000",
-            "bench.prompts=1", "bench.repeats=1", "--variant", "a"]  # fmt: skip
+    args = [*COMMON, "engine.acceptance=device", "engine.graphs.verify=eager", "sampling.top_k=100000",
+            "bench.prompts=1", "bench.repeats=1", "--variant", "a", "engine.graphs.levels=eager"]  # fmt: skip
     assert main(args) == 0
-    assert seen and all(s == ("device", 0, "eager") for s in seen)
+    assert seen and all(s == ("device", 0, "eager", "eager") for s in seen)
 
 
 @pytest.mark.parametrize("tool", [["versus", "--variant", "a"], ["overhead"], ["batch"]])

@@ -37,6 +37,7 @@ from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.policies.zipar import ZipARPolicy
 from adtbench.algorithm.records import Clock
 from adtbench.algorithm.verify import EXACT
+from adtbench.graph_modes import GraphModes
 from adtbench.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -146,7 +147,7 @@ def test_sampling_law_matches_ar_on_the_device(name: str) -> None:
         counts[tuple(generate(target, drafter, POLICIES[name](), inputs, sp, g).tokens[:3])] += 1
     assert pooled_chisquare(counts, expected, n)[0] > 1e-3
     if graphed:
-        assert drafter.level_graphs is not None and drafter.level_graphs.replays > n
+        assert drafter.level_graphs is not None and drafter.level_graphs.level_replays > n
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -306,7 +307,7 @@ def test_graphs_replay_every_bucket_up_to_128_and_nothing_falls_back() -> None:
             inputs = target.encode_prompt(prompt, cfg=True)
             ar = decode_ar(target, inputs, sp, None)
             policy = StaticTreePolicy(tree)
-            policy.graph_levels = False  # the drafter's own buckets (graphed levels: the test below)
+            policy.graphs = GraphModes(levels="eager")  # the drafter's own buckets (graphed levels: the test below)
             spec = generate(target, drafter, policy, inputs, sp, None)
             assert spec.tokens == ar.tokens, prompt
             verifies += ar.target_forwards - 1 + spec.target_forwards - 1  # every forward after the prefill
@@ -353,19 +354,19 @@ def test_graphed_drafting_levels_replay_once_per_level(dtype: str) -> None:
             for i, prompt in enumerate(prompts):
                 inputs = target.encode_prompt(prompt, cfg=True)
                 lg = drafter.level_graphs
-                before = (0, 0) if lg is None else (lg.replays, lg.tree_replays)
+                before = (0, 0) if lg is None else (lg.level_replays, lg.tree_replays)
                 res = generate(target, drafter, policy, inputs, sp, _generator(i))
                 lg = drafter.level_graphs
                 assert lg is not None, name
                 levels = sum(c.drafted_depth for c in res.cycles)
                 drafted = sum(c.drafted_depth > 0 for c in res.cycles)
-                assert lg.replays - before[0] == levels > 0, (name, lg.replays - before[0], levels)
+                assert lg.level_replays - before[0] == levels > 0, (name, lg.level_replays - before[0], levels)
                 trees = drafted if name in ("eagle2", "adt_fixed") else 0
                 assert lg.tree_replays - before[1] == trees, name
                 if temperature == 0.0:
                     assert res.tokens == decode_ar(target, inputs, sp, None).tokens, (name, prompt)
                 assert all(0 <= t - target.layout.image_token_offset < target.layout.num_codes for t in res.tokens)
-    assert lg.captures == len(lg.graphs) < (lg.replays + lg.tree_replays) / 4  # each captured once, then replayed
+    assert lg.captures == len(lg.graphs) < lg.replays / 4  # each captured once, then replayed
 
 
 @pytest.mark.gpu_sim
@@ -433,9 +434,9 @@ def test_a_graphed_cycle_synchronises_once_or_twice_with_budget_cost(case) -> No
 @pytest.mark.gpu_sim
 @pytest.mark.parametrize("name", ["scd", "sjd", "gsd"])
 def test_the_jacobi_step_is_one_graph_replay_and_no_read_per_forward(name: str) -> None:
-    """The device-resident Jacobi step (``methods.jacobi.step``, ``policy.step=auto`` on graphed verifies): greedy
-    = AR greedy token for token, and at T = 1 every forward is one graph replay with no synchronisation inside the
-    loop — the host waits only on the previous forward's fence (one step late; ``CycleTimer`` counts the
+    """The device-resident Jacobi step (``methods.jacobi.step``, ``engine.graphs.step=auto`` on graphed verifies):
+    greedy = AR greedy token for token, and at T = 1 every forward is one graph replay with no synchronisation inside
+    the loop — the host waits only on the previous forward's fence (one step late; ``CycleTimer`` counts the
     ``set_sync_debug_mode`` warnings on CUDA, the simulated device's reads and blocking copies elsewhere): the image's
     end reads the tokens once. Issue 40's goal: ≤ 3 host launches and 0 blocking reads per SCD forward."""
     from adtbench.algorithm.policies.jacobi import JacobiModels

@@ -74,7 +74,8 @@ def test_every_gpu_stage_runs_on_the_simulated_device(tmp_path: Path) -> None:
     assert [x["tree_nodes"] for x in r["verify"]] == [1, 2] and r["engine_compile"] is True
     assert r["measured_graph_replays"] > 0 and r["measured_graph_replays"] == r["measured_static_runs"]
     o = r["overhead"]
-    # the default run (SCD, graphed: the device-resident step, policy.step=auto): one read per image, none per forward
+    # the default run (SCD, graphed: the device-resident step, engine.graphs.step=auto): one read per image, none per
+    # forward
     assert o["target_forward_ms"] > 0 and o["graph_replays_per_cycle"] >= 1
     assert o["syncs_per_cycle"] == pytest.approx(o["prompts"] / o["cycles"])
     assert r["device"] == "simulated cuda (cpu)" and r["device_bandwidth_gbs"] is None  # no GPU figure invented

@@ -1,4 +1,4 @@
-"""The device-resident Jacobi step (``methods.jacobi.step``, ``policy.step``) on the simulated CUDA device (the
+"""The device-resident Jacobi step (``methods.jacobi.step``, ``engine.graphs.step``) on the simulated CUDA device (the
 graph stand-in: a replay must run the captured ops on the captured storages, no read or host copy during capture, no
 random op in the graph), float64:
 
@@ -14,7 +14,8 @@ random op in the graph), float64:
   the end-of-line layout), SJD (``random``) and GSD with an empty group; the SCD authors' stored proposal planted
   into the step fails it;
 - the choice: ``auto`` runs the step where the verifies are graphed and the eager loop elsewhere, ``graph`` refuses a
-  setting it cannot run naming ``policy.step``, ``eager`` keeps the host-driven loop.
+  setting it cannot run naming ``engine.graphs.step`` (the keys' reasons before any weights load), ``eager`` keeps
+  the host-driven loop; the old key ``policy.step`` is refused naming the new one.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.errors import ConfigError
+from adtbench.graph_modes import GraphModes
 from adtbench.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
@@ -45,8 +47,11 @@ T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)
 EOL = {"num_codes": 3, "eol_token": 3, "eoi_token": 4}
 
 
-def policy(name: str, **node: Any) -> Any:
-    return POLICIES.build(name, node)
+def policy(name: str, step: str = "auto", **node: Any) -> Any:
+    """``policy=name`` with ``node``'s keys, under ``engine.graphs.step=step`` (what ``config.build_policy`` sets)."""
+    pol = POLICIES.build(name, node)
+    pol.graphs = GraphModes(step=step)
+    return pol
 
 
 def graphed_target(vocab: int | None = None, grid: tuple[int, int] | None = None, layout: dict | None = None) -> Any:
@@ -101,7 +106,7 @@ def test_greedy_end_of_line_layout_and_a_cost_window() -> None:
 def test_the_choice_of_step() -> None:
     """``auto``: the step where the verifies are graphed (and acceptance on the device), the eager loop on a target
     without captured graphs or with host acceptance; ``graph``: the step even without captured graphs (its fixed
-    shapes run eagerly), a ``ConfigError`` naming ``policy.step`` where it cannot run; ``eager``: the loop."""
+    shapes run eagerly), a ``ConfigError`` naming ``engine.graphs.step`` where it cannot run; ``eager``: the loop."""
     with accel.simulate():
         target = graphed_target()
         inputs = target.encode_prompt("a red circle", cfg=True)
@@ -112,7 +117,7 @@ def test_the_choice_of_step() -> None:
         assert run(policy("scd", window=4), acceptance="host") == "eager"
         assert run(policy("scd", window="adaptive")) == "eager"  # auto: a setting the step cannot run
         for bad in ({"window": "adaptive"}, {"redraw": "gumbel"}, {"window": 1}):
-            with pytest.raises(ConfigError, match=r"policy\.step"):
+            with pytest.raises(ConfigError, match=r"engine\.graphs\.step"):
                 run(policy("scd", step="graph", **bad))
         plain, _ = tiny("tiny_llamagen", device="cuda")
         plain.request_static(graphs=False)
@@ -122,8 +127,30 @@ def test_the_choice_of_step() -> None:
         ar = decode_ar(plain, inputs, GREEDY, g)
         res = generate(plain, JacobiModels(), policy("scd", window=4, step="graph"), inputs, GREEDY, g)
         assert res.stats["step"] == "fixed-shape" and res.tokens == ar.tokens
-    with pytest.raises(ConfigError, match=r"policy\.step"):
+    with pytest.raises(ConfigError, match=r"engine\.graphs\.step"):
         policy("scd", step="fused")
+
+
+def test_the_step_keys_are_refused_before_any_weights_load() -> None:
+    """The harness's path (``config.build_policy``, no model built): ``engine.graphs.step=graph`` with keys the step
+    cannot run is a ``ConfigError`` naming ``engine.graphs.step``; a bad value names the part; the old key
+    ``policy.step`` names itself and says the new key (no alias)."""
+    from omegaconf import OmegaConf
+
+    from adtbench.harness.config import build_policy
+
+    def build(policy: dict[str, Any], graphs: dict[str, Any]) -> Any:
+        return build_policy(OmegaConf.create({"policy": {"name": "scd", **policy}, "engine": {"graphs": graphs}}))
+
+    for bad in ({"window": "adaptive"}, {"redraw": "gumbel"}, {"init": "drafter"}):
+        with pytest.raises(ConfigError, match=r"engine\.graphs\.step: graph needs"):
+            build(bad, {"step": "graph"})
+    assert build({"window": "adaptive"}, {"step": "auto"}).graphs == GraphModes()  # auto: the loop for that setting
+    assert build({"window": 8}, {"step": "graph"}).graphs.step == "graph"
+    with pytest.raises(ConfigError, match=r"engine\.graphs\.step: must be one of"):
+        build({}, {"step": "fused"})
+    with pytest.raises(ConfigError, match=r"^policy\.step: moved to engine\.graphs\.step.*engine\.graphs\.step=eager"):
+        build({"step": "eager"}, {})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -133,9 +160,9 @@ def test_the_choice_of_step() -> None:
 
 def test_the_graph_replays_the_fixed_shape_step_draw_for_draw() -> None:
     """At T = 1 (SCD, SJD, GSD) the graphed step (captured, replayed by the stand-in) and the same step run eagerly
-    at its fixed shapes (``policy.step=graph`` on a target whose verifies are not captured) give the same images from
-    the same seeds: the graph adds no draw, drops none and reorders none — so the law tests of the eager fixed-shape
-    step below are the graphed path's."""
+    at its fixed shapes (``engine.graphs.step=graph`` on a target whose verifies are not captured) give the same images
+    from the same seeds: the graph adds no draw, drops none and reorders none — so the law tests of the eager
+    fixed-shape step below are the graphed path's."""
     with accel.simulate():
         graphed = graphed_target(grid=(3, 4))
         plain, _ = tiny("tiny_llamagen", device="cuda")
@@ -183,7 +210,7 @@ CASES = {
 
 
 def step_law(name: str, setup: str, method: str, node: dict, n: int, record: Any) -> L.LawResult:
-    """χ² of ``n`` images of the fixed-shape step (``policy.step=graph``) against AR's exact law."""
+    """χ² of ``n`` images of the fixed-shape step (``engine.graphs.step=graph``) against AR's exact law."""
     target, inputs, law = law_setup(setup)
     counts: Counter = Counter()
     g = torch.Generator().manual_seed(7)

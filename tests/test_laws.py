@@ -63,6 +63,7 @@ from adtbench.algorithm.policies.jacobi import JacobiModels
 from adtbench.algorithm.policies.static import ChainPolicy, StaticTreePolicy
 from adtbench.algorithm.sampling import sample, sample_rows_cdf
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
+from adtbench.graph_modes import GraphModes
 from adtbench.models.batch import BatchTarget
 from adtbench.sampling_params import SamplingParams
 
@@ -95,7 +96,7 @@ def _setup(
     """``graphed``: the models on the simulated CUDA device (``accel.simulate``, entered by the caller) with
     ``engine.compile``'s graphs — the drafter's levels graphed (``drafters.graphed``) — and the law computed there.
     ``step``: the target's verifies on static CPU buckets (``request_static``, not captured), where
-    ``engine.verify_step=graph`` runs the graphed tree verify's fixed-shape step eagerly (``algorithm.tree_step``)."""
+    ``engine.graphs.verify=graph`` runs the graphed tree verify's fixed-shape step eagerly (``algorithm.tree_step``)."""
     device = {"device": "cuda"} if graphed else {}
     over = {"arch.vocab_size": vocab, "arch.block_size": 16, "vq.kind": "none", **device}
     target, drafter = tiny("tiny_llamagen", **over)
@@ -402,14 +403,16 @@ def sample_images(
         models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
         pol = make()
         for _ in range(n):
-            res = generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, g, rule, where, step)
+            p = pol if aux == "jacobi" else make()
+            p.graphs = GraphModes(verify=step)  # engine.graphs.verify
+            res = generate(s.target, models, p, s.inputs, s.sp, g, rule, where)
             counts[tuple(res.tokens)] += 1
             accepted += sum(c.accepted for c in res.cycles)
             extra += res.stats[stat] if stat else 0
             if paths is not None:
                 paths.image(g, res, chain, depth)
     if graphed:  # every level of every drafted cycle was a graph replay
-        assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
+        assert s.drafter.level_graphs is not None and s.drafter.level_graphs.level_replays > 0
     if step == "graph":  # the drafted cycles were verified by the tree step
         assert sum(x.launches for x in TS.steps_of(s.target)) - launches >= n
     return counts, accepted / n, extra / n
@@ -502,7 +505,7 @@ def test_graphed_levels_draw_the_headline_images_draw_for_draw() -> None:
             runs.append([generate(s.target, s.drafter, make(), s.inputs, s.sp, g, EXACT, where)
                          for _ in range(GRAPHED_SEEDS)])  # fmt: skip
     levels = graphed.drafter.level_graphs
-    assert levels is not None and levels.replays >= GRAPHED_SEEDS  # every image's drafted level a graph replay
+    assert levels is not None and levels.level_replays >= GRAPHED_SEEDS  # every image's drafted level a graph replay
     for i, (a, b) in enumerate(zip(*runs, strict=True)):
         assert a.tokens == b.tokens and [c.accepted for c in a.cycles] == [c.accepted for c in b.cycles], i
     assert len({tuple(r.tokens) for r in runs[0]}) >= 10  # many of the 27 images drawn

@@ -6,8 +6,9 @@
 - every shipped method that declares itself lossless and runs on the tiny models has a law test at the headline
   power: its case in ``tests/test_laws.py``, else ``adtbench check``'s at the full tier, here; the simulated-app
   cases are checked in ``tests/test_simulated.py``;
-- every window rule declares whether the device step runs it, and ``policy.step=graph`` is refused (a
-  ``ConfigError`` naming ``policy.step``, when the policy is built) exactly for the rules that declare it cannot;
+- every window rule declares whether the device step runs it, and ``engine.graphs.step=graph`` is refused (a
+  ``ConfigError`` naming ``engine.graphs.step``, when the policy is built) exactly for the rules that declare it
+  cannot;
 - ``adtbench check``'s config check passes every shipped method.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import ROOT
+from omegaconf import OmegaConf
 from test_laws import HEADLINE
 
 from adtbench.algorithm.methods.jacobi.windows import WINDOWS, FixedWindow
@@ -22,6 +24,7 @@ from adtbench.algorithm.policies import POLICIES, Method, methods
 from adtbench.algorithm.policies.base import method_of
 from adtbench.errors import ConfigError
 from adtbench.harness import check, schema
+from adtbench.harness.config import build_policy
 
 SHIPPED = [m.name for m in methods() if m.build.__module__.startswith("adtbench.")]
 
@@ -62,13 +65,15 @@ def test_a_method_declares_known_graph_paths_only() -> None:
 def test_step_graph_is_refused_exactly_for_the_window_rules_that_say_so(rule: str) -> None:
     cls = WINDOWS.get(rule)
     assert isinstance(cls, type) and issubclass(cls, FixedWindow)
-    node = {"window": rule, "init": "random", "step": "graph"}
+    cfg = OmegaConf.create(
+        {"policy": {"name": "scd", "window": rule, "init": "random"}, "engine": {"graphs": {"step": "graph"}}}
+    )
     if cls.device_step:
-        assert POLICIES.build("scd", node).params.step == "graph"
+        assert build_policy(cfg).graphs.step == "graph"
     else:
         with pytest.raises(ConfigError) as e:
-            POLICIES.build("scd", node)
-        assert e.value.key == "policy.step" and f"window={rule}" in str(e.value)
+            build_policy(cfg)
+        assert e.value.key == "engine.graphs.step" and f"window={rule}" in str(e.value)
 
 
 @pytest.mark.parametrize("name", SHIPPED)

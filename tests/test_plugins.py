@@ -4,7 +4,8 @@ write; nothing installed, no network), found by ``adtbench.plugins`` and, for it
 
 - the entropy-gated window (L from ``window_max`` down to ``window_min`` as the target's entropy at the first open
   position rises): a new window rule and a policy using it, editing no file of the repo; the app composes and runs
-  it, ``policy.step=graph`` is refused naming the key before any weights load, and ``adtbench check`` passes it;
+  it, ``engine.graphs.step=graph`` is refused naming the key before any weights load, and ``adtbench check`` passes
+  it;
 - a copy of SCD with the SCD authors' stored-proposal rule planted (a kept draft keeps its old proposal q_old, their
   ``…_SCDMC.py``): ``adtbench check`` fails it, naming the law test.
 """
@@ -145,8 +146,8 @@ def entropy_plugin(tmp_path: Path) -> Path:
 
 def test_a_plugin_registers_its_policy_yaml_and_window_rule(entropy_plugin: Path) -> None:
     """The entry point registers the policy and its window rule; Hydra composes ``policy=sjd_entropy`` from the
-    plugin's ``conf/``; the schema (its params class) checks the node; ``policy.step=graph`` is a ``ConfigError``
-    naming ``policy.step`` when the policy is built — before any weights load."""
+    plugin's ``conf/``; the schema (its params class) checks the node; ``engine.graphs.step=graph`` is a
+    ``ConfigError`` naming ``engine.graphs.step`` when the policy is built — before any weights load."""
     script = """
 from adtbench.algorithm.policies import POLICIES
 from adtbench.algorithm.methods.jacobi.windows import WINDOWS
@@ -158,7 +159,7 @@ policy = build_policy(cfg)
 print("built", policy.name, policy.params.window, policy.params.entropy_max, policy.lossless)
 schema = POLICY_SCHEMAS["sjd_entropy"]
 print("names", "sjd_entropy" in POLICIES, "entropy" in WINDOWS, "entropy_max" in schema().__dict__)
-for bad in ("policy.step=graph", "policy.entropy_max=-1", "policy.entropy_maxx=1"):
+for bad in ("engine.graphs.step=graph", "policy.entropy_max=-1", "policy.entropy_maxx=1"):
     try:
         build_policy(compose_config("config", ["policy=sjd_entropy", "model=tiny_llamagen", bad]))
     except ConfigError as e:
@@ -169,7 +170,7 @@ for bad in ("policy.step=graph", "policy.entropy_max=-1", "policy.entropy_maxx=1
     out = proc.stdout.splitlines()
     assert "built sjd_entropy entropy 4.0 True" in out and "names True True True" in out
     assert [line for line in out if line.startswith("refused")] == [
-        "refused policy.step",
+        "refused engine.graphs.step",
         "refused policy.entropy_max",
         "refused policy.entropy_maxx",
     ]

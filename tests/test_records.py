@@ -117,8 +117,17 @@ def test_merged_summary_round_trips_through_json() -> None:
 
 def test_old_run_configs_migrate_to_todays_fingerprint() -> None:
     saved = {"model": {"name": "m"}, "engine": {"compile": True}}
-    engine = {"compile": True, "acceptance": "auto", "verify_step": "auto"}
+    graphs = {"step": "auto", "verify": "auto", "levels": "auto"}
+    engine = {"compile": True, "acceptance": "auto", "graphs": graphs}
     assert migrate_run_config(saved) == {**RESUME_NEW_KEYS, "model": {"name": "m"}, "engine": engine}
+    # issue 50: engine.verify_step, a Jacobi policy.step and policy.graph_levels moved into engine.graphs
+    old = migrate_run_config(
+        {"engine": {"compile": True, "verify_step": "eager"}, "policy": {"name": "scd", "step": "graph"}}
+    )
+    assert old["engine"]["graphs"] == {"step": "graph", "verify": "eager", "levels": "auto"}
+    assert old["policy"] == {"name": "scd"} and "verify_step" not in old["engine"]
+    old = migrate_run_config({"policy": {"name": "eagle2", "graph_levels": False}})
+    assert old["engine"]["graphs"] == {**graphs, "levels": "eager"} and old["policy"] == {"name": "eagle2"}
     # keys of issue 39: timing.reference_baseline (off before), drafter.random (an EAGLE drafter's key; off before)
     old = migrate_run_config({"timing": {"repeats": 2}, "drafter": {"kind": "eagle", "path": None}})
     assert old["timing"] == {"repeats": 2, "reference_baseline": False, "aa": False}  # timing.aa: issue 52, off before

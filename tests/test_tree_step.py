@@ -1,4 +1,4 @@
-"""The graphed tree verify (``algorithm.tree_step``, ``engine.verify_step``): a drafted tree's verify forward, logits
+"""The graphed tree verify (``algorithm.tree_step``, ``engine.graphs.verify``): a drafted tree's verify forward, logits
 processing, acceptance and packed verdict as one graph replay, on the simulated CUDA device (the graph stand-in: a
 replay must run the captured ops on the captured storages, no read or host copy during a capture, no random op in
 the graph), float64:
@@ -10,7 +10,7 @@ the graph), float64:
   exact closed form, the rank loop with proposals (sampled trees) and LANTERN's relaxed rule, trees with dead nodes;
 - per drafted cycle: one graph replay and one device read, and ``bench overhead bench.count=true``'s engine ops;
 - the choice: ``auto`` runs the step where the verifies are graphed, ``eager`` never, ``graph`` refuses a setting it
-  cannot run naming ``engine.verify_step``.
+  cannot run naming ``engine.graphs.verify``; the old key ``engine.verify_step`` is refused naming the new one.
 
 The T = 1 laws of the step (the static sampled tree, EAGLE-2, sampled ADT-Tree) are in ``tests/test_laws.py``
 (``*-step-t3``: the fixed-shape step run eagerly on static CPU buckets, where thousands of images are affordable).
@@ -171,13 +171,13 @@ def test_the_choice_of_step() -> None:
         assert TS.step_for(target, t, T1, EXACT, False, "auto", "auto") is not None
         assert TS.step_for(target, t, T1, EXACT, False, "eager", "auto") is None
         assert TS.step_for(target, t, T1, EXACT, False, "auto", "host") is None
-        with pytest.raises(ConfigError, match=r"engine\.verify_step"):
+        with pytest.raises(ConfigError, match=r"engine\.graphs\.verify"):
             TS.step_for(target, t, T1, EXACT, False, "graph", "host")
     plain, _ = tiny("tiny_llamagen")  # the CPU, no static buckets
     plain.start(plain.encode_prompt("a red circle", cfg=True), 64)
     t = DraftTree(torch.arange(3), [-1, 0, 1], drafted_depth=2)
     assert TS.step_for(plain, t, T1, EXACT, False, "auto", "device") is None
-    with pytest.raises(ConfigError, match=r"engine\.verify_step"):
+    with pytest.raises(ConfigError, match=r"engine\.graphs\.verify"):
         TS.step_for(plain, t, T1, EXACT, False, "graph", "device")
     plain.request_static(graphs=False)  # static CPU buckets, not captured: ``graph`` runs the step eagerly
     plain.start(plain.encode_prompt("a red circle", cfg=True), 64)
@@ -187,18 +187,36 @@ def test_the_choice_of_step() -> None:
 
 
 def test_config_names_the_key() -> None:
-    """A bad ``engine.verify_step`` is a ``ConfigError`` naming the key before any model loads."""
+    """A bad ``engine.graphs.verify`` (or ``levels``) is a ``ConfigError`` naming the key before any model loads, and
+    so is ``graph`` where the part can never run as graphs; the old ``engine.verify_step`` names itself and the new
+    key (the schema's check and ``check_engine``'s alike)."""
     from omegaconf import OmegaConf
 
+    from adtbench.harness import schema
     from adtbench.harness.config import check_engine
 
-    cfg = OmegaConf.create({"warmup": 1, "model": {"device": "cpu"}, "engine": {"verify_step": "fast"}})
-    with pytest.raises(ConfigError, match=r"engine\.verify_step"):
-        check_engine(cfg)
-    engine = {"verify_step": "graph", "acceptance": "host"}
-    cfg = OmegaConf.create({"warmup": 1, "model": {"device": "cpu"}, "engine": engine})
-    with pytest.raises(ConfigError, match=r"engine\.verify_step"):
-        check_engine(cfg)
+    def cfg(device: str = "cpu", **engine: Any) -> Any:
+        return OmegaConf.create({"warmup": 1, "model": {"device": device}, "engine": engine})
+
+    with pytest.raises(ConfigError, match=r"^engine\.graphs\.verify: must be one of"):
+        check_engine(cfg(graphs={"verify": "fast"}))
+    with pytest.raises(ConfigError, match=r"^engine\.graphs\.verify: graph accepts on the device"):
+        check_engine(cfg(graphs={"verify": "graph"}, acceptance="host"))
+    with pytest.raises(ConfigError, match=r"^engine\.graphs\.levelz: unknown part"):
+        check_engine(cfg(graphs={"levelz": "graph"}))
+    for engine in ({"compile": False}, {"compile": True, "acceptance": "host"}):  # levels never graphed there
+        with pytest.raises(ConfigError, match=r"^engine\.graphs\.levels: graph needs"):
+            check_engine(cfg("cuda", graphs={"levels": "graph"}, **engine))
+    with accel.simulate():
+        check_engine(cfg("cuda", graphs={"levels": "graph"}, compile=True))
+    with pytest.raises(ConfigError, match=r"^engine\.graphs\.levels: graph needs"):
+        check_engine(cfg("cpu", graphs={"levels": "graph"}, compile=True))
+    for where in (check_engine, lambda c: schema.check_group(c, "engine")):
+        with pytest.raises(ConfigError, match=r"^engine\.verify_step: moved to engine\.graphs\.verify.*=eager"):
+            where(cfg(verify_step="eager"))
+    old = OmegaConf.create({"policy": {"name": "eagle2", "graph_levels": False}})
+    with pytest.raises(ConfigError, match=r"^policy\.graph_levels: moved to engine\.graphs\.levels.*=eager"):
+        schema.check_group(old, "policy")
 
 
 TINY = ["model=tiny_llamagen", "policy=eagle2", "dataset=smoke", "model.device=cuda", "engine.compile=true",
@@ -211,14 +229,14 @@ def test_bench_count_of_a_graphed_tree_cycle(tmp_path: Path) -> None:
     """``bench overhead bench.count=true`` of EAGLE-2 on the simulated device with ``engine.compile=true``: a cycle's
     verify, acceptance and read outside the step's one replay are ≈ 22 engine ops, views included (the tree's
     copies into the step's buffers, the draws, the read), and one device read — op by op
-    (``engine.verify_step=eager``, the same run) ≈ 125; the cycle's kernels outside graphs 105 → 36."""
+    (``engine.graphs.verify=eager``, the same run) ≈ 125; the cycle's kernels outside graphs 105 → 36."""
     from adtbench.tools.bench import main as bench_main
 
     rows = {}
     for step in ("auto", "eager"):
         out = tmp_path / f"{step}.json"
         with accel.simulate():
-            assert bench_main(["overhead", *TINY, f"engine.verify_step={step}", f"bench.out={out}"]) == 0
+            assert bench_main(["overhead", *TINY, f"engine.graphs.verify={step}", f"bench.out={out}"]) == 0
         rows[step] = json.loads(out.read_text())
     phases = {s: {p["phase"]: p["ops_per_cycle"] for p in r["phases"]} for s, r in rows.items()}
     graphed = sum(v for k, v in phases["auto"].items() if k in VERIFY)

@@ -20,7 +20,7 @@ bonus token, the realised depth and live nodes (ADT-Tree, the records), the entr
 (the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
 count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. Where the
 target's verifies are captured as graphs (``engine.compile`` on a GPU) the verify forward, logits processing,
-acceptance and the packed verdict are one graph replay (``tree_step``, ``engine.verify_step``). When the
+acceptance and the packed verdict are one graph replay (``tree_step``, ``engine.graphs.verify``). When the
 device is the CPU, the cycle's decisions run on the host by default (``acceptance``: ``auto``): acceptance as the
 float64 host walk (``verify.verify_cycle``), EAGLE-2 and sampled trees built on host copies of each drafter level
 (``DraftSession.on_host``) — the same trees and the same law, far fewer calls there (a torch op costs several
@@ -136,7 +136,7 @@ def speculative_cycle(
     """Draft a tree (``st.policy`` on ``session``), verify it in one target forward, commit root + accepted drafts,
     advance ``st`` (``DecodeState.advance``: the policy and the gate learn how the tree fared). ``acceptance``: where
     acceptance runs (``verify.verify_cycle``); ``verify_step``: the verify as one graph replay or op by op
-    (``tree_step``). Returns the clock marks drafted, verified, done."""
+    (``tree_step``; ``engine.graphs.verify``). Returns the clock marks drafted, verified, done."""
     tree = st.policy.propose(session, st.room)
     session.drafter.rollback()
     drafted = clock.mark()
@@ -193,13 +193,12 @@ def generate(
     generator: torch.Generator | None,
     rule: AcceptanceRule = EXACT,
     acceptance: str = "auto",
-    verify_step: str = "auto",
 ) -> GenerationResult:
     """Speculative generation of one image: a ``LoopPolicy`` runs its own loop (``drafter`` = its models, e.g.
     ``mulo.MuloModels``); a tree policy runs cycles with the ``drafter`` (a ``drafters.base.Drafter``;
     ``policy.uses_drafter`` False → AR decoding). ``acceptance``: ``auto`` | ``device`` | ``host``
-    (``verify.verify_cycle``; ``engine.acceptance``); ``verify_step``: ``auto`` | ``graph`` | ``eager``
-    (``tree_step``; ``engine.verify_step``)."""
+    (``verify.verify_cycle``; ``engine.acceptance``). The policy's ``graphs`` (``engine.graphs``) say which parts run
+    as graph replays: ``verify`` the tree verify (``tree_step``), ``levels`` the drafting levels, ``step`` a loop's."""
     if isinstance(policy, LoopPolicy):
         return policy.generate(target, drafter, inputs, sp, generator, rule, acceptance)
     if not policy.uses_drafter or drafter is None:
@@ -216,7 +215,7 @@ def generate(
             if st.pending:  # the drafter consumes (f_t, x_{t+1}) of every committed position, in one forward
                 catch_up(target, drafter, st)
             session = st.session(drafter, target, sp, target.next_pos)
-            marks = speculative_cycle(target, st, session, sp, rule, clock, acceptance, verify_step)
+            marks = speculative_cycle(target, st, session, sp, rule, clock, acceptance, policy.graphs.verify)
             timing.cycle(start, *marks)
         else:
             timing.cycle(start, *ar_cycle(target, st, sp, clock))

@@ -1,5 +1,5 @@
 """The graphed tree verify: a drafted tree's verify forward, logits processing, acceptance and packed verdict as one
-CUDA graph replay (``engine.verify_step``; ``verify`` holds the law, ``models.graphs`` the bucketed forwards, this
+CUDA graph replay (``engine.graphs.verify``; ``verify`` holds the law, ``models.graphs`` the bucketed forwards, this
 module only their fixed-shape execution for trees).
 
 The eager cycle (``engine.speculative_cycle``) builds the verify mask and positions on the host's command (≈ 35 ops
@@ -7,7 +7,8 @@ and 3 transfers), replays the bucket's forward, processes the logits, accepts (`
 packs the verdict for the host's one read (≈ 20 ops): ≈ 120 launches around one replay. Here they are one fixed-shape
 function of static device buffers, captured per (node bucket b, attention width K):
 
-- **Inputs** (``TreeStep``, one per target bucket and acceptance setting, reused by every image): the tree padded to
+- **Inputs** (``TreeStep``, a ``graph_runner.GraphRunner``: one per target bucket and acceptance setting, reused by
+  every image — ``runner_for`` — its static buffers): the tree padded to
   b nodes — ``tokens``, ``parents`` (a padded node its own parent), ``depth``, the ancestor mask (padded rows the
   identity), ``alive`` (False past the tree's n nodes: padded nodes are never accepted), the child ranks (−1
   padded; only for the rank loop) and the proposal rows (sampled trees) — the root's generation index, the committed
@@ -28,10 +29,10 @@ function of static device buffers, captured per (node bucket b, attention width 
 the draws (sampling only), one replay (captured the first time its (b, K) is needed), one read of the packed
 verdict. The KV commit and the drafter's catch-up stay with the cycle (``target.commit``, ``DecodeState.advance``).
 
-**Where it runs** (``engine.verify_step``): ``auto`` — where the target's verifies are captured as graphs
+**Where it runs** (``engine.graphs.verify``): ``auto`` — where the target's verifies are captured as graphs
 (``engine.compile=true`` on CUDA or the simulated device), acceptance is on the device and the tree fits a bucket;
 ``graph`` — also where the buckets are static but not captured (the same function, run eagerly); a ``ConfigError``
-naming ``engine.verify_step`` where that cannot be (no static buckets, acceptance on the host); ``eager`` — the
+naming ``engine.graphs.verify`` where that cannot be (no static buckets, acceptance on the host); ``eager`` — the
 op-by-op cycle. One-node trees, trees larger than every bucket and batched decoding (``decode.batch_size > 1``) take
 the eager cycle. The law is the eager cycle's; a seed gives other tokens at T > 0 (the bonus by inverse CDF, the
 uniforms from a buffer of b + 1) and the same tokens (AR's) when greedy: ``tests/test_tree_step.py``.
@@ -39,12 +40,10 @@ uniforms from a buffer of b + 1) and the same tokens (AR's) when greedy: ``tests
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
 
-from adtbench import accel_graphs
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.slot import decides_on_host
@@ -60,15 +59,15 @@ from adtbench.algorithm.verify import (
     unpack_verdict,
 )
 from adtbench.errors import ConfigError
+from adtbench.graph_runner import GraphRunner, runner_for, runners_of
 from adtbench.models.base import Target
 from adtbench.sampling_params import SamplingParams
 
-VERIFY_STEPS = ("auto", "graph", "eager")
 
-
-class TreeStep:
+class TreeStep(GraphRunner):
     """The static buffers and per-width graphs of one (target bucket b, sampling setting, rule, ranks, proposal
-    dtype, entropy read) (module docstring)."""
+    dtype, entropy read) (module docstring): a ``GraphRunner`` keyed by the attention width, graphed where the
+    target's verifies are captured."""
 
     def __init__(
         self,
@@ -81,30 +80,29 @@ class TreeStep:
         entropy: bool,
     ) -> None:
         static, dev = target.static, target.device
-        self.target, self.b, self.sp, self.rule, self.entropy, self.device = target, b, sp, rule, entropy, dev
+        super().__init__(dev, graphed=bool(static.captures))  # the target's verifies are captured: so is this step
+        self.target, self.b, self.sp, self.rule, self.entropy = target, b, sp, rule, entropy
         self.bucket = static.steps[b]
         self.ranks_n = ranks
-        long = dict(dtype=torch.long, device=dev)
-        self.tokens = torch.zeros(b, **long)
-        self.parents = torch.zeros(b, **long)
-        self.own = torch.arange(b, **long)
-        self.depth = torch.zeros(b, **long)
+        long, buffer = torch.long, self.buffer
+        self.tokens = buffer("tokens", (b,), long)
+        self.parents = buffer("parents", (b,), long)
+        self.own = torch.arange(b, dtype=long, device=dev)
+        self.depth = buffer("depth", (b,), long)
         self.eye = torch.eye(b, dtype=torch.bool, device=dev)
-        self.anc = self.eye.clone()
-        self.alive = torch.zeros(b, dtype=torch.bool, device=dev)
-        self.ranks = torch.full((b, ranks), -1, **long) if ranks else None
+        self.anc = self.eye.clone()  # the ancestor mask (padded rows the identity; ``fill`` rewrites it per cycle)
+        self.alive = buffer("alive", (b,), torch.bool)
+        self.ranks = buffer("ranks", (b, ranks), long, fill=-1) if ranks else None
         V = target.layout.vocab_size
-        self.proposal = None if proposal is None else torch.zeros(b, V, dtype=proposal, device=dev)
-        self.root_gen = torch.zeros(1, **long)
-        self.length = torch.zeros(1, **long)
-        self.pos0 = torch.zeros(static.rows, **long)
-        self.bias = torch.full((static.rows, static.capacity), float("-inf"), dtype=target.dtype, device=dev)
-        self.draws = torch.zeros(b + 1, dtype=torch.float64, device=dev)
-        self.packed = torch.zeros(VERDICT_HEAD + int(entropy) + 2 * b, dtype=torch.float64, device=dev)
-        self.order = torch.zeros(b, **long)  # the node ids, the accepted path first (in node order)
-        self.following = torch.zeros(b, **long)  # the committed tokens after the root: the path's drafts, the bonus
-        self.graphs: dict[int, accel_graphs.Graph] = {}
-        self.graphed = bool(static.captures)  # the target's verifies are captured: so is this step
+        self.proposal = None if proposal is None else buffer("proposal", (b, V), proposal)
+        self.root_gen = buffer("root_gen", (1,), long)
+        self.length = buffer("length", (1,), long)
+        self.pos0 = buffer("pos0", (static.rows,), long)
+        self.bias = buffer("bias", (static.rows, static.capacity), target.dtype, fill=float("-inf"))
+        self.draws = buffer("draws", (b + 1,), torch.float64)
+        self.packed = buffer("packed", (VERDICT_HEAD + int(entropy) + 2 * b,), torch.float64)
+        self.order = buffer("order", (b,), long)  # the node ids, the accepted path first (in node order)
+        self.following = buffer("following", (b,), long)  # the committed tokens after the root: the drafts, the bonus
         self.launches = 0
         self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
 
@@ -139,17 +137,12 @@ class TreeStep:
             draw_into(self.draws, "uniform_", generator)
 
     def launch(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One verify at attention width ``K``: its graph's replay (captured at the first use of ``K``), or the step run
-        eagerly where the target's verifies are not graphed. Returns the raw logits ``[R, b, V]`` and features
+        """One verify at attention width ``K``: its graph's replay (captured at the first use of ``K``: the warm-ups and
+        the capture write only outputs and K/V past the committed length), or the step run eagerly where the target's
+        verifies are not graphed (``GraphRunner.replay_or_run``). Returns the raw logits ``[R, b, V]`` and features
         ``[R, b, H]`` (static outputs: read before the next launch)."""
         self.launches += 1
-        if not self.graphed:
-            return self._step(K)
-        graph = self.graphs.get(K)
-        if graph is None:  # the warm-ups and the capture write only outputs and K/V past the committed length
-            graph = self.graphs[K] = accel_graphs.capture(lambda: self._step(K), self.device)
-        graph.replay()
-        out: tuple[torch.Tensor, torch.Tensor] = graph.out
+        out: tuple[torch.Tensor, torch.Tensor] = self.replay_or_run(K, lambda: self._step(K))
         return out
 
     def verify(
@@ -202,9 +195,6 @@ class TreeStep:
         return raw, feats
 
 
-_STEPS: weakref.WeakKeyDictionary[Any, dict[Any, TreeStep]] = weakref.WeakKeyDictionary()
-
-
 def step_for(
     target: Target,
     tree: DraftTree,
@@ -216,8 +206,8 @@ def step_for(
 ) -> TreeStep | None:
     """The ``TreeStep`` that verifies ``tree`` (module docstring, "Where it runs"), or None for the eager cycle.
     ``entropy``: the verdict carries the bonus row's entropy (a draft gate reads it); ``mode``:
-    ``engine.verify_step``; ``acceptance``: ``engine.acceptance``. Raises a ``ConfigError`` naming
-    ``engine.verify_step`` where ``graph`` cannot run."""
+    ``engine.graphs.verify``; ``acceptance``: ``engine.acceptance``. Raises a ``ConfigError`` naming
+    ``engine.graphs.verify`` where ``graph`` cannot run."""
     if mode == "eager":
         return None
     static = getattr(target, "static", None)
@@ -225,7 +215,7 @@ def step_for(
     if mode == "graph" and (static is None or on_host):
         why = "acceptance on the device (engine.acceptance=device, or auto on CUDA)" if on_host else None
         why = why or "a target with static-shape verifies (engine.compile=true on CUDA, or request_static)"
-        raise ConfigError("engine.verify_step", f"graph needs {why}")
+        raise ConfigError("engine.graphs.verify", f"graph needs {why}")
     if static is None or on_host or tree.size < 2 or (mode == "auto" and not static.captures):
         return None
     t: Any = target
@@ -236,17 +226,14 @@ def step_for(
     if takes_rank_loop(tree, sp.greedy, rule):
         ranks = 1 << max(0, tree.max_children - 1).bit_length()  # a power of two ≥ max_children: few graphs
     proposal = None if tree.proposal is None else tree.proposal.dtype
-    steps = _STEPS.setdefault(static, {})
     key = (b, ranks, proposal, sp, id(rule), entropy)
-    if key not in steps:
-        steps[key] = TreeStep(target, b, sp, rule, ranks, proposal, entropy)
-    return steps[key]
+    return runner_for(static, TreeStep, key, lambda: TreeStep(target, b, sp, rule, ranks, proposal, entropy))
 
 
 def steps_of(target: Any) -> list[TreeStep]:
     """The ``TreeStep``s made for ``target``'s static buckets so far (their ``launches``, ``graphs``)."""
     static = getattr(target, "static", None)
-    return [] if static is None else list(_STEPS.get(static, {}).values())
+    return [] if static is None else runners_of(static, TreeStep)
 
 
-__all__ = ["VERIFY_STEPS", "TreeStep", "step_for", "steps_of"]
+__all__ = ["TreeStep", "step_for", "steps_of"]

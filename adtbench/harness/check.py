@@ -6,8 +6,8 @@ usage error, e.g. an unknown policy):
 
 - ``config``: the policy's yaml and keys compose (Hydra, plugins' search path included) and build; every key its
   schema declares with a rule (``algorithm.params.key``: choices, numbers, flags) rejects a wrong value with a
-  ``ConfigError`` naming ``policy.<key>``, and so does an unknown key; ``policy.step=graph`` (where the schema has
-  the key) either builds or is a ``ConfigError`` naming ``policy.step`` — before any weights load;
+  ``ConfigError`` naming ``policy.<key>``, and so does an unknown key; ``engine.graphs.step=graph`` either builds or
+  is a ``ConfigError`` naming ``engine.graphs.step`` — before any weights load;
 - ``greedy``: T = 0 equals AR greedy token for token on both CFG rows, acceptance on the device and on the host, in
   the raster layout and in an end-of-line layout (Lumina's: forced end-of-line / end-of-image tokens); a method that
   declares itself lossy and differs gets a SKIP naming the first differing token, not a failure;
@@ -163,7 +163,7 @@ def generate_with(policy: Policy, target: Any, drafter: Any, sp: SamplingParams,
 
 def check_config(subject: Subject) -> Verdict:
     """``config`` (module docstring): the node builds; wrong values and an unknown key are ``ConfigError``s naming
-    the key; ``policy.step=graph`` builds or names ``policy.step``."""
+    the key; ``engine.graphs.step=graph`` builds or names ``engine.graphs.step``."""
     from adtbench.harness.config import build_policy
 
     method, node = subject.method, subject.node
@@ -192,14 +192,14 @@ def check_config(subject: Subject) -> Verdict:
         except Exception as e:
             return Verdict("FAIL", "config", f"{full}={bad!r}: raised {type(e).__name__}: {e}")
         return Verdict("FAIL", "config", f"{full}={bad!r}: accepted")
-    if "step" in fields:
-        try:
-            build_policy(OmegaConf.create({"policy": {**node, "step": "graph"}}))
-        except ConfigError as e:
-            if e.key != "policy.step":
-                return Verdict("FAIL", "config", f"policy.step=graph: names {e.key}, not policy.step")
-        except Exception as e:
-            return Verdict("FAIL", "config", f"policy.step=graph: raised {type(e).__name__}: {e}")
+    key = "engine.graphs.step"
+    try:
+        build_policy(OmegaConf.create({"policy": node, "engine": {"graphs": {"step": "graph"}}}))
+    except ConfigError as e:
+        if e.key != key:
+            return Verdict("FAIL", "config", f"{key}=graph: names {e.key}, not {key}")
+    except Exception as e:
+        return Verdict("FAIL", "config", f"{key}=graph: raised {type(e).__name__}: {e}")
     return Verdict("PASS", "config", f"{len(probes)} wrong values refused naming their key; the composed keys build")
 
 

@@ -19,6 +19,7 @@ from adtbench import accel, resources
 from adtbench.algorithm.policies import POLICIES, LoopPolicy, Policy
 from adtbench.algorithm.verify import EXACT, AcceptanceRule
 from adtbench.errors import ConfigError, check_flag, check_number
+from adtbench.graph_modes import GraphModes, graph_modes, moved_key
 from adtbench.harness import schema
 from adtbench.harness.rundir import PLUMBING_KEYS
 from adtbench.sampling_params import SamplingParams, build_sampling
@@ -130,13 +131,28 @@ def _number(cfg: DictConfig, key: str, kind: type, lo: float | None = None, hi: 
 
 def build_policy(cfg: DictConfig) -> Policy:
     """``POLICIES.build(policy.name, cfg.policy)``: the node is checked against its schema first
-    (``adtbench.harness.schema``); each policy's builder (in its own module) and constructor check values."""
+    (``adtbench.harness.schema``); each policy's builder (in its own module) and constructor check values. The policy
+    carries ``engine.graphs`` (``policy.graphs``: graph or eager for each part); ``engine.graphs.step=graph`` where the
+    policy's keys cannot run the fixed-shape step (``LoopPolicy.step_refusal``) is a ``ConfigError`` naming
+    ``engine.graphs.step`` — before any weights load."""
     name = str(_get(cfg, "policy.name"))
     builder = POLICIES.get(name)  # unknown names: ConfigError naming ``policy`` and the known ones
     schema.check_group(cfg, "policy")
     node = OmegaConf.to_container(cfg.policy, resolve=True)
     assert isinstance(node, dict)
-    return builder(node)
+    policy = builder(node)
+    policy.graphs = engine_graphs(cfg)
+    why = policy.step_refusal() if isinstance(policy, LoopPolicy) and policy.graphs.step == "graph" else None
+    if why is not None:
+        raise ConfigError("engine.graphs.step", f"graph needs {why}")
+    return policy
+
+
+def engine_graphs(cfg: DictConfig) -> GraphModes:
+    """``engine.graphs`` typed (``graph_modes.GraphModes``; every part ``auto`` without the node)."""
+    engine = cfg.get("engine")
+    node = engine.get("graphs") if isinstance(engine, DictConfig) else None
+    return graph_modes(OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node)
 
 
 def validate_model(cfg: DictConfig) -> None:
@@ -476,9 +492,9 @@ def check_engine(cfg: DictConfig) -> None:
     """``engine.compile`` (a flag: compile the target's, and drafter's, forward before the warm-up, which then needs
     ``warmup ≥ 1``, and ``model.device=cuda`` under the simulated device, ``accel``; false without the node) and
     ``engine.acceptance`` (where tree acceptance runs: ``auto`` — the float64 host walk when the target is on the CPU,
-    on the device otherwise —, ``device`` or ``host``: ``algorithm.verify.verify_cycle``) and ``engine.verify_step``
-    (a drafted tree's verify as one graph replay: ``auto`` | ``graph`` | ``eager``, ``algorithm.tree_step``)."""
-    from adtbench.algorithm.tree_step import VERIFY_STEPS
+    on the device otherwise —, ``device`` or ``host``: ``algorithm.verify.verify_cycle``) and ``engine.graphs`` (graph
+    or eager for each part: ``step``, ``verify``, ``levels``, each ``auto`` | ``graph`` | ``eager``; ``graph`` where a
+    part can never run as graphs is refused here: ``adtbench.graph_modes``)."""
     from adtbench.algorithm.verify import ACCEPTANCE
 
     node = cfg.get("engine")
@@ -489,12 +505,18 @@ def check_engine(cfg: DictConfig) -> None:
     value = node.get("acceptance", "auto")
     if value not in ACCEPTANCE:
         raise ConfigError("engine.acceptance", f"must be one of {list(ACCEPTANCE)}, got {value!r}")
-    step = node.get("verify_step", "auto")
-    if step not in VERIFY_STEPS:
-        raise ConfigError("engine.verify_step", f"must be one of {list(VERIFY_STEPS)}, got {step!r}")
-    if step == "graph" and value == "host":
-        raise ConfigError("engine.verify_step", "graph accepts on the device: needs engine.acceptance=auto or device")
+    if "verify_step" in node:  # (the schema refuses it first on the app's path)
+        raise moved_key("engine.verify_step", node.get("verify_step"))
+    graphs = engine_graphs(cfg)
     compile = check_flag(node.get("compile", False), "engine.compile")
+    if graphs.verify == "graph" and value == "host":
+        raise ConfigError("engine.graphs.verify", "graph accepts on the device: needs engine.acceptance=auto or device")
+    if graphs.levels == "graph" and (not compile or value == "host" or not _on_cuda(cfg)):
+        raise ConfigError(
+            "engine.graphs.levels",
+            "graph needs the drafter's forwards captured (engine.compile=true, model.device=cuda — a GPU or the "
+            "simulated device) and acceptance on the device (engine.acceptance=auto or device); use auto or eager",
+        )
     if compile and int(cfg.warmup) < 1:
         raise ConfigError("warmup", "must be ≥ 1 with engine.compile=true (compilation happens in the warm-up)")
     if compile and accel.simulation() is not None and not _on_cuda(cfg):

@@ -209,8 +209,7 @@ class Job:
         encode_s = clock.now() - t0
         g = accel.generator(self.gen_device, self.seed_of(prompt) if seed is None else seed)
         if method:
-            step = self.conf.engine.verify_step
-            res = generate(self.target, self.models, self.policy, inputs, self.sp, g, self.rule, self.acceptance, step)
+            res = generate(self.target, self.models, self.policy, inputs, self.sp, g, self.rule, self.acceptance)
         else:
             res = decode_ar(self.target, inputs, self.sp, g)
         res.encode_s += encode_s  # + what the loop encoded itself (MuLo-SD's drafter prompt)

@@ -15,6 +15,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from adtbench.graph_modes import GRAPH_MODES, GRAPH_PARTS
 from adtbench.harness.stats import summarize
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "eval_part",
     "lantern_part",
     "migrate_run_config",
+    "moved_graph_keys",
     "slim",
     "summary_line",
     "trace_record",
@@ -473,7 +475,7 @@ def eval_part(block: Any) -> str:
 #: Config nodes and keys added after run dirs existed: a run_config.json without them ran with these values.
 RESUME_NEW_KEYS: dict[str, Any] = {
     "timing": {"repeats": 1, "reference_baseline": False, "aa": False},
-    "engine": {"compile": False, "acceptance": "auto", "verify_step": "auto"},  # verify_step: on the CPU auto is eager
+    "engine": {"compile": False, "acceptance": "auto", "graphs": dict.fromkeys(GRAPH_PARTS, "auto")},  # the CPU: eager
     "decode": {"batch_size": 1, "window": 4},
 }
 
@@ -481,7 +483,8 @@ RESUME_NEW_KEYS: dict[str, Any] = {
 def migrate_run_config(saved: dict[str, Any]) -> dict[str, Any]:
     """A saved ``run_config.json`` as today's config fingerprint would read: nodes and keys added since
     (:data:`RESUME_NEW_KEYS`, and ``drafter.random`` of an EAGLE drafter) take the values the run decoded with;
-    saved values win."""
+    saved values win; the keys that moved into ``engine.graphs`` read as their new keys (:func:`moved_graph_keys`)."""
+    saved = moved_graph_keys(saved)
     old = {**RESUME_NEW_KEYS, **saved}
     for key, defaults in RESUME_NEW_KEYS.items():  # a node that gained keys: the saved values over the defaults
         if isinstance(saved.get(key), dict):
@@ -490,3 +493,23 @@ def migrate_run_config(saved: dict[str, Any]) -> dict[str, Any]:
     if isinstance(drafter, dict) and drafter.get("kind") == "eagle":  # drafter.random (an EAGLE drafter's key)
         old["drafter"] = {"random": False, **drafter}
     return old
+
+
+def moved_graph_keys(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the keys ``engine.graphs`` replaced (``graph_modes.MOVED_KEYS``) moved there:
+    ``engine.verify_step`` → ``engine.graphs.verify``, a Jacobi ``policy.step`` (a value among ``auto | graph |
+    eager``) → ``engine.graphs.step``, the flag ``policy.graph_levels`` → ``engine.graphs.levels`` (true: ``auto``,
+    false: ``eager``); the parts none of them set ``auto``, as they decoded. A config without them is returned as
+    is."""
+    engine, policy = dict(saved.get("engine") or {}), dict(saved.get("policy") or {})
+    found: dict[str, Any] = {}
+    if "verify_step" in engine:
+        found["verify"] = engine.pop("verify_step")
+    if policy.get("step") in GRAPH_MODES:
+        found["step"] = policy.pop("step")
+    if isinstance(policy.get("graph_levels"), bool):
+        found["levels"] = "auto" if policy.pop("graph_levels") else "eager"
+    if not found:
+        return saved
+    engine["graphs"] = {**dict.fromkeys(GRAPH_PARTS, "auto"), **found, **(engine.get("graphs") or {})}
+    return {**saved, "engine": engine, **({"policy": policy} if "policy" in saved else {})}

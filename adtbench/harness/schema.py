@@ -37,6 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 from adtbench.errors import ConfigError
+from adtbench.graph_modes import MOVED_KEYS, GraphModes, moved_key
 from adtbench.sampling_params import SamplingParams
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "DatasetConf",
     "DecodeConf",
     "DrafterConf",
+    "DraftingConf",
     "Eagle2Conf",
     "EngineConf",
     "LanternConf",
@@ -70,27 +72,30 @@ class ArConf:
 
 
 @dataclass
-class ChainConf:
+class DraftingConf:
+    """The keys every drafting tree policy shares (``chain``, ``static``, ``eagle2``, ``adt``): how drafts are
+    picked (``draft_sampling``: ``topk`` or ``sample``) and the draft gate (``policies.base.with_gate``). Whether its
+    levels run as graph replays is ``engine.graphs.levels`` (``graph_modes``), not a policy key."""
+
+    draft_sampling: str = "topk"
+    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
+    gate_explore: int = 8
+
+
+@dataclass
+class ChainConf(DraftingConf):
     name: str = "chain"
     depth: int = 5
-    draft_sampling: str = "topk"
-    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
-    gate_explore: int = 8
-    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
-class StaticConf:
+class StaticConf(DraftingConf):
     name: str = "static"
     tree: Any = "mc_sim_7b_63"  # a shape name or a list of child-rank paths
-    draft_sampling: str = "topk"
-    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
-    gate_explore: int = 8
-    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
-class Eagle2Conf:
+class Eagle2Conf(DraftingConf):
     name: str = "eagle2"
     depth: int = 4
     top_k: int = 10
@@ -98,14 +103,10 @@ class Eagle2Conf:
     budget: str = "fixed"
     calibrate: bool = True
     rounds: str = "auto"  # budget: cost: when the level rule decides a round (auto | live | planned)
-    draft_sampling: str = "topk"
-    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
-    gate_explore: int = 8
-    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
-class AdtConf:
+class AdtConf(DraftingConf):
     name: str = "adt"
     init: str = "horizontal"
     read: str = "updated"
@@ -125,10 +126,6 @@ class AdtConf:
     budget: str = "cost"
     calibrate: bool = True
     rounds: str = "auto"  # budget: cost: when the level rule decides a round (auto | live | planned)
-    draft_sampling: str = "topk"
-    gate_tokens: float | None = None  # draft gating (algorithm.gate): a drafted cycle's cost in AR steps
-    gate_explore: int = 8
-    graph_levels: bool = True  # engine.compile's graphs: each drafting level one graph replay
 
 
 @dataclass
@@ -277,7 +274,7 @@ class TimingConf:
 class EngineConf:
     compile: bool = False
     acceptance: str = "auto"
-    verify_step: str = "auto"
+    graphs: GraphModes = field(default_factory=GraphModes)  # graph or eager for each part (``graph_modes``)
 
 
 @dataclass
@@ -374,7 +371,18 @@ def check_group(cfg: DictConfig, group: str) -> Any:
             return None
     else:
         schema = GROUPS[group]
+    _refuse_moved(data, schema, group)
     return _merge(data, schema, group)
+
+
+def _refuse_moved(data: dict[str, Any], schema: type, group: str) -> None:
+    """A key that moved (``graph_modes.MOVED_KEYS``: ``policy.step``, ``engine.verify_step``,
+    ``policy.graph_levels``) and that the group's schema does not declare itself: a ``ConfigError`` naming it and
+    its new key, not an alias."""
+    known = {f.name for f in fields(schema)}
+    for k, value in data.items():
+        if f"{group}.{k}" in MOVED_KEYS and k not in known:
+            raise moved_key(f"{group}.{k}", value)
 
 
 def _top_value(cfg: DictConfig, key: str) -> Any:

@@ -377,7 +377,7 @@ def jacobi_summary(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     ``graph`` — the device-resident step of ``algorithm.methods.jacobi.step``): ``step_counts`` = {step: records},
     summed;
     ``step`` = the one step when every record that names one agrees, ``mixed`` when they differ (a run resumed on
-    another machine under ``engine.verify_step=auto``), None when none names one (records from before the key).
+    another machine under ``engine.graphs.step=auto``), None when none names one (records from before the key).
     ``idle_forwards`` = Σ the device-resident step's forwards launched past an image's end (at most one per image;
     they are not in ``target_forwards``), None when no record counts them (the eager loop launches none)."""
     rows = [r["stats"] for r in records if isinstance(r.get("stats"), dict) and "accept_hist" in r["stats"]]

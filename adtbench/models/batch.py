@@ -207,12 +207,12 @@ class BatchTarget:
 class StaticBatchVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
     """One bucket of b nodes per slot over a ``BatchTarget``'s cache: static tokens ``[B, b]``, positions and
     written columns ``[R, b]``, the mask ``[R, 1, b, K]`` (the eager forward's, over the first K columns: the
-    smallest of the attention ``widths`` holding the longest slot's columns); ``graphs`` after ``capture``. Padding is
-    the eager forward's (``pack_trees``): inert."""
+    smallest of the attention ``widths`` holding the longest slot's columns); ``graphs`` after ``capture_widths`` (a
+    ``graph_runner.GraphRunner``, as every bucket). Padding is the eager forward's (``pack_trees``): inert."""
 
     def __init__(self, bt: BatchTarget, b: int, widths: tuple[int, ...]) -> None:
-        super().__init__()
-        dev = self.device = bt.device
+        super().__init__(bt.device)
+        dev = self.device
         self.bt, self.b = bt, b
         self.tokens = torch.zeros(bt.B, b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(bt.rows, b, dtype=torch.long, device=dev)

@@ -62,6 +62,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from adtbench import accel, accel_graphs
+from adtbench.graph_runner import GraphRunner
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 CAPACITY_BUCKETS = 8  # attention widths per node bucket: the pinned capacity in this many equal steps
@@ -84,11 +85,12 @@ def capacity_buckets(capacity: int, count: int = CAPACITY_BUCKETS, align: int = 
     return (*range(step, capacity - step // 2 + 1, step), capacity)
 
 
-class _Step(Generic[_Out]):
+class _Step(GraphRunner, Generic[_Out]):
     """One node bucket's static-shape forwards, one per capacity bucket ``K`` (``widths``): ``run`` the one the last
-    ``load`` chose (``width``) eagerly, or ``capture`` each once as a CUDA graph (its stand-in off a GPU:
-    ``accel_graphs.capture``) and replay it; either way the outputs are static tensors the next ``run`` rewrites (read
-    them first). The widths share the node bucket's input buffers and one mask storage (``_mask_at``)."""
+    ``load`` chose (``width``) eagerly, or ``capture_widths`` each once as a CUDA graph (its stand-in off a GPU: the
+    ``graph_runner.GraphRunner`` it is, keyed by ``K``) and replay it; either way the outputs are static tensors the
+    next ``run`` rewrites (read them first). The widths share the node bucket's input buffers and one mask storage
+    (``_mask_at``)."""
 
     b: int
     device: torch.device
@@ -97,8 +99,8 @@ class _Step(Generic[_Out]):
     _mask_store: torch.Tensor  # R·b·C elements: the mask of every width is a view of its first R·b·K
     _pad_block: torch.Tensor
 
-    def __init__(self) -> None:
-        self.graphs: dict[int, accel_graphs.Graph] = {}
+    def __init__(self, device: torch.device) -> None:
+        super().__init__(device, graphed=False)  # graphed once ``capture_widths`` captured every width
         self.masks: dict[int, torch.Tensor] = {}
 
     def _init_masks(self, rows: int, widths: tuple[int, ...]) -> None:
@@ -127,20 +129,18 @@ class _Step(Generic[_Out]):
         return self.graphs.get(self.width)
 
     def run(self) -> _Out:
-        graph = self.graphs.get(self.width)
-        if graph is not None:
-            graph.replay()
-            out: _Out = graph.out
-            return out
-        return self._forward_at(self.width)
+        K = self.width
+        out: _Out = self.replay_or_run(K, lambda: self._forward_at(K))
+        return out
 
-    def capture(self) -> int:
-        """Capture the forward of every width (``accel_graphs.capture``: two warm-up runs, then the capture; the mask of
+    def capture_widths(self) -> int:
+        """Capture the forward of every width (``GraphRunner.capture``: two warm-up runs, then the capture; the mask of
         the width reset first, so no row is fully masked); returns the number of graphs."""
         for K in self.widths:
             self._reset_mask(K)
             self.width = K
-            self.graphs[K] = accel_graphs.capture(lambda K=K: self._forward_at(K), self.device)
+            self.capture(K, lambda K=K: self._forward_at(K))
+        self.graphed = True
         return len(self.widths)
 
 
@@ -149,8 +149,8 @@ class StaticVerify(_Step[tuple[torch.Tensor, torch.Tensor]]):
     cache, at the attention ``widths`` (capacity buckets); ``graphs`` after ``capture``."""
 
     def __init__(self, target: Any, b: int, rows: int, widths: tuple[int, ...]) -> None:
-        super().__init__()
-        dev = self.device = target.device
+        super().__init__(target.device)
+        dev = self.device
         self.target, self.b = target, b
         self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=dev)
@@ -214,7 +214,7 @@ class _Buckets:
         t = time.perf_counter()
         self.captures = 0
         for step in self.steps.values():
-            self.captures += step.capture()
+            self.captures += step.capture_widths()
             accel.synchronize(step.device)
         self.capture_s = time.perf_counter() - t
         return self.capture_s
@@ -315,8 +315,8 @@ class StaticDraft(_Step[torch.Tensor]):
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        super().__init__()
-        self.drafter, self.b, self.device = drafter, b, device
+        super().__init__(device)
+        self.drafter, self.b = drafter, b
         self.feats = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
         self.embeds = torch.zeros(rows, b, hidden, dtype=dtype, device=device)
         self.pos = torch.zeros(rows, b, dtype=torch.long, device=device)

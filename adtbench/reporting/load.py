@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adtbench.harness.records import Summary
+from adtbench.harness.records import Summary, moved_graph_keys
 from adtbench.harness.rundir import (
     find_runs,
     is_merged_run,
@@ -69,7 +69,7 @@ def run_lossless(run_dir: Path, summary: Summary | None = None) -> tuple[bool | 
     prov = read_provenance(run_dir)
     if prov is not None and prov.get("lossless") is not None:
         return bool(prov["lossless"]), str(prov.get("lossless_reason"))
-    cfg = read_run_config(run_dir) or {}
+    cfg = moved_graph_keys(read_run_config(run_dir) or {})  # policy.step / graph_levels: engine.graphs now
     node = dict(cfg.get("policy") or {})
     name = node.pop("name", None)
     if name is None:

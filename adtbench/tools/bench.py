@@ -373,14 +373,14 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     )
     cycles = levels = 0
     graphs = getattr(instances["drafter"], "level_graphs", None)  # graphed drafting levels (``drafters.graphed``)
-    replays = 0 if graphs is None else graphs.replays
+    replays = 0 if graphs is None else graphs.level_replays
     with _Phases(instances, False, phases, counter=counter), counter:
         for p in prompts:
             res = run(p)
             cycles += len(res.cycles)
             levels += sum(c.drafted_depth for c in res.cycles)
     target = instances["target"]
-    level_replays = 0 if graphs is None else graphs.replays - replays
+    level_replays = 0 if graphs is None else graphs.level_replays - replays
     return {
         "model": str(cfg.model.name),
         "policy": instances["policy"].name,

@@ -47,10 +47,10 @@ MODEL_CALLS: tuple[tuple[str, str, str], ...] = (
     ("drafter", "extend", DRAFTER),
     ("drafter", "expand", DRAFTER),
     ("target", "lm_head", DRAFTER_HEAD),
-    # the device-resident Jacobi step (``policy.step``): its replay holds the verify and the engine work on the device,
-    # so the overhead left is the host's (the draws, the verdict's copy, the wait one step late, the records)
+    # the device-resident Jacobi step (``engine.graphs.step``): its replay holds the verify and the engine work on the
+    # device, so the overhead left is the host's (the draws, the verdict's copy, the wait one step late, the records)
     ("adtbench.algorithm.methods.jacobi.step:JacobiStep", "launch", TARGET),
-    # the graphed tree verify (``engine.verify_step``): forward, processing and acceptance in one replay
+    # the graphed tree verify (``engine.graphs.verify``): forward, processing and acceptance in one replay
     ("adtbench.algorithm.tree_step:TreeStep", "launch", TARGET),
 )
 """(owner, attribute, label): the public calls every model forward of a cycle goes through, eager or graphed."""

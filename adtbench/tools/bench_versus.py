@@ -10,7 +10,7 @@ rotated from prompt to prompt and reversed on odd repeats (so no setting always 
 on a cooler cache); each timing is the engine's timed scope (``latency_s``: prefill + decode loop), the median of
 ``bench.repeats`` per prompt.
 
-Variants may differ only in ``policy.*``, ``lantern.*`` and ``engine.verify_step`` (a ``ConfigError`` names any other
+Variants may differ only in ``policy.*``, ``lantern.*`` and ``engine.graphs.*`` (a ``ConfigError`` names any other
 key that differs: a different model, drafter, sampling or dataset would not be a head-to-head). Reported per variant:
 τ, the share of gated cycles, the speedup over AR (ratio of total times) with its 95 % bootstrap CI over prompts, the
 median of the per-prompt ratios, and the time ratio to the first variant (``vs first``: > 1 = faster than it) with its
@@ -36,6 +36,7 @@ from omegaconf import OmegaConf
 
 from adtbench import accel
 from adtbench.errors import ConfigError
+from adtbench.graph_modes import GRAPH_PARTS
 from adtbench.io import atomic_write_json
 
 USAGE = (
@@ -43,7 +44,7 @@ USAGE = (
     "[bench.prompts=20] [bench.repeats=2] [bench.out=FILE]"
 )
 FREE_GROUPS = ("policy", "lantern")  # what variants may set differently
-FREE_KEYS = ("engine.verify_step",)  # and these keys (the decode's own path: the models are the same)
+FREE_KEYS = tuple(f"engine.graphs.{part}" for part in GRAPH_PARTS)  # the decode's own path: the same models
 
 
 def parse(args: list[str]) -> tuple[dict[str, Any], list[str], dict[str, list[str]]]:

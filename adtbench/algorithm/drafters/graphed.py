@@ -5,9 +5,10 @@ outputs, the embedding, positions, the static bucket's input copies and mask), i
 graph under ``engine.compile``), the LM head, the logits processing and the policy's selection (a top-k, Gumbel keys,
 the next frontier): some 30–60 kernel launches and a few hundred µs of host time for ≈ 0.15 ms of device work on the
 7B shape. Here a policy hands the whole level to ``LevelGraphs.run`` as a *program*: a function of the attention
-width K that reads and writes only static buffers, captured once per (level key, K) — ``accel_graphs.capture``: a CUDA
-graph on a GPU, its stand-in elsewhere — and replayed by every later level with the same key and width. The host keeps
-the policy's decisions (ADT's depth and width, ``budget: cost``'s node count, how many rounds), the per-cycle load
+width K that reads and writes only static buffers, captured once per (level key, K) — ``LevelGraphs`` is a
+``graph_runner.GraphRunner``: a CUDA graph on a GPU, its stand-in elsewhere — and replayed by every later level with
+the same key and width (``engine.graphs.levels``: ``eager`` drafts op by op instead). The host keeps the policy's
+decisions (ADT's depth and width, ``budget: cost``'s node count, how many rounds), the per-cycle load
 (``begin``: the root's drafter output, the drafter's committed length, the root's generation index and positions —
 five small device writes) and one launch per level: the replay (plus, for sampled drafts, the draw of the level's
 noise into a static buffer outside the graph: a graph replays its capture's draws, and each prompt draws from its
@@ -53,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from adtbench import accel_graphs
 from adtbench.algorithm.sampling import process_logits
+from adtbench.graph_runner import GraphRunner
 
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.session import DraftSession
@@ -71,17 +72,19 @@ Program = Callable[[int | None], Any]
 writing static buffers only; what it returns is the graph's output (static tensors every replay rewrites)."""
 
 
-class LevelGraphs:
-    """The graphed levels of one drafter over its pinned cache (module docstring). ``replays`` counts the level graphs
-    run, ``tree_replays`` the trees finalised by a graph, ``captures`` the graphs captured; ``buffer(name, …)`` gives a
-    program's own static buffers."""
+class LevelGraphs(GraphRunner):
+    """The graphed levels of one drafter over its pinned cache (module docstring): a ``GraphRunner`` keyed by (level
+    key, K). ``replays`` counts the graphs replayed (``GraphRunner``), ``tree_replays`` those of them that finalised a
+    tree (``level_replays``: the levels), ``captures`` the graphs captured; ``buffer(name, …)`` gives a program's own
+    static buffers."""
 
     def __init__(self, drafter: Any, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
         """``drafter``: an ``EagleDrafter`` with its pinned cache (``static_forward``, ``bias``, ``embed``; not
         imported: it owns this object)."""
         p = drafter.fc.weight
+        super().__init__(p.device)
         self.drafter, self.rows, self.capacity, self.widths = drafter, rows, capacity, widths
-        self.device, self.dtype, self.hidden = p.device, p.dtype, drafter.config.hidden_size
+        self.dtype, self.hidden = p.dtype, drafter.config.hidden_size
         self.length = torch.zeros((), dtype=torch.long, device=self.device)
         self.root_gen = torch.zeros((), dtype=torch.long, device=self.device)
         self.root_pos = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -89,9 +92,7 @@ class LevelGraphs:
         self.nodes = self.slots = 0
         self.outputs = torch.zeros(rows, 0, self.hidden, dtype=self.dtype, device=self.device)
         self.anc = torch.zeros(0, 0, dtype=self.dtype, device=self.device)
-        self.graphs: dict[tuple[Any, int | None], accel_graphs.Graph] = {}
-        self._buffers: dict[str, torch.Tensor] = {}
-        self.replays = self.tree_replays = self.captures = 0
+        self.tree_replays = 0
         self.L = 0  # the drafter's committed length this cycle (host)
 
     # --- the cycle's state ----------------------------------------------------------------------------------
@@ -104,8 +105,7 @@ class LevelGraphs:
         self.nodes, self.slots = max(nodes, self.nodes, slots + 1), slots
         self.outputs = torch.zeros(self.rows, self.nodes, self.hidden, dtype=self.dtype, device=self.device)
         self.anc = torch.full((self.nodes, self.slots), float("-inf"), dtype=self.dtype, device=self.device)
-        self.graphs.clear()
-        self._buffers.clear()
+        self.drop()
 
     def fits(self, slots: int) -> bool:
         """Whether ``slots`` scratch slots after the committed ones fit the pinned cache (else the cycle drafts
@@ -123,13 +123,6 @@ class LevelGraphs:
         self.root_gen.fill_(session.root_gen)
         self.root_pos.copy_(session.root_pos)
 
-    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """A program's static buffer ``name`` (zeros at creation; the same tensor while the state lives)."""
-        buf = self._buffers.get(name)
-        if buf is None or tuple(buf.shape) != shape or buf.dtype != dtype:
-            buf = self._buffers[name] = torch.zeros(shape, dtype=dtype, device=self.device)
-        return buf
-
     # --- running a level ----------------------------------------------------------------------------------
     def width(self, end: int) -> int:
         """The attention width (capacity bucket) of a level writing columns below ``L + end``."""
@@ -139,18 +132,16 @@ class LevelGraphs:
     def run(self, key: Any, end: int | None, program: Program, level: bool = True) -> Any:
         """Replay ``key``'s graph at the width holding this cycle's columns ``< L + end`` (``end`` None: the program
         runs no drafter forward, one graph); capture it first at its first use. Returns the graph's outputs.
-        ``level`` False: a tree's finalisation (counted in ``tree_replays``, not ``replays``)."""
+        ``level`` False: a tree's finalisation (counted in ``tree_replays`` too, not in ``level_replays``)."""
         K = None if end is None else self.width(end)
-        graph = self.graphs.get((key, K))
-        if graph is None:
-            graph = self.graphs[(key, K)] = accel_graphs.capture(lambda: program(K), self.device)
-            self.captures += 1
-        graph.replay()
-        if level:
-            self.replays += 1
-        else:
-            self.tree_replays += 1
-        return graph.out
+        out = self.replay_or_run((key, K), lambda: program(K))
+        self.tree_replays += not level
+        return out
+
+    @property
+    def level_replays(self) -> int:
+        """The graph replays that ran a drafting level (not a tree's finalisation)."""
+        return self.replays - self.tree_replays
 
     # --- the programs' building blocks (run inside a capture) -----------------------------------------------
     def root_logprobs(self, target: Target, layout: TokenLayout, sp: SamplingParams) -> torch.Tensor:

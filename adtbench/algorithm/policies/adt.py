@@ -191,7 +191,9 @@ class ADTPolicy(TreePolicy):
         if self.sampled.applies(session):
             tree = yield from self.sampled.steps(session, shape.D - 1, shape.K, N + 1, max_depth, budget)
         else:
-            tree = yield from eagle2_steps(session, shape.D - 1, shape.K, N + 1, max_depth, budget, self.graph_levels)
+            tree = yield from eagle2_steps(
+                session, shape.D - 1, shape.K, N + 1, max_depth, budget, self.graphs.levels != "eager"
+            )
         tree.info.update(N=tree.size - 1 if budget is not None else N, D_policy=shape.D, init=source)
         self._pending = (shape, session.layout)
         return tree

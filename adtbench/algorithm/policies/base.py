@@ -21,7 +21,7 @@ from adtbench.algorithm.cost import CostModelSource
 from adtbench.algorithm.drafters.session import DraftSession, Steps, drive
 from adtbench.algorithm.records import Acceptance, GenerationResult
 from adtbench.algorithm.tree import DraftTree
-from adtbench.errors import check_flag
+from adtbench.graph_modes import GraphModes
 from adtbench.registry import Registry
 
 if TYPE_CHECKING:
@@ -32,7 +32,9 @@ class TreePolicy(ABC):  # noqa: B024 (propose or propose_steps: either one)
     name: str = "policy"
     uses_drafter: bool = True
     gate: DraftGate | None = None  # draft gating (``algorithm.gate``, ``policy.gate_tokens``); None: draft every cycle
-    graph_levels: bool = True  # ``policy.graph_levels``: drafting levels as graph replays where the drafter has them
+    graphs: GraphModes = (
+        GraphModes()
+    )  # ``engine.graphs`` (set by ``config.build_policy``): a tree policy reads ``levels``
 
     @property
     def drafts_with_eagle(self) -> bool:
@@ -93,6 +95,13 @@ class LoopPolicy(ABC):
     accepts_rule: bool = False  # True: the loop accepts with the app's rule (LANTERN may relax it); else its own
     batchable: bool = False  # True: ``generate_batch`` decodes B prompts per target forward (decode.batch_size)
     one_prompt: tuple[str, str] | None = None  # (key, why) where a key's value makes a batchable loop one-prompt
+    graphs: GraphModes = GraphModes()  # ``engine.graphs`` (set by ``config.build_policy``): a loop reads ``step``
+
+    def step_refusal(self) -> str | None:
+        """Why ``engine.graphs.step=graph`` cannot run this loop's keys, whatever the target (None: it can, or the
+        loop has no fixed-shape step and the key is not used); ``config.build_policy`` raises it as a
+        ``ConfigError`` naming ``engine.graphs.step`` before any weights load."""
+        return None
 
     def models_for(self, drafter: Any) -> Any:
         """``aux`` on a bare target and its EAGLE ``drafter`` (``adtbench check``'s tiny models); None: nothing
@@ -127,9 +136,11 @@ class LoopPolicy(ABC):
 Policy = TreePolicy | LoopPolicy
 
 GRAPH_PATHS = ("verify", "levels", "step")
-"""The graph paths a method may declare (``Method.graphs``): ``verify`` — its target forwards run through the target's
-captured verify buckets (``engine.compile``); ``levels`` — its drafting levels as graph replays
-(``policy.graph_levels``); ``step`` — its whole iteration as one fixed-shape device step (``policy.step``)."""
+"""The graph paths a method may declare (``Method.graphs``; each a ``graph_runner.GraphRunner`` user): ``verify`` —
+its target forwards run through the target's captured verify buckets (``engine.compile``); ``levels`` — its drafting
+levels as graph replays (``engine.graphs.levels``); ``step`` — a fixed-shape device step holding the verify and
+acceptance: a Jacobi loop's whole iteration (``engine.graphs.step``), a tree policy's tree verify
+(``engine.graphs.verify``)."""
 
 
 @dataclass(frozen=True)
@@ -214,18 +225,16 @@ def methods() -> list[Method]:
     return [method_of(name) for name in POLICIES.names()]
 
 
-GATE_KEYS = ("gate_tokens", "gate_explore", "graph_levels")  # ``with_gate``'s keys
+GATE_KEYS = ("gate_tokens", "gate_explore")  # ``with_gate``'s keys
 P = TypeVar("P", bound=TreePolicy)
 
 
 def with_gate(policy: P, node: Any) -> P:
-    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``, and
-    its ``policy.graph_levels`` flag (graphed drafting levels, ``drafters.graphed``; default on)."""
+    """Attach the draft gate of ``policy.gate_tokens`` (null: none) and ``policy.gate_explore`` to ``policy``."""
     from adtbench.algorithm.methods.gate import DraftGate
 
     tokens = node.get("gate_tokens")
     policy.gate = None if tokens is None else DraftGate(float(tokens), int(node.get("gate_explore", 8)))
-    policy.graph_levels = check_flag(node.get("graph_levels", True), "policy.graph_levels")
     return policy
 
 

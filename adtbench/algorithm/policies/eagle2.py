@@ -391,7 +391,7 @@ class Eagle2Policy(TreePolicy):
         d, k, n = self.depth, self.top_k, self.total_tokens
         if self.sampled.applies(session):
             return (yield from self.sampled.steps(session, d, k, n, max_depth, budget))
-        return (yield from eagle2_steps(session, d, k, n, max_depth, budget, self.graph_levels))
+        return (yield from eagle2_steps(session, d, k, n, max_depth, budget, self.graphs.levels != "eager"))
 
     def observe(self, tree: DraftTree, acceptance: Acceptance, root_gen: int) -> None:
         self.cost.observe(tree, acceptance)

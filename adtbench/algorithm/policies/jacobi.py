@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -60,6 +61,10 @@ class JacobiPolicy(LoopPolicy):
     def max_nodes(self) -> int:
         return self.params.max_nodes
 
+    def step_refusal(self) -> str | None:
+        """The keys' reasons against the fixed-shape step (``JacobiParams.step_refusal``)."""
+        return self.params.step_refusal()
+
     def rule_for(self, target: Any, rule: Any) -> Any:
         """The acceptance rule: ``rule`` (exact or LANTERN), or GSD's grouped rule on ``target``'s embeddings."""
         if self.params.rule == "exact":
@@ -78,7 +83,8 @@ class JacobiPolicy(LoopPolicy):
         rule: Any,
         acceptance: str = "auto",
     ) -> GenerationResult:
-        """Decode one image with ``jacobi.decode_jacobi`` (``aux``: ``JacobiModels`` or None)."""
+        """Decode one image with ``jacobi.decode_jacobi`` (``aux``: ``JacobiModels`` or None), through the fixed-shape
+        step where ``engine.graphs.step`` (``self.graphs.step``) selects it (``jacobi.step.fixed_shape_step``)."""
         models = aux if isinstance(aux, JacobiModels) else JacobiModels()
         return decode_jacobi(
             target,
@@ -91,7 +97,7 @@ class JacobiPolicy(LoopPolicy):
             models.drafter,
             models.window,
             limit=self.limit,
-            make_step=fixed_shape_step,
+            make_step=partial(fixed_shape_step, mode=self.graphs.step),
         )
 
     def generate_batch(

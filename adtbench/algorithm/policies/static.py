@@ -170,7 +170,7 @@ class StaticTreePolicy(TreePolicy):
         sample = self.draft_sampling == "sample" and not session.greedy
         plan = self._plan(min(max_depth, max(map(len, self.paths))), session.device)
         grown = sum(lv.grow.numel() for lv in plan.levels)
-        graphs = levels_for(session, 1 + grown, grown) if self.graph_levels else None
+        graphs = levels_for(session, 1 + grown, grown) if self.graphs.levels != "eager" else None
         if graphs is not None:
             return self._graphed(session, graphs, plan, sample)
         lp = session.root_logprobs()[None]  # [rows, V]: the level's parents' distributions

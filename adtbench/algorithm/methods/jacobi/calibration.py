@@ -167,7 +167,7 @@ def calibrate_window(
     errors: dict[int, float] = {}
     counts_by_L: dict[int, list[tuple[int, int]]] = {}
     for L in grid:
-        p = dataclasses.replace(params, window=L, step="eager")  # τ(L) is the law's: no graphs captured per L
+        p = dataclasses.replace(params, window=L)  # the host loop (no make_step): τ(L) is the law's, no graphs per L
         counts = []
         for x in inputs:
             generator.manual_seed(0)

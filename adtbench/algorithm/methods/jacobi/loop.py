@@ -67,7 +67,7 @@ kept their draft), ``target_forwards``.
 Device discipline: every tensor of the loop is born on the target's device, draws use the generator handed in,
 and the host learns one verdict per iteration (``verify.verify_cycle``); the kept count is read once per image. At a
 fixed window on graphed verifies the same iteration runs as one fixed-shape device step, one graph replay per forward
-with the verdict read one step late (``jacobi.step``, ``policy.step``).
+with the verdict read one step late (``jacobi.step``, ``engine.graphs.step``).
 
 Here: the params, the state of one image, the loop and ``window: cost``'s calibration decodes, and GSD's rule. Beside
 it: ``jacobi.draws`` (the tables, redraws and inits), ``jacobi.drafter`` (``init: drafter``), ``jacobi.batch`` (the
@@ -109,7 +109,6 @@ INITS = ("random", "left", "up", "drafter")
 REDRAWS = ("independent", "coupled", "gumbel")
 PROPOSALS = ("uniform", "point")
 RULES = ("exact", "gsd")
-STEPS = ("auto", "graph", "eager")  # policy.step (``jacobi.step``)
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -130,8 +129,7 @@ class JacobiParams:
     """One Jacobi method (module docstring), and its keys' schema (``params.key``: the harness merges the composed
     ``policy`` node into this class, ``jacobi_params`` parses it). ``window``: L, the chain's nodes (root + L − 1
     drafts), or a registered window rule (``windows.WINDOWS``: ``cost``, ``adaptive``; then L ∈ [``window_min``,
-    ``window_max``]); ``step``: ``auto`` / ``graph`` / ``eager``, how a forward runs (``jacobi.step``: the
-    fixed-shape step captured as one graph, or the host-driven loop); ``rule``: ``exact`` or ``gsd`` (``group_*``:
+    ``window_max``]); ``rule``: ``exact`` or ``gsd`` (``group_*``:
     its group); ``proposal``: the stored q of an ``init: random`` draft, ``uniform`` or ``point`` (a point mass on
     the draft, the SJD / SCD / GSD codes' choice); ``calibration_tokens``: ``window: cost`` decodes the first that
     many tokens of each calibration image, of the first ``calibration_images`` captions of
@@ -153,23 +151,19 @@ class JacobiParams:
     group_size: int = key(14, lo=0)
     group_gap: float = key(0.15, lo=0.0)
     group_dist: float = key(0.5, lo=0.0)
-    step: str = key("auto", choices=STEPS)
 
     def __post_init__(self) -> None:
-        """The rules between keys: ``window_max ≥ window_min``; ``step=graph`` only where the fixed-shape step can
-        run the setting (``step_refusal``) — each a ``ConfigError`` naming the key, raised when the policy is built,
-        before any weights load."""
+        """The rule between keys: ``window_max ≥ window_min`` (a ``ConfigError`` naming the key, raised when the
+        policy is built, before any weights load)."""
         if self.window_max < self.window_min:
             raise ConfigError(
                 "policy.window_max", f"must be ≥ policy.window_min ({self.window_min}), got {self.window_max}"
             )
-        why = self.step_refusal() if self.step == "graph" else None
-        if why is not None:
-            raise ConfigError("policy.step", f"graph needs {why}")
 
     def step_refusal(self) -> str | None:
-        """Why the fixed-shape device step (``jacobi.step``) cannot run these keys, whatever the target (None: it
-        can); ``jacobi.step.refusal`` adds the target's reasons."""
+        """Why the fixed-shape device step (``jacobi.step``, ``engine.graphs.step``) cannot run these keys, whatever
+        the target (None: it can; ``engine.graphs.step=graph`` with a reason is a ``ConfigError`` when the policy is
+        built, ``config.build_policy``); ``jacobi.step.refusal`` adds the target's reasons."""
         if self.state_type is not JacobiState:
             return f"JacobiState's iteration; this policy runs its own ({self.state_type.__name__})"
         if not window_rule(self.window).device_step:
@@ -496,7 +490,7 @@ def decode_jacobi(
     if helper is not None:
         helper.start(res, root, params.max_nodes + 1)
     step = None if make_step is None else make_step(target, params, sp, rule, acceptance, window)
-    if step is not None and step.fits():  # the device-resident step (``jacobi.step``; policy.step)
+    if step is not None and step.fits():  # the device-resident step (``jacobi.step``; engine.graphs.step)
         timing = Timing(t0, (begin, clock.mark()))
         tokens, stats, rec = step.run_image(root, generator, limit, clock, timing)
         timing.stop(clock)

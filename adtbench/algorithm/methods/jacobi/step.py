@@ -1,12 +1,13 @@
 """The device-resident Jacobi step: one SCD / SJD / GSD forward as one CUDA graph replay, the verdict read one step
-late (``policy.step``; ``algorithm.jacobi`` holds the method, this module only its fixed-shape execution).
+late (``engine.graphs.step``; ``algorithm.jacobi`` holds the method, this module only its fixed-shape execution).
 
 The eager loop (``jacobi.iteration``) sizes the window on the host, builds the chain, runs the verify (a bucketed
 graph replay, ``models.graphs``), accepts on the device, reads the verdict (one blocking read), commits and redraws —
 ≈ 80–120 host launches around the replay. Here the whole iteration is one fixed-shape function of static device
 buffers, so it can be captured:
 
-- **State** (``JacobiStep``, one per target bucket, window and sampling setting, reused by every image): ``seq``
+- **State** (``JacobiStep``, a ``graph_runner.GraphRunner``: one per target bucket, window and sampling setting,
+  reused by every image — ``runner_for`` — its static buffers): ``seq``
   (generation-indexed tokens: committed, the root at g, the drafts after it), ``q [L, V]`` (row i: the proposal of
   the draft at g + 1 + i; the last row 0), ``g [1]`` (the root), the image's prompt columns, committed length and
   position base, ``kept [1]`` (coupled redraws that kept their draft), the verdict ``[3]`` and the draws.
@@ -27,7 +28,8 @@ buffers, so it can be captured:
   so the graph holds no random op (``accel_graphs.capture`` refuses one from an unregistered generator).
 
 **Host per forward** (``run_image``): fill the draws (one launch; none when greedy), launch the step (one graph
-replay per attention width, captured the first time that width is needed — the warm-up image's), copy the verdict
+replay per attention width, captured the first time that width is needed — the warm-up image's — with the step
+switched off, ``capture_scope``), copy the verdict
 (live, g, a) to pinned memory without waiting (``accel.copy_to_host``) and record a fence; then wait on the fence of
 the *previous* forward, which the device has finished or is finishing while this one is queued, and read its
 verdict from the pinned buffer (a numpy view: no torch call) for the records. The width of a launch is chosen from
@@ -42,10 +44,11 @@ CDF of one uniform instead of the exponential race: the same categorical law) di
 than the eager loop at T > 0 and the same tokens (AR's) when greedy. ``tests/test_jacobi_step.py`` checks greedy =
 AR and the T = 1 law on the graph stand-in, float64.
 
-**Where it runs** (``policy.step``): ``auto`` — when the target's verifies are captured as graphs (``engine.compile=
-true`` on CUDA or the simulated device) and the loop's acceptance is on the device; ``graph`` — always (a
-``ConfigError`` naming ``policy.step`` where the setting cannot: a window rule that declares ``device_step = False``
-(``windows``: ``adaptive``), ``init: drafter``, ``redraw: gumbel`` (these three when the policy is built), a rule
+**Where it runs** (``engine.graphs.step``): ``auto`` — when the target's verifies are captured as graphs
+(``engine.compile=true`` on CUDA or the simulated device) and the loop's acceptance is on the device; ``graph`` —
+always (a ``ConfigError`` naming ``engine.graphs.step`` where the setting cannot: a window rule that declares
+``device_step = False`` (``windows``: ``adaptive``), ``init: drafter``, ``redraw: gumbel`` (these three when the
+policy is built, ``config.build_policy``), a rule
 other than exact / GSD, L < 2, a target without static buckets; on a target whose buckets are not captured it
 runs the same fixed-shape step eagerly); ``eager`` — the host-driven loop, which stays
 the CPU path and the fallback (an image whose prompt outgrows the pinned cache runs it too).
@@ -53,13 +56,14 @@ the CPU path and the fallback (an image whose prompt outgrows the pinned cache r
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Hashable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from adtbench import accel, accel_graphs
+from adtbench import accel
 from adtbench.algorithm.methods.gsd import GroupedRule
 from adtbench.algorithm.methods.jacobi.draws import init_drafts, layout_tables, redraw
 from adtbench.algorithm.methods.jacobi.loop import JacobiParams
@@ -69,16 +73,15 @@ from adtbench.algorithm.slot import Timing, decides_on_host
 from adtbench.algorithm.tree import arange_on
 from adtbench.algorithm.verify import AcceptanceRule, chain_verdict
 from adtbench.errors import ConfigError
+from adtbench.graph_runner import GraphRunner, runner_for, switched_off
 from adtbench.models.base import Target
 from adtbench.models.graphs import bucket_of
 from adtbench.sampling_params import SamplingParams
 
-STEPS = ("auto", "graph", "eager")
-
 
 def refusal(params: JacobiParams, rule: AcceptanceRule, target: Any, window: int | None) -> str | None:
     """Why the fixed-shape step cannot run this setting (None: it can): the reasons of the module docstring."""
-    why = params.step_refusal()  # the keys' reasons (a ConfigError already when policy.step=graph)
+    why = params.step_refusal()  # the keys' reasons (a ConfigError already when engine.graphs.step=graph)
     if why is not None:
         return why
     if type(rule) not in (AcceptanceRule, GroupedRule):
@@ -100,16 +103,18 @@ def _window(params: JacobiParams, window: int | None) -> int | None:
     return params.window if isinstance(params.window, int) else window
 
 
-def chooses_graph(params: JacobiParams, rule: AcceptanceRule, target: Any, window: int | None, on_host: bool) -> bool:
-    """Does ``policy.step`` (``params.step``) select the fixed-shape step for this decode (module docstring, "Where it
+def chooses_graph(
+    mode: str, params: JacobiParams, rule: AcceptanceRule, target: Any, window: int | None, on_host: bool
+) -> bool:
+    """Does ``mode`` (``engine.graphs.step``) select the fixed-shape step for this decode (module docstring, "Where it
     runs")? ``on_host``: the loop decides on the host (``slot.decides_on_host``). Raises a ``ConfigError`` naming
-    ``policy.step`` where ``graph`` cannot run."""
-    if params.step == "eager":
+    ``engine.graphs.step`` where ``graph`` cannot run."""
+    if mode == "eager":
         return False
     why = refusal(params, rule, target, window)
-    if params.step == "graph":
+    if mode == "graph":
         if why is not None:
-            raise ConfigError("policy.step", f"graph needs {why}")
+            raise ConfigError("engine.graphs.step", f"graph needs {why}")
         return True
     return why is None and not on_host and bool(target.static.captures)
 
@@ -118,17 +123,12 @@ def chooses_graph(params: JacobiParams, rule: AcceptanceRule, target: Any, windo
 # the state and the step
 # --------------------------------------------------------------------------------------------------------
 
-_STEPS: weakref.WeakKeyDictionary[Any, dict[Any, JacobiStep]] = weakref.WeakKeyDictionary()
-
 
 def step_for(target: Any, params: JacobiParams, sp: SamplingParams, rule: AcceptanceRule, L: int) -> JacobiStep:
-    """The ``JacobiStep`` of this target's static buckets, window and setting (made once, reused by every image: its
-    buffers are the graphs' addresses)."""
-    steps = _STEPS.setdefault(target.static, {})
+    """The ``JacobiStep`` of this target's static buckets, window and setting (``runner_for``: made once, reused by
+    every image — its buffers are the graphs' addresses)."""
     key = (L, params.init, params.redraw, params.proposal, sp, id(rule))
-    if key not in steps:
-        steps[key] = JacobiStep(target, params, sp, rule, L)
-    return steps[key]
+    return runner_for(target.static, JacobiStep, key, lambda: JacobiStep(target, params, sp, rule, L))
 
 
 @dataclass
@@ -142,15 +142,16 @@ class ImageRecords:
     launched: int = 0
 
 
-class JacobiStep:
-    """The static buffers and the per-width step graphs of one (target, L, setting) (module docstring)."""
+class JacobiStep(GraphRunner):
+    """The static buffers and the per-width step graphs of one (target, L, setting) (module docstring): a
+    ``GraphRunner`` keyed by the attention width, graphed where the target's verifies are captured."""
 
     def __init__(self, target: Any, params: JacobiParams, sp: SamplingParams, rule: AcceptanceRule, L: int) -> None:
+        static, dev = target.static, target.device
+        super().__init__(dev, graphed=bool(static.captures))  # the target's verifies are captured: so is the step
         self.target, self.params, self.sp, self.rule, self.L = target, params, sp, rule, L
-        self.layout, dev = target.layout, target.device
-        self.device, self.greedy = dev, sp.greedy
+        self.layout, self.greedy = target.layout, sp.greedy
         self.n = self.layout.num_gen_tokens
-        static = target.static
         bucket = bucket_of(L, static.buckets)
         assert bucket is not None, "refusal() checked the bucket"
         self.b: int = bucket
@@ -158,18 +159,19 @@ class JacobiStep:
         self.rows, self.capacity = static.rows, static.capacity
         D, V, b, pad = L - 1, self.layout.vocab_size, self.b, L + 1
         self.tables = layout_tables(self.layout, dev, torch.promote_types(target.dtype, torch.float32), pad)
-        self.seq = torch.zeros(self.n + pad, dtype=torch.long, device=dev)
-        self.q = None if sp.greedy else torch.zeros(L, V, dtype=self.tables.uniform.dtype, device=dev)
-        self.g = torch.zeros(1, dtype=torch.long, device=dev)
-        self.end = torch.zeros(1, dtype=torch.long, device=dev)  # live while g + 1 < end
-        self.on = torch.zeros(1, dtype=torch.bool, device=dev)  # False: every step a no-op (captures)
-        self.length0 = torch.zeros(1, dtype=torch.long, device=dev)
-        self.pcols = torch.zeros(1, dtype=torch.long, device=dev)
-        self.pos0 = torch.zeros(self.rows, dtype=torch.long, device=dev)
-        self.prompt_bias = torch.zeros(self.rows, self.capacity, dtype=target.dtype, device=dev)
-        self.kept = torch.zeros(1, dtype=torch.long, device=dev)
-        self.verdict = torch.zeros(3, dtype=torch.long, device=dev)  # (live, g, a) of the last step
-        self.draws = torch.zeros(4 * D + 1, dtype=torch.float64, device=dev)
+        long, buffer = torch.long, self.buffer
+        self.seq = buffer("seq", (self.n + pad,), long)
+        self.q = None if sp.greedy else buffer("q", (L, V), self.tables.uniform.dtype)
+        self.g = buffer("g", (1,), long)
+        self.end = buffer("end", (1,), long)  # live while g + 1 < end
+        self.on = buffer("on", (1,), torch.bool)  # False: every step a no-op (captures)
+        self.length0 = buffer("length0", (1,), long)
+        self.pcols = buffer("pcols", (1,), long)
+        self.pos0 = buffer("pos0", (self.rows,), long)
+        self.prompt_bias = buffer("prompt_bias", (self.rows, self.capacity), target.dtype)
+        self.kept = buffer("kept", (1,), long)
+        self.verdict = buffer("verdict", (3,), long)  # (live, g, a) of the last step
+        self.draws = buffer("draws", (4 * D + 1,), torch.float64)
         chain = torch.where(torch.ones(L, L, dtype=torch.bool, device=dev).tril(), 0.0, float("-inf"))
         block = torch.full((b, b), float("-inf"), dtype=target.dtype, device=dev).fill_diagonal_(0.0)
         block[:L, :L] = chain.to(target.dtype)
@@ -177,8 +179,6 @@ class JacobiStep:
         self.host = [accel.pinned((3,), torch.long, dev) for _ in range(2)]  # two verdicts in flight
         self.host_np = [h.numpy() for h in self.host]  # read without a torch call
         self.fences = [accel.Fence(dev), accel.Fence(dev)]
-        self.graphs: dict[int, accel_graphs.Graph] = {}
-        self.graphed = bool(static.captures)  # the target's verifies are captured: so is the step
 
     # --- the image's buffers, eager (once per image) ---
 
@@ -232,17 +232,13 @@ class JacobiStep:
 
     def launch(self, K: int) -> None:
         """One step at attention width ``K``: its graph's replay (captured at the first use of ``K``, with the step
-        switched off so that the warm-ups and the capture change no state), or the step run eagerly where the
-        target's verifies are not graphed."""
-        if not self.graphed:
-            self._step(K)
-            return
-        graph = self.graphs.get(K)
-        if graph is None:
-            self.on.fill_(False)
-            graph = self.graphs[K] = accel_graphs.capture(lambda: self._step(K), self.device)
-            self.on.fill_(True)
-        graph.replay()
+        switched off so that the warm-ups and the capture change no state: ``capture_scope``), or the step run eagerly
+        where the target's verifies are not graphed (``GraphRunner.replay_or_run``)."""
+        self.replay_or_run(K, lambda: self._step(K))
+
+    def capture_scope(self, key: Hashable) -> AbstractContextManager[None]:
+        """The step switched off (``on`` False) while captured: its warm-ups and capture change no state."""
+        return switched_off(self.on)
 
     def _step(self, K: int) -> None:
         """The fixed-shape iteration (module docstring): everything from the static buffers, nothing read."""
@@ -409,18 +405,24 @@ class JacobiStep:
 
 
 def fixed_shape_step(
-    target: Target, params: JacobiParams, sp: SamplingParams, rule: AcceptanceRule, acceptance: str, window: int | None
+    target: Target,
+    params: JacobiParams,
+    sp: SamplingParams,
+    rule: AcceptanceRule,
+    acceptance: str,
+    window: int | None,
+    mode: str = "auto",
 ) -> Any:
-    """The ``JacobiStep`` ``jacobi.decode_jacobi`` runs (``policy.step``: ``chooses_graph``), or None for the
-    host-driven loop. Decided after the prefill: the first prefill under ``engine.compile`` pins the cache and
+    """The ``JacobiStep`` ``jacobi.decode_jacobi`` runs (``mode``: ``engine.graphs.step``, ``chooses_graph``), or None
+    for the host-driven loop. Decided after the prefill: the first prefill under ``engine.compile`` pins the cache and
     captures the verifies."""
-    if params.step == "eager":
+    if mode == "eager":
         return None
-    if not chooses_graph(params, rule, target, window, decides_on_host(acceptance, target.device)):
+    if not chooses_graph(mode, params, rule, target, window, decides_on_host(acceptance, target.device)):
         return None
     L = params.window if isinstance(params.window, int) else window
     assert L is not None
     return step_for(target, params, sp, rule, L)
 
 
-__all__ = ["STEPS", "ImageRecords", "JacobiStep", "chooses_graph", "fixed_shape_step", "refusal", "step_for"]
+__all__ = ["ImageRecords", "JacobiStep", "chooses_graph", "fixed_shape_step", "refusal", "step_for"]

@@ -8,9 +8,9 @@ before each forward and ``observe(g, m, a, rows)`` after it, with the forward's 
 the target's logits for generation index g + 1 + i given the root and d_1 … d_i; row ``a`` is the bonus position's,
 whose context is all committed). Each rule declares:
 
-- ``device_step``: whether the fixed-shape device step (``jacobi.step``, ``policy.step``) can run it — it can only
-  run a window fixed for the whole image; ``policy.step=graph`` with a rule that says False is a ``ConfigError``
-  naming ``policy.step`` when the policy is built (before any weights load);
+- ``device_step``: whether the fixed-shape device step (``jacobi.step``, ``engine.graphs.step``) can run it — it can
+  only run a window fixed for the whole image; ``engine.graphs.step=graph`` with a rule that says False is a
+  ``ConfigError`` naming ``engine.graphs.step`` when the policy is built (before any weights load);
 - ``calibrated``: whether it needs the machine's calibrated L (``calibration.calibrate_window``, built by the harness
   outside the timed scope and handed in as ``calibrated``).
 
