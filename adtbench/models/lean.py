@@ -332,11 +332,11 @@ class Scratch:
         per-row scatter index (``start [R, n]``)."""
         heads = self.H + self.KV if self.qk_norm else self.H + 2 * self.KV
         if rot is not None:
-            cos, sin = (t if t.shape[1] == heads else t[:, :heads] for t in (rot.cos, rot.sin))
             if rot.style == "interleaved":
-                self.table = torch.complex(cos[..., 0::2], sin[..., 1::2])  # ``Rotary.complex`` of these heads
+                table = rot.complex()
+                self.table = table if table.shape[1] == heads else table[:, :heads]
             else:
-                self.table, self.sin = cos, sin
+                self.table, self.sin = (t if t.shape[1] == heads else t[:, :heads] for t in (rot.cos, rot.sin))
         if isinstance(start, int):
             self.cols = torch.arange(start, start + self.n, device=cache.buf.device)
         elif start.dim() == 1:
