@@ -736,7 +736,7 @@ def test_exact_law_is_teacher_forced_ar(setup: str, k: int) -> None:
 
 
 def q_not_reduced(
-    p_row: torch.Tensor,
+    p_row: Any,
     q_row: torch.Tensor,
     kids: list[int],
     tokens: list[int],
@@ -745,8 +745,7 @@ def q_not_reduced(
 ) -> tuple[int | None, Any]:
     """``verify._proposal_children`` with the with-replacement rule applied to drafts drawn without replacement: after
     a refused child, p ← norm(max(p − q, 0)) as before, but q is never reduced (the refused token keeps its mass)."""
-    p = p_row.detach().to("cpu", torch.float64).numpy()
-    q = q_row.detach().to("cpu", torch.float64).numpy()
+    p, q = V._host_row(p_row), V._host_row(q_row)
     for c in kids:
         x = tokens[c]
         px = p[x] if extra is None else p[x] + extra(p, x)

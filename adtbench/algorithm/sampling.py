@@ -85,8 +85,8 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     if p >= 1.0:
         return logits
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    cum = sorted_logits.softmax(-1).cumsum(-1)
-    drop_sorted = (cum - sorted_logits.softmax(-1)) >= p  # mass strictly before this token already ≥ p
+    probs = sorted_logits.softmax(-1)
+    drop_sorted = (probs.cumsum(-1) - probs) >= p  # mass strictly before this token already ≥ p
     drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
     return logits.masked_fill(drop, NEG_INF)
 

@@ -88,11 +88,26 @@ class DraftTree:
     def parent_list(self) -> list[int]:
         return [int(p) for p in self.parents.tolist()]
 
+    @cached_property
+    def token_list(self) -> list[int]:
+        return [int(t) for t in self.tokens.tolist()]
+
+    @cached_property
+    def alive_list(self) -> list[bool]:
+        """Per node: live (``alive``; every node when the tree has no dead ones)."""
+        return [True] * self.size if self.alive is None else self.alive.tolist()
+
     @property
     def max_depth(self) -> int:
         """Realised depth d after reranking (root at depth 0), over the live nodes."""
-        depth = self.depth if self.alive is None else self.depth * self.alive
-        return int(depth.max())
+        if self.alive is None:
+            return int(self.depth.max())
+        return max(d for d, live in zip(self.depth.tolist(), self.alive_list, strict=True) if live)
+
+    @property
+    def live_nodes(self) -> int:
+        """Live nodes, the root included."""
+        return self.size if self.alive is None else sum(self.alive_list)
 
     @cached_property
     def children(self) -> list[list[int]]:

@@ -148,8 +148,7 @@ def verify_greedy(tree: DraftTree, logits: torch.Tensor, rule: AcceptanceRule = 
 
 
 def _result(tree: DraftTree, path: list[int], bonus: int) -> Acceptance:
-    nodes = tree.size if tree.alive is None else int(tree.alive.sum())
-    return Acceptance(path, bonus, tree.max_depth, nodes)
+    return Acceptance(path, bonus, tree.max_depth, tree.live_nodes)
 
 
 def verify_sampling(
@@ -165,16 +164,19 @@ def verify_sampling(
     if proposal is not None and tree.max_children <= 1 and tree.alive is None and tree.size > 1:
         exact = host is not None and host.extra is None
         return _chain_proposal(tree, probs, proposal, generator, None if exact else rule)
-    tokens = tree.tokens.tolist()
-    alive = [True] * tree.size if tree.alive is None else tree.alive.tolist()
+    tokens, alive = tree.token_list, tree.alive_list
     draws = iter(_uniforms(tree.size, generator))
+    host_p: np.ndarray | None = None  # float64 host copy of every row, made once at the first host step
     u, path = 0, [0]
     while True:
         p = probs[u]
         accepted = None
         kids = [c for c in tree.children[u] if alive[c]]
+        if kids and (host is not None or (proposal is None and _exact_point_mass(rule))) and host_p is None:
+            host_p = probs.detach().to("cpu", torch.float64).numpy()
         if proposal is not None and host is not None and kids:
-            accepted, pn = _proposal_children(probs[u], proposal[u], kids, tokens, draws, host.extra)
+            assert host_p is not None
+            accepted, pn = _proposal_children(host_p[u], proposal[u], kids, tokens, draws, host.extra)
             if accepted is None:
                 return _result(tree, path, sample_np(pn, generator))
         elif proposal is not None and kids:
@@ -190,7 +192,8 @@ def verify_sampling(
                 q[x] = 0.0
                 q = _normalise(q, q)
         elif kids and _exact_point_mass(rule):
-            accepted, pn = _point_mass_children(probs[u], kids, tokens, draws)
+            assert host_p is not None
+            accepted, pn = _point_mass_children(host_p[u], kids, tokens, draws)
             if accepted is None:
                 return _result(tree, path, sample_np(pn, generator))
         else:
@@ -265,8 +268,13 @@ def _exact_point_mass(rule: AcceptanceRule) -> bool:
     return cls.point_mass is AcceptanceRule.point_mass and cls.point_mass_rows is AcceptanceRule.point_mass_rows
 
 
+def _host_row(row: np.ndarray | torch.Tensor) -> np.ndarray:
+    """A probability row as a float64 host array (a host array is taken as it is)."""
+    return row if isinstance(row, np.ndarray) else row.detach().to("cpu", torch.float64).numpy()
+
+
 def _proposal_children(
-    p_row: torch.Tensor,
+    p_row: np.ndarray | torch.Tensor,
     q_row: torch.Tensor,
     kids: list[int],
     tokens: list[int],
@@ -278,10 +286,10 @@ def _proposal_children(
     The generic loop's law: try the children in draw order; accept x with min(1, p̃(x)/q(x)), where p̃(x) = p(x)
     (exact) or p(x) + ``extra(p, x)`` (a relaxation's moved mass, e.g. LANTERN's C_{m*}(x) under the current p);
     on rejection p ← normalise(max(p − q, 0)) and q ← q with q(x) = 0, renormalised. Returns the accepted child
-    (or None) and the final p (the residual the bonus token is drawn from).
+    (or None) and the final p (the residual the bonus token is drawn from). ``p_row``: read, never written (the
+    float64 host row of ``verify_sampling``'s one copy).
     """
-    p = p_row.detach().to("cpu", torch.float64).numpy()
-    q = q_row.detach().to("cpu", torch.float64).numpy()
+    p, q = _host_row(p_row), _host_row(q_row)
     for c in kids:
         x = tokens[c]
         qx = q[x]
@@ -301,15 +309,16 @@ def _proposal_children(
 
 
 def _point_mass_children(
-    p_row: torch.Tensor, kids: list[int], tokens: list[int], draws: Iterator[float]
+    p_row: np.ndarray | torch.Tensor, kids: list[int], tokens: list[int], draws: Iterator[float]
 ) -> tuple[int | None, np.ndarray]:
-    """Exact recursive rejection over one node's point-mass children, on a float64 host copy of ``p``.
+    """Exact recursive rejection over one node's point-mass children, on a float64 host copy of ``p_row`` (read,
+    never written: ``verify_sampling``'s one copy of every row).
 
     The same law as the generic loop (try distinct child tokens in order; accept x with probability p(x); on
     rejection p ← p with p(x) = 0, renormalised), without a dozen small tensor ops per child. Returns the
     accepted child (or None) and the final distribution (the residual the bonus token is drawn from).
     """
-    p = p_row.detach().to("cpu", torch.float64).numpy()
+    p = _host_row(p_row)
     for c, x in _distinct_children(kids, tokens):
         if next(draws) < p[x]:
             return c, p
@@ -444,7 +453,7 @@ def verify_cycle(
             return read_chain(tree, verdict)
         return read_verdict(tree, verdict, extra(verdict.bonus_logits) if extra is not None else [])
     acc = verify_tree(tree, processed, greedy, generator, rule)
-    tokens = tree.tokens.tolist()
+    tokens = tree.token_list
     committed = [tokens[i] for i in acc.path[1:]] + [acc.bonus]
     dev = tree.tokens.device
     row = processed[acc.path[-1]]

@@ -33,20 +33,22 @@ class StaticKVCache:
         self._windows: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._window_pins: dict[int, accel_graphs.Pins] = {}
 
-    def window(self, layer: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The K and V views ``[R, kv_heads, width, d]`` of ``layer``'s first ``width`` columns; the views of the last
-        ``WINDOWS`` widths are kept (a static bucket's attention reads the same ones every call), and those of the
-        widths a live CUDA graph was captured over (``accel_graphs.Pins``: its stand-in replays the capture's views)."""
+    def windows(self, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's K and V views ``[R, kv_heads, width, d]`` of its first ``width`` columns, made in two
+        ``unbind`` calls (a forward's attention reads them all); the views of the last ``WINDOWS`` widths are kept (a
+        static bucket's attention reads the same ones every call), and those of the widths a live CUDA graph was
+        captured over (``accel_graphs.Pins``: its stand-in replays the capture's views)."""
         views = self._windows.pop(width, None)
         if views is None:
-            views = [(k[:, :, :width], v[:, :, :width]) for k, v in zip(self.k, self.v, strict=True)]
+            cols = self.buf[:, :, :, :width]
+            views = list(zip(cols[:, :, : self.kv_heads].unbind(0), cols[:, :, self.kv_heads :].unbind(0), strict=True))
             unpinned = [w for w in self._windows if not self._window_pins.get(w)]  # least recently used first
             for w in unpinned[: max(0, len(unpinned) + 1 - WINDOWS)]:
                 del self._windows[w]
         self._windows[width] = views  # most recently used last
         if accel_graphs.capturing() is not None:
             self._window_pins.setdefault(width, accel_graphs.Pins()).note()
-        return views[layer]
+        return views
 
     def write_kv(self, layer: int, start: int, kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Store ``kv [R, 2·kv_heads, n, d]`` (K heads then V heads, any strides) at ``start``; return the K and V

@@ -22,9 +22,9 @@ dispatch:
   (``enable_gqa``), not repeated.
 
 Per decoder layer of an AR step (``adtbench bench count``, CPU, float32): LlamaGen 15 aten ops on the static path
-(13 kernels), 17 on the variable-shape one (the attention's K/V views of a new width), was 32 / 33 (21 kernels);
-Chameleon 18 / 20 (16 kernels), was 40 / 41 (28 kernels) — its q and k rows stored in interleaved rotary pairs
-(``interleave_pairs``).
+and on the variable-shape one (13 kernels; the attention's K/V views of a new width are two ``unbind`` calls per
+forward, ``StaticKVCache.windows``), was 32 / 33 (21 kernels); Chameleon 18 (16 kernels), was 40 / 41 (28
+kernels) — its q and k rows stored in interleaved rotary pairs (``interleave_pairs``).
 
 Derived weights are inference-only buffers: never in a ``state_dict``, rebuilt by ``InferenceWeights`` whenever a
 source parameter changes in place (``_version``), moves (``Module._apply``: ``to``/``half``/``cuda``) or is
@@ -332,11 +332,11 @@ class Scratch:
         per-row scatter index (``start [R, n]``)."""
         heads = self.H + self.KV if self.qk_norm else self.H + 2 * self.KV
         if rot is not None:
-            cos, sin = (t if t.shape[1] == heads else t[:, :heads] for t in (rot.cos, rot.sin))
             if rot.style == "interleaved":
-                self.table = torch.complex(cos[..., 0::2], sin[..., 1::2])  # ``Rotary.complex`` of these heads
+                table = rot.complex()
+                self.table = table if table.shape[1] == heads else table[:, :heads]
             else:
-                self.table, self.sin = cos, sin
+                self.table, self.sin = (t if t.shape[1] == heads else t[:, :heads] for t in (rot.cos, rot.sin))
         if isinstance(start, int):
             self.cols = torch.arange(start, start + self.n, device=cache.buf.device)
         elif start.dim() == 1:
@@ -373,10 +373,18 @@ def _pairs(t: torch.Tensor) -> torch.Tensor:
     return t.unflatten(-1, (t.shape[-1] // 2, 2))
 
 
-def decoder_layer(w: LayerWeights, ws: Scratch, mask: torch.Tensor, cache: StaticKVCache, i: int, width: int) -> None:
+def decoder_layer(
+    w: LayerWeights,
+    ws: Scratch,
+    mask: torch.Tensor,
+    cache: StaticKVCache,
+    i: int,
+    window: tuple[torch.Tensor, torch.Tensor],
+) -> None:
     """Layer ``i`` of the stack on the residual stream ``ws.x`` in place: ``h = x + Attn(norm(x))``, then
-    ``h + SwiGLU(norm(h))``, K/V written into cache layer i at ``ws.cols`` and attention over its first ``width``
-    columns through the additive ``mask [R, 1, n, width]`` (``lean_stack``)."""
+    ``h + SwiGLU(norm(h))``, K/V written into cache layer i at ``ws.cols`` and attention over ``window`` — the K and
+    V views of its first ``width`` columns (``StaticKVCache.windows``) — through the additive ``mask [R, 1, n,
+    width]`` (``lean_stack``)."""
     H, KV, hd = w.heads, w.kv_heads, w.head_dim
     h = ws.norm("in", w) if w.norm_in else ws.x
     if w.qkv_bias is None:
@@ -395,7 +403,7 @@ def decoder_layer(w: LayerWeights, ws: Scratch, mask: torch.Tensor, cache: Stati
             buf.index_copy_(2, cols, new)
         else:
             buf.scatter_(2, cols, new)
-    k, v = cache.window(i, width)
+    k, v = window
     a = F.scaled_dot_product_attention(ws.q, k, v, attn_mask=mask, enable_gqa=KV != H)
     ws.x.addmm_(a.transpose(1, 2).reshape(ws.N, H * hd), w.o)
     torch.mm(ws.norm("ffn", w), w.up, out=ws.gu)
@@ -512,8 +520,9 @@ def lean_stack(
     ws = scratch(memo, R, n, layers, D, x.dtype, rot, x.device)
     ws.x.view(R, n, D).copy_(x)  # x may be an expanded view (the CFG rows of one embedding)
     ws.begin(rot, start, cache)
+    windows = cache.windows(width)
     for i, w in enumerate(layers):
-        decoder_layer(w, ws, mask, cache, i, width)
+        decoder_layer(w, ws, mask, cache, i, windows[i])
     out = ws.x.clone() if norm is None else rms(ws.x, eps, norm, norm_dtype)
     return out.view(R, n, D)
 

@@ -108,6 +108,42 @@ def _position_table(rope: Rope, upto: int, device: torch.device, dtype: torch.dt
     return tab
 
 
+HEAD_TABLE_MAX = 1 << 22
+"""Entries (positions × heads × head_dim) of one cached fused-head table (16 MB in float32): a bigger model's rows are
+laid out over its heads per forward instead (``qkv_tables``)."""
+_HeadKey = tuple[Rope, torch.device, torch.dtype, int, int]
+_HEAD_TABLES: dict[_HeadKey, tuple[torch.Tensor, torch.Tensor | None]] = {}
+
+
+def _head_tables(
+    rope: Rope, upto: int, device: torch.device, dtype: torch.dtype, rot_heads: int, id_heads: int
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``_position_table`` laid out over a fused head axis, ``[2, P, rot_heads + id_heads, head_dim]`` (the rotated
+    heads, then the identity ones: ``qkv_tables``' rows at every position ``0 … P−1``), and for the interleaved style
+    the complex table ``[P, heads, head_dim/2]`` (``Rotary.complex``'s rows); rebuilt when the position table grows.
+    None past ``HEAD_TABLE_MAX``."""
+    pos_tab = _position_table(rope, upto, device, dtype)
+    _, P, _, d = pos_tab.shape
+    if P * (rot_heads + id_heads) * d > HEAD_TABLE_MAX:
+        return None
+    key = (rope, device, dtype, rot_heads, id_heads)
+    hit = _HEAD_TABLES.get(key)
+    if hit is None or hit[0].shape[1] != P:
+        _, ident = _table_consts(rope.style, device, dtype)
+        tab = torch.cat([pos_tab.expand(2, P, rot_heads, d), ident[:, 0].expand(2, P, id_heads, d)], 2)
+        pairs = torch.complex(tab[0, ..., 0::2], tab[1, ..., 1::2]) if rope.style == "interleaved" else None
+        hit = _HEAD_TABLES[key] = (tab, pairs)
+    return hit
+
+
+def _host_rows(pos: torch.Tensor, dtype: torch.dtype) -> tuple[int, torch.dtype]:
+    """The largest position of ``pos`` (checked non-negative) and the tables' dtype: the per-position tables' size."""
+    lo, hi = pos.aminmax()
+    if int(lo) < 0:
+        raise IndexError(f"negative position id {int(lo)}")
+    return int(hi), torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def qkv_tables(
     rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id_heads: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,15 +151,17 @@ def qkv_tables(
 
     The first ``rot_heads`` heads (q, then k) are rotated at ``pos [R, n]``; the last ``id_heads`` (v) get the
     identity (C = 1, S = 0, exact). Computed once per forward in cos's dtype (fp32 for half models, fp64 for fp64),
-    shared by every layer. On the CPU the rows come from a per-position table (one gather; no device sync is
-    needed to size it there), elsewhere they are computed directly; both are the same formula.
+    shared by every layer. On the CPU the rows come from a per-position table (one gather of the fused-head table,
+    ``_head_tables``; no device sync is needed to size it there), elsewhere they are computed directly; both are the
+    same formula.
     """
     if not accel.is_cuda(pos.device) and pos.numel() > 0:
-        ftype = torch.float64 if dtype == torch.float64 else torch.float32
-        lo, hi = pos.aminmax()
-        if int(lo) < 0:
-            raise IndexError(f"negative position id {int(lo)}")
-        tab = _position_table(rope, int(hi), pos.device, ftype)[:, pos]  # [2, R, n, 1, d]
+        hi, ftype = _host_rows(pos, dtype)
+        cached = _head_tables(rope, hi, pos.device, ftype, rot_heads, id_heads)
+        if cached is not None:
+            C, S = cached[0][:, pos].unbind(0)
+            return C, S
+        tab = _position_table(rope, hi, pos.device, ftype)[:, pos]  # [2, R, n, 1, d]
     else:
         tab = _direct_tables(rope, pos, dtype)
     _, R, n, _, d = tab.shape
@@ -145,6 +183,7 @@ class Rotary:
     style: str
     cos: torch.Tensor
     sin: torch.Tensor
+    pairs: torch.Tensor | None = None  # ``complex()``'s table when gathered with cos and sin (the host's tables)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -153,6 +192,8 @@ class Rotary:
 
     def complex(self) -> torch.Tensor:
         """The interleaved style's table ``[N, heads, d/2]``: ``c + i·s`` per pair (the identity heads 1 + 0i)."""
+        if self.pairs is not None:
+            return self.pairs
         return torch.complex(self.cos[..., 0::2], self.sin[..., 1::2])
 
     def to(self, dtype: torch.dtype) -> Rotary:
@@ -162,7 +203,17 @@ class Rotary:
 
 def rotary(rope: Rope, pos: torch.Tensor, dtype: torch.dtype, rot_heads: int, id_heads: int) -> Rotary:
     """``Rotary`` tables at ``pos [R, n]``: the first ``rot_heads`` heads rotated, the last ``id_heads`` identity, in
-    the dtype ``qkv_tables`` computes in (the same values)."""
+    the dtype ``qkv_tables`` computes in (the same values). On the CPU every table — cos, sin and the interleaved
+    style's complex one — is one gather from the per-position tables over the fused heads (``_head_tables``)."""
+    cached = None
+    if not accel.is_cuda(pos.device) and pos.numel() > 0:
+        hi, ftype = _host_rows(pos, dtype)
+        cached = _head_tables(rope, hi, pos.device, ftype, rot_heads, id_heads)
+    if cached is not None:
+        tab, pairs = cached
+        rows = pos.reshape(-1)
+        C, S = tab[:, rows].unbind(0)  # [N, heads, d]
+        return Rotary(rope.style, C, S, None if pairs is None else pairs[rows])
     C, S = qkv_tables(rope, pos, dtype, rot_heads, id_heads)  # [R, n, heads, d]
     R, n, heads, d = C.shape
     return Rotary(rope.style, C.reshape(R * n, heads, d), S.reshape(R * n, heads, d))

@@ -219,6 +219,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
     def __init__(self, config: EagleConfig, rope: Rope) -> None:
         super().__init__()
         self.config, self.rope = config, rope
+        self.pair_rope = dataclasses.replace(rope, style="interleaved")  # the inference weights' pair order
         self.embed_tokens: nn.Embedding | None = None
         if config.vocab_size > 0:  # frozen, as LANTERN's (its training never updates the copy)
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
@@ -275,8 +276,7 @@ class EagleDrafter(InferenceWeights, nn.Module):
         x2 = x.view(R * m, -1)
         x = (torch.mm(x2, fc_t) if fc_b is None else torch.addmm(fc_b, x2, fc_t)).view(R, m, -1)
         c = self.config
-        rope = dataclasses.replace(self.rope, style="interleaved")  # the inference weights' pair order
-        rot = rotary(rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
+        rot = rotary(self.pair_rope, pos, x.dtype, c.num_heads + c.num_kv_heads, c.num_kv_heads)
         out = stack_fn(self)(layers, None, 0.0, x, rot, mask, self.cache, start, memo=stack_memo(self))
         return cast(torch.Tensor, out)
 

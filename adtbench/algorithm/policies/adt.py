@@ -50,7 +50,7 @@ the record's ``D`` is the drafted depth), ``init``, ``alpha`` (a/d), ``alpha_D``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget
@@ -229,7 +229,7 @@ class ADTPolicy(TreePolicy):
             D, K = min(shape.D + sd, self.D_max), max(shape.K - sk, self.K_min)
         else:
             D, K = max(shape.D - sd, self.D_min), min(shape.K + sk, self.K_max)
-        return replace(shape, D=D, K=K, step_d=sd, step_k=sk, direction=direction)
+        return TreeShape(D, K, sd, sk, direction)
 
 
 def first_image_position(layout: TokenLayout, gen: int) -> int | None:
