@@ -52,11 +52,11 @@ def test_the_phase_builds_the_per_level_trees(name: str, temperature: float, mon
             monkeypatch.setattr(LevelGraphs, "phases", phases)
             policy = _recording(POLICIES[name]())
             lg = drafter.level_graphs
-            before = (0, 0) if lg is None else (lg.replays, lg.tree_replays)
+            before = (0, 0) if lg is None else (lg.level_replays, lg.tree_replays)
             res = generate(target, drafter, policy, inputs, sp, torch.Generator(device="cuda").manual_seed(5))
             lg = drafter.level_graphs
             assert lg is not None
-            runs.append((res, policy.trees, lg.replays - before[0], lg.tree_replays - before[1]))
+            runs.append((res, policy.trees, lg.level_replays - before[0], lg.tree_replays - before[1]))
     (res_p, trees_p, levels_p, phases_p), (res_l, trees_l, levels_l, _) = runs
     drafted = sum(c.drafted_depth > 0 for c in res_p.cycles)
     assert (levels_p, phases_p) == (0, drafted) and levels_l > drafted > 3
@@ -82,12 +82,12 @@ def test_the_phase_is_one_replay_and_greedy_equals_ar(name: str) -> None:
             inputs = target.encode_prompt(prompt, cfg=True)
             ar = decode_ar(target, inputs, sp, None)
             lg = drafter.level_graphs
-            before = (0, 0) if lg is None else (lg.replays, lg.tree_replays)
+            before = (0, 0) if lg is None else (lg.level_replays, lg.tree_replays)
             res = generate(target, drafter, POLICIES[name](), inputs, sp, None)
             lg = drafter.level_graphs
             assert lg is not None and res.tokens == ar.tokens, prompt
             drafted = sum(c.drafted_depth > 0 for c in res.cycles)
-            assert (lg.replays - before[0], lg.tree_replays - before[1]) == (0, drafted) and drafted > 3
+            assert (lg.level_replays - before[0], lg.tree_replays - before[1]) == (0, drafted) and drafted > 3
         assert lg.captures == len(lg.graphs) < lg.tree_replays / 4
 
 
