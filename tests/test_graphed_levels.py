@@ -66,7 +66,8 @@ def test_graphed_levels_build_the_eager_trees(name: str, temperature: float) -> 
                 drafter.level_graphs = saved
             runs.append((res, policy.trees))
     (res_g, trees_g), (res_e, trees_e) = runs
-    assert isinstance(drafter.level_graphs, LevelGraphs) and drafter.level_graphs.level_replays > 0
+    lg = drafter.level_graphs
+    assert isinstance(lg, LevelGraphs) and lg.replays > 0  # the levels' or the draft phase's replays
     assert len(trees_g) == len(trees_e) > 3
     for (tok_g, par_g, alive_g, q_g), (tok_e, par_e, alive_e, q_e) in zip(trees_g, trees_e, strict=True):
         assert (tok_g, par_g) == (tok_e, par_e)
@@ -79,9 +80,10 @@ def test_graphed_levels_build_the_eager_trees(name: str, temperature: float) -> 
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_a_graphed_level_is_one_replay_and_greedy_equals_ar(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the simulated CUDA device with ``engine.compile``'s graphs: every drafting level of every cycle is exactly
-    one graph replay (replays = the levels the records count, d̄ · cycles; a fixed-size EAGLE-2 / ADT tree's rerank and
-    ancestry one more per cycle), the drafter's eager ``expand`` never runs,
+    """On the simulated CUDA device with ``engine.compile``'s graphs, the per-level path (``LevelGraphs.phases``
+    off; the draft phase as one replay is ``tests/test_draft_phase.py``'s): every drafting level of every cycle is
+    exactly one graph replay (replays = the levels the records count, d̄ · cycles; a fixed-size EAGLE-2 / ADT tree's
+    rerank and ancestry one more per cycle), the drafter's eager ``expand`` never runs,
     each level graph is captured once per (level, width) and replayed, and greedy decoding gives AR greedy's tokens."""
 
     def no_expand(*args, **kwargs):
@@ -93,6 +95,7 @@ def test_a_graphed_level_is_one_replay_and_greedy_equals_ar(name: str, monkeypat
         drafter.request_static(graphs=True)
         sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
         monkeypatch.setattr(EagleDrafter, "expand", no_expand)
+        monkeypatch.setattr(LevelGraphs, "phases", False)
         policy = POLICIES[name]()
         for prompt in ("a red circle", "two blue squares on a striped floor"):
             inputs = target.encode_prompt(prompt, cfg=True)

@@ -59,14 +59,16 @@ of both sides, τ, the speedup at equal B and each side relative to B = 1; a tab
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from adtbench import accel
+from adtbench import accel, accel_graphs
 from adtbench.algorithm.cost import (  # noqa: F401 (fill_cache, fill_cache_to, random_tree re-exported)
     fill_cache,
     fill_cache_to,
@@ -374,7 +376,7 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     cycles = levels = 0
     graphs = getattr(instances["drafter"], "level_graphs", None)  # graphed drafting levels (``drafters.graphed``)
     replays = 0 if graphs is None else graphs.level_replays
-    with _Phases(instances, False, phases, counter=counter), counter:
+    with _Phases(instances, False, phases, counter=counter), counter, _counted_replays(counter) as cycle_replays:
         for p in prompts:
             res = run(p)
             cycles += len(res.cycles)
@@ -389,7 +391,34 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
         **counter.per_cycle(cycles),
         "levels_per_cycle": levels / cycles,
         "level_graph_replays_per_cycle": level_replays / cycles,  # one per drafting level when graphed
+        "graph_replays_per_cycle": cycle_replays[0] / cycles,  # every graph replayed outside prefill
     }
+
+
+@contextlib.contextmanager
+def _counted_replays(counter: Any) -> Iterator[list[int]]:
+    """Within: every graph replay (CUDA or stand-in) outside ``counter``'s prefill label is counted in the yielded
+    ``[n]``; the classes' ``replay`` is restored on exit."""
+    from adtbench.tools.bench_count import PREFILL
+
+    n = [0]
+    saved = {cls: cls.replay for cls in (accel_graphs.CudaGraph, accel_graphs.StandInGraph)}
+
+    def counting(real: Any) -> Any:
+        def replay(self: Any) -> None:
+            if counter.label != PREFILL:
+                n[0] += 1
+            real(self)
+
+        return replay
+
+    try:
+        for cls, real in saved.items():
+            cls.replay = counting(real)  # type: ignore[method-assign]
+        yield n
+    finally:
+        for cls, real in saved.items():
+            cls.replay = real  # type: ignore[method-assign]
 
 
 DEFAULT_TREE_SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
@@ -547,8 +576,9 @@ def main(args: list[str]) -> int:
     elif "host_reads_per_cycle" in r:
         print(
             f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
-            f"{r['host_reads_per_cycle']:.2f} host reads, {r['engine_ops_per_cycle']:.1f} engine ops "
-            f"({r['engine_kernels_per_cycle']:.1f} kernels, the rest views) and "
+            f"{r['host_reads_per_cycle']:.2f} host reads, {r['graph_replays_per_cycle']:.2f} graph replays, "
+            f"{r['engine_ops_per_cycle']:.1f} engine ops ({r['engine_kernels_per_cycle']:.1f} kernels, the rest views) "
+            "and "
             f"{r['transfers_per_cycle']:.2f} transfers per cycle (networks: {r['network_ops_per_cycle']:.1f} ops, "
             f"{r['network_reads_per_cycle']:.2f} reads; prefill excluded)\n"
         )

@@ -78,6 +78,9 @@ class LevelGraphs(GraphRunner):
     tree (``level_replays``: the levels), ``captures`` the graphs captured; ``buffer(name, …)`` gives a program's own
     static buffers."""
 
+    phases = True
+    """The policies queue their levels into one replay per cycle (``drafters.draft_phase``); False: one per level."""
+
     def __init__(self, drafter: Any, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
         """``drafter``: an ``EagleDrafter`` with its pinned cache (``static_forward``, ``bias``, ``embed``; not
         imported: it owns this object)."""

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
+from adtbench.algorithm.drafters.draft_phase import DraftPhase
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import (
@@ -101,13 +102,16 @@ def eagle2_device_steps(
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
     graphs = levels_for(session, 1 + rounds * K, rounds * K) if graphed and not live else None
+    phase = DraftPhase(graphs) if graphs is not None and graphs.phases else None
     if graphs is not None:
-        score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds)
+        score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds, phase)
     else:
         score, tok, parent, sizes = yield from _eager_candidates(session, K, rounds, budget if live else None)
     count = score.numel()
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
+    if phase is not None and budget is not None:  # the levels as one replay, then the budget's read
+        phase.run(("eagle2-levels", K, tuple(sizes)))
     if budget is not None:  # the policy's decision on the host, from one read of the candidates' scores
         scores = np.asarray(score.tolist(), dtype=np.float64)
         order = desc_stable(scores)  # the rerank order of every candidate
@@ -117,7 +121,10 @@ def eagle2_device_steps(
     if graphs is not None and budget is None:  # the rerank and the tree as one more graph (its shapes are fixed)
         key, n_lev = ("eagle2-tree", K, tuple(sizes), keep, score.data_ptr()), len(sizes)
         program = lambda _: _tree(score, tok, parent, keep, graphs.root, n_lev)  # noqa: E731
-        tokens, parents, d, anc, alive = graphs.run(key, None, program, level=False)
+        if phase is not None:  # every level, the rerank and the tree: one replay (``drafters.draft_phase``)
+            tokens, parents, d, anc, alive = phase.run(key, program)
+        else:
+            tokens, parents, d, anc, alive = graphs.run(key, None, program, level=False)
     else:
         tokens, parents, d, anc, alive = _tree(score, tok, parent, keep, session.root_token, len(sizes))
     return DraftTree(
@@ -188,14 +195,15 @@ ROUND_CAP = 16
 
 
 def _graphed_candidates(
-    session: DraftSession, graphs: LevelGraphs, K: int, rounds: int
+    session: DraftSession, graphs: LevelGraphs, K: int, rounds: int, phase: DraftPhase | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
     """``_eager_candidates`` (planned rounds) as graphed levels (``drafters.graphed``): level 0 (the root's log-probs
     and its K best children) and each round (the frontier's expand, its log-probs, the K best children per frontier
     node with their cumulative scores, the next frontier) are one graph replay each, writing the candidates into
     static buffers — score, token, parent candidate at their creation index; the frontier of round r (score, token,
     candidate, session node) in row r — that the next level reads. The shapes are the eager path's, known on the
-    host: k0 = min(K, V) root children, m_r frontier nodes in round r, min(K, V) children each."""
+    host: k0 = min(K, V) root children, m_r frontier nodes in round r, min(K, V) children each. With a ``phase``
+    (``drafters.draft_phase``) the levels are queued there instead, to replay with the tree as one graph."""
     target, sp, layout = session.target, session.sp, session.layout
     V = layout.vocab_size
     k0 = kk = min(K, V)
@@ -210,6 +218,7 @@ def _graphed_candidates(
     fc = graphs.buffer(f"e2.f_cand.{K}.{cap}", (cap_r + 1, K), torch.long)
     fn = graphs.buffer(f"e2.f_node.{K}.{cap}", (cap_r + 1, K), torch.long)
     dev = graphs.device
+    run = graphs.run if phase is None else phase.add
 
     def level0(_: int | None) -> None:
         v0, t0 = stable_topk(graphs.root_logprobs(target, layout, sp), K)
@@ -218,7 +227,7 @@ def _graphed_candidates(
         fs[0, :k0], ft[0, :k0], fc[0, :k0] = v0, t0, _arange(0, k0, dev)
         fn[0, :k0] = _const(0, k0, dev)
 
-    graphs.run(("eagle2", K, cap, 0, sp, id(target)), None, level0)
+    run(("eagle2", K, cap, 0, sp, id(target)), None, level0)
     sizes, m, count = [k0], k0, k0
     for r in range(rounds):
         n0, c0, made = session.num_nodes, count, m * kk
@@ -235,7 +244,7 @@ def _graphed_candidates(
             fs[r + 1, :nxt], ft[r + 1, :nxt] = f_score, tk[c0 : c0 + m * kk][best]
             fc[r + 1, :nxt], fn[r + 1, :nxt] = c0 + best, n0 + best // kk
 
-        graphs.run(("eagle2", K, cap, r + 1, m, n0, sp, id(target)), n0 - 1 + m, level)
+        run(("eagle2", K, cap, r + 1, m, n0, sp, id(target)), n0 - 1 + m, level)
         graphs.advance(session, m)
         sizes.append(made)
         m, count = nxt, count + made

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from adtbench.algorithm.drafters.draft_phase import DraftPhase
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import Method, TreePolicy, register_method, stable_topk, with_gate
@@ -213,7 +214,9 @@ class StaticTreePolicy(TreePolicy):
         replay (the eager path's draws, in the same order from the same generator) — writes their tokens, liveness
         and (sampled) their parents' distributions into static buffers, then expands the nodes that have children
         and writes their children's log-probs for level i + 1. The tree's tokens, liveness and proposal rows are those
-        buffers (no copy: the cycle verifies and observes its tree before the next cycle drafts)."""
+        buffers (no copy: the cycle verifies and observes its tree before the next cycle drafts). With
+        ``LevelGraphs.phases`` every level's noise is drawn first and the levels replay as one graph
+        (``drafters.draft_phase``)."""
         target, layout, sp, dev = session.target, session.layout, session.sp, session.device
         n = plan.parents.numel()
         sizes = [lv.rank.numel() for lv in plan.levels]
@@ -227,6 +230,8 @@ class StaticTreePolicy(TreePolicy):
         noise = [graphs.buffer(f"{name}.e{i}", (1 if i == 0 else plan.levels[i - 1].grow.numel(), V), torch.float64)
                  for i in range(len(plan.levels))] if sample else []  # fmt: skip
         node, n0, q_row = 1, 1, 0
+        phase = DraftPhase(graphs) if graphs.phases else None
+        run = graphs.run if phase is None else phase.add
         for i, lv in enumerate(plan.levels):
             m, g = sizes[i], lv.grow.numel()
 
@@ -254,14 +259,16 @@ class StaticTreePolicy(TreePolicy):
                     out = graphs.expand(target, layout, sp, lv.grow_parents, tok[lv.grow], n0, i + 1, K)
                     lps[i][: lv.grow.numel()] = out
 
-            if sample:
+            if sample:  # before the level's replay, or every level's before the phase's: the same order
                 draw_into(noise[i], "exponential_", session.generator)
             key = ("static", id(plan), i, sample, sp, id(target))
-            graphs.run(key, n0 - 1 + g if g else None, level)
+            run(key, n0 - 1 + g if g else None, level)
             if g:
                 graphs.advance(session, g)
             q_row += 1 if i == 0 else plan.levels[i - 1].grow.numel()
             node, n0 = node + m, n0 + g
+        if phase is not None:  # every level in one replay; the tree's shape is the plan's, its tokens the buffers
+            phase.run(("static", id(plan), sample, sp, id(target)))
         return DraftTree(  # the buffers themselves: the cycle verifies this tree before the next one is drafted
             toks,
             plan.parents,

@@ -1,0 +1,57 @@
+"""The draft phase as one graph replay: every drafting level of a cycle, the rerank and the tree in one program.
+
+``drafters.graphed`` runs each level of a tree policy's drafting as one replay of its program (a function of the
+attention width K reading and writing static buffers). SGLang's EAGLE runs the whole draft phase as one CUDA graph
+per batch bucket (``EAGLEDraftCudaGraphRunner``); ``DraftPhase`` does the same by composition: a policy hands it its
+level programs in drafting order (``add``, the signature of ``LevelGraphs.run``) and the tree's program (``run``),
+and the phase captures them as ONE program per (phase key, K) — K the width holding the last level's columns
+(``LevelGraphs.width`` of the largest ``end``) — and replays it once per cycle. The levels' math is theirs,
+unchanged; the phase only chooses when they run.
+
+Exactness: a level run at a wider K than its own attends the same committed and scratch columns — the extra
+columns are past every column it writes, −inf in the drafter's committed bias and never scattered into — so it
+computes the same outputs (an extra −inf key adds an exact 0 to the softmax's sum; ``tests/test_draft_phase.py``
+checks the trees against the per-level path in float64). The levels run in drafting order inside the program, so
+each reads the buffers its predecessor wrote, as between two replays.
+
+What stays on the host: the shape of the phase (the policy's decisions: rounds, widths, (D, K), the node count), the
+counters each level's ``LevelGraphs.advance`` keeps, and — for sampled drafts — the draw of every level's noise into
+its static buffer before the replay (in the per-level path's order, from the prompt's generator: a captured draw
+would replay the capture's noise, and the stand-in refuses it).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from adtbench.algorithm.drafters.graphed import LevelGraphs, Program
+
+
+class DraftPhase:
+    """One cycle's level programs, replayed as one graph (module docstring). ``add`` has ``LevelGraphs.run``'s
+    signature, so a policy's graphed levels are handed either to the graphs (one replay per level) or to a phase."""
+
+    def __init__(self, graphs: LevelGraphs) -> None:
+        self.graphs = graphs
+        self.levels: list[tuple[Any, int | None, Program]] = []
+
+    def add(self, key: Any, end: int | None, program: Program, level: bool = True) -> None:
+        """Queue a level (``LevelGraphs.run``'s arguments): it runs at the phase's width inside ``run``'s replay;
+        ``end`` None — the program runs no drafter forward (it is handed K = None)."""
+        self.levels.append((key, end, program))
+
+    def run(self, key: Any, tree: Program | None = None) -> Any:
+        """Replay the queued levels then ``tree`` (called with None; what it returns is the graph's output) as one
+        graph keyed by ``key`` and every level's key, at the width holding the largest ``end``."""
+        levels = list(self.levels)
+        ends = [end for _, end, _ in levels if end is not None]
+
+        def phase(K: int | None) -> Any:
+            for _, end, program in levels:
+                program(None if end is None else K)
+            return None if tree is None else tree(None)
+
+        full_key = ("phase", key, tuple(k for k, _, _ in levels))
+        self.levels.clear()
+        return self.graphs.run(full_key, max(ends) if ends else None, phase, level=False)
