@@ -28,11 +28,10 @@ Relaxations (LANTERN) change only the ``AcceptanceRule``.
 Two implementations of these laws. ``accept`` decides on the tree's device with no host read (the decode loop's;
 the host learns the outcome in the cycle's one read): greedy and exact point mass in closed form — with one uniform
 U per node, child c of u (siblings in order, duplicates skipped) is accepted iff Σ_{c' before c} p_u(x_c') ≤ U <
-Σ_{c' up to c} p_u(x_c'), the law of the sequential walk, since P(accept the i-th) = Π_{j<i}(1 − p_j)·p_i/Π... = p(x_i)
-(each rejection renormalises p by 1 − p(x_j), which the next acceptance divides back out, so the i-th child is
-accepted with probability p(x_i)) — and every other rule (proposals, LANTERN) by a loop over child ranks, vectorised
-over nodes. ``verify_tree`` walks the tree on float64 host copies: the reference the device path is tested equal to
-in law.
+Σ_{c' up to c} p_u(x_c'): each rejection renormalises p by 1 − p(x_j), which the next acceptance divides back out,
+so the i-th child is accepted with probability p(x_i), the sequential walk's law — and every other rule (proposals,
+LANTERN) by a loop over child ranks, vectorised over nodes. ``verify_tree`` walks the tree on float64 host copies:
+the reference the device path is tested equal to in law.
 
 What a verified tree becomes, one type per stage: ``Verdict`` (the device path's acceptance, not yet read: path mask,
 last node, bonus and the row it came from) → ``CycleRead`` (the host's one read, either path: the ``Acceptance`` —
