@@ -55,7 +55,7 @@ def test_the_documented_command_writes_result_files_and_renders_them() -> None:
 
     root = Path(__file__).resolve().parents[1]
     script = (root / "benchmarks" / "speed.sh").read_text()
-    assert "bench speed bench.prompts=20 bench.results=results" in script and "adtbench results" in script
+    assert 'bench speed bench.prompts="$PROMPTS" bench.results=results' in script and "adtbench results" in script
     (doc,) = {name for name, marker, _ in TABLES if marker == "speed-table"}
     text = (root / doc).read_text()
     assert text.count(START) == 1 and text.count(END) == 1 and text.index(START) < text.index(END)

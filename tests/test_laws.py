@@ -412,7 +412,7 @@ def sample_images(
             if paths is not None:
                 paths.image(g, res, chain, depth)
     if graphed:  # every level of every drafted cycle was a graph replay
-        assert s.drafter.level_graphs is not None and s.drafter.level_graphs.level_replays > 0
+        assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
     if step == "graph":  # the drafted cycles were verified by the tree step
         assert sum(x.launches for x in TS.steps_of(s.target)) - launches >= n
     return counts, accepted / n, extra / n
@@ -505,7 +505,7 @@ def test_graphed_levels_draw_the_headline_images_draw_for_draw() -> None:
             runs.append([generate(s.target, s.drafter, make(), s.inputs, s.sp, g, EXACT, where)
                          for _ in range(GRAPHED_SEEDS)])  # fmt: skip
     levels = graphed.drafter.level_graphs
-    assert levels is not None and levels.level_replays >= GRAPHED_SEEDS  # every image's drafted level a graph replay
+    assert levels is not None and levels.replays >= GRAPHED_SEEDS  # every image drafts through a graph
     for i, (a, b) in enumerate(zip(*runs, strict=True)):
         assert a.tokens == b.tokens and [c.accepted for c in a.cycles] == [c.accepted for c in b.cycles], i
     assert len({tuple(r.tokens) for r in runs[0]}) >= 10  # many of the 27 images drawn

@@ -102,7 +102,7 @@ class DraftTree:
         """Realised depth d after reranking (root at depth 0), over the live nodes."""
         if self.alive is None:
             return int(self.depth.max())
-        return max(d for d, live in zip(self.depth.tolist(), self.alive_list, strict=True) if live)
+        return max(int(d) for d, live in zip(self.depth.tolist(), self.alive_list, strict=True) if live)
 
     @property
     def live_nodes(self) -> int:
