@@ -120,6 +120,25 @@ def small_tree_policies() -> dict[str, Callable[[], Any]]:
     }
 
 
+def recording_trees(policy: Any) -> Any:
+    """``policy`` with every proposed tree kept in ``policy.trees`` as host copies: (tokens, parents, (depth,
+    ancestor mask), alive, proposal) — the graphed-level and draft-phase tests compare them across paths."""
+    trees: list[tuple[Any, ...]] = []
+    propose = policy.propose
+
+    def wrapped(session: Any, max_depth: int) -> Any:
+        tree = propose(session, max_depth)
+        alive = None if tree.alive is None else tree.alive.cpu().tolist()
+        q = None if tree.proposal is None else tree.proposal.cpu()
+        shape = (tree.depth.cpu().tolist(), tree.ancestor_mask.cpu().tolist())
+        trees.append((tree.tokens.cpu().tolist(), tree.parents.cpu().tolist(), shape, alive, q))
+        return tree
+
+    policy.propose = wrapped
+    policy.trees = trees
+    return policy
+
+
 @contextlib.contextmanager
 def _logging_restored() -> Iterator[None]:
     """Put every logger back as it was (level, handlers, propagate, disabled) and close the handlers added meanwhile:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import small_tree_policies, tiny
+from conftest import recording_trees, small_tree_policies, tiny
 
 from adtbench import accel, accel_graphs
 from adtbench.algorithm.drafters.graphed import LevelGraphs
@@ -13,24 +13,6 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.sampling_params import SamplingParams
 
 POLICIES = small_tree_policies()
-
-
-def _recording(policy):
-    """``policy`` with every proposed tree kept as host copies (tokens, parents, depth, ancestor mask, alive, q)."""
-    trees = []
-    propose = policy.propose
-
-    def wrapped(session, max_depth):
-        tree = propose(session, max_depth)
-        alive = None if tree.alive is None else tree.alive.cpu().tolist()
-        q = None if tree.proposal is None else tree.proposal.cpu()
-        shape = (tree.depth.cpu().tolist(), tree.ancestor_mask.cpu().tolist())
-        trees.append((tree.tokens.cpu().tolist(), tree.parents.cpu().tolist(), shape, alive, q))
-        return tree
-
-    policy.propose = wrapped
-    policy.trees = trees
-    return policy
 
 
 @pytest.mark.parametrize(
@@ -50,7 +32,7 @@ def test_the_phase_builds_the_per_level_trees(name: str, temperature: float, mon
         runs = []
         for phases in (True, False):
             monkeypatch.setattr(LevelGraphs, "phases", phases)
-            policy = _recording(POLICIES[name]())
+            policy = recording_trees(POLICIES[name]())
             lg = drafter.level_graphs
             before = (0, 0) if lg is None else (lg.level_replays, lg.tree_replays)
             res = generate(target, drafter, policy, inputs, sp, torch.Generator(device="cuda").manual_seed(5))

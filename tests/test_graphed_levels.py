@@ -12,7 +12,7 @@ import copy
 
 import pytest
 import torch
-from conftest import small_tree_policies, tiny
+from conftest import recording_trees, small_tree_policies, tiny
 
 from adtbench import accel, accel_graphs
 from adtbench.algorithm.drafters.eagle import EagleDrafter
@@ -22,23 +22,6 @@ from adtbench.algorithm.policies.base import desc_stable, stable_topk
 from adtbench.sampling_params import SamplingParams
 
 POLICIES = small_tree_policies()
-
-
-def _recording(policy):
-    """``policy`` with every proposed tree kept (``policy.trees``: host copies of tokens, parents, alive, proposal)."""
-    trees = []
-    propose = policy.propose
-
-    def wrapped(session, max_depth):
-        tree = propose(session, max_depth)
-        q = None if tree.proposal is None else tree.proposal.cpu()
-        alive = None if tree.alive is None else tree.alive.cpu().tolist()
-        trees.append((tree.tokens.cpu().tolist(), tree.parents.cpu().tolist(), alive, q))
-        return tree
-
-    policy.propose = wrapped
-    policy.trees = trees
-    return policy
 
 
 @pytest.mark.parametrize(
@@ -58,7 +41,7 @@ def test_graphed_levels_build_the_eager_trees(name: str, temperature: float) -> 
         inputs = target.encode_prompt("two blue squares on a striped floor", cfg=True)
         runs = []
         for graphed in (True, False):
-            policy = _recording(POLICIES[name]())
+            policy = recording_trees(POLICIES[name]())
             if not graphed:
                 saved, drafter.level_graphs = drafter.level_graphs, None
             res = generate(target, drafter, policy, inputs, sp, torch.Generator(device="cuda").manual_seed(5))
@@ -69,7 +52,7 @@ def test_graphed_levels_build_the_eager_trees(name: str, temperature: float) -> 
     lg = drafter.level_graphs
     assert isinstance(lg, LevelGraphs) and lg.replays > 0  # the levels' or the draft phase's replays
     assert len(trees_g) == len(trees_e) > 3
-    for (tok_g, par_g, alive_g, q_g), (tok_e, par_e, alive_e, q_e) in zip(trees_g, trees_e, strict=True):
+    for (tok_g, par_g, _, alive_g, q_g), (tok_e, par_e, _, alive_e, q_e) in zip(trees_g, trees_e, strict=True):
         assert (tok_g, par_g) == (tok_e, par_e)
         assert alive_g == alive_e or (alive_e is None and all(alive_g))
         assert (q_g is None) == (q_e is None)
