@@ -131,17 +131,17 @@ def speculative_cycle(
     rule: AcceptanceRule,
     clock: Clock,
     acceptance: str = "auto",
-    verify_step: str = "auto",
+    verify_graphs: str = "auto",
 ) -> tuple[Mark, Mark, Mark]:
     """Draft a tree (``st.policy`` on ``session``), verify it in one target forward, commit root + accepted drafts,
     advance ``st`` (``DecodeState.advance``: the policy and the gate learn how the tree fared). ``acceptance``: where
-    acceptance runs (``verify.verify_cycle``); ``verify_step``: the verify as one graph replay or op by op
+    acceptance runs (``verify.verify_cycle``); ``verify_graphs``: the verify as one graph replay or op by op
     (``tree_step``; ``engine.graphs.verify``). Returns the clock marks drafted, verified, done."""
     tree = st.policy.propose(session, st.room)
     session.drafter.rollback()
     drafted = clock.mark()
     entropy = st.gate is not None
-    step = tree_step.step_for(target, tree, sp, rule, entropy, verify_step, acceptance)
+    step = tree_step.step_for(target, tree, sp, rule, entropy, verify_graphs, acceptance)
     if step is not None:  # forward, processing, acceptance and the packed verdict: one replay, one read
         read, feats = step.verify(tree, session.root_gen, st.generator)
     else:
