@@ -241,3 +241,23 @@ def test_a_run_records_its_provenance_and_a_resume_by_other_code_warns(
     assert len(warned) == 1 and "\n" not in warned[0] and (code["commit"] is None or code["commit"] in warned[0])
     commits = rundir.read_provenance(out)["commits"]  # type: ignore[index]
     assert [c["commit"] for c in commits] == ["f" * 40, code["commit"]]
+
+
+def test_a_run_saved_before_a_key_moved_groups_with_todays(tmp_path: Path) -> None:
+    """``reporting.load``'s config id reads ``run_config.json`` through ``migrate_run_config``: the shard of a run
+    saved with ``engine.verify_step`` and one saved with ``engine.graphs.verify`` are one config; another value is
+    another."""
+    from adtbench.reporting.load import _config_id
+
+    graphs = {"step": "auto", "verify": "eager", "levels": "auto"}
+    docs = {
+        "old": {"engine": {"compile": True, "verify_step": "eager"}, "dataset": {"shard": "0/2"}},
+        "new": {"engine": {"compile": True, "acceptance": "auto", "graphs": graphs}, "dataset": {"shard": "1/2"}},
+        "other": {"engine": {"compile": True, "verify_step": "graph"}, "dataset": {"shard": "0/2"}},
+    }
+    ids = {}
+    for name, doc in docs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / rundir.RUN_CONFIG_FILE).write_text(json.dumps({**RESUME_NEW_KEYS, **doc}))
+        ids[name] = _config_id(tmp_path / name, SimpleNamespace())  # type: ignore[arg-type]
+    assert ids["old"] == ids["new"] != ids["other"]

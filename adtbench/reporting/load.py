@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adtbench.harness.records import Summary, moved_graph_keys
+from adtbench.harness.records import Summary, migrate_run_config, moved_graph_keys
 from adtbench.harness.rundir import (
     find_runs,
     is_merged_run,
@@ -44,9 +44,12 @@ SAMPLE_FIELDS = (
 
 
 def _config_id(run_dir: Path, summary: Summary) -> str:
-    """Hash of the run's config without its shard (``run_config.json``; else the summary's choices/params)."""
+    """Hash of the run's config without its shard (``run_config.json`` as today's fingerprint reads it:
+    ``migrate_run_config``, so a run saved before a key moved groups with today's; else the summary's
+    choices/params)."""
     cfg = read_run_config(run_dir)
     if cfg is not None:
+        cfg = migrate_run_config(cfg)
         if isinstance(cfg.get("dataset"), dict):
             cfg["dataset"].pop("shard", None)
     else:
