@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
-from adtbench.algorithm.drafters.draft_phase import DraftPhase
+from adtbench.algorithm.drafters.draft_phase import DraftPhase, logprob_dtype
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import (
@@ -137,6 +137,7 @@ def eagle2_device_steps(
         depth=d,
         ancestor_mask=anc,
         max_children=K,
+        static=graphs is not None and budget is None,  # a graph's outputs
     )
 
 
@@ -209,7 +210,7 @@ def _graphed_candidates(
     k0 = kk = min(K, V)
     cap_r = max(ROUND_CAP, rounds)
     cap = k0 + cap_r * K * kk
-    dtype = torch.promote_types(graphs.dtype, torch.float32)  # the processed log-probs' dtype
+    dtype = logprob_dtype(graphs.dtype)  # the processed log-probs' dtype
     sc = graphs.buffer(f"e2.score.{K}.{cap}", (cap,), dtype)
     tk = graphs.buffer(f"e2.token.{K}.{cap}", (cap,), torch.long)
     pr = graphs.buffer(f"e2.parent.{K}.{cap}", (cap,), torch.long)
