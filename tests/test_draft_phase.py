@@ -25,7 +25,7 @@ POLICIES = small_tree_policies()
 @pytest.mark.parametrize(
     "name,temperature",
     [("static", 0.0), ("static_sampled", 1.0), ("chain", 1.0), ("eagle2", 1.0), ("adt_fixed", 0.0),
-     ("eagle2_cost", 1.0)],
+     ("eagle2_cost", 0.0)],
 )  # fmt: skip
 def test_the_phase_builds_the_per_level_trees(name: str, temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """float64 on the simulated CUDA device: the draft phase as one replay and the per-level replays
@@ -107,6 +107,8 @@ COUNTED = {
     "static": ("policy=static",),
     "chain": ("policy=chain",),
     "adt_fixed": ("policy=adt", "policy.budget=fixed"),
+    "eagle2_cost": ("policy=eagle2", "policy.budget=cost"),  # the node count chosen in the phase, read with the verdict
+    "adt_cost": ("policy=adt",),
 }
 
 

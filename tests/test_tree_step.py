@@ -64,7 +64,7 @@ def drafted(res: Any) -> int:
     return sum(c.drafted_depth > 0 for c in res.cycles)
 
 
-@pytest.mark.parametrize("name", ["static", "chain", "eagle2", "adt_fixed", "adt_cost", "gate"])
+@pytest.mark.parametrize("name", ["static", "chain", "eagle2", "eagle2_cost", "adt_fixed", "adt_cost", "gate"])
 def test_greedy_equals_ar_through_the_step(name: str) -> None:
     """Greedy decoding through the step gives AR greedy's tokens; every drafted cycle is one launch of a step."""
     with accel.simulate():

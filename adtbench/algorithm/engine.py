@@ -18,7 +18,8 @@ The cycle stays on the device. Tree, verify forward, acceptance (``verify.accept
 inputs are device tensors; the host learns once per cycle what it must know — the accepted count and path, the
 bonus token, the realised depth and live nodes (ADT-Tree, the records), the entropy of the bonus's distribution
 (the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
-count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. Where the
+count before the verify (``cost.TreeBudget.choose``) — in the draft phase's graph it is chosen on the device and
+read with the verdict (``policies.eagle2``); the AR baseline reads its tokens once per image. Where the
 target's verifies are captured as graphs (``engine.compile`` on a GPU) the verify forward, logits processing,
 acceptance and the packed verdict are one graph replay (``tree_step``, ``engine.graphs.verify``). When the
 device is the CPU, the cycle's decisions run on the host by default (``acceptance``: ``auto``): acceptance as the

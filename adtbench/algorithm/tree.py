@@ -22,7 +22,7 @@ of nodes without children are unused). Trees without it are point-mass (determin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -35,7 +35,9 @@ class DraftTree:
     fields (host values). ``depth``, ``ancestor_mask``, ``max_children`` and ``child_ranks`` may be given by a builder
     that knows them (static shapes); otherwise they are derived from ``parents``. ``static``: every tensor given is a
     static buffer that a graph rewrites in place (a draft phase's, ``drafters.draft_phase``): a graphed verify reads
-    them inside its replay instead of copying them in (``tree_step``)."""
+    them inside its replay instead of copying them in (``tree_step``). ``readout``: float64 scalars the policy decided
+    on the device (``budget: cost``'s node count, ``policies.eagle2``), read with the verdict and handed to
+    ``on_read`` (a static tree's only: the tree step packs them into its one read)."""
 
     def __init__(
         self,
@@ -52,9 +54,12 @@ class DraftTree:
         max_children: int | None = None,
         child_ranks: torch.Tensor | None = None,
         static: bool = False,
+        readout: torch.Tensor | None = None,
+        on_read: Callable[[list[float]], None] | None = None,
     ) -> None:
         dev = tokens.device
         self.static = static
+        self.readout, self.on_read = readout, on_read
         self.tokens = tokens
         self.drafted_depth, self.width = drafted_depth, width
         self.info: dict[str, float | int | str] = {} if info is None else info

@@ -24,7 +24,9 @@ function of static device buffers, captured per (node bucket b, attention width 
   every real node.
 - **The verdict** is ``verify.pack_verdict`` at the fixed width b: (accepted + 1, bonus, realised depth,
   live nodes, the gate's entropy where a gate reads it), the node ids in path-first order and their tokens, and the
-  committed tokens after the root (``following``).
+  committed tokens after the root (``following``); after it, in the same buffer and the same read, a static tree's
+  ``readout`` (≤ ``READOUT`` scalars a policy decided in the draft phase: ``budget: cost``'s node count), handed to
+  the tree's ``on_read``.
 - **The KV commit** (``_commit``): the accepted path's K/V moved to columns L … L + a at the bucket's fixed shape (all
   b columns in path-first order), those columns marked in the target's pinned ``valid`` / ``key_bias`` and the
   positions advanced — inside the replay, so the host only keeps the counters (``Target.committed``). The path's
@@ -71,6 +73,8 @@ from adtbench.graph_runner import GraphRunner, runner_for, runners_of
 from adtbench.models.base import Target
 from adtbench.sampling_params import SamplingParams
 
+READOUT = 4  # float64 scalars a static tree may hand the host in the verdict's read (``DraftTree.readout``)
+
 
 class TreeStep(GraphRunner):
     """The static buffers and per-width graphs of one (target bucket b, sampling setting, rule, ranks, proposal
@@ -109,7 +113,9 @@ class TreeStep(GraphRunner):
         self.valid, self.bias = target.pinned_masks()  # the committed columns [R, C]: the target's, one storage
         self.next_pos = buffer("next_pos", (static.rows,), long)  # the positions after the commit (target.next_pos)
         self.draws = buffer("draws", (b + 1,), torch.float64)
-        self.packed = buffer("packed", (VERDICT_HEAD + int(entropy) + 2 * b,), torch.float64)
+        size = VERDICT_HEAD + int(entropy) + 2 * b
+        self.verdict = buffer("verdict", (size + READOUT,), torch.float64)  # what the host reads, at once
+        self.packed, self.readout = self.verdict[:size], self.verdict[size:]  # the tree's readout after the verdict
         self.order = buffer("order", (b,), long)  # the node ids, the accepted path first (in node order)
         self.following = buffer("following", (b,), long)  # the committed tokens after the root: the drafts, the bonus
         # the accepted path's K/V moved inside the step (a pinned ``StaticKVCache``): the host keeps the counters
@@ -183,7 +189,12 @@ class TreeStep(GraphRunner):
         self.fill(tree, root_gen, generator)
         self.raw, feats = self.launch(self.bucket._width_for(t.length + b))
         t.forwards += 1
-        acc, root, tokens, extra = unpack_verdict(self.packed.tolist(), b, int(self.entropy))
+        values = self.verdict.tolist()
+        acc, root, tokens, extra = unpack_verdict(values, b, int(self.entropy))
+        source = self.source
+        if source is not None and source.readout is not None and source.on_read is not None:
+            size = self.packed.numel()
+            source.on_read(values[size : size + source.readout.numel()])
         k = acc.accepted + 1
         keep = self.order[:k]
         if self.commits:  # moved, marked and the positions advanced in the replay
@@ -202,6 +213,8 @@ class TreeStep(GraphRunner):
         KV commit (``_commit``)."""
         if source is not None:
             self._copy_tree(source)
+            if source.readout is not None:
+                self.readout[: source.readout.numel()].copy_(source.readout)
         raw, feats = self._step(K)
         self.path_feats.copy_(feats.index_select(1, self.order))
         if self.commits:
@@ -258,7 +271,8 @@ class TreeStep(GraphRunner):
 
 def _storages(tree: DraftTree) -> tuple[int, ...]:
     """The data pointers of a static tree's tensors (a graph per source: it reads those addresses)."""
-    parts = (tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, tree.alive, tree.proposal, tree._child_ranks)
+    parts = (tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, tree.alive, tree.proposal, tree._child_ranks,
+             tree.readout)  # fmt: skip
     return tuple(-1 if x is None else x.data_ptr() for x in parts)
 
 
