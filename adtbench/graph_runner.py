@@ -2,10 +2,10 @@
 ``CudaGraphRunner`` model: every graphed part builds on it).
 
 Its users — the static verify buckets (``models.graphs``), the Jacobi device step (``algorithm.methods.jacobi.step``),
-the tree verify step (``algorithm.tree_step``) and the drafting levels (``algorithm.drafters.graphed``) — subclass
-``GraphRunner`` and hand it *programs*: functions of no argument that read and write only the runner's static buffers
-(and the models' pinned caches), at the shapes their key fixes (a node bucket, an attention width, a level). The
-runner owns
+the tree verify step (``algorithm.tree_step``), the drafting levels (``algorithm.drafters.graphed``) and the drafter's
+catch-up (``algorithm.drafters.catch_up``) — subclass ``GraphRunner`` and hand it *programs*: functions of no
+argument that read and write only the runner's static buffers (and the models' pinned caches and masks), at the shapes
+their key fixes (a node bucket, an attention width, a level). The runner owns
 
 - ``graphs``: shape key → ``accel_graphs.Graph`` (a CUDA graph on a GPU, its stand-in elsewhere: the only caller of
   ``accel_graphs.capture``). A graph holds the storages its capture touched alive for as long as it lives

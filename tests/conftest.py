@@ -121,17 +121,22 @@ def small_tree_policies() -> dict[str, Callable[[], Any]]:
 
 
 def recording_trees(policy: Any) -> Any:
-    """``policy`` with every proposed tree kept in ``policy.trees`` as host copies: (tokens, parents, (depth,
-    ancestor mask), alive, proposal) — the graphed-level and draft-phase tests compare them across paths."""
+    """``policy`` with every proposed tree kept in ``policy.trees`` as host copies of its live nodes: (tokens,
+    parents renumbered over them (the root's −1), (depth, ancestor mask), None, proposal rows) — the graphed-level and
+    draft-phase tests compare them across paths (``budget: cost`` in the draft phase verifies the tree at the bucket
+    of the kept candidates with the nodes past its N dead, the host path builds the N nodes alone)."""
     trees: list[tuple[Any, ...]] = []
     propose = policy.propose
 
     def wrapped(session: Any, max_depth: int) -> Any:
         tree = propose(session, max_depth)
-        alive = None if tree.alive is None else tree.alive.cpu().tolist()
-        q = None if tree.proposal is None else tree.proposal.cpu()
-        shape = (tree.depth.cpu().tolist(), tree.ancestor_mask.cpu().tolist())
-        trees.append((tree.tokens.cpu().tolist(), tree.parents.cpu().tolist(), shape, alive, q))
+        live = list(range(tree.size)) if tree.alive is None else torch.nonzero(tree.alive.cpu())[:, 0].tolist()
+        new = {old: i for i, old in enumerate(live)}
+        tokens, parents, depth = (x.cpu().tolist() for x in (tree.tokens, tree.parents, tree.depth))
+        anc = tree.ancestor_mask.cpu()[live][:, live].tolist()
+        q = None if tree.proposal is None else tree.proposal.cpu()[live]
+        shape = ([depth[i] for i in live], anc)
+        trees.append(([tokens[i] for i in live], [new.get(parents[i], -1) for i in live], shape, None, q))
         return tree
 
     policy.propose = wrapped

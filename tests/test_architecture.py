@@ -312,8 +312,8 @@ def graph_makers(p: Path) -> list[str]:
 
 
 def test_only_the_graph_runner_makes_graphs() -> None:
-    """One graph runner (``graph_runner.GraphRunner``): the static buckets, the Jacobi step, the tree verify step and
-    the drafting levels build on it; no other module captures a graph itself."""
+    """One graph runner (``graph_runner.GraphRunner``): the static buckets, the Jacobi step, the tree verify step,
+    the drafting levels and the drafter's catch-up build on it; no other module captures a graph itself."""
     owners = {"adtbench.graph_runner", "adtbench.accel_graphs"}
     bad = {m: v for m, p in sorted(modules().items()) if m not in owners and (v := graph_makers(p))}
     assert not bad, bad
@@ -331,6 +331,7 @@ def test_the_graph_maker_check_catches_what_it_should(tmp_path: Path) -> None:
 
 def test_the_graphed_parts_are_graph_runners() -> None:
     """Each user of the runner is one (subclass): none keeps a graphs dict or a capture of its own."""
+    from adtbench.algorithm.drafters.catch_up import CatchUp
     from adtbench.algorithm.drafters.graphed import LevelGraphs
     from adtbench.algorithm.methods.jacobi.step import JacobiStep
     from adtbench.algorithm.tree_step import TreeStep
@@ -338,7 +339,7 @@ def test_the_graphed_parts_are_graph_runners() -> None:
     from adtbench.models.batch import StaticBatchVerify
     from adtbench.models.graphs import StaticDraft, StaticVerify
 
-    for cls in (JacobiStep, TreeStep, LevelGraphs, StaticVerify, StaticDraft, StaticBatchVerify):
+    for cls in (JacobiStep, TreeStep, LevelGraphs, CatchUp, StaticVerify, StaticDraft, StaticBatchVerify):
         assert issubclass(cls, GraphRunner), cls
         own = {k for c in cls.__mro__[: cls.__mro__.index(GraphRunner)] for k in vars(c)}
         assert not own & {"replay_or_run", "capture", "buffer", "drop"}, (cls, own)

@@ -1,7 +1,14 @@
-"""The draft phase as one replay (``algorithm/drafters/draft_phase.py``): every level, the rerank and the tree of a
-cycle in one graph, the same trees as the per-level graphs, greedy = AR, one replay per drafted cycle."""
+"""A tree cycle in three replays and one read (issue 51), on the simulated CUDA device: the draft phase as one replay
+(``algorithm/drafters/draft_phase.py``: every level, the rerank and the tree of a cycle in one graph — the same trees
+as the per-level graphs, greedy = AR, one replay per drafted cycle), the verify with its KV commit
+(``algorithm/tree_step.py``) and the drafter's catch-up (``algorithm/drafters/catch_up.py``) one replay each; the
+count per cycle (``bench overhead bench.count=true``); planted failures: a draw inside the phase, a mask for the wrong
+bucket. The T = 1 laws through the whole graphed cycle: ``tests/test_laws.py`` (``*-cycle-graphed-*``)."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +25,7 @@ POLICIES = small_tree_policies()
 @pytest.mark.parametrize(
     "name,temperature",
     [("static", 0.0), ("static_sampled", 1.0), ("chain", 1.0), ("eagle2", 1.0), ("adt_fixed", 0.0),
-     ("eagle2_cost", 1.0)],
+     ("eagle2_cost", 0.0)],
 )  # fmt: skip
 def test_the_phase_builds_the_per_level_trees(name: str, temperature: float, monkeypatch: pytest.MonkeyPatch) -> None:
     """float64 on the simulated CUDA device: the draft phase as one replay and the per-level replays
@@ -93,3 +100,53 @@ def test_a_draw_inside_the_draft_phase_is_refused(monkeypatch: pytest.MonkeyPatc
         monkeypatch.setattr(torch.Tensor, "log", drawn_log)
         with pytest.raises(accel_graphs.GraphError, match="draws random numbers"):
             generate(target, drafter, POLICIES["static_sampled"](), inputs, sp, g)
+
+
+COUNTED = {
+    "eagle2": ("policy=eagle2",),
+    "static": ("policy=static",),
+    "chain": ("policy=chain",),
+    "adt_fixed": ("policy=adt", "policy.budget=fixed"),
+    "eagle2_cost": ("policy=eagle2", "policy.budget=cost"),  # the node count chosen in the phase, read with the verdict
+    "adt_cost": ("policy=adt",),
+}
+
+
+@pytest.mark.parametrize("name", list(COUNTED))
+def test_a_tree_cycle_is_three_replays_and_one_read(name: str, tmp_path: Path) -> None:
+    """``bench overhead bench.count=true`` on the simulated device with ``engine.compile=true`` (tiny LlamaGen, the
+    smoke prompt): per cycle at most 3 graph replays (the catch-up, the draft phase, the verify with its KV commit),
+    at most 15 engine kernels outside them and at most one host read (issue 51's goal; ``docs/speed.md``)."""
+    from adtbench.tools.bench import main as bench_main
+
+    out = tmp_path / "count.json"
+    with accel.simulate():
+        args = ["overhead", "model=tiny_llamagen", "dataset=smoke", "model.device=cuda", "engine.compile=true",
+                "threads=1", "bench.count=true", "bench.prompts=1", *COUNTED[name], f"bench.out={out}"]  # fmt: skip
+        assert bench_main(args) == 0
+    r = json.loads(out.read_text())
+    assert r["cycles"] > 5
+    got = (r["graph_replays_per_cycle"], r["engine_kernels_per_cycle"], r["host_reads_per_cycle"])
+    assert got[0] <= 3.0 and got[1] <= 15.0 and got[2] <= 1.0, got
+
+
+def test_a_mask_for_the_wrong_bucket_fails() -> None:
+    """Planted: each tree step's ancestor mask swapped for another buffer of its shape (a mask not the bucket's own,
+    as another bucket's step holds) after its graphs were captured — on CUDA the replay would keep reading the
+    captured mask and verify the wrong tree; the stand-in refuses the replay."""
+    import adtbench.algorithm.tree_step as TS
+
+    with accel.simulate():
+        target, drafter = tiny("tiny_llamagen", dtype="float32", device="cuda")
+        target.request_static(graphs=True)
+        drafter.request_static(graphs=True)
+        sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
+        inputs = target.encode_prompt("two blue squares on a striped floor", cfg=True)
+        ar = decode_ar(target, inputs, sp, None)
+        assert generate(target, drafter, POLICIES["eagle2"](), inputs, sp, None).tokens == ar.tokens
+        steps = [s for s in TS.steps_of(target) if s.graphs]
+        assert steps
+        for step in steps:
+            step.anc = step.anc.clone()
+        with pytest.raises(accel_graphs.GraphError, match=r"no live tensor owns|never read"):
+            generate(target, drafter, POLICIES["eagle2"](), inputs, sp, None)

@@ -27,6 +27,7 @@ from conftest import ROOT, pooled_chisquare, static_runs, synthetic_cost_model, 
 from omegaconf import OmegaConf
 
 from adtbench.algorithm.cost import TreeBudget, random_tree
+from adtbench.algorithm.drafters.catch_up import catch_up_replays
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies import POLICIES as POLICY_BUILDERS
@@ -147,7 +148,8 @@ def test_sampling_law_matches_ar_on_the_device(name: str) -> None:
         counts[tuple(generate(target, drafter, POLICIES[name](), inputs, sp, g).tokens[:3])] += 1
     assert pooled_chisquare(counts, expected, n)[0] > 1e-3
     if graphed:
-        assert drafter.level_graphs is not None and drafter.level_graphs.level_replays > n
+        lg = drafter.level_graphs  # one draft-phase replay per drafted cycle (``drafters.draft_phase``)
+        assert lg is not None and lg.replays >= n
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -302,6 +304,7 @@ def test_graphs_replay_every_bucket_up_to_128_and_nothing_falls_back() -> None:
     target, drafter = _graphed("tiny_llamagen", "float32")
     sp = SamplingParams(temperature=0.0, cfg_scale=3.0)
     verifies = drafter_calls = 0
+    caught_up = catch_up_replays(drafter)
     with static_runs() as runs:
         for prompt, tree in (("a red circle", WIDE_64), ("two blue squares on a striped floor", WIDE_128)):
             inputs = target.encode_prompt(prompt, cfg=True)
@@ -318,7 +321,9 @@ def test_graphs_replay_every_bucket_up_to_128_and_nothing_falls_back() -> None:
     # AR steps at bucket 1; the drafted trees through the graphed tree verify (``tree_step``) at buckets 64 and 128
     assert {("StaticVerify", 1), ("TreeStep", 64), ("TreeStep", 128), ("StaticDraft", 64)} <= replayed
     assert sum(n for (kind, _, _), n in runs.items() if kind in ("StaticVerify", "TreeStep")) == verifies
-    assert sum(n for (kind, _, _), n in runs.items() if kind == "StaticDraft") == drafter_calls
+    # every drafter forward: a static bucket's replay, or a catch-up after a graphed verify (``drafters.catch_up``)
+    static_draft = sum(n for (kind, _, _), n in runs.items() if kind == "StaticDraft")
+    assert static_draft + catch_up_replays(drafter) - caught_up == drafter_calls
     # the drafter's bucket 128: the decode loop's extend of 65 … 128 committed slots (a long accepted run), against
     # the eager variable-shape extend of the same slots
     rows, H, dev = 2, target.hidden_size, target.device
@@ -341,8 +346,8 @@ GRAPHED_LEVELS = ["static", "static_sampled", "chain", "eagle2", "eagle2_cost", 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graphed_drafting_levels_replay_once_per_level(dtype: str) -> None:
     """``engine.compile``'s graphed drafting levels (``drafters.graphed``) on the device, every tree policy: greedy
-    decoding gives AR greedy's tokens, every drafting level of every cycle is exactly one graph replay (the levels
-    the records count), the trees of a fixed-size EAGLE-2 / ADT budget one more, and T = 1 decodes run (tokens in
+    decoding gives AR greedy's tokens, every drafted cycle's levels (and a fixed-size EAGLE-2 / ADT tree's rerank)
+    are exactly one graph replay, the draft phase (``drafters.draft_phase``), and T = 1 decodes run (tokens in
     the image range) — in float32 and in bf16 (the 7B shape's dtype). (CI's cheap subset has the same checks on the
     simulated device in ``tests/test_graphed_levels.py``.)"""
     target, drafter = _graphed("tiny_llamagen", dtype)
@@ -360,9 +365,8 @@ def test_graphed_drafting_levels_replay_once_per_level(dtype: str) -> None:
                 assert lg is not None, name
                 levels = sum(c.drafted_depth for c in res.cycles)
                 drafted = sum(c.drafted_depth > 0 for c in res.cycles)
-                assert lg.level_replays - before[0] == levels > 0, (name, lg.level_replays - before[0], levels)
-                trees = drafted if name in ("eagle2", "adt_fixed") else 0
-                assert lg.tree_replays - before[1] == trees, name
+                assert levels > 0 and lg.level_replays - before[0] == 0, (name, lg.level_replays - before[0], levels)
+                assert lg.tree_replays - before[1] == drafted, name  # the draft phase: one replay per cycle
                 if temperature == 0.0:
                     assert res.tokens == decode_ar(target, inputs, sp, None).tokens, (name, prompt)
                 assert all(0 <= t - target.layout.image_token_offset < target.layout.num_codes for t in res.tokens)

@@ -21,6 +21,7 @@ from omegaconf import OmegaConf
 import adtbench.algorithm.tree_step as TS
 from adtbench import accel, accel_graphs
 from adtbench.algorithm.cost import random_tree
+from adtbench.algorithm.drafters.catch_up import catch_up_of
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.engine import decode_ar, generate, prefill
 from adtbench.algorithm.policies import POLICIES
@@ -325,16 +326,20 @@ def test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens() -> N
         for st in (target.static, drafter.static):
             assert st is not None and st.widths == few_widths(st.capacity)
             assert st.captures == sum(len([w for w in st.widths if w >= b]) for b in st.buckets)
-            widths = [w for step in st.steps.values() for w, g in step.graphs.items() if g.replays]
-            assert len({w for w in widths if w < st.capacity}) >= 3
+        widths = [w for step in target.static.steps.values() for w, g in step.graphs.items() if g.replays]
+        assert len({w for w in widths if w < target.static.capacity}) >= 3
         levels = drafter.level_graphs  # the graphed drafting levels (``drafters.graphed``), captured at first use
         assert levels is not None and levels.captures > 0
+        # the drafter's catch-ups (``drafters.catch_up``): one graph per (step, slot bucket, width) used
+        catch_up = catch_up_of(drafter)
+        assert catch_up is not None and catch_up.replays > 0
+        assert len({key[2] for key in catch_up.graphs if key[2] < drafter.static.capacity}) >= 3
         trees = TS.steps_of(target)  # the drafted trees' verifies (``tree_step``), one graph per (bucket, width) used
         tree_graphs = [g for step in trees for g in step.graphs.values()]
-        assert trees and len({w for step in trees for w in step.graphs if w < target.static.capacity}) >= 3
+        assert trees and len({K for step in trees for K, _ in step.graphs if target.static.capacity > K}) >= 3
         assert all(g.replays for g in tree_graphs)
         assert sim.counts["graph_captures"] == (
-            target.static.captures + drafter.static.captures + levels.captures + len(tree_graphs)
+            target.static.captures + drafter.static.captures + levels.captures + len(tree_graphs) + len(catch_up.graphs)
         )
     with accel.simulate():  # the same greedy tokens as the variable-shape path on the host
         plain, _ = tiny(model, dtype="float32")

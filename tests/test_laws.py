@@ -21,16 +21,18 @@ asserts which paths its images ran (``PathWatch``, ``required_paths``: each in �
 - ``pac``: a 1 × 5 image over 4 codes at T = 1, top-k 3 (243 images; N = 13 000: 243 cells) — SJD-PAC's headline:
   with K = 2 < 3 codes per position the candidates are not the whole support, so a second candidate is tested
   against the reduced q, every live candidate can be refused (the bonus from the final residual), and five tokens
-  give the main chain and the adaptive continuation room to run.
+  give the main chain and the adaptive continuation room to run;
+- ``k2w4-cycle-graphed``: a 1 × 4 image over 3 codes at T = 1, top-k 2 (16 images; N = 720: 16 cells), a one-layer
+  target on the simulated CUDA device with ``engine.compile``'s graphs — the whole graphed tree cycle.
 
 Tiers (``TIERS``): *headline*, one test per lossless policy, TV ≤ 0.05; *setting* (longer images, the warper,
-the end-of-line layout) and *variant* (the other inits, acceptance paths, proposals and windows), cheaper, at the
-weaker bound each states (CI time: docs/development.md, "Law tests with stated power"). The negative controls are
-the real failure modes, each planted into the library's path and each rejected (p < 10⁻³) by the same test that
-the exact code passes at the same N: the SCD authors' stored proposal for a kept draft, a residual re-processed by
-the warper (planted into the exact fast path EAGLE-2 takes), a bonus after a full accept drawn from the wrong row,
-SJD-PAC's q not reduced after a refused candidate. A direct test checks that the coupled redraw's
-output is distributed as p (``jacobi.redraw`` on x ~ q_old).
+the end-of-line layout), *variant* (the other inits, acceptance paths, proposals and windows) and *cycle* (the whole
+graphed tree cycle), cheaper, at the weaker bound each states (CI time: docs/development.md, "Law tests with stated
+power"). The negative controls are the real failure modes, each planted into the library's path and each rejected
+(p < 10⁻³) by the same test that the exact code passes at the same N: the SCD authors' stored proposal for a kept
+draft, a residual re-processed by the warper (planted into the exact fast path EAGLE-2 takes), a bonus after a full
+accept drawn from the wrong row, SJD-PAC's q not reduced after a refused candidate. A direct test checks that the
+coupled redraw's output is distributed as p (``jacobi.redraw`` on x ~ q_old).
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from adtbench import accel
 from adtbench.algorithm import laws as L
 from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.cost import TreeBudget
+from adtbench.algorithm.drafters.catch_up import catch_up_replays
 from adtbench.algorithm.engine import generate
 from adtbench.algorithm.methods.jacobi.loop import JacobiParams
 from adtbench.algorithm.methods.lantern import LanternRule
@@ -74,6 +77,7 @@ with probability ≥ 0.9, and the law the case tests at its N is the B = 1 loop'
 HEADLINE_N, HEADLINE_TV = {"t1": 6500, "t3": 4500, "q3": 5000, "long": 7000, "pac": 13000}, 0.05
 SETTING_N, SETTING_TV = 2200, 0.095
 VARIANT_N, VARIANT_TV = 1000, 0.12
+CYCLE_N = 720
 """Images per test and the TV it detects from AR's law over its cells with probability ≥ 0.9 at α = 10⁻³, per tier
 (``TIERS``; each test prints its own, smaller or equal)."""
 
@@ -91,20 +95,29 @@ class Setup:
 
 
 def _setup(
-    name: str, vocab: int, sp: SamplingParams, layout: dict | None = None, graphed: bool = False, step: bool = False
+    name: str,
+    vocab: int,
+    sp: SamplingParams,
+    layout: dict | None = None,
+    graphed: bool = False,
+    step: bool = False,
+    layers: int = 2,
 ) -> Setup:
     """``graphed``: the models on the simulated CUDA device (``accel.simulate``, entered by the caller) with
     ``engine.compile``'s graphs — the drafter's levels graphed (``drafters.graphed``) — and the law computed there.
     ``step``: the target's verifies on static CPU buckets (``request_static``, not captured), where
-    ``engine.graphs.verify=graph`` runs the graphed tree verify's fixed-shape step eagerly (``algorithm.tree_step``)."""
+    ``engine.graphs.verify=graph`` runs the graphed tree verify's fixed-shape step eagerly (``algorithm.tree_step``);
+    with ``graphed`` too, the target's verifies captured: the whole cycle as ``engine.compile`` runs it on a GPU — the
+    draft phase, the tree step with its KV commit, the drafter's catch-up, one replay each. ``layers``: the target's.
+    """
     device = {"device": "cuda"} if graphed else {}
-    over = {"arch.vocab_size": vocab, "arch.block_size": 16, "vq.kind": "none", **device}
+    over = {"arch.vocab_size": vocab, "arch.block_size": 16, "arch.n_layer": layers, "vq.kind": "none", **device}
     target, drafter = tiny("tiny_llamagen", **over)
     target.layout = dataclasses.replace(target.layout, **{"grid_h": 2, "grid_w": 2, **(layout or {})})
     if graphed:
         drafter.request_static(graphs=True)
     if step:
-        target.request_static(graphs=False)
+        target.request_static(graphs=graphed)
     inputs = target.encode_prompt("a red circle", cfg=True)
     return Setup(name, target, drafter, sp, inputs, L.exact_law(target, inputs, sp))
 
@@ -130,6 +143,15 @@ SETUPS: dict[str, Callable[[], Setup]] = {
     ),
     "t3-step": lambda: _setup(
         "t3-step", 3, SamplingParams(temperature=1.0, cfg_scale=3.0), {"grid_h": 1, "grid_w": 3}, step=True
+    ),
+    "k2w4-cycle-graphed": lambda: _setup(  # 16 images; a one-layer target, whose top 2 the drafter's often misses: a
+        "k2w4-cycle-graphed",  # two-child tree is refused, and a second drafted cycle (the catch-up) follows
+        3,
+        SamplingParams(temperature=1.0, top_k=2, cfg_scale=3.0),
+        {"grid_h": 1, "grid_w": 4},
+        graphed=True,
+        step=True,
+        layers=1,
     ),
 }
 _CACHE: dict[str, Setup] = {}
@@ -225,10 +247,21 @@ VARIANT: dict[str, Case] = {
 }  # fmt: skip
 """The other inits, acceptance paths, proposals and windows of each policy: ``VARIANT_N``."""
 
+CYCLE: dict[str, Case] = {
+    "static-sampled-cycle-graphed-k2w4": ("k2w4-cycle-graphed", lambda: StaticTreePolicy([[0], [1]], "sample"),
+                                          "drafter", exact, "device", 1),
+    "eagle2-cycle-graphed-k2w4": ("k2w4-cycle-graphed", lambda: Eagle2Policy(depth=1, top_k=2, total_tokens=4),
+                                  "drafter", exact, "device", 1),
+}  # fmt: skip
+"""The whole graphed tree cycle on the simulated device (``engine.compile``: the draft phase, the tree step with its KV
+commit, the drafter's catch-up — one replay each; ``tests/test_draft_phase.py``), one policy for every image (its
+graphs captured once): ``CYCLE_N`` images of 4 tokens, 16 cells, at the variant tier's bound."""
+
 TIERS: dict[str, tuple[dict[str, Case], int | dict[str, int], float]] = {
     "headline": (HEADLINE, HEADLINE_N, HEADLINE_TV),
     "setting": (SETTING, SETTING_N, SETTING_TV),
     "variant": (VARIANT, VARIANT_N, VARIANT_TV),
+    "cycle": (CYCLE, CYCLE_N, VARIANT_TV),
 }
 """tier → (cases, images per test (per setup), the TV each test states it detects at 90 % power)."""
 ALL: dict[str, tuple[Case, int, float]] = {
@@ -397,13 +430,14 @@ def sample_images(
         return counts, accepted / n, extra / n
     graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
     step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
-    launches = sum(x.launches for x in TS.steps_of(s.target))
+    whole_cycle = setup_name.endswith("cycle-graphed")  # one policy: its graphs captured once, replayed by every image
+    launches, caught_up = sum(x.launches for x in TS.steps_of(s.target)), catch_up_replays(s.drafter)
     with accel.simulate() if graphed else contextlib.nullcontext():
         g = torch.Generator(device="cuda" if graphed else "cpu").manual_seed(seed)
         models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
         pol = make()
         for _ in range(n):
-            p = pol if aux == "jacobi" else make()
+            p = pol if aux == "jacobi" or whole_cycle else make()
             p.graphs = GraphModes(verify=step)  # engine.graphs.verify
             res = generate(s.target, models, p, s.inputs, s.sp, g, rule, where)
             counts[tuple(res.tokens)] += 1
@@ -411,10 +445,12 @@ def sample_images(
             extra += res.stats[stat] if stat else 0
             if paths is not None:
                 paths.image(g, res, chain, depth)
-    if graphed:  # every level of every drafted cycle was a graph replay
+    if graphed:  # every level of every drafted cycle was a graph replay (one per level, or the draft phase's)
         assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
-    if step == "graph":  # the drafted cycles were verified by the tree step
+    if step == "graph" or whole_cycle:  # the drafted cycles were verified by the tree step
         assert sum(x.launches for x in TS.steps_of(s.target)) - launches >= n
+    if whole_cycle:  # and the drafter caught up by its graph after a verify, in a quarter of the images at least
+        assert catch_up_replays(s.drafter) - caught_up >= n // 4
     return counts, accepted / n, extra / n
 
 

@@ -258,6 +258,14 @@ class TreeBudget:
         self.next_rounds = int(stop.argmax())
         return int(n[L]), float(cums[L, n[L]])
 
+    def tables(self, level_sizes: list[int], max_n: int, frontier: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """What ``choose`` (``plan``) reads besides the candidates and ``c``: the cost spent after each number of rounds
+        ``[L + 1]``, ``t_verify(1 … max_n + 1 + frontier)`` and ``t_level(frontier)`` — constants of the cost model and
+        the levels drafted, for the rule's device copy (``policies.eagle2._cost_tree``: inside the draft phase's
+        graph)."""
+        spent = np.array([self.spent_ms(level_sizes[:r]) for r in range(len(level_sizes) + 1)])
+        return spent, self._t_verify_upto(max_n + 1 + frontier).copy(), self.t_level(frontier)
+
     def observe(self, predicted: float, accepted: int) -> None:
         """Online calibration: predicted Σπ of a verified tree vs the drafts it accepted."""
         self.predicted += predicted

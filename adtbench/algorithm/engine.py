@@ -18,7 +18,8 @@ The cycle stays on the device. Tree, verify forward, acceptance (``verify.accept
 inputs are device tensors; the host learns once per cycle what it must know — the accepted count and path, the
 bonus token, the realised depth and live nodes (ADT-Tree, the records), the entropy of the bonus's distribution
 (the draft gate) — in one read of one small tensor (``verify.read_verdict``). ``budget: cost`` trees read their node
-count before the verify (``cost.TreeBudget.choose``); the AR baseline reads its tokens once per image. Where the
+count before the verify (``cost.TreeBudget.choose``) — in the draft phase's graph it is chosen on the device and
+read with the verdict (``policies.eagle2``); the AR baseline reads its tokens once per image. Where the
 target's verifies are captured as graphs (``engine.compile`` on a GPU) the verify forward, logits processing,
 acceptance and the packed verdict are one graph replay (``tree_step``, ``engine.graphs.verify``). When the
 device is the CPU, the cycle's decisions run on the host by default (``acceptance``: ``auto``): acceptance as the
@@ -44,12 +45,13 @@ import torch
 from adtbench.algorithm import tree_step
 from adtbench.algorithm.ar import ar_step, ar_tokens, prefill_token
 from adtbench.algorithm.drafters.base import Drafter
+from adtbench.algorithm.drafters.catch_up import catch_up_graphed, materialised
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.policies.base import LoopPolicy, Policy
 from adtbench.algorithm.records import Clock, CycleRecord, GenerationResult
 from adtbench.algorithm.sampling import process_logits
-from adtbench.algorithm.slot import DecodeState, Mark, Timing, decides_on_host, root_alone
+from adtbench.algorithm.slot import DecodeState, Mark, Pending, Timing, decides_on_host, root_alone
 from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, AcceptanceRule, CycleRead, verify_cycle
 from adtbench.models.base import PrefillResult, PromptInputs, Target
@@ -86,21 +88,24 @@ def prefill_drafter(
 
 def catch_up(target: Target, drafter: Drafter, st: DecodeState) -> None:
     """The drafter consumes (f_t, x_{t+1}) of every position ``st`` committed since its last forward, in one
-    ``extend``; its output at the new root goes to ``st.out``."""
-    st.caught_up(drafter.extend(*pending_slots(target, drafter, st.pending)))
+    ``extend`` — one graph replay after a graphed verify (``drafters.catch_up``); its output at the new root goes to
+    ``st.out``."""
+    out = catch_up_graphed(target, drafter, st.pending)
+    st.caught_up(out if out is not None else drafter.extend(*pending_slots(target, drafter, st.pending)))
 
 
 def pending_slots(
-    target: Target, drafter: Drafter, pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    target: Target, drafter: Drafter, pending: list[Pending]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The drafter's committed slots of ``pending`` cycles (``DecodeState.pending``): (features, the drafter's
     embeddings of the next tokens ``[R, m, H]``, positions ``[R, m]``)."""
-    if len(pending) == 1:
-        feats, positions, nxt = pending[0]
+    slots = materialised(pending)
+    if len(slots) == 1:
+        feats, positions, nxt = slots[0]
     else:
-        feats = torch.cat([f for f, _, _ in pending], 1)
-        positions = torch.cat([p for _, p, _ in pending], 1)
-        nxt = torch.cat([x for _, _, x in pending])
+        feats = torch.cat([f for f, _, _ in slots], 1)
+        positions = torch.cat([p for _, p, _ in slots], 1)
+        nxt = torch.cat([x for _, _, x in slots])
     embeds = drafter.embed(target, nxt)[None].expand(feats.shape[0], -1, -1).to(feats.dtype)
     return feats, embeds, positions
 
@@ -142,14 +147,14 @@ def speculative_cycle(
     drafted = clock.mark()
     entropy = st.gate is not None
     step = tree_step.step_for(target, tree, sp, rule, entropy, verify_graphs, acceptance)
-    if step is not None:  # forward, processing, acceptance and the packed verdict: one replay, one read
+    next_pos = target.next_pos
+    if step is not None:  # forward, processing, acceptance, the verdict and the KV commit: one replay, one read
         read, feats = step.verify(tree, session.root_gen, st.generator)
     else:
         raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
         processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
         read = judge(tree, processed, sp, rule, st.generator, entropy, acceptance)
-    next_pos = target.next_pos
-    target.commit(read.keep, in_place=read.acceptance.path[-1] == read.acceptance.accepted)
+        target.commit(read.keep, in_place=read.acceptance.path[-1] == read.acceptance.accepted)
     marks = (drafted, clock.mark(), clock.mark())
     st.advance(read, feats, next_pos, tree, session)
     return marks

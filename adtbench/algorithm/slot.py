@@ -25,6 +25,7 @@ import torch
 
 from adtbench import accel
 from adtbench.algorithm.drafters.base import Drafter
+from adtbench.algorithm.drafters.catch_up import CommittedSlots
 from adtbench.algorithm.drafters.session import DraftSession
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.records import Acceptance, Clock, CycleRecord, GenerationResult
@@ -46,6 +47,10 @@ if TYPE_CHECKING:  # the policies package imports the loops (policies.jacobi →
 
 Item = tuple[Any, PromptInputs, torch.Generator | None]  # (the caller's key, the encoded prompt, its generator)
 Mark = Any  # a ``Clock.mark()``
+
+Pending = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | CommittedSlots
+"""A committed cycle the drafter has not consumed: (features ``[R, k, H]``, positions ``[R, k]``, next tokens ``[k]``),
+or a graphed verify's slots left on the device (``drafters.catch_up``)."""
 
 
 @dataclass
@@ -113,7 +118,7 @@ class DecodeState:
     on_host: bool  # the cycle's decisions run on the host (``decides_on_host``)
     tokens: list[int] = field(default_factory=lambda: [-1])  # committed; [0] is read with the first cycle
     cycles: list[CycleRecord] = field(default_factory=list)
-    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    pending: list[Pending] = field(default_factory=list)
     """Committed slots the drafter has not seen, per cycle: (features [R, k, H], positions [R, k], next tokens
     [k])."""
     drafter_forwards: int = 1  # the prefill's
@@ -210,6 +215,9 @@ class DecodeState:
             self.bin = gate.bin_of_entropy(read.extra[0]) if read.extra else None
         if not self.done:
             k = a + 1
+            if isinstance(read.slots, CommittedSlots):  # a graphed verify's, left on the device (``drafters.catch_up``)
+                self.pending.append(read.slots)
+                return
             if tree is not None:
                 feats = feats.index_select(1, read.keep)
             positions = next_pos[:, None] if k == 1 else next_pos[:, None] + arange_on(k, next_pos.device)[None]

@@ -22,7 +22,7 @@ of nodes without children are unused). Trees without it are point-mass (determin
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property, lru_cache
 
 import numpy as np
@@ -33,7 +33,11 @@ class DraftTree:
     """One cycle's draft tree (module docstring). ``drafted_depth`` D: sequential drafter levels run this cycle
     (d̄ in the ADT-Tree paper); ``width`` K: the policy's top-k / branching (trace only); ``info``: policy trace
     fields (host values). ``depth``, ``ancestor_mask``, ``max_children`` and ``child_ranks`` may be given by a builder
-    that knows them (static shapes); otherwise they are derived from ``parents``."""
+    that knows them (static shapes); otherwise they are derived from ``parents``. ``static``: every tensor given is a
+    static buffer that a graph rewrites in place (a draft phase's, ``drafters.draft_phase``): a graphed verify reads
+    them inside its replay instead of copying them in (``tree_step``). ``readout``: float64 scalars the policy decided
+    on the device (``budget: cost``'s node count, ``policies.eagle2``), read with the verdict and handed to
+    ``on_read`` (a static tree's only: the tree step packs them into its one read)."""
 
     def __init__(
         self,
@@ -49,15 +53,20 @@ class DraftTree:
         ancestor_mask: torch.Tensor | None = None,
         max_children: int | None = None,
         child_ranks: torch.Tensor | None = None,
+        static: bool = False,
+        readout: torch.Tensor | None = None,
+        on_read: Callable[[list[float]], None] | None = None,
     ) -> None:
         dev = tokens.device
+        self.static = static
+        self.readout, self.on_read = readout, on_read
         self.tokens = tokens
         self.drafted_depth, self.width = drafted_depth, width
         self.info: dict[str, float | int | str] = {} if info is None else info
         self.alive = alive
         n = tokens.numel()
         if isinstance(parents, torch.Tensor):
-            self.parents = parents.to(dev)
+            self.parents = parents if parents.device == dev else parents.to(dev)
             host: np.ndarray | None = None
         else:  # host parents (tests, host-built trees): checked, and the static structure is derived on the host
             host = np.asarray(parents, dtype=np.int64)
@@ -120,12 +129,7 @@ class DraftTree:
     def child_ranks(self) -> torch.Tensor:
         """``[n, max_children]`` on the tree's device: the node id of each node's r-th child (sibling order), −1 where
         it has fewer; given by static builders, else derived on the device (no read)."""
-        if self._child_ranks is not None:
-            return self._child_ranks
-        n, par = self.size, self.parents[1:]
-        earlier = (par[:, None] == par[None]) & torch.ones(n - 1, n - 1, dtype=torch.bool, device=par.device).tril(-1)
-        table = torch.full((n, max(self.max_children, 1)), -1, dtype=torch.long, device=par.device)
-        return table.index_put_((par, earlier.sum(1)), torch.arange(1, n, device=par.device))
+        return tree_child_ranks(self)
 
     @property
     def max_children(self) -> int:
@@ -201,6 +205,16 @@ def _ancestry_of(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 _ANCESTRY: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 _ANCESTRY_MAX = 4096
+
+
+def tree_child_ranks(tree: DraftTree) -> torch.Tensor:
+    """``DraftTree.child_ranks`` computed afresh (not cached: a graph replaying it recomputes it from the parents)."""
+    if tree._child_ranks is not None:
+        return tree._child_ranks
+    n, par = tree.size, tree.parents[1:]
+    earlier = (par[:, None] == par[None]) & torch.ones(n - 1, n - 1, dtype=torch.bool, device=par.device).tril(-1)
+    table = torch.full((n, max(tree.max_children, 1)), -1, dtype=torch.long, device=par.device)
+    return table.index_put_((par, earlier.sum(1)), torch.arange(1, n, device=par.device))
 
 
 def ancestry_on_device(parents: torch.Tensor, max_depth: int) -> tuple[torch.Tensor, torch.Tensor]:

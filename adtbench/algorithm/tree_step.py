@@ -12,7 +12,8 @@ function of static device buffers, captured per (node bucket b, attention width 
   b nodes — ``tokens``, ``parents`` (a padded node its own parent), ``depth``, the ancestor mask (padded rows the
   identity), ``alive`` (False past the tree's n nodes: padded nodes are never accepted), the child ranks (−1
   padded; only for the rank loop) and the proposal rows (sampled trees) — the root's generation index, the committed
-  length L, the root's positions and the committed columns' additive bias (``key_bias``), and the draws.
+  length L, the root's positions and the draws; the committed columns' ``valid`` / additive bias are the target's
+  pinned masks (``StaticGPTTarget.pinned_masks``: one storage every image, read and written in place).
 - **The forward** writes the bucket's inputs from the device length (``StaticVerify.place``) and runs its static
   forward; K/V land at columns L … L + b − 1, past the committed length, as the eager bucketed verify's do.
 - **Acceptance** is ``verify.accept_tree`` on the padded tree: the same law as the eager cycle, its uniforms from a
@@ -23,11 +24,19 @@ function of static device buffers, captured per (node bucket b, attention width 
   every real node.
 - **The verdict** is ``verify.pack_verdict`` at the fixed width b: (accepted + 1, bonus, realised depth,
   live nodes, the gate's entropy where a gate reads it), the node ids in path-first order and their tokens, and the
-  committed tokens after the root (``following``).
+  committed tokens after the root (``following``); after it, in the same buffer and the same read, a static tree's
+  ``readout`` (≤ ``READOUT`` scalars a policy decided in the draft phase: ``budget: cost``'s node count), handed to
+  the tree's ``on_read``.
+- **The KV commit** (``_commit``): the accepted path's K/V moved to columns L … L + a at the bucket's fixed shape (all
+  b columns in path-first order), those columns marked in the target's pinned ``valid`` / ``key_bias`` and the
+  positions advanced — inside the replay, so the host only keeps the counters (``Target.committed``). The path's
+  features in path-first order (``path_feats``) stay in a static buffer with ``following`` and ``pos0``: the
+  drafter's catch-up reads them in its own replay (``drafters.catch_up``, ``CycleRead.slots``).
 
-**Host per cycle** (``verify``): ≈ 10 copies of the tree into the buffers (one launch each, no transfer), one fill of
-the draws (sampling only), one replay (captured the first time its (b, K) is needed), one read of the packed
-verdict. The KV commit and the drafter's catch-up stay with the cycle (``target.commit``, ``DecodeState.advance``).
+**Host per cycle** (``verify``): a tree the draft phase built (``DraftTree.static``: its tensors static buffers) is
+copied into the step's buffers inside the replay — one graph per (K, those buffers); any other tree by ≈ 10 copies
+before it. Then three small writes (g, L, the root's positions), one fill of the draws (sampling only), one replay
+(captured the first time it is needed) and one read of the packed verdict.
 
 **Where it runs** (``engine.graphs.verify``): ``auto`` — where the target's verifies are captured as graphs
 (``engine.compile=true`` on CUDA or the simulated device), acceptance is on the device and the tree fits a bucket;
@@ -44,10 +53,11 @@ from typing import Any
 
 import torch
 
+from adtbench.algorithm.drafters.catch_up import CommittedSlots
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.slot import decides_on_host
-from adtbench.algorithm.tree import DraftTree, arange_on
+from adtbench.algorithm.tree import DraftTree, arange_on, tree_child_ranks
 from adtbench.algorithm.verify import (
     VERDICT_HEAD,
     AcceptanceRule,
@@ -62,6 +72,8 @@ from adtbench.errors import ConfigError
 from adtbench.graph_runner import GraphRunner, runner_for, runners_of
 from adtbench.models.base import Target
 from adtbench.sampling_params import SamplingParams
+
+READOUT = 4  # float64 scalars a static tree may hand the host in the verdict's read (``DraftTree.readout``)
 
 
 class TreeStep(GraphRunner):
@@ -98,19 +110,41 @@ class TreeStep(GraphRunner):
         self.root_gen = buffer("root_gen", (1,), long)
         self.length = buffer("length", (1,), long)
         self.pos0 = buffer("pos0", (static.rows,), long)
-        self.bias = buffer("bias", (static.rows, static.capacity), target.dtype, fill=float("-inf"))
+        self.valid, self.bias = target.pinned_masks()  # the committed columns [R, C]: the target's, one storage
+        self.next_pos = buffer("next_pos", (static.rows,), long)  # the positions after the commit (target.next_pos)
         self.draws = buffer("draws", (b + 1,), torch.float64)
-        self.packed = buffer("packed", (VERDICT_HEAD + int(entropy) + 2 * b,), torch.float64)
+        size = VERDICT_HEAD + int(entropy) + 2 * b
+        self.verdict = buffer("verdict", (size + READOUT,), torch.float64)  # what the host reads, at once
+        self.packed, self.readout = self.verdict[:size], self.verdict[size:]  # the tree's readout after the verdict
         self.order = buffer("order", (b,), long)  # the node ids, the accepted path first (in node order)
         self.following = buffer("following", (b,), long)  # the committed tokens after the root: the drafts, the bonus
+        # the accepted path's K/V moved inside the step (a pinned ``StaticKVCache``): the host keeps the counters
+        self.commits = isinstance(getattr(target.cache, "buf", None), torch.Tensor)
+        hidden = target.net.tok_embeddings.weight.shape[-1]
+        self.path_feats = buffer("path_feats", (static.rows, b, hidden), target.dtype)  # path first (``order``)
+        self.source: DraftTree | None = None  # this cycle's tree when its tensors are static buffers (read in-graph)
         self.launches = 0
         self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
 
     # --- the cycle's host side ---
 
     def fill(self, tree: DraftTree, root_gen: int, generator: torch.Generator | None) -> None:
-        """Copy ``tree`` (n ≤ b nodes) and the target's committed state into the buffers; fill the draws."""
-        t, n = self.target, tree.size
+        """Copy ``tree`` (n ≤ b nodes; not when its tensors are static buffers, ``DraftTree.static``: the replay
+        copies them) and the target's committed state into the buffers; fill the draws."""
+        t = self.target
+        self.source = tree if tree.static else None
+        if self.source is None:
+            self._copy_tree(tree)
+        self.root_gen.fill_(root_gen)
+        self.length.fill_(t.length)
+        self.pos0.copy_(t.next_pos)
+        if not self.sp.greedy:
+            draw_into(self.draws, "uniform_", generator)
+
+    def _copy_tree(self, tree: DraftTree) -> None:
+        """``tree`` padded to the bucket in the step's buffers (a padded node its own parent, dead, the identity's
+        ancestor row)."""
+        n = tree.size
         self.tokens[:n].copy_(tree.tokens)
         self.parents.copy_(self.own)  # a padded node its own parent: no (parent, token) pair of a real node's row
         self.parents[:n].copy_(tree.parents)
@@ -124,42 +158,82 @@ class TreeStep(GraphRunner):
         self.alive[n:].fill_(False)
         if self.ranks is not None:
             self.ranks.fill_(-1)
-            ranks = tree.child_ranks
+            # a static source's ranks from its parents now: a replay re-runs this, the cached property would not
+            ranks = tree.child_ranks if not tree.static else tree_child_ranks(tree)
             self.ranks[:n, : ranks.shape[1]].copy_(ranks)
         if self.proposal is not None:
             assert tree.proposal is not None
             self.proposal[:n].copy_(tree.proposal)
-        self.root_gen.fill_(root_gen)
-        self.length.fill_(t.length)
-        self.pos0.copy_(t.next_pos)
-        self.bias[:, : t.key_bias.shape[1]].copy_(t.key_bias)  # an image's columns: ≤ the pinned capacity
-        if not self.sp.greedy:
-            draw_into(self.draws, "uniform_", generator)
 
     def launch(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One verify at attention width ``K``: its graph's replay (captured at the first use of ``K``: the warm-ups and
-        the capture write only outputs and K/V past the committed length), or the step run eagerly where the target's
-        verifies are not graphed (``GraphRunner.replay_or_run``). Returns the raw logits ``[R, b, V]`` and features
-        ``[R, b, H]`` (static outputs: read before the next launch)."""
+        """One verify at attention width ``K``: its graph's replay (keyed by ``K`` and a static tree's storages;
+        captured at its first use: the warm-ups and the capture write only outputs, K/V past the committed length and
+        the commit's idempotent moves and marks), or the cycle run eagerly where the target's verifies are not graphed
+        (``GraphRunner.replay_or_run``). Returns the raw logits ``[R, b, V]`` and features ``[R, b, H]`` (static
+        outputs: read before the next launch)."""
         self.launches += 1
-        out: tuple[torch.Tensor, torch.Tensor] = self.replay_or_run(K, lambda: self._step(K))
+        source = self.source
+        key = (K, None if source is None else _storages(source))
+        out: tuple[torch.Tensor, torch.Tensor] = self.replay_or_run(key, lambda: self._cycle(K, source))
         return out
 
     def verify(
         self, tree: DraftTree, root_gen: int, generator: torch.Generator | None
     ) -> tuple[CycleRead, torch.Tensor]:
-        """Verify ``tree`` (its root at generation index ``root_gen``) and read the verdict once: the ``CycleRead`` of
-        ``verify.verify_cycle`` and the verified nodes' features ``[R, b, H]`` (padded: index them by ``keep``)."""
+        """Verify ``tree`` (its root at generation index ``root_gen``), commit the accepted path's K/V and read the
+        verdict once: the ``CycleRead`` of ``verify.verify_cycle`` (its ``slots``: the committed slots left on the
+        device for the drafter's catch-up, ``drafters.catch_up``) and the verified nodes' features ``[R, b, H]``
+        (padded: index them by ``keep``). The target is committed when this returns (``Target.commit``'s work: the
+        K/V move inside the replay where the cache is a pinned ``StaticKVCache``, its counters on the host)."""
         t, b = self.target, self.b
         self.fill(tree, root_gen, generator)
         self.raw, feats = self.launch(self.bucket._width_for(t.length + b))
         t.forwards += 1
-        acc, root, tokens, extra = unpack_verdict(self.packed.tolist(), b, int(self.entropy))
+        values = self.verdict.tolist()
+        acc, root, tokens, extra = unpack_verdict(values, b, int(self.entropy))
+        source = self.source
+        if source is not None and source.readout is not None and source.on_read is not None:
+            size = self.packed.numel()
+            source.on_read(values[size : size + source.readout.numel()])
         k = acc.accepted + 1
-        read = CycleRead(acc, root, tokens, self.order[:k], self.following[:k].clone(), extra)
+        keep = self.order[:k]
+        if self.commits:  # moved, marked and the positions advanced in the replay
+            t.committed(k, next_pos=self.next_pos, marked=True)
+        else:
+            t.commit(keep, in_place=acc.path[-1] == acc.accepted)
+        # the committed tokens as a view of ``following``: read (the next root) before this step's next verify
+        read = CycleRead(acc, root, tokens, keep, self.following[:k], extra, CommittedSlots(self, k))
         return read, feats
 
     # --- the captured step ---
+
+    def _cycle(self, K: int, source: DraftTree | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """What one replay runs: the tree from its static buffers (``source``; else ``fill`` copied it), the
+        verify (``_step``), the path's features in path-first order (``path_feats``: the catch-up's input), and the
+        KV commit (``_commit``)."""
+        if source is not None:
+            self._copy_tree(source)
+            if source.readout is not None:
+                self.readout[: source.readout.numel()].copy_(source.readout)
+        raw, feats = self._step(K)
+        self.path_feats.copy_(feats.index_select(1, self.order))
+        if self.commits:
+            self._commit()
+        return raw, feats
+
+    def _commit(self) -> None:
+        """``Target.commit`` at the bucket's fixed shape: the K/V move of columns L + order[i] → L + i for all b (the
+        accepted path first, so columns L … L + a hold it; the rest lie past the committed length, where the next
+        verify overwrites them), columns L … L + a marked valid (the target's pinned ``valid`` / ``key_bias``) and the
+        positions advanced by a + 1 (``next_pos``). L is the device length: one graph serves every cycle."""
+        buf = self.target.cache.buf  # [layers, R, 2·kv, C, d]
+        buf.index_copy_(3, self.own + self.length, buf.index_select(3, self.order + self.length))
+        k = self.packed[:1].long()  # a + 1
+        cols = arange_on(self.bias.shape[1], self.device)
+        committed = ((cols >= self.length) & (cols < self.length + k))[None]
+        self.valid.masked_fill_(committed, True)
+        self.bias.masked_fill_(committed, 0.0)
+        torch.add(self.pos0, k, out=self.next_pos)
 
     def _step(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape verify (module docstring): everything from the static buffers, nothing read."""
@@ -193,6 +267,13 @@ class TreeStep(GraphRunner):
         drafts = path_tokens.index_select(0, (after + 1).clamp_max(b - 1))
         self.following.copy_(torch.where(after == k - 1, verdict.bonus, drafts))
         return raw, feats
+
+
+def _storages(tree: DraftTree) -> tuple[int, ...]:
+    """The data pointers of a static tree's tensors (a graph per source: it reads those addresses)."""
+    parts = (tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, tree.alive, tree.proposal, tree._child_ranks,
+             tree.readout)  # fmt: skip
+    return tuple(-1 if x is None else x.data_ptr() for x in parts)
 
 
 def step_for(

@@ -369,6 +369,7 @@ class CycleRead:
     keep: torch.Tensor  # [a+1] the path's node ids on the device, root first
     next_tokens: torch.Tensor  # [a+1] the committed tokens after the root on the device (drafts, then the bonus)
     extra: list[float]  # the caller's extra scalars, in order
+    slots: object = None  # a graphed verify's committed slots on the device (``drafters.catch_up.CommittedSlots``)
 
 
 def read_verdict(tree: DraftTree, verdict: Verdict, extra: Sequence[torch.Tensor] = ()) -> CycleRead:
@@ -583,8 +584,7 @@ def chain_verdict(
 def read_chain(tree: DraftTree, verdict: Verdict) -> CycleRead:
     """``read_verdict`` of a chain's verdict: one read of (a, bonus, the chain's tokens); the path is 0 … a."""
     values = torch.cat([verdict.last.view(1), verdict.bonus.view(1), tree.tokens]).tolist()
-    a, bonus, tokens = int(values[0]), int(values[1]), values[2:]
-    n = tree.size
+    n, a, bonus, tokens = tree.size, int(values[0]), int(values[1]), values[2:]
     acc = Acceptance(list(range(a + 1)), bonus, n - 1, n)
     following = torch.cat([tree.tokens[1 : a + 1], verdict.bonus.view(1)])
     return CycleRead(

@@ -258,12 +258,18 @@ class Target(ABC):
         """Keep tree nodes ``keep`` (the accepted path, root first; on the device) as the next committed KV entries.
         ``in_place``: the caller knows ``keep`` is ``0 … k−1`` (an AR step, a path of first children), so nothing
         moves. No device value is read."""
-        k = keep.numel()
         if not in_place:
             self._compact(self.length, keep)
-        self._mark_valid(self.length, k)
+        self.committed(keep.numel())
+
+    def committed(self, k: int, next_pos: torch.Tensor | None = None, marked: bool = False) -> None:
+        """The bookkeeping of a commit of ``k`` entries whose K/V already sit at columns ``length …`` (``commit``
+        after its move, or a graph that moved them: ``algorithm.tree_step``): valid columns (unless ``marked``: the
+        graph marked them), length, positions (``next_pos`` [R]: the graph computed them)."""
+        if not marked:
+            self._mark_valid(self.length, k)
         self.length += k
-        self.next_pos = self.next_pos + k
+        self.next_pos = self.next_pos + k if next_pos is None else next_pos
 
     def _mark_valid(self, start: int, k: int) -> None:
         self.valid[:, start : start + k] = True
@@ -291,6 +297,7 @@ class StaticGPTTarget(Target):
     image_head = True  # the LM head over the rows the layout can emit only (``logits_head``); False: every row
     _head_weight: tuple[Any, ...] | None = None  # (weight, (storage, dtype, span), its rows' transposed view)
     pinned: Any = None  # the one KV cache every image reuses under ``request_static``
+    _pinned_masks: tuple[torch.Tensor, torch.Tensor] | None = None  # ``pinned_masks``
     _pin: tuple[int, bool] | None = None  # (extra prompt columns, capture CUDA graphs): pin at the first prefill
     _warned_unpinned = False
 
@@ -401,8 +408,26 @@ class StaticGPTTarget(Target):
 
     def start(self, inputs: PromptInputs, max_tree_nodes: int) -> PrefillResult:
         res = super().start(inputs, max_tree_nodes)
-        self.key_bias = torch.where(self.valid, 0.0, float("-inf")).to(self.dtype)
+        bias = torch.where(self.valid, 0.0, float("-inf")).to(self.dtype)
+        if self.cache is self.pinned and self.pinned is not None:  # views of one storage every image: a graph's commit
+            valid_p, bias_p = self.pinned_masks()  # marks them in its replay (``algorithm.tree_step``)
+            n = self.valid.shape[1]
+            valid_p.fill_(False)
+            bias_p.fill_(float("-inf"))
+            valid_p[:, :n].copy_(self.valid)
+            bias_p[:, :n].copy_(bias)
+            self.valid, bias = valid_p[:, :n], bias_p[:, :n]
+        self.key_bias = bias
         return res
+
+    def pinned_masks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(``valid``, ``key_bias``) over the pinned cache's whole capacity ``[R, C]``: under ``request_static`` an
+        image's ``valid`` and ``key_bias`` are views of their first columns (past an image's columns: False / −inf)."""
+        if self._pinned_masks is None:
+            R, C, dev = self.static.rows, self.static.capacity, self.device
+            valid = torch.zeros(R, C, dtype=torch.bool, device=dev)
+            self._pinned_masks = (valid, torch.full((R, C), float("-inf"), dtype=self.dtype, device=dev))
+        return self._pinned_masks
 
     def _mark_valid(self, start: int, k: int) -> None:
         super()._mark_valid(start, k)

@@ -95,9 +95,10 @@ TARGET_NET, DRAFTER_NET, DRAFTER_HEAD = "target network (verify forward)", "draf
 EMBEDDING = "token embedding"
 JACOBI_STEP = "jacobi: step (one graph replay)"  # ``methods.jacobi.step``: the verify and the engine work, one launch
 LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection)"  # ``drafters.graphed``
-TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance)"  # ``algorithm.tree_step``
+TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance, KV commit)"  # ``tree_step``
+CATCH_UP = "drafter catch-up (one graph replay)"  # ``drafters.catch_up``
 # ``bench.count``: not engine ops
-NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP})
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP})
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -127,6 +128,7 @@ PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.methods.jacobi.loop", "redraw", "jacobi: redraw"),
     ("adtbench.algorithm.methods.jacobi.step:JacobiStep", "launch", JACOBI_STEP),
     ("adtbench.algorithm.tree_step:TreeStep", "launch", TREE_STEP),
+    ("adtbench.algorithm.drafters.catch_up:CatchUp", "launch", CATCH_UP),
     ("adtbench.algorithm.tree_step:TreeStep", "fill", "tree verify step: the tree into its buffers, the draws"),
     ("adtbench.algorithm.tree_step:TreeStep", "verify", "the cycle's host read"),
 )

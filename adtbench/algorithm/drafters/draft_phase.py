@@ -22,10 +22,20 @@ would replay the capture's noise, and the stand-in refuses it).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.graphed import LevelGraphs, Program
+
+
+@lru_cache(maxsize=16)
+def logprob_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of a drafter's processed log-probs (at least float32), cached: ``torch.promote_types`` is a
+    dispatched op, one per cycle otherwise."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 class DraftPhase:
@@ -42,16 +52,26 @@ class DraftPhase:
         self.levels.append((key, end, program))
 
     def run(self, key: Any, tree: Program | None = None) -> Any:
-        """Replay the queued levels then ``tree`` (called with None; what it returns is the graph's output) as one
-        graph keyed by ``key`` and every level's key, at the width holding the largest ``end``."""
+        """Replay the queued levels then ``tree`` (called with None; it returns a tuple of tensors) as one graph keyed
+        by ``key`` and every level's key, at the width holding the largest ``end``. Returns the tree's tensors as
+        static buffers of the phase key, the same for every width (a graphed verify reads them in its replay:
+        ``DraftTree.static``)."""
         levels = list(self.levels)
         ends = [end for _, end, _ in levels if end is not None]
+        full_key = ("phase", key, tuple(k for k, _, _ in levels))
+        name = f"phase.{hash(full_key)}"
 
         def phase(K: int | None) -> Any:
             for _, end, program in levels:
                 program(None if end is None else K)
-            return None if tree is None else tree(None)
+            if tree is None:
+                return None
+            out = []
+            for i, t in enumerate(tree(None)):
+                buf = self.graphs.buffer(f"{name}.{i}", tuple(t.shape), t.dtype)
+                buf.copy_(t)
+                out.append(buf)
+            return tuple(out)
 
-        full_key = ("phase", key, tuple(k for k, _, _ in levels))
         self.levels.clear()
         return self.graphs.run(full_key, max(ends) if ends else None, phase, level=False)

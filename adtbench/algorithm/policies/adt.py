@@ -50,6 +50,7 @@ the record's ``D`` is the drafted depth), ``init``, ``alpha`` (a/d), ``alpha_D``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +196,8 @@ class ADTPolicy(TreePolicy):
                 session, shape.D - 1, shape.K, N + 1, max_depth, budget, self.graphs.levels != "eager"
             )
         tree.info.update(N=tree.size - 1 if budget is not None else N, D_policy=shape.D, init=source)
+        if tree.on_read is not None:  # ``budget: cost`` chose N on the device: it arrives with the verdict
+            tree.on_read = _with_n(tree.on_read, tree.info)
         self._pending = (shape, session.layout)
         return tree
 
@@ -230,6 +233,16 @@ class ADTPolicy(TreePolicy):
         else:
             D, K = max(shape.D - sd, self.D_min), min(shape.K + sk, self.K_max)
         return TreeShape(D, K, sd, sk, direction)
+
+
+def _with_n(on_read: Callable[[list[float]], None], info: dict[str, Any]) -> Callable[[list[float]], None]:
+    """``on_read`` then the trace's ``N`` from the budget's node count."""
+
+    def read(values: list[float]) -> None:
+        on_read(values)
+        info["N"] = info["N_cost"]
+
+    return read
 
 
 def first_image_position(layout: TokenLayout, gen: int) -> int | None:

@@ -19,6 +19,7 @@ never accepted).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Generator
 from functools import lru_cache
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
-from adtbench.algorithm.drafters.draft_phase import DraftPhase
+from adtbench.algorithm.drafters.draft_phase import DraftPhase, logprob_dtype
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import (
@@ -110,8 +111,8 @@ def eagle2_device_steps(
     count = score.numel()
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
-    if phase is not None and budget is not None:  # the levels as one replay, then the budget's read
-        phase.run(("eagle2-levels", K, tuple(sizes)))
+    if phase is not None and graphs is not None and budget is not None:  # the rule in the phase, read with the verdict
+        return _device_budget_tree(session, graphs, phase, budget, score, tok, parent, sizes, keep, K)
     if budget is not None:  # the policy's decision on the host, from one read of the candidates' scores
         scores = np.asarray(score.tolist(), dtype=np.float64)
         order = desc_stable(scores)  # the rerank order of every candidate
@@ -137,7 +138,127 @@ def eagle2_device_steps(
         depth=d,
         ancestor_mask=anc,
         max_children=K,
+        static=graphs is not None and budget is None,  # a graph's outputs
     )
+
+
+def _device_budget_tree(
+    session: DraftSession,
+    graphs: LevelGraphs,
+    phase: DraftPhase,
+    budget: TreeBudget,
+    score: torch.Tensor,
+    tok: torch.Tensor,
+    parent: torch.Tensor,
+    sizes: list[int],
+    keep: int,
+    K: int,
+) -> DraftTree:
+    """``budget: cost`` with planned rounds inside the draft phase's one replay (``_cost_tree``): the tree of the
+    ``keep`` best candidates at its bucket, those past the node count N the budget chose dead; N, the predicted
+    drafts and the next cycle's rounds reach the host with the verdict (``DraftTree.readout`` → ``on_read``).
+
+    Why on the device rather than a read of the scores before the verify (the host path's ``TreeBudget.choose``):
+    that read splits the cycle in two — the host waits for the drafting to finish, decides, then builds and launches
+    the rest — one synchronisation and some 40 launches more per cycle, against a verify at the bucket of ``keep``
+    nodes instead of N's (on a GPU the verify's time is flat across the small buckets, ``cost.CostModel``). The node
+    count is a function of the drafter's scores (and the calibration c, from earlier cycles) only, as on the host:
+    it chooses which drafted nodes are verified, never how they are accepted, so the output law is exact."""
+    level_of, spent, tv, t_level = _budget_tables(budget, session.levels, sizes, keep, K, graphs.device)
+    c = graphs.buffer("e2.cost.c", (), torch.float64)
+    calib = budget.c
+    c.fill_(calib)
+    key = ("eagle2-cost", K, tuple(sizes), tuple(session.levels), keep, id(budget), score.data_ptr())
+    program = lambda _: _cost_tree(  # noqa: E731
+        score, tok, parent, keep, graphs.root, len(sizes), level_of, spent, tv, t_level, c, K
+    )
+    tokens, parents, d, anc, alive, readout = phase.run(key, program)
+    info: dict[str, float | int | str] = {}
+
+    def on_read(values: list[float]) -> None:
+        n, e_pred, rounds = values
+        budget.next_rounds = int(rounds)
+        info.update(N_cost=int(n), E_pred=e_pred, calib=calib)
+
+    return DraftTree(
+        tokens,
+        parents,
+        drafted_depth=len(session.levels) + 1,
+        width=K,
+        info=info,
+        alive=alive,
+        depth=d,
+        ancestor_mask=anc,
+        max_children=K,
+        static=True,
+        readout=readout,
+        on_read=on_read,
+    )
+
+
+_TABLES: weakref.WeakKeyDictionary[TreeBudget, dict[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]]
+_TABLES = weakref.WeakKeyDictionary()
+
+
+def _budget_tables(
+    budget: TreeBudget, levels: list[int], sizes: list[int], keep: int, K: int, dev: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]:
+    """The constants ``_cost_tree`` reads (``TreeBudget.tables``, and each candidate's round), copied to the device
+    once per (levels drafted, candidates, keep, K): (round of each candidate ``[M]``, spent ``[L + 1]``,
+    t_verify ``[keep + 1 + K]``, t_level(K))."""
+    tables = _TABLES.setdefault(budget, {})
+    key = (tuple(levels), tuple(sizes), keep, K, dev)
+    if key not in tables:
+        spent, tv, t_level = budget.tables(levels, keep, K)
+        level_of = np.repeat(np.arange(len(sizes)), sizes)
+        as_dev = lambda x, dtype: torch.from_numpy(np.ascontiguousarray(x)).to(dev, dtype)  # noqa: E731
+        tables[key] = (as_dev(level_of, torch.long), as_dev(spent, torch.float64), as_dev(tv, torch.float64), t_level)
+    return tables[key]
+
+
+def _cost_tree(
+    score: torch.Tensor,
+    tok: torch.Tensor,
+    parent: torch.Tensor,
+    keep: int,
+    root: torch.Tensor,
+    levels: int,
+    level_of: torch.Tensor,
+    spent: torch.Tensor,
+    tv: torch.Tensor,
+    t_level: float,
+    c: torch.Tensor,
+    frontier: int,
+) -> tuple[torch.Tensor, ...]:
+    """``TreeBudget.choose`` (``plan``) on the device, in fixed shapes: π the candidates' path probabilities in
+    rerank order; for each number of rounds l the best prefix count n_l of the rounds ≤ l's candidates
+    (``rate = (1 + c·Σπ) / (spent_l + t_verify(n + 1))``, the first maximum), and the next cycle's rounds — the first
+    l whose one more round could not beat its best rate. N = n_L. Returns ``_tree`` at ``keep`` with the nodes of
+    rerank rank ≥ N dead (the rerank order is closed under ancestors: a live node's ancestors live), and the readout
+    (N, Σ_{i<N} π_i, next rounds) in float64."""
+    count, dev = score.numel(), score.device
+    vals, order = stable_topk(score, count)  # the rerank order of every candidate
+    pi = vals.to(torch.float64).exp()
+    lev = level_of.index_select(0, order)
+    L = spent.numel() - 1
+    rounds = _arange(0, L + 1, dev)[:, None]
+    upto = torch.where(lev[None] <= rounds, pi[None], 0.0).sort(-1, descending=True).values
+    cums = torch.cat([upto.new_zeros(L + 1, 1), upto[:, :keep].cumsum(-1)], -1)  # [L + 1, keep + 1]
+    rate = (1.0 + c * cums) / (spent[:, None] + tv[None, : keep + 1])
+    n = rate.argmax(-1)  # the first maximum, as ``np.argmax``
+    best = rate.gather(1, n[:, None])[:, 0]
+    f_pi = torch.where(lev[None] == rounds, pi[None], 0.0).sort(-1, descending=True).values[:, :frontier].sum(-1)
+    gain = 1.0 + c * cums.gather(1, n[:, None])[:, 0]
+    t_more = spent + t_level + tv.index_select(0, n + frontier)
+    stop = torch.cat([(gain + c * f_pi) / t_more <= best, true_flag(dev)])
+    next_rounds = stop.to(torch.uint8).argmax()  # the first True
+    N = n[L:]
+    tokens, parents, d, anc, alive = _tree(score, tok, parent, keep, root, levels)
+    rank = torch.empty_like(order).scatter_(0, order, _arange(0, count, dev))  # candidate → its rerank rank
+    sel = order[:keep].sort().values  # the tree's nodes 1 … keep, as ``_tree`` orders them
+    alive = alive & torch.cat([true_flag(dev), rank.index_select(0, sel) < N])
+    readout = torch.cat([N.to(torch.float64), cums[L].index_select(0, N), next_rounds.view(1).to(torch.float64)])
+    return tokens, parents, d, anc, alive, readout
 
 
 def _tree(
@@ -209,7 +330,7 @@ def _graphed_candidates(
     k0 = kk = min(K, V)
     cap_r = max(ROUND_CAP, rounds)
     cap = k0 + cap_r * K * kk
-    dtype = torch.promote_types(graphs.dtype, torch.float32)  # the processed log-probs' dtype
+    dtype = logprob_dtype(graphs.dtype)  # the processed log-probs' dtype
     sc = graphs.buffer(f"e2.score.{K}.{cap}", (cap,), dtype)
     tk = graphs.buffer(f"e2.token.{K}.{cap}", (cap,), torch.long)
     pr = graphs.buffer(f"e2.parent.{K}.{cap}", (cap,), torch.long)

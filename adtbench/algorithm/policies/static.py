@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from adtbench.algorithm.drafters.draft_phase import DraftPhase
+from adtbench.algorithm.drafters.draft_phase import DraftPhase, logprob_dtype
 from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import Method, TreePolicy, register_method, stable_topk, with_gate
@@ -221,7 +221,7 @@ class StaticTreePolicy(TreePolicy):
         n = plan.parents.numel()
         sizes = [lv.rank.numel() for lv in plan.levels]
         V = layout.vocab_size
-        dtype = torch.promote_types(graphs.dtype, torch.float32)
+        dtype = logprob_dtype(graphs.dtype)
         name = f"static.{id(plan)}"
         toks = graphs.buffer(f"{name}.tokens", (n,), torch.long)
         alive = graphs.buffer(f"{name}.alive", (n,), torch.bool)
@@ -280,6 +280,7 @@ class StaticTreePolicy(TreePolicy):
             ancestor_mask=plan.ancestor_mask,
             max_children=plan.max_children,
             child_ranks=plan.child_ranks,
+            static=True,
         )
 
 
