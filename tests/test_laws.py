@@ -350,6 +350,21 @@ def sample_images(
     stat: str | None = None,
     paths: PathWatch | None = None,
 ) -> tuple[Counter, float, float]:
+    """:func:`draw_images` with the prompt's prefill run once and restored for every further image
+    (``StaticGPTTarget.reuse_prefill``: the same tokens per seed, ``tests/test_prefill_reuse.py``)."""
+    s = setup_of(case[0])
+    with s.target.reuse_prefill(s.inputs):
+        return draw_images(case, n, seed, rule, stat, paths)
+
+
+def draw_images(
+    case: Case,
+    n: int,
+    seed: int = 7,
+    rule: AcceptanceRule | None = None,
+    stat: str | None = None,
+    paths: PathWatch | None = None,
+) -> tuple[Counter, float, float]:
     """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
     ``res.stats[stat]`` (0 without ``stat``); ``paths``: each image's paths filed there (:class:`PathWatch`,
     entered by the caller). One slot: the engine's B = 1 loop with one generator; more: ``generate_batch`` (the
