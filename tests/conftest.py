@@ -314,7 +314,10 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 MEASURED_S = {
     "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 68,
     "test_lean_forward.py::test_compiled_forward_matches_eager": 41,
-    "test_report.py::test_one_page_with_its_images_within_10_s": 34,
+    "test_report.py::test_one_page_with_its_images_within_10_s": 34,  # the module's sweep (≈ 30 s) for its 4 tests:
+    "test_report.py::test_leaderboard_numbers_are_the_tables": 34,  # listed together, so that one worker runs them
+    "test_report.py::test_each_setting_sits_beside_its_ar_with_the_same_seed": 34,  # (split: 2 × 30 s, measured)
+    "test_report.py::test_page_in_headless_chromium": 34,
     "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 29,
     "test_jacobi_step.py::test_law_of_the_fixed_shape_step[scd-up-step-t1]": 25,
     "test_typecheck.py::test_algorithm_layer_is_mypy_clean": 21,
@@ -338,9 +341,8 @@ MEASURED_S = {
     "test_laws.py::test_law[scd-up-t1]": 9,
     "test_laws.py::test_law[eagle2-warped]": 9,
     "test_laws.py::test_law[chain-t3]": 8,
-    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time[overrides1-0.0]": 8,
+    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time": 8,  # 4 cases, one module's models
     "test_bench_speed.py::test_bench_count_reads_the_device_at_most_twice_per_cycle[policy1]": 8,
-    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time[overrides2-1.0]": 8,
     "test_janus.py::test_scd_law_at_t1": 8,
     "test_mini.py::test_default_run_from_the_command_line": 7,
     "test_families.py::test_run_py_literal_command": 7,
@@ -349,10 +351,8 @@ MEASURED_S = {
     "test_emu3.py::test_scd_law_at_t1_on_tiny_emu3": 7,
     "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 6,
     "test_user_faults.py::test_ctrl_c_is_one_line_and_the_run_dir_resumes": 6,
-    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time[overrides0-1.0]": 6,
-    "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device[lantern-1.0]": 6,
+    "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device": 6,  # 4 cases, one module's models
     "test_plugins.py::test_adtbench_check_fails_scd_with_the_authors_stored_proposal": 6,
-    "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device[exact-1.0]": 6,
     "test_mulo.py::test_sampling_law_equals_ar[tau>1]": 6,
     "test_notebook.py::test_main_table_notebook_executes_headless": 5,
     "test_verify.py::test_device_acceptance_has_the_host_walks_law[lantern_point_mass]": 5,
@@ -365,7 +365,9 @@ MEASURED_S = {
 """The longest tests' CPU seconds (every phase, their subprocesses' included: ``ADTBENCH_TEST_CPU``, below), those of
 5 s or more, per test function or per parametrisation (``file::function[id]``, looked up first), from one run of the
 README's test command (``ADTBENCH_TEST_CPU=cpu.jsonl pytest -q -n 2``; the files ``tests/test_prefill_reuse.py``
-changed measured again after it): the scheduling order, longest first. Those not marked ``slow`` are marked here
+changed measured again after it): the scheduling order, longest first. Tests that share an expensive module fixture
+are listed at one value, adjacent, so that one worker runs them all (a worker that steals one builds it again).
+Those not marked ``slow`` are marked here
 (over ~5 s, the marker's definition). A test missing from the list is only scheduled by its marker; refresh the list
 from such a run when the ranking changes."""
 

@@ -318,9 +318,10 @@ class StaticGPTTarget(Target):
         start — runs as usual. Decoding never writes the prompt's columns (its writes start at ``length``;
         ``tests/test_prefill_reuse.py``), and the kept K/V is a copy in any case.
 
-        Off unless entered, and entered only where many images of one prompt are drawn untimed (the law tests):
-        never in a timed run (``bench``, the app, the AR baseline), whose prefill is part of what it measures
-        (``tests/test_architecture.py``). The weights must not change while it is entered."""
+        Off unless entered, and entered only where many images of one prompt are drawn untimed (the law tests,
+        ``adtbench check``'s law test): never in a timed run (``bench``, the app, the AR baseline), whose prefill is
+        part of what it measures (``tests/test_prefill_reuse.py`` checks who enters it). The weights must not change
+        while it is entered."""
         if self._reuse is not None:
             raise RuntimeError("reuse_prefill is already entered on this target")
         self._reuse = (inputs, {})
