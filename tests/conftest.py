@@ -317,49 +317,71 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 MEASURED_S = {
-    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 315,  # 392 × its CPU time since, 118 / 146
-    "test_laws.py::test_law": 72,  # the longest now B = 1 tree cases (72 s): scd-up-t1 (93 s) draws through 16 slots
-    "test_laws.py::test_q_not_reduced_fails_the_sjd_pac_headline": 72,  # as long as sjd_pac-K2D2-pac, the longest case
-    "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 90,
-    "test_bench_device.py::test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models": 78,
-    "test_lean_forward.py::test_compiled_forward_matches_eager": 65,
-    "test_bench_device.py::test_bench_cost_and_probe_on_the_simulated_device": 51,
-    "test_jacobi_step.py::test_law_of_the_fixed_shape_step": 50,
-    "test_bench_speed.py::test_speed_table_rows_readme_and_reuse": 50,
-    "test_gpu_script.py::test_the_emu3_shape_probes_on_the_simulated_device": 48,
-    "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device": 47,
-    "test_bench_compare.py::test_a_one_prompt_one_row_comparison_writes_its_table": 43,
-    "test_batch.py::test_batched_speculation_has_the_ar_law_at_t1": 37,
-    "test_jacobi_step.py::test_greedy_equals_ar_through_the_graphed_step": 37,
-    "test_rundir.py::test_app_on_a_filesystem_without_flock": 12,  # in process since: 18 → 6 s on one core
-    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time": 33,
-    "test_graphs.py::test_graphs_of_every_node_and_capacity_bucket_replay_the_eager_tokens": 24,
-    "test_bench_device.py::test_bench_batch_and_versus_on_the_simulated_device": 23,
-    "test_janus.py::test_engine_compile_runs_the_static_buckets_on_the_simulated_device": 21,
-    "test_jacobi_step.py::test_the_graph_replays_the_fixed_shape_step_draw_for_draw": 21,
-    "test_bench_device.py::test_bench_overhead_phases_and_count_on_the_simulated_device": 21,
-    "test_gpu.py::test_a_graphed_cycle_synchronises_once_or_twice_with_budget_cost": 20,
-    "test_simulated.py::test_graphed_batched_decoding_equals_eager_on_the_simulated_device": 18,
-    "test_graphs.py::test_captured_graphs_keep_their_buffers_through_twenty_prompt_lengths": 17,
-    "test_chameleon_lean.py::test_lean_sampling_law_equals_ar": 17,
-    "test_graphed_levels.py::test_a_graphed_level_is_one_replay_and_greedy_equals_ar": 16,
-    "test_bench_speed.py::test_bench_count_reads_the_device_at_most_twice_per_cycle": 15,
-    "test_plots.py::test_plots_command_writes_every_png": 15,
-    "test_jacobi.py::test_greedy_equals_ar_every_variant": 15,
-    "test_emu3_shape.py::test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout": 35,
-    "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 21,
-    "test_tree_step.py::test_the_padded_step_decides_as_the_unpadded_tree": 12,
-    "test_tree_step.py::test_greedy_equals_ar_through_the_step": 10,
-    "test_laws.py::test_graphed_levels_draw_the_headline_images_draw_for_draw": 20,  # 9 s CPU × this list's ≈ 2.3
+    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 68,
+    "test_lean_forward.py::test_compiled_forward_matches_eager": 41,
+    "test_report.py::test_one_page_with_its_images_within_10_s": 34,  # the module's sweep (≈ 30 s) for its 4 tests:
+    "test_report.py::test_leaderboard_numbers_are_the_tables": 34,  # listed together, so that one worker runs them
+    "test_report.py::test_each_setting_sits_beside_its_ar_with_the_same_seed": 34,  # (split: 2 × 30 s, measured)
+    "test_report.py::test_page_in_headless_chromium": 34,
+    "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 29,
+    "test_jacobi_step.py::test_law_of_the_fixed_shape_step[scd-up-step-t1]": 25,
+    "test_typecheck.py::test_algorithm_layer_is_mypy_clean": 21,
+    "test_emu3_shape.py::test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout": 21,
+    "test_laws.py::test_law[sjd_pac-K2D2-pac]": 20,
+    "test_laws.py::test_q_not_reduced_fails_the_sjd_pac_headline": 17,
+    "test_slurm.py::test_submitit_local_multirun_of_two_shard_jobs_then_merge": 16,
+    "test_laws.py::test_law[eagle2-K2-q3]": 16,
+    "test_tracking.py::test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples": 15,
+    "test_laws.py::test_law[adt-sampled-K2-q3]": 14,
+    "test_gpu_script.py::test_the_emu3_shape_probes_on_the_simulated_device": 12,
+    "test_bench_compare.py::test_a_one_prompt_one_row_comparison_writes_its_table": 12,
+    "test_window_ship.py::test_shipped_table_agrees_with_a_fresh_calibration": 11,
+    "test_plugins.py::test_the_entropy_window_as_a_plugin_passes_adtbench_check_and_runs_in_the_app": 11,
+    "test_bench_speed.py::test_speed_table_rows_readme_and_reuse": 11,
+    "test_bench_device.py::test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models": 10,
+    "test_laws.py::test_law[static-sampled-q3]": 10,
+    "test_laws.py::test_law[sjd-random-long]": 10,
+    "test_laws.py::test_a_residual_reprocessed_by_the_warper_fails[eagle2-warped]": 10,
+    "test_batch.py::test_batched_speculation_has_the_ar_law_at_t1": 9,
+    "test_laws.py::test_law[scd-up-t1]": 9,
+    "test_laws.py::test_law[eagle2-warped]": 9,
+    "test_laws.py::test_law[chain-t3]": 8,
+    "test_batch.py::test_mini_batched_speculation_equals_one_prompt_at_a_time": 8,  # 4 cases, one module's models
+    "test_bench_speed.py::test_bench_count_reads_the_device_at_most_twice_per_cycle[policy1]": 8,
+    "test_janus.py::test_scd_law_at_t1": 8,
+    "test_mini.py::test_default_run_from_the_command_line": 7,
+    "test_families.py::test_run_py_literal_command": 7,
+    "test_simulated.py::test_the_command_line_runs_on_the_simulated_device": 7,
+    "test_bench_device.py::test_bench_batch_and_versus_on_the_simulated_device": 7,
+    "test_emu3.py::test_scd_law_at_t1_on_tiny_emu3": 7,
+    "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 6,
+    "test_user_faults.py::test_ctrl_c_is_one_line_and_the_run_dir_resumes": 6,
+    "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device": 6,  # 4 cases, one module's models
+    "test_plugins.py::test_adtbench_check_fails_scd_with_the_authors_stored_proposal": 6,
+    "test_mulo.py::test_sampling_law_equals_ar[tau>1]": 6,
+    "test_notebook.py::test_main_table_notebook_executes_headless": 5,
+    "test_verify.py::test_device_acceptance_has_the_host_walks_law[lantern_point_mass]": 5,
+    "test_mulo.py::test_sampling_law_equals_ar[exact]": 5,
+    "test_aa.py::test_the_floor_script_runs_the_app_and_judges_each_run": 5,
+    "test_bench_speed.py::test_bench_count_reads_the_device_at_most_twice_per_cycle[policy0]": 5,
+    "test_app.py::test_kill_mid_run_then_resume_loses_and_duplicates_nothing": 5,
+    "test_batch.py::test_kill_a_batched_run_then_resume_loses_and_duplicates_nothing": 5,
 }
-"""The longest tests' call time (s, the longest parametrisation), measured in one full run of the README's test
-command on the shared 2-core machine (load 3–5, so ≈ 2–3× an idle machine's): the scheduling order, longest first.
-Those not marked ``slow`` are marked here (over ~5 s, the marker's definition). A test missing from the list is only
-scheduled by its marker; refresh the list from ``pytest -n 2 --durations=40`` when the ranking changes."""
+"""The longest tests' CPU seconds (every phase, their subprocesses' included: ``ADTBENCH_TEST_CPU``, below), those of
+5 s or more, per test function or per parametrisation (``file::function[id]``, looked up first), from one run of the
+README's test command (``ADTBENCH_TEST_CPU=cpu.jsonl pytest -q -n 2``; the files ``tests/test_prefill_reuse.py``
+changed measured again after it): the scheduling order, longest first. Tests that share an expensive module fixture
+are listed at one value, adjacent, so that one worker runs them all (a worker that steals one builds it again).
+Those not marked ``slow`` are marked here
+(over ~5 s, the marker's definition). A test missing from the list is only scheduled by its marker; refresh the list
+from such a run when the ranking changes."""
 
 
 def _measured_s(item: pytest.Item) -> float:
-    """``MEASURED_S`` of ``item`` (its file and function, parametrisations pooled), else 0."""
+    """``MEASURED_S`` of ``item``: of its parametrisation, else of its function (parametrisations pooled), else 0."""
+    name = f"{item.path.name}::{item.name}"
+    if name in MEASURED_S:
+        return MEASURED_S[name]
     return MEASURED_S.get(f"{item.path.name}::{getattr(item, 'originalname', item.name)}", 0.0)
 
 

@@ -427,6 +427,43 @@ def test_every_target_declares_its_capabilities_and_they_hold(tiny, fam: str, ov
     assert ids and ids == {id(w) for w in net.parameters()}
 
 
+REUSE_FAMILIES = ("anole", "lumina_mgpt", "llamagen_t2i", "llamagen_c2i", "emu3", "janus_pro")
+"""The families whose default target is a ``StaticGPTTarget`` with a text prompt (Tar's AR-DTok reads the LM's
+features): those ``reuse_prefill`` serves."""
+
+
+@pytest.mark.parametrize("fam", REUSE_FAMILIES)
+def test_a_reused_prefill_draws_the_same_images(tiny, fam: str) -> None:
+    """``StaticGPTTarget.reuse_prefill`` restores what the family's ``_prefill`` leaves (its K/V columns, its
+    outputs; a left-padded uncond row where the family pads): T = 1 images of AR and EAGLE-2 from one generator per
+    seed are the same with it as without, and a batch's admitted slot holds the same prompt K/V."""
+    from adtbench.models.base import StaticGPTTarget
+    from adtbench.models.batch import BatchTarget
+
+    root, _ = tiny
+    t = load(fam, root / fam)
+    assert isinstance(t, StaticGPTTarget)
+    sp = SamplingParams(temperature=1.0, cfg_scale=3.0 if t.supports_cfg else 1.0)
+    inputs, drafter = t.encode_prompt(TEXT, cfg=sp.use_cfg and t.supports_cfg), drafter_for(t)
+    cap = t.prompt_length(inputs) + t.layout.num_gen_tokens + 12
+
+    def draw(seed: int) -> tuple[list[list[int]], torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        images = [decode_ar(t, inputs, sp, g).tokens, decode_ar(t, inputs, sp, g).tokens]
+        images += [generate(t, drafter, Eagle2Policy(depth=2, top_k=3, total_tokens=8), inputs, sp, g).tokens
+                   for _ in range(2)]  # fmt: skip
+        bt = BatchTarget(t, 2, inputs.cfg, cap)
+        bt.admit(1, inputs)
+        bt.admit(1, inputs)
+        return images, bt.cache.buf[:, bt.slot_rows(1)].clone()
+
+    plain = [draw(seed) for seed in (0, 1)]
+    with t.reuse_prefill(inputs):
+        reused = [draw(seed) for seed in (0, 1)]
+    for (a, kv_a), (b, kv_b) in zip(plain, reused, strict=True):
+        assert a == b and torch.equal(kv_a, kv_b), fam
+
+
 # ---------------------------------------------------------------------------------------------------------
 # LANTERN neighbourhoods: every family exposes its codebook (row c = code c)
 # ---------------------------------------------------------------------------------------------------------

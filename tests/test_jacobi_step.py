@@ -20,6 +20,7 @@ random op in the graph), float64:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections import Counter
@@ -209,6 +210,15 @@ CASES = {
 }
 
 
+def step_images(
+    target: Any, inputs: Any, method: str, node: dict, n: int, g: torch.Generator, reuse: bool = True
+) -> list[Any]:
+    """``n`` images of the fixed-shape step from one generator; ``reuse``: the prompt's prefill run once and restored
+    for the others (``StaticGPTTarget.reuse_prefill``: the same tokens, ``tests/test_prefill_reuse.py``)."""
+    with target.reuse_prefill(inputs) if reuse else contextlib.nullcontext():
+        return [generate(target, JacobiModels(), policy(method, step="graph", **node), inputs, T1, g) for _ in range(n)]
+
+
 def step_law(name: str, setup: str, method: str, node: dict, n: int, record: Any) -> L.LawResult:
     """χ² of ``n`` images of the fixed-shape step (``engine.graphs.step=graph``) against AR's exact law."""
     target, inputs, law = law_setup(setup)
@@ -216,8 +226,7 @@ def step_law(name: str, setup: str, method: str, node: dict, n: int, record: Any
     g = torch.Generator().manual_seed(7)
     accepted = 0
     watch = TL.PathWatch()  # from the records: the step's chain verdict is its own
-    for _ in range(n):
-        res = generate(target, JacobiModels(), policy(method, step="graph", **node), inputs, T1, g)
+    for res in step_images(target, inputs, method, node, n, g):
         assert res.stats["step"] == "fixed-shape"
         counts[tuple(res.tokens)] += 1
         accepted += sum(c.accepted for c in res.cycles)

@@ -383,6 +383,21 @@ def sample_images(
     stat: str | None = None,
     paths: PathWatch | None = None,
 ) -> tuple[Counter, float, float]:
+    """:func:`draw_images` with the prompt's prefill run once and restored for every further image
+    (``StaticGPTTarget.reuse_prefill``: the same tokens per seed, ``tests/test_prefill_reuse.py``)."""
+    s = setup_of(case[0])
+    with s.target.reuse_prefill(s.inputs):
+        return draw_images(case, n, seed, rule, stat, paths)
+
+
+def draw_images(
+    case: Case,
+    n: int,
+    seed: int = 7,
+    rule: AcceptanceRule | None = None,
+    stat: str | None = None,
+    paths: PathWatch | None = None,
+) -> tuple[Counter, float, float]:
     """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
     ``res.stats[stat]`` (0 without ``stat``); ``paths``: each image's paths filed there (:class:`PathWatch`,
     entered by the caller). One slot: the engine's B = 1 loop with one generator; more: ``generate_batch`` (the
@@ -508,14 +523,15 @@ def test_lantern_delta_zero_replays_exact_acceptance(where: str) -> None:
     Stronger than a second χ² test at the same N, and a tenth of its cost."""
     s = setup_of(HEADLINE[EAGLE][0])
     zero = lantern_zero(s)
-    for seed in range(400):
-        runs = [
-            generate(s.target, s.drafter, HEADLINE[EAGLE][1](), s.inputs, s.sp,
-                     torch.Generator().manual_seed(seed), rule, acceptance=where)
-            for rule in (zero, EXACT)
-        ]  # fmt: skip
-        assert runs[0].tokens == runs[1].tokens, seed
-        assert [c.accepted for c in runs[0].cycles] == [c.accepted for c in runs[1].cycles], seed
+    with s.target.reuse_prefill(s.inputs):  # the prompt's prefill run once (tests/test_prefill_reuse.py)
+        for seed in range(400):
+            runs = [
+                generate(s.target, s.drafter, HEADLINE[EAGLE][1](), s.inputs, s.sp,
+                         torch.Generator().manual_seed(seed), rule, acceptance=where)
+                for rule in (zero, EXACT)
+            ]  # fmt: skip
+            assert runs[0].tokens == runs[1].tokens, seed
+            assert [c.accepted for c in runs[0].cycles] == [c.accepted for c in runs[1].cycles], seed
 
 
 GRAPHED_SEEDS = 150

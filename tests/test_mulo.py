@@ -179,11 +179,12 @@ def test_sampling_law_equals_ar(params, cfg_scale):
     expected = ar_joint(t, inputs, sp)
     g, n = torch.Generator().manual_seed(0), 1000
     counts, accepted = Counter(), 0
-    for _ in range(n):
-        res = decode_mulo(t, m, inputs, sp, g, params)
-        counts[tuple(res.tokens)] += 1
-        accepted += round(res.stats["accept_rate"] * 3)  # drafts accepted (3 judged: x̃_0..x̃_2 of the chain)
-        check_records(res, 4)
+    with t.reuse_prefill(inputs):  # the target's prefill run once (tests/test_prefill_reuse.py)
+        for _ in range(n):
+            res = decode_mulo(t, m, inputs, sp, g, params)
+            counts[tuple(res.tokens)] += 1
+            accepted += round(res.stats["accept_rate"] * 3)  # drafts accepted (3 judged: x̃_0..x̃_2 of the chain)
+            check_records(res, 4)
     pvalue, cells = pooled_chisquare(counts, expected, n)
     assert abs(sum(expected.values()) - 1) < 1e-9 and cells >= 10
     if params.rule == "exact":

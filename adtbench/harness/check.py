@@ -149,10 +149,13 @@ def aux_of(policy: Policy, drafter: Any) -> Any:
     return drafter if isinstance(policy, TreePolicy) else policy.models_for(drafter)
 
 
-def generate_with(policy: Policy, target: Any, drafter: Any, sp: SamplingParams, g: Any, where: str = "auto") -> Any:
+def generate_with(
+    policy: Policy, target: Any, drafter: Any, sp: SamplingParams, g: Any, where: str = "auto", inputs: Any = None
+) -> Any:
+    """One image of ``PROMPT`` (``inputs``: its encoding, else encoded here)."""
     from adtbench.algorithm.engine import generate
 
-    inputs = target.encode_prompt(PROMPT, cfg=True)
+    inputs = target.encode_prompt(PROMPT, cfg=True) if inputs is None else inputs
     return generate(target, aux_of(policy, drafter), policy, inputs, sp, g, EXACT, where)
 
 
@@ -259,11 +262,18 @@ def sample_images(policy: Policy, target: Any, drafter: Any, n: int, seed: int) 
     (a batchable loop's ``generate_batch``; a drafting tree policy: ``batch.generate_batch``) draws through
     ``SLOTS`` slots, and its first ``BATCH_CHECKED`` images must equal one-at-a-time decodes with the same
     generators (so the law tested is the B = 1 loop's too; a difference in a fraction f ≥ 0.09 of the images is seen
-    with probability ≥ 0.9); otherwise one image at a time."""
+    with probability ≥ 0.9); otherwise one image at a time. The prompt's prefill runs once, restored for every
+    further image (``StaticGPTTarget.reuse_prefill``: the same tokens, untimed)."""
+    inputs = target.encode_prompt(PROMPT, cfg=True)
+    with target.reuse_prefill(inputs):
+        return draw_images(policy, target, drafter, inputs, n, seed)
+
+
+def draw_images(policy: Policy, target: Any, drafter: Any, inputs: Any, n: int, seed: int) -> tuple[Counter, int, str]:
+    """``sample_images`` of ``inputs``."""
     from adtbench.algorithm.batch import generate_batch
     from adtbench.models.batch import BatchTarget
 
-    inputs = target.encode_prompt(PROMPT, cfg=True)
     counts: Counter = Counter()
     accepted = 0
 
@@ -271,12 +281,12 @@ def sample_images(policy: Policy, target: Any, drafter: Any, n: int, seed: int) 
         return torch.Generator().manual_seed(seed * 1_000_003 + i)
 
     def alone(i: int) -> list[int]:
-        return generate_with(policy, target, drafter, T1, gen(i)).tokens
+        return generate_with(policy, target, drafter, T1, gen(i), inputs=inputs).tokens
 
     tree = isinstance(policy, TreePolicy) and policy.uses_drafter
     if not (tree or (isinstance(policy, LoopPolicy) and policy.batchable)):
         for i in range(n):
-            res = generate_with(policy, target, drafter, T1, gen(i))
+            res = generate_with(policy, target, drafter, T1, gen(i), inputs=inputs)
             counts[tuple(res.tokens)] += 1
             accepted += sum(c.accepted for c in res.cycles)
         return counts, accepted, "one image at a time"

@@ -36,10 +36,12 @@ over those rows only (``logits_head``: 8,192 of Chameleon's 65,536).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -70,6 +72,11 @@ class PrefillResult:
     positions: torch.Tensor  # [R, P] position ids of the prompt positions
     valid: torch.Tensor  # [R, P] bool: real tokens (False on padding)
     ids: torch.Tensor | None = None  # [R, P] token ids of the prompt positions; None: not tokens (a condition)
+
+    def clone(self) -> PrefillResult:
+        """A copy whose tensors share no storage with this one's."""
+        copies = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return PrefillResult(**{k: None if v is None else v.clone() for k, v in copies.items()})
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ class Target(ABC):
         """Prefill the prompt and reset all per-row state; returns the prompt's logits and features."""
         prompt_len = self.prompt_length(inputs)
         capacity = prompt_len + self.layout.num_gen_tokens + max_tree_nodes
-        res = self._prefill(inputs, capacity)
+        res = self.prompt_prefill(inputs, capacity)
         rows, plen = res.valid.shape
         self.rows, self.length = rows, plen
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=res.valid.device)
@@ -210,6 +217,11 @@ class Target(ABC):
     @abstractmethod
     def prompt_length(self, inputs: PromptInputs) -> int:
         """Number of prompt positions (cache columns) ``_prefill`` will create."""
+
+    def prompt_prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
+        """The prompt's prefill that ``start`` and a batch's ``admit`` (``models.batch``) run: the adapter's
+        ``_prefill`` (a ``StaticGPTTarget`` restores it instead inside ``reuse_prefill``)."""
+        return self._prefill(inputs, capacity)
 
     @torch.no_grad()
     def verify_forward(
@@ -300,6 +312,46 @@ class StaticGPTTarget(Target):
     _pinned_masks: tuple[torch.Tensor, torch.Tensor] | None = None  # ``pinned_masks``
     _pin: tuple[int, bool] | None = None  # (extra prompt columns, capture CUDA graphs): pin at the first prefill
     _warned_unpinned = False
+    _reuse: tuple[PromptInputs, dict[int, tuple[PrefillResult, torch.Tensor]]] | None = None  # ``reuse_prefill``'s
+
+    @contextlib.contextmanager
+    def reuse_prefill(self, inputs: PromptInputs) -> Iterator[None]:
+        """While entered, each prefill of ``inputs`` (this object; ``start``, a batch's ``admit``) after the first at
+        a capacity is restored instead of run: a cache as the adapter's ``_prefill`` gets it (``kv_cache``), the
+        prompt's K/V copied into its columns 0 … P − 1, and a copy of the first ``PrefillResult`` — the same state
+        and values as running it, since a prefill is a deterministic function of (prompt, capacity, weights) and
+        writes nothing else (every adapter's ``_prefill``: K/V at those columns of ``kv_cache(R, capacity)``).
+        What follows the prefill — the first token's draw from its logits with the image's generator, the drafter's
+        start — runs as usual. Decoding never writes the prompt's columns (its writes start at ``length``;
+        ``tests/test_prefill_reuse.py``), and the kept K/V is a copy in any case.
+
+        Off unless entered, and entered only where many images of one prompt are drawn untimed (the law tests,
+        ``adtbench check``'s law test): never in a timed run (``bench``, the app, the AR baseline), whose prefill is
+        part of what it measures (``tests/test_prefill_reuse.py`` checks who enters it). The weights must not change
+        while it is entered."""
+        if self._reuse is not None:
+            raise RuntimeError("reuse_prefill is already entered on this target")
+        self._reuse = (inputs, {})
+        try:
+            yield
+        finally:
+            self._reuse = None
+
+    def prompt_prefill(self, inputs: PromptInputs, capacity: int) -> PrefillResult:
+        """``Target.prompt_prefill``; inside ``reuse_prefill(inputs)`` the first prefill at ``capacity`` is kept and
+        the later ones restored from it."""
+        if self._reuse is None or self._reuse[0] is not inputs:
+            return self._prefill(inputs, capacity)
+        kept = self._reuse[1].get(capacity)
+        if kept is None:
+            res = self._prefill(inputs, capacity)
+            P = res.valid.shape[1]
+            self._reuse[1][capacity] = (res.clone(), self.cache.buf[:, :, :, :P].clone())
+            return res
+        res, kv = kept
+        self.cache = self.kv_cache(res.valid.shape[0], capacity)
+        self.cache.buf[:, :, :, : kv.shape[3]] = kv
+        return res.clone()
 
     def request_static(self, graphs: bool, extra_prompt: int = 256) -> None:
         """From the next prefill on, keep one KV cache for every image (capacity: that prefill's plus

@@ -116,7 +116,7 @@ class BatchTarget:
         if P + t.layout.num_gen_tokens + 1 > self.capacity:
             raise ValueError(f"prompt of {P} positions does not fit the batch cache ({self.capacity} columns)")
         saved = t.cache
-        res = t._prefill(inputs, P)  # the adapter's own prefill, over a cache of exactly P columns
+        res = t.prompt_prefill(inputs, P)  # the adapter's own prefill, over a cache of exactly P columns
         own, t.cache = t.cache, saved
         rows = self.slot_rows(s)
         if res.valid.shape[0] != self.c:
