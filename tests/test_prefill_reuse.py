@@ -76,11 +76,12 @@ CASES = cases_per_setup()
 
 @pytest.fixture
 def prompt_kv_watch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """After every commit (a target's, a batch's), the prompt's K/V columns of every prefilled row equal the
-    prefill's kept copy (``reuse_prefill``'s): decoding — the trees' scratch columns, compaction, rollback — writes
-    past the prompt only. Returns the number of commits checked."""
+    """After every commit (a target's ``commit`` or the tree step's in-replay one, both ending in ``committed``; a
+    batch's), the prompt's K/V columns of every prefilled row equal the prefill's kept copy (``reuse_prefill``'s):
+    decoding — the trees' scratch columns, compaction, rollback — writes past the prompt only. Returns the number
+    of commits checked."""
     checked = [0]
-    commit, batch_commit = StaticGPTTarget.commit, BatchTarget.commit
+    committed, batch_commit = StaticGPTTarget.committed, BatchTarget.commit
 
     def kept(t: Any) -> torch.Tensor | None:
         if t._reuse is None:
@@ -88,8 +89,8 @@ def prompt_kv_watch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         kvs = list(t._reuse[1].values())
         return kvs[0][1] if kvs else None
 
-    def target_commit(self: Any, keep: torch.Tensor, in_place: bool = False) -> None:
-        commit(self, keep, in_place)
+    def target_committed(self: Any, *args: Any, **kwargs: Any) -> None:  # ``commit``'s end, or the tree step's
+        committed(self, *args, **kwargs)
         kv = kept(self)
         if kv is not None and self.cache.buf.shape[1] == kv.shape[1]:
             assert torch.equal(self.cache.buf[:, :, :, : kv.shape[3]], kv), "decoding wrote the prompt's K/V"
@@ -104,7 +105,7 @@ def prompt_kv_watch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
                 assert torch.equal(got, kv), f"decoding wrote slot {s}'s prompt K/V"
             checked[0] += 1
 
-    monkeypatch.setattr(StaticGPTTarget, "commit", target_commit)
+    monkeypatch.setattr(StaticGPTTarget, "committed", target_committed)
     monkeypatch.setattr(BatchTarget, "commit", slots_commit)
     return checked
 
