@@ -325,6 +325,8 @@ MEASURED_S = {
     "test_report.py::test_page_in_headless_chromium": 34,
     "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 29,
     "test_jacobi_step.py::test_law_of_the_fixed_shape_step[scd-up-step-t1]": 25,
+    "test_laws.py::test_law[static-sampled-cycle-graphed-k2w4]": 24,  # the graphed cycle (trees2's measure, load 1.6)
+    "test_laws.py::test_law[eagle2-cycle-graphed-k2w4]": 24,
     "test_typecheck.py::test_algorithm_layer_is_mypy_clean": 21,
     "test_emu3_shape.py::test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout": 21,
     "test_laws.py::test_law[sjd_pac-K2D2-pac]": 20,
