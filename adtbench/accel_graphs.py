@@ -239,14 +239,28 @@ class StandInGraph(Graph):
 
 
 def _signature(x: Any) -> Any:
-    """What of an argument a CUDA graph freezes: a tensor's shape and dtype, a Python value itself."""
+    """What of an argument a CUDA graph freezes: a tensor's shape and dtype, a Python value itself. Asked of every
+    argument of every op a stand-in graph runs, so the common leaves are tested first, by exact type."""
+    kind = type(x)
+    if kind in _VALUES:
+        return x
     if isinstance(x, torch.Tensor):
-        return ("T", tuple(x.shape), str(x.dtype))
-    if isinstance(x, list | tuple):
+        return ("T", x.shape, x.dtype)
+    if kind is list or kind is tuple or isinstance(x, list | tuple):
         return tuple(_signature(v) for v in x)
-    if isinstance(x, int | float | bool | str | slice | type(None) | torch.dtype | torch.device):
-        return x if not isinstance(x, slice) else ("slice", x.start, x.stop, x.step)
-    return type(x).__name__
+    if isinstance(x, int | float | bool | str | type(None) | torch.dtype | torch.device):
+        return x
+    if kind is slice:
+        return ("slice", x.start, x.stop, x.step)
+    return kind.__name__
+
+
+_VALUES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.device))
+"""The exact types ``_signature`` keeps as they are (subclasses take the ``isinstance`` path)."""
+
+
+_NO_MODES = torch._C.DisableTorchFunction
+"""Within: torch calls reach no ``TorchFunctionMode`` (neither the trace nor the simulated device below it)."""
 
 
 class _Trace(TorchFunctionMode):
@@ -274,19 +288,22 @@ class _Trace(TorchFunctionMode):
             raise GraphError(f"{name} synchronises the device: illegal while a CUDA graph is being captured")
         if self.capturing and name in DRAWS:
             self._check_draw(name, kwargs.get("generator"))
-        self.ops.append((name, _signature(list(args)), _signature(sorted(kwargs.items()))))
-        for t in tensors_in(args, kwargs):
-            ptr, storage = _storage(t)
-            if ptr not in self.made:
-                self.reads.add(ptr)
-                if self.capturing and storage is not None and ptr not in self.held and storage.nbytes() > 0:
-                    self.held[ptr] = storage
-                    self.first_use[ptr] = f"{name} at {call_site()}"
+        # the bookkeeping's own tensor calls (shape, storage) are not the forward's: no mode sees them
+        with _NO_MODES():
+            self.ops.append((name, _signature(args), _signature(sorted(kwargs.items())) if kwargs else ()))
+            for t in tensors_in(args, kwargs):
+                ptr, storage = _storage(t)
+                if ptr not in self.made:
+                    self.reads.add(ptr)
+                    if self.capturing and storage is not None and ptr not in self.held and storage.nbytes() > 0:
+                        self.held[ptr] = storage
+                        self.first_use[ptr] = f"{name} at {call_site()}"
         out = func(*args, **kwargs)
-        for t in tensors_in((out,), {}):
-            ptr, _ = _storage(t)
-            if ptr not in self.reads:
-                self.made.add(ptr)
+        with _NO_MODES():
+            for t in [out] if isinstance(out, torch.Tensor) else tensors_in((out,), {}):
+                ptr, _ = _storage(t)
+                if ptr not in self.reads:
+                    self.made.add(ptr)
         return out
 
     def _check_draw(self, name: str, g: Any) -> None:

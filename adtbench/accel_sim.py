@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import weakref
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -33,7 +34,6 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakTensorKeyDictionary
 
 SIM_DEVICE = torch.device("cpu", 0)
 """The simulated device: CPU memory, told apart from the host (``cpu``) by its index."""
@@ -111,8 +111,13 @@ def tensors_in(args: Any, kwargs: dict) -> list[torch.Tensor]:
     Every torch call under the simulation asks this, so plain tuples, lists and dicts are walked here: a torch op's
     arguments are tensors, numbers and flat sequences of them, and ``tree_flatten`` is ≈ 30 × slower on those."""
     found: list[torch.Tensor] = []
-    _collect(args, found)
-    _collect(kwargs, found)
+    for x in args if type(args) is tuple else (args,):  # the common case inline: a flat tuple of tensors and numbers
+        if isinstance(x, torch.Tensor):
+            found.append(x)
+        elif type(x) in _PLAIN or isinstance(x, _PLAIN):
+            _collect(x, found)
+    if kwargs:
+        _collect(kwargs, found)
     return found
 
 
@@ -180,9 +185,58 @@ class _SimGenerator(torch.Generator):
 _BASE_GENERATOR = torch.Generator
 
 
-_ON_DEVICE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
-PINNED: WeakTensorKeyDictionary = WeakTensorKeyDictionary()  # ``pinned`` host buffers (page-locked on CUDA)
-_HOST_SITE: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+class TensorTags:
+    """A value per live tensor object, held weakly (the tensor's entry goes when its Python object does): the
+    mapping ``torch.utils.weak.WeakTensorKeyDictionary`` is, keyed by ``id`` in a plain dict. Every torch call under
+    the simulation asks it of each tensor argument, and the weak dictionary's Python-level key objects cost ≈ 3 ×
+    this lookup (one ``dict.get`` and a weak reference's call)."""
+
+    def __init__(self) -> None:
+        self._refs: dict[int, tuple[weakref.ref, Any]] = {}
+
+    def __contains__(self, t: object) -> bool:
+        entry = self._refs.get(id(t))
+        return entry is not None and entry[0]() is t
+
+    def get(self, t: torch.Tensor, default: Any = None) -> Any:
+        entry = self._refs.get(id(t))
+        return entry[1] if entry is not None and entry[0]() is t else default
+
+    def __getitem__(self, t: torch.Tensor) -> Any:
+        entry = self._refs.get(id(t))
+        if entry is None or entry[0]() is not t:
+            raise KeyError(t)
+        return entry[1]
+
+    def __setitem__(self, t: torch.Tensor, value: Any) -> None:
+        key = id(t)
+        entry = self._refs.get(key)
+        if entry is not None and entry[0]() is t:
+            self._refs[key] = (entry[0], value)
+            return
+        refs = self._refs
+
+        def drop(ref: weakref.ref, key: int = key) -> None:  # the tensor died: forget it, unless its id is reused
+            if refs.get(key, (None,))[0] is ref:
+                del refs[key]
+
+        refs[key] = (weakref.ref(t, drop), value)
+
+    def pop(self, t: torch.Tensor, default: Any = None) -> Any:
+        key = id(t)
+        entry = self._refs.get(key)
+        if entry is None or entry[0]() is not t:
+            return default
+        del self._refs[key]
+        return entry[1]
+
+    def __len__(self) -> int:
+        return sum(1 for ref, _ in self._refs.values() if ref() is not None)
+
+
+_ON_DEVICE = TensorTags()
+PINNED = TensorTags()  # ``pinned`` host buffers (page-locked on CUDA)
+_HOST_SITE = TensorTags()
 
 
 def _generator_on_device(g: Any) -> bool:

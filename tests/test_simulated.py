@@ -11,6 +11,7 @@ planted-bug negative controls."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -57,6 +58,13 @@ def _compose(overrides: list[str]):
     register_resolvers()
     with initialize_config_dir(version_base="1.3", config_dir=str(ROOT / "conf")):
         return compose("config", overrides=overrides)
+
+
+@functools.cache
+def _policy_config(overrides: tuple[str, ...]):
+    """``_compose`` of a policy's overrides, once per process: the every-policy test builds each policy (afresh:
+    ``build_policy`` reads the config, never writes it) for 4 rule × temperature cases."""
+    return _compose(list(overrides))
 
 
 @pytest.mark.slow
@@ -145,7 +153,7 @@ def test_every_policy_and_rule_on_the_simulated_device(device_models, relax: str
         ar = decode_ar(target, inputs, sp, accel.generator(target.device, 0))
         for name, extra in POLICY_NODES.items():
             base = "adt" if name.startswith("adt") else name
-            policy = build_policy(_compose([f"policy={base}", *extra]))
+            policy = build_policy(_policy_config((f"policy={base}", *extra)))
             policy.bind(lambda *_: synthetic_cost_model())
             out = generate(target, drafter, policy, inputs, sp, accel.generator(target.device, 0), rule)
             assert len(out.tokens) == target.layout.num_gen_tokens
