@@ -118,3 +118,19 @@ def test_a_one_prompt_one_row_comparison_writes_its_table(tmp_path: Path, capsys
     assert all(j["n_samples"] == 1 for j in row["jobs"])
     assert "| adt_cost_greedy |" in (out / "compare.md").read_text()
     assert "| adt_cost_greedy |" in capsys.readouterr().out
+
+
+def test_the_time_columns_tell_which_side_moved_and_a_saved_table_renders_again(tmp_path: Path, capsys) -> None:
+    """``method time`` / ``AR time`` new/old: the ratio of each side's median latency — an unchanged method beside a
+    faster AR baseline reads SLOWER by speedup, 1.0 by method time; ``--table`` prints a saved compare.json again."""
+    jobs = [
+        {**j, "latency_s": 1.0, "baseline_latency_s": 1.0 if j["side"] == "old" else 0.8}
+        for j in _jobs([1.0, 1.0], [0.8, 0.8])
+    ]
+    r = C.row_result("x", jobs, noise=0.03)
+    assert r["verdict"] == "SLOWER" and r["method_time"] == pytest.approx(1.0) and r["ar_time"] == pytest.approx(0.8)
+    saved = tmp_path / "compare.json"
+    saved.write_text(json.dumps([{"row": "x", "jobs": jobs}]))
+    assert C.main(["-", "--table", str(saved)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| x |"))
+    assert "| 1.000 | 0.800 |" in line and line.endswith("| SLOWER |")

@@ -2,6 +2,7 @@
 
     benchmarks/compare.sh BASE [ROWS...] [--rounds 2] [--prompts 12] [--offset 4] [--noise 0.03] [--out DIR]
                           [-- app overrides applied to every job]
+    benchmarks/compare.sh - --table DIR/compare.json   (a saved comparison's table again)
     python -m adtbench.tools.bench_compare ...   (the same)
 
 The no-regression rule (docs/development.md): before a change to the engine lands, every row of the speed table
@@ -24,15 +25,15 @@ of a cache dir (one measured on a quiet machine: a model measured under load siz
 the comparison to contention's costs).
 
 The table (printed, and ``compare.md`` / ``compare.json`` in ``--out``): per row τ old/new and speedup old/new
-(medians over rounds), ``new/old`` (the ratio of the median speedups) with the range of the per-round paired
-ratios, the ratio at equal τ (new/old × τ old / τ new: the speedup per committed token, i.e. the cycle's cost
-alone), the 1-min load averages around the row's jobs, and a verdict: ``SLOWER`` when new/old < 1 − noise,
-``faster`` when > 1 + noise, else ``≈``; noise = max(``--noise``, half the spread of the paired ratios). Where τ
-differs by more than 0.5 % the verdict reads the ratio at equal τ and says so with τ's shift: at T > 0 two engines
-that draw their random numbers differently decode other tokens, and τ on 12 prompts moves with the random stream
-(EAGLE-2's fixed tree: 2.68 against 2.40 from the root's draw alone); on a greedy row a τ shift is a change of the
-trees themselves.
-``compare.json`` is rewritten after every job (a killed comparison keeps what it measured).
+(medians over rounds), ``new/old`` (the ratio of the median speedups) with the range of the per-round paired ratios,
+the ratio at equal τ (new/old × τ old / τ new: the speedup per committed token, i.e. the cycle's cost alone), each
+side's median method and AR latency new/old (which side of the speedup moved: a faster AR baseline lowers an
+unchanged method's speedup), the 1-min load averages around the row's jobs, and a verdict: ``SLOWER`` when new/old <
+1 − noise, ``faster`` when > 1 + noise, else ``≈``; noise = max(``--noise``, half the spread of the paired ratios).
+Where τ differs by more than 0.5 % the verdict reads the ratio at equal τ and says so with τ's shift: at T > 0 two
+engines that draw their random numbers differently decode other tokens, and τ on 12 prompts moves with the random
+stream (EAGLE-2's fixed tree: 2.68 against 2.40 from the root's draw alone); on a greedy row a τ shift is a change
+of the trees themselves. ``compare.json`` is rewritten after every job (a killed comparison keeps what it measured).
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def parse(args: list[str]) -> argparse.Namespace:
     p.add_argument("--noise", type=float, default=NOISE, help="the verdict's floor (relative)")
     p.add_argument("--out", type=Path, default=None, help="output dir (default outputs/compare/<time>)")
     p.add_argument("--own-cost-models", action="store_true", help="each side measures its own cost model")
+    p.add_argument("--table", type=Path, default=None, help="only print the table of a saved compare.json again")
     p.add_argument(
         "--cost-from",
         type=Path,
@@ -228,6 +230,10 @@ def row_result(name: str, jobs: list[dict[str, Any]], noise: float) -> dict[str,
         by = {j["side"]: j["speedup"] for j in ok if j["round"] == r}
         if len(by) == 2 and by["old"]:
             paired.append(by["new"] / by["old"])
+    for key, part in (("latency_s", "method_time"), ("baseline_latency_s", "ar_time")):  # each side's own times
+        times = {side: [j[key] for j in ok if j["side"] == side and j.get(key)] for side in SIDES}
+        both = all(times.values())
+        res[part] = statistics.median(times["new"]) / statistics.median(times["old"]) if both else None
     old, new = res["speedup_old"], res["speedup_new"]
     res["ratio"] = new / old if old and new is not None else None
     res["paired"] = [min(paired), max(paired)] if paired else None
@@ -257,9 +263,9 @@ def table(results: list[dict[str, Any]], header: str) -> str:
     lines = [
         header,
         "",
-        "| row | τ old | τ new | speedup old | speedup new | new/old [per round] | at equal τ | noise | load "
-        "| verdict |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---|---|",
+        "| row | τ old | τ new | speedup old | speedup new | new/old [per round] | at equal τ | noise | method time "
+        "new/old | AR time new/old | load | verdict |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         paired = f" [{r['paired'][0]:.3f}, {r['paired'][1]:.3f}]" if r.get("paired") else ""
@@ -267,8 +273,8 @@ def table(results: list[dict[str, Any]], header: str) -> str:
         lines.append(
             f"| {r['row']} | {num(r['tau_old'], '.3f')} | {num(r['tau_new'], '.3f')} | "
             f"{num(r['speedup_old'], '.3f', '×')} | {num(r['speedup_new'], '.3f', '×')} | "
-            f"{num(r['ratio'], '.3f')}{paired} | {num(r.get('ratio_equal_tau'), '.3f')} | ±{r['noise']:.3f} | {load} | "
-            f"{r['verdict']} |"
+            f"{num(r['ratio'], '.3f')}{paired} | {num(r.get('ratio_equal_tau'), '.3f')} | ±{r['noise']:.3f} | "
+            f"{num(r.get('method_time'), '.3f')} | {num(r.get('ar_time'), '.3f')} | {load} | {r['verdict']} |"
         )
     lines += [
         "",
@@ -277,13 +283,19 @@ def table(results: list[dict[str, Any]], header: str) -> str:
         "committed token: the cycle's cost alone); noise: max(floor, half that range); load: 1-min load averages "
         "around the row's jobs. The verdict reads new/old, or the ratio at equal τ where τ differs by more than "
         f"{100 * TAU_EQUAL:.1f} % (at T > 0 two engines that draw differently decode other tokens: τ then moves "
-        "with the random stream, by up to ±10 % on 12 prompts).",
+        "with the random stream, by up to ±10 % on 12 prompts). Method time and AR time new/old: the ratio of each "
+        "side's median latency (across jobs, so the load's drift is in them; they tell which side of the speedup "
+        "moved — a faster AR baseline lowers the speedup of an unchanged method).",
     ]
     return "\n".join(lines)
 
 
 def main(args: list[str] | None = None) -> int:
     ns = parse(sys.argv[1:] if args is None else args)
+    if ns.table is not None:  # the saved jobs through today's verdicts and columns
+        saved = json.loads(ns.table.read_text())
+        print(table([row_result(r["row"], r["jobs"], ns.noise) for r in saved], f"**compare** of {ns.table}"))
+        return 0
     out = (ns.out or ROOT / "outputs" / "compare" / time.strftime("%Y-%m-%d_%H-%M-%S")).resolve()
     out.mkdir(parents=True, exist_ok=True)
     prompts = out / "prompts.txt"
