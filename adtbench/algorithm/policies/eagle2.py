@@ -128,6 +128,15 @@ def eagle2_device_steps(
             tokens, parents, d, anc, alive = graphs.run(key, None, program, level=False)
     else:
         tokens, parents, d, anc, alive = _tree(score, tok, parent, keep, session.root_token, len(sizes))
+    return _drafted(session, K, info, (tokens, parents, d, anc, alive), static=graphs is not None and budget is None)
+
+
+def _drafted(
+    session: DraftSession, K: int, info: dict[str, float | int | str], parts: tuple[torch.Tensor, ...], **more: Any
+) -> DraftTree:
+    """The ``DraftTree`` of an EAGLE-2 cycle: ``parts`` = (tokens, parents, depth, ancestor mask, alive); ``more``:
+    ``static`` (a graph's outputs), ``readout`` / ``on_read``."""
+    tokens, parents, d, anc, alive = parts
     return DraftTree(
         tokens,
         parents,
@@ -138,7 +147,7 @@ def eagle2_device_steps(
         depth=d,
         ancestor_mask=anc,
         max_children=K,
-        static=graphs is not None and budget is None,  # a graph's outputs
+        **more,
     )
 
 
@@ -180,20 +189,7 @@ def _device_budget_tree(
         budget.next_rounds = int(rounds)
         info.update(N_cost=int(n), E_pred=e_pred, calib=calib)
 
-    return DraftTree(
-        tokens,
-        parents,
-        drafted_depth=len(session.levels) + 1,
-        width=K,
-        info=info,
-        alive=alive,
-        depth=d,
-        ancestor_mask=anc,
-        max_children=K,
-        static=True,
-        readout=readout,
-        on_read=on_read,
-    )
+    return _drafted(session, K, info, (tokens, parents, d, anc, alive), static=True, readout=readout, on_read=on_read)
 
 
 _TABLES: weakref.WeakKeyDictionary[TreeBudget, dict[Any, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float]]]
