@@ -382,91 +382,82 @@ def sample_images(
     rule: AcceptanceRule | None = None,
     stat: str | None = None,
     paths: PathWatch | None = None,
-) -> tuple[Counter, float, float]:
-    """:func:`draw_images` with the prompt's prefill run once and restored for every further image
-    (``StaticGPTTarget.reuse_prefill``: the same tokens per seed, ``tests/test_prefill_reuse.py``)."""
-    s = setup_of(case[0])
-    with s.target.reuse_prefill(s.inputs):
-        return draw_images(case, n, seed, rule, stat, paths)
-
-
-def draw_images(
-    case: Case,
-    n: int,
-    seed: int = 7,
-    rule: AcceptanceRule | None = None,
-    stat: str | None = None,
-    paths: PathWatch | None = None,
+    reuse: bool = True,
 ) -> tuple[Counter, float, float]:
     """``n`` images of ``case`` (their token tuples counted), the drafts accepted per image and the mean of
     ``res.stats[stat]`` (0 without ``stat``); ``paths``: each image's paths filed there (:class:`PathWatch`,
     entered by the caller). One slot: the engine's B = 1 loop with one generator; more: ``generate_batch`` (the
     policy's, Jacobi; ``batch.generate_batch``, a tree policy) with a generator per image, the first
-    ``BATCH_CHECKED`` images equal to B = 1 decodes with the same generators."""
+    ``BATCH_CHECKED`` images equal to B = 1 decodes with the same generators.
+    ``reuse``: the prompt's prefill run once and restored for every further image (``StaticGPTTarget.reuse_prefill``:
+    the same tokens per seed, ``tests/test_prefill_reuse.py``)."""
     setup_name, make, aux, rule_of, where, slots = case
     s = setup_of(setup_name)
-    rule = rule_of(s) if rule is None else rule
-    counts: Counter = Counter()
-    accepted = extra = 0.0
-    chain, depth = _chain_and_depth(make)
-    if slots > 1:
-        pol = make()
-        bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
+    with s.target.reuse_prefill(s.inputs) if reuse else contextlib.nullcontext():
+        rule = rule_of(s) if rule is None else rule
+        counts: Counter = Counter()
+        accepted = extra = 0.0
+        chain, depth = _chain_and_depth(make)
+        if slots > 1:
+            pol = make()
+            bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
 
-        def gen(i: int) -> torch.Generator:
-            return torch.Generator().manual_seed(seed * 1_000_003 + i)
+            def gen(i: int) -> torch.Generator:
+                return torch.Generator().manual_seed(seed * 1_000_003 + i)
 
-        items = [(i, s.inputs, gen(i)) for i in range(n)]
-        first: dict[int, list[int]] = {}
+            items = [(i, s.inputs, gen(i)) for i in range(n)]
+            first: dict[int, list[int]] = {}
 
-        def done(key: Any, res: Any) -> None:
-            nonlocal accepted, extra
-            counts[tuple(res.tokens)] += 1
-            accepted += sum(c.accepted for c in res.cycles)
-            extra += res.stats[stat] if stat else 0
+            def done(key: Any, res: Any) -> None:
+                nonlocal accepted, extra
+                counts[tuple(res.tokens)] += 1
+                accepted += sum(c.accepted for c in res.cycles)
+                extra += res.stats[stat] if stat else 0
+                if paths is not None:
+                    paths.image(items[key][2], res, chain, depth)
+                if key < BATCH_CHECKED:
+                    first[key] = res.tokens
+
+            if aux == "drafter":
+                generate_batch(bt, s.drafter, pol, items, s.sp, done, rule, where)
+            else:
+                pol.generate_batch(bt, None, items, s.sp, done, rule, where)
+            if paths is not None:  # the B = 1 check below is not counted
+                paths.on = False
+            models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
+            alone = [generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, gen(i), rule,
+                              where).tokens for i in range(min(n, BATCH_CHECKED))]  # fmt: skip
+            assert [first[i] for i in range(len(alone))] == alone, "the batched draws differ from B = 1's"
             if paths is not None:
-                paths.image(items[key][2], res, chain, depth)
-            if key < BATCH_CHECKED:
-                first[key] = res.tokens
-
-        if aux == "drafter":
-            generate_batch(bt, s.drafter, pol, items, s.sp, done, rule, where)
-        else:
-            pol.generate_batch(bt, None, items, s.sp, done, rule, where)
-        if paths is not None:  # the B = 1 check below is not counted
-            paths.on = False
-        models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
-        alone = [generate(s.target, models, pol if aux == "jacobi" else make(), s.inputs, s.sp, gen(i), rule,
-                          where).tokens for i in range(min(n, BATCH_CHECKED))]  # fmt: skip
-        assert [first[i] for i in range(len(alone))] == alone, "the batched draws differ from B = 1's"
-        if paths is not None:
-            paths.events.clear()
-            paths.on = True
+                paths.events.clear()
+                paths.on = True
+            return counts, accepted / n, extra / n
+        graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
+        step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
+        whole_cycle = setup_name.endswith(
+            "cycle-graphed"
+        )  # one policy: its graphs captured once, replayed by every image
+        launches, caught_up = sum(x.launches for x in TS.steps_of(s.target)), catch_up_replays(s.drafter)
+        with accel.simulate() if graphed else contextlib.nullcontext():
+            g = torch.Generator(device="cuda" if graphed else "cpu").manual_seed(seed)
+            models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
+            pol = make()
+            for _ in range(n):
+                p = pol if aux == "jacobi" or whole_cycle else make()
+                p.graphs = GraphModes(verify=step)  # engine.graphs.verify
+                res = generate(s.target, models, p, s.inputs, s.sp, g, rule, where)
+                counts[tuple(res.tokens)] += 1
+                accepted += sum(c.accepted for c in res.cycles)
+                extra += res.stats[stat] if stat else 0
+                if paths is not None:
+                    paths.image(g, res, chain, depth)
+        if graphed:  # every level of every drafted cycle was a graph replay (one per level, or the draft phase's)
+            assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
+        if step == "graph" or whole_cycle:  # the drafted cycles were verified by the tree step
+            assert sum(x.launches for x in TS.steps_of(s.target)) - launches >= n
+        if whole_cycle:  # and the drafter caught up by its graph after a verify, in a quarter of the images at least
+            assert catch_up_replays(s.drafter) - caught_up >= n // 4
         return counts, accepted / n, extra / n
-    graphed = setup_name.endswith("-graphed")  # the simulated CUDA device, the drafter's levels graphed
-    step = "graph" if setup_name.endswith("-step") else "auto"  # the graphed tree verify's step, run eagerly
-    whole_cycle = setup_name.endswith("cycle-graphed")  # one policy: its graphs captured once, replayed by every image
-    launches, caught_up = sum(x.launches for x in TS.steps_of(s.target)), catch_up_replays(s.drafter)
-    with accel.simulate() if graphed else contextlib.nullcontext():
-        g = torch.Generator(device="cuda" if graphed else "cpu").manual_seed(seed)
-        models = JacobiModels(s.drafter) if aux == "jacobi" else s.drafter
-        pol = make()
-        for _ in range(n):
-            p = pol if aux == "jacobi" or whole_cycle else make()
-            p.graphs = GraphModes(verify=step)  # engine.graphs.verify
-            res = generate(s.target, models, p, s.inputs, s.sp, g, rule, where)
-            counts[tuple(res.tokens)] += 1
-            accepted += sum(c.accepted for c in res.cycles)
-            extra += res.stats[stat] if stat else 0
-            if paths is not None:
-                paths.image(g, res, chain, depth)
-    if graphed:  # every level of every drafted cycle was a graph replay (one per level, or the draft phase's)
-        assert s.drafter.level_graphs is not None and s.drafter.level_graphs.replays > 0
-    if step == "graph" or whole_cycle:  # the drafted cycles were verified by the tree step
-        assert sum(x.launches for x in TS.steps_of(s.target)) - launches >= n
-    if whole_cycle:  # and the drafter caught up by its graph after a verify, in a quarter of the images at least
-        assert catch_up_replays(s.drafter) - caught_up >= n // 4
-    return counts, accepted / n, extra / n
 
 
 def required_paths(case: Case) -> tuple[str, ...]:

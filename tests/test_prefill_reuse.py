@@ -36,7 +36,7 @@ def gen(seed: int) -> torch.Generator:
 
 
 class Recorder(TL.PathWatch):
-    """A ``PathWatch`` that also keeps each image's tokens, in the order ``draw_images`` files them."""
+    """A ``PathWatch`` that also keeps each image's tokens, in the order ``sample_images`` files them."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -48,13 +48,10 @@ class Recorder(TL.PathWatch):
 
 
 def images(case: TL.Case, seed: int, reuse: bool) -> list[list[int]]:
-    """``IMAGES`` images of ``case`` from ``seed`` (``draw_images``: a batched case's first ones also checked against
+    """``IMAGES`` images of ``case`` from ``seed`` (``sample_images``: a batched case's first ones also checked against
     B = 1 decodes), with or without the prefill's reuse."""
     with Recorder() as rec:
-        if reuse:
-            TL.sample_images(case, IMAGES, seed, paths=rec)
-        else:
-            TL.draw_images(case, IMAGES, seed, paths=rec)
+        TL.sample_images(case, IMAGES, seed, paths=rec, reuse=reuse)
     return rec.tokens
 
 
