@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-# Bytecode. Where the environment forbids writing it (``PYTHONDONTWRITEBYTECODE``, set on CI's machines) every
-# interpreter the suite starts — two xdist workers and ≈ 100 subprocesses (the CLI, the scripts) — compiles torch's,
-# transformers' and scipy's Python sources afresh: ≈ 3 CPU s of a 6 s ``import adtbench.harness.app``. The suite
-# writes it instead under its own git-ignored cache dir (``PYTHONPYCACHEPREFIX``: the source trees and the venv stay
-# as they are), set before torch loads and inherited by every interpreter started from here.
+# Bytecode. Where the environment forbids writing it (``PYTHONDONTWRITEBYTECODE``, as on this project's machines)
+# every interpreter the suite starts — two xdist workers and every CLI or script subprocess — compiles torch's,
+# transformers' and scipy's Python sources afresh: 2–3 CPU s of the 5–6 s that importing the app, transformers and
+# scipy takes. The suite writes it instead under its own git-ignored cache dir (``PYTHONPYCACHEPREFIX``: the source
+# trees and the venv stay as they are), set before torch loads and inherited by every interpreter started from here.
 if sys.dont_write_bytecode or os.environ.get("PYTHONDONTWRITEBYTECODE"):
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
