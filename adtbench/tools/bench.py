@@ -100,8 +100,11 @@ JACOBI_STEP = "jacobi: step (one graph replay)"  # ``methods.jacobi.step``: the 
 LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection)"  # ``drafters.graphed``
 TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance, KV commit)"  # ``tree_step``
 CATCH_UP = "drafter catch-up (one graph replay)"  # ``drafters.catch_up``
+BATCH_STEP = "batched verify step (one graph replay: forward, processing, every slot's acceptance, KV commit)"
 # ``bench.count``: not engine ops
-NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP})
+NETWORKS = frozenset(
+    {TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP, BATCH_STEP}
+)
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -386,6 +389,9 @@ BATCH_PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.batch", "_processed", "target logits processing"),
     ("adtbench.algorithm.batch", "verify_slots", "acceptance (device)"),
     ("adtbench.algorithm.slot", "read_verdicts", "the cycle's host read"),
+    ("adtbench.algorithm.batch_step:BatchTreeStep", "launch", BATCH_STEP),
+    ("adtbench.algorithm.batch_step:BatchTreeStep", "fill", "batched verify step: the trees into its buffers, draws"),
+    ("adtbench.algorithm.batch_step:BatchTreeStep", "verify", "the cycle's host read"),
 )
 
 
