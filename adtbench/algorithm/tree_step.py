@@ -42,9 +42,10 @@ before it. Then three small writes (g, L, the root's positions), one fill of the
 (``engine.compile=true`` on CUDA or the simulated device), acceptance is on the device and the tree fits a bucket;
 ``graph`` — also where the buckets are static but not captured (the same function, run eagerly); a ``ConfigError``
 naming ``engine.graphs.verify`` where that cannot be (no static buckets, acceptance on the host); ``eager`` — the
-op-by-op cycle. One-node trees, trees larger than every bucket and batched decoding (``decode.batch_size > 1``) take
-the eager cycle. The law is the eager cycle's; a seed gives other tokens at T > 0 (the bonus by inverse CDF, the
-uniforms from a buffer of b + 1) and the same tokens (AR's) when greedy: ``tests/test_tree_step.py``.
+op-by-op cycle. One-node trees and trees larger than every bucket take the eager cycle; batched decoding
+(``decode.batch_size > 1``) verifies through ``batch_step`` (every slot's tree in one replay). The law is the eager
+cycle's; a seed gives other tokens at T > 0 (the bonus by inverse CDF, the uniforms from a buffer of b + 1) and the
+same tokens (AR's) when greedy: ``tests/test_tree_step.py``.
 """
 
 from __future__ import annotations
