@@ -21,13 +21,16 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import small_tree_policies, tiny
+from conftest import small_tree_policies, tiny, with_cost
 
 import adtbench.algorithm.batch_step as BS
 from adtbench import accel, accel_graphs
 from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.engine import decode_ar
 from adtbench.algorithm.methods.gate import DraftGate
+from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.sampling import process_logits, sample_rows_cdf
+from adtbench.algorithm.verify import EXACT, Draws, accept_tree
 from adtbench.errors import ConfigError
 from adtbench.graph_modes import GraphModes
 from adtbench.models.batch import BatchTarget
@@ -37,6 +40,8 @@ GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)
 PROMPTS = ("a red circle", "two blue squares on a striped floor", "a green cat")
 POLICIES = small_tree_policies()
+TS_POLICIES = {**POLICIES, "adt_sampled": lambda: with_cost(
+    ADTPolicy(D0=3, K0=3, K_min=2, K_max=3, N_max=8, budget="cost", draft_sampling="sample"))}  # fmt: skip
 
 
 def batch(target: Any, slots: int, inputs: list[Any]) -> BatchTarget:
@@ -79,6 +84,80 @@ def test_greedy_equals_ar_through_the_batched_step(name: str) -> None:
         steps = BS.batch_steps_of(bt)
         assert steps and all(s.graphed and s.graphs for s in steps)
         assert launches(bt) == bt.forwards > 3  # every batched cycle: one launch
+
+
+class _Checked:
+    """Wraps ``BatchTreeStep.verify``: after each launch, for every slot, ``verify.accept_tree`` on its policy's own
+    (unpadded) tree from its rows of the step's raw logits and its uniforms (node i's, then the bonus's) gives the
+    step's verdict; a root alone's bonus is its row's argmax (greedy) or the inverse-CDF draw of its last uniform."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, rule: Any) -> None:
+        self.cycles, self.alone, self.rule, self.seen = 0, 0, rule, set()
+        real = BS.BatchTreeStep.verify
+
+        def verify(step: BS.BatchTreeStep, cases: list) -> Any:
+            out = real(step, cases)
+            for s, case in enumerate(cases):
+                if case is not None:
+                    self.check(step, s, case, out[0][s])
+            return out
+
+        monkeypatch.setattr(BS.BatchTreeStep, "verify", verify)
+
+    def check(self, step: BS.BatchTreeStep, s: int, case: Any, read: Any) -> None:
+        tree, _, g, _ = case
+        sp, bt = step.sp, step.bt
+        assert step.raw is not None
+        n = 1 if tree is None else tree.size
+        depth = torch.zeros(1, dtype=torch.long, device=bt.device) if tree is None else tree.depth
+        processed = process_logits(step.raw[bt.slot_rows(s), :n], g + 1 + depth, bt.layout, sp)
+        if tree is None:
+            u = step.draws[s, -1:]
+            bonus = processed[0].argmax() if sp.greedy else sample_rows_cdf(processed[0].softmax(-1)[None], None, u)[0]
+            assert read.acceptance.path == [0] and read.acceptance.bonus == int(bonus)
+            self.alone += 1
+            return
+        draws = Draws(buffer=torch.cat([step.draws[s, :n], step.draws[s, -1:]]))
+        v = accept_tree(tree, processed, sp.greedy, draws, self.rule)
+        path = torch.nonzero(v.on_path).flatten().tolist()
+        assert read.acceptance.path == path and read.acceptance.bonus == int(v.bonus)
+        assert read.tokens == [*tree.tokens[path[1:]].tolist(), int(v.bonus)]
+        self.cycles += 1
+        self.seen.add((n < step.b, tree.proposal is not None))
+
+
+@pytest.mark.parametrize(
+    "name,sp,lantern",
+    [("eagle2", T1, False), ("static_sampled", T1, False), ("adt_sampled", T1, False), ("gate", T1, False),
+     ("eagle2", T1, True), ("chain", T1, True), ("adt_fixed", GREEDY, False)],
+)  # fmt: skip
+def test_each_slot_decides_as_its_unpadded_tree(
+    name: str, sp: SamplingParams, lantern: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cycle for cycle and slot for slot, the step's verdict (its tree padded to the batch's bucket, acceptance
+    vectorised over the slots) is ``accept_tree``'s on the slot's own tree from the same logits and uniforms — the
+    closed form (EAGLE-2 at T = 1), the rank loop with proposals (sampled trees), LANTERN's relaxed rule, greedy —
+    and a root alone's bonus is its row's draw: the law of the eager batched cycle."""
+    from adtbench.algorithm.methods.lantern import LanternRule
+
+    with accel.simulate():
+        target, drafter = tiny("tiny_llamagen", dtype="float64", device="cuda")
+        c = target.layout.num_codes
+        table = torch.tensor([[(i + j) % c for j in range(1, 4)] for i in range(c)], device="cuda")
+        rule = LanternRule(table, target.layout.image_token_offset, delta=0.3, k=3) if lantern else EXACT
+        checked = _Checked(monkeypatch, rule)
+        inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS]
+        policy = (TS_POLICIES["eagle2"] if name == "gate" else TS_POLICIES[name])()
+        if name == "gate":
+            policy.gate = DraftGate(1.5, explore=2)
+        policy.graphs = GraphModes(verify="auto")
+        bt = batch(target, 2, inputs)
+        items = [(i, x, accel.generator(bt.device, i)) for i, x in enumerate(inputs)]
+        generate_batch(bt, drafter, policy, items, sp, lambda k, r: None, rule)
+        assert checked.cycles >= 8 and launches(bt) == bt.forwards
+        assert any(padded for padded, _ in checked.seen)  # trees smaller than the batch's bucket were verified
+        if name == "gate":
+            assert checked.alone > 0  # the gate's AR steps: roots alone through the step
 
 
 def test_eager_never_runs_the_step_and_t1_runs_it() -> None:

@@ -131,6 +131,7 @@ class BatchTreeStep(GraphRunner):
             for s in range(B)
         ]  # fmt: skip
         self.launches = 0
+        self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
 
     # --- the cycle's host side ---
 
@@ -173,7 +174,7 @@ class BatchTreeStep(GraphRunner):
         and the rows' positions before the commit ``[R]`` (static: index them before the next verify)."""
         bt, b = self.bt, self.b
         self.fill(cases)
-        _, feats = self.launch(self.st._width_for(max(bt.length) + b))
+        self.raw, feats = self.launch(self.st._width_for(max(bt.length) + b))
         bt.forwards += 1
         values = self.verdict.tolist()
         following = self.following.clone()  # the committed tokens outlive the next replay (the drafter's pending)
@@ -271,6 +272,8 @@ def batch_step_for(
     ranks = 0
     if any(takes_rank_loop(t, sp.greedy, rule) for t in real):
         ranks = 1 << max(0, max(t.max_children for t in real) - 1).bit_length()  # a power of two: few graphs
+    elif not real and not sp.greedy:  # roots alone: a relaxed rule's rank loop reads child ranks (all −1 here)
+        ranks = 1
     proposal = None if not real or real[0].proposal is None else real[0].proposal.dtype
     key = (b, ranks, proposal, sp, id(rule), entropy)
     return runner_for(static, BatchTreeStep, key, lambda: BatchTreeStep(bt, b, sp, rule, ranks, proposal, entropy))
