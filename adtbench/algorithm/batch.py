@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.ar import first_token
-from adtbench.algorithm.batch_step import batch_step_for
+from adtbench.algorithm.batch_step import BatchSlots, batch_catch_up, batch_step_for
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
@@ -161,10 +161,14 @@ def generate_batch(
         live = {s: sl.state for s, sl in enumerate(slots) if sl is not None}
         drafting = {s: st for s, st in live.items() if st.drafts()}
         catching = {s: st for s, st in drafting.items() if st.pending}
-        if catching:  # the drafter consumes every drafting slot's committed positions, one forward for all
-            outs = bd.extend({s: pending_slots(bt.target, bd.single, st.pending) for s, st in catching.items()})
+        if catching:  # the drafter consumes every drafting slot's committed positions, one forward (or replay) for all
+            outs = batch_catch_up(bt.target, bd, {s: st.pending for s, st in catching.items()})
+            if outs is None:
+                outs = bd.extend({s: pending_slots(bt.target, bd.single, st.pending) for s, st in catching.items()})
             for s, st in catching.items():
                 st.caught_up(outs[s])
+        for st in live.values():  # a slot that did not catch up keeps its committed slots past the next verify
+            st.pending = BatchSlots.materialised(st.pending)
         sessions: dict[int, DraftSession] = {}
         steps: dict[int, tuple[DraftSession, Steps]] = {}
         for s, st in drafting.items():

@@ -49,18 +49,20 @@ agree on having a proposal;
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from adtbench import accel
+from adtbench.algorithm.drafters.catch_up import CommittedSlots
 from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.sampling import draw_into, process_logits
-from adtbench.algorithm.tree import DraftTree
+from adtbench.algorithm.tree import DraftTree, arange_on
 from adtbench.algorithm.tree_step import copy_tree, tree_verdict
 from adtbench.algorithm.verify import VERDICT_HEAD, AcceptanceRule, CycleRead, takes_rank_loop, unpack_verdict
 from adtbench.graph_runner import GraphRunner, runner_for, runners_of
 from adtbench.models.batch import BatchTarget, row_mask
-from adtbench.models.graphs import bucket_of
+from adtbench.models.graphs import BUCKETS, bucket_of, capacity_buckets
 from adtbench.sampling_params import SamplingParams
 
 SlotCase = tuple[DraftTree | None, torch.Tensor, int, torch.Generator | None] | None
@@ -120,6 +122,8 @@ class BatchTreeStep(GraphRunner):
         self.verdict = buffer("verdict", (B, self.width), torch.float64)  # what the host reads, at once
         self.order = buffer("order", (B, b), long)  # each slot's node ids, its accepted path first
         self.following = buffer("following", (B, b), long)  # each slot's committed tokens after its root
+        hidden = bt.target.net.tok_embeddings.weight.shape[-1]
+        self.path_feats = buffer("path_feats", (R, b, hidden), bt.dtype)  # each row's features, its path first
         own = torch.arange(b, dtype=long, device=dev)
         eye = torch.eye(b, dtype=torch.bool, device=dev)
         self.anc.copy_(eye.expand(B, b, b))  # a slot never filled attends to itself only (no all −inf row)
@@ -132,6 +136,8 @@ class BatchTreeStep(GraphRunner):
         ]  # fmt: skip
         self.launches = 0
         self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
+        self.following_copy = self.following
+        self.verifies = 0  # which verify a ``BatchSlots`` came from (its buffers hold only the last one's)
 
     # --- the cycle's host side ---
 
@@ -174,10 +180,11 @@ class BatchTreeStep(GraphRunner):
         and the rows' positions before the commit ``[R]`` (static: index them before the next verify)."""
         bt, b = self.bt, self.b
         self.fill(cases)
+        self.verifies += 1
         self.raw, feats = self.launch(self.st._width_for(max(bt.length) + b))
         bt.forwards += 1
         values = self.verdict.tolist()
-        following = self.following.clone()  # the committed tokens outlive the next replay (the drafter's pending)
+        following = self.following_copy = self.following.clone()  # they outlive the next replay (the root, pending)
         reads: list[CycleRead | None] = []
         for s, case in enumerate(cases):
             if case is None:
@@ -188,7 +195,8 @@ class BatchTreeStep(GraphRunner):
                 acc = Acceptance([0], acc.bonus)
             k = acc.accepted + 1
             bt.length[s] += k
-            reads.append(CycleRead(acc, root, tokens, self.order[s, :k], following[s, :k], extra))
+            slots = BatchSlots(self, k, s, self.following_copy)
+            reads.append(CycleRead(acc, root, tokens, self.order[s, :k], following[s, :k], extra, slots))
         return reads, feats, self.pos_in
 
     # --- the captured step ---
@@ -227,6 +235,8 @@ class BatchTreeStep(GraphRunner):
         self.verdict.copy_(packed)
         self.order.copy_(order)
         self.following.copy_(following)
+        H = feats.shape[-1]
+        self.path_feats.copy_(feats.gather(1, self.order.repeat(c, 1)[:, :, None].expand(-1, -1, H)))
         self._commit(packed[:, 0].long() * self.active)
         return raw, feats
 
@@ -245,6 +255,106 @@ class BatchTreeStep(GraphRunner):
         bt.key_bias.masked_fill_((cols >= base) & (cols < base + k_rows[:, None]), 0.0)
         torch.add(self.len_in, k_rows, out=bt._len)
         torch.add(self.pos_in, k_rows, out=bt.next_pos)
+
+
+@dataclass
+class BatchSlots(CommittedSlots):
+    """Slot ``s``'s a + 1 committed slots of a ``BatchTreeStep``'s verify (``verify``: which one), left in the step's
+    buffers for the drafter's catch-up (``batch_catch_up``); ``following``: that verify's committed tokens (a copy).
+    Valid until the step's next verify: ``materialised`` before it when the slot did not catch up."""
+
+    s: int = 0
+    following: torch.Tensor | None = None
+    verify: int = 0
+
+    def __post_init__(self) -> None:
+        self.verify = self.step.verifies
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(features ``[c, k, H]``, positions ``[c, k]``, next tokens ``[k]``): the pending cycle's eager form."""
+        step, k = self.step, self.k
+        assert self.following is not None and step.verifies == self.verify, "a stale batched verify's slots"
+        rows = step.bt.slot_rows(self.s)
+        return step.path_feats[rows, :k], step.pos_in[rows][:, None] + arange_on(k, step.device)[None], \
+            self.following[self.s, :k]  # fmt: skip
+
+    @staticmethod
+    def materialised(pending: list[Any]) -> list[Any]:
+        """``pending`` with every ``BatchSlots`` as its tensors (copies: before the step's next verify)."""
+        return [p.tensors() if isinstance(p, BatchSlots) else p for p in pending]
+
+
+class BatchCatchUp(GraphRunner):
+    """The batched drafter's catch-up after a ``BatchTreeStep`` verify as one replay (``drafters.catch_up`` at
+    B > 1), keyed by (step, slot bucket m, attention width W): every catching slot's k = a + 1 committed slots — the
+    step's path features, the embeddings of its committed tokens, positions ``pos_in + i`` — written at its rows'
+    columns L … L + m − 1 (L: the slot's drafter length), each new slot i seeing the committed columns
+    (``key_bias``) and new slots j ≤ i; the output at slot k − 1 into ``outs`` (other rows keep theirs) and columns
+    L … L + k − 1 marked. A slot that is not catching (k = 0) writes past its length only. Idempotent (the mask
+    past L reads no mark), so the warm-ups and the capture leave one run's state. The eager ``BatchDrafter.extend``
+    computes the same rows from the same mask entries (up to its narrower width: columns −inf)."""
+
+    def __init__(self, bd: Any, graphed: bool) -> None:
+        super().__init__(bd.device, graphed=graphed)
+        self.bd = bd
+        self.host_in = self.buffer("host_in", (bd.R + bd.B,), torch.long)  # rows' drafter lengths, then slots' k
+        self.dlen, self.k = self.host_in[: bd.R], self.host_in[bd.R :]
+        self.outs = self.buffer("outs", (bd.R, bd.single.config.hidden_size), bd.dtype)
+        self.widths = capacity_buckets(bd.capacity)
+
+    def run(self, target: Any, step: BatchTreeStep, ks: dict[int, int]) -> dict[int, torch.Tensor] | None:
+        """Catch up slots ``ks`` (slot → k) from ``step``'s last verify in one replay; returns each one's drafter output
+        at its new root ``[c, H]``, or None where no bucket holds it (the eager ``extend`` runs)."""
+        bd = self.bd
+        m = bucket_of(max(ks.values()), BUCKETS)
+        W = None if m is None else next((w for w in self.widths if w >= max(bd.length) + m), None)
+        if m is None or W is None or m > step.b:
+            return None
+        self.host_in.copy_(torch.tensor(bd.length * bd.c + [ks.get(s, 0) for s in range(bd.B)], device=self.device))
+        self.launch(target, step, m, W)
+        for s, k in ks.items():
+            bd.scratch[s] = 0
+            bd.length[s] += k
+        return {s: self.outs[bd.rows(s)] for s in ks}
+
+    def launch(self, target: Any, step: BatchTreeStep, m: int, W: int) -> torch.Tensor:
+        """The replay of (``step``, m, W) (``GraphRunner.replay_or_run``: captured at its first use)."""
+        key = (id(step), m, W, id(target))
+        out: torch.Tensor = self.replay_or_run(key, lambda: self._program(target, step, m, W))
+        return out
+
+    def _program(self, target: Any, step: BatchTreeStep, m: int, W: int) -> torch.Tensor:
+        """The fixed-shape catch-up (class docstring): reads the step's buffers and the drafter's, writes ``outs``,
+        the drafter's cache columns L … L + m − 1 of every row and its ``key_bias`` at L … L + k − 1."""
+        bd, dev, dt = self.bd, self.device, self.bd.dtype
+        ar = arange_on(m, dev)
+        k_rows = self.k.repeat(bd.c)  # rows CFG-major: row j·B + s is slot s's
+        feats = step.path_feats[:, :m].to(dt)
+        embeds = bd.single.embed(target, step.following[:, :m]).to(dt).repeat(bd.c, 1, 1)
+        rel = arange_on(W, dev)[None] - self.dlen[:, None]  # [R, W]: column − L
+        causal = (rel[:, None] >= 0) & (rel[:, None] <= ar[None, :, None])  # [R, m, W]: columns L … L + i
+        mask = torch.where(rel[:, None] >= 0, torch.where(causal, 0.0, float("-inf")), bd.key_bias[:, None, :W])
+        out = bd.net.forward(embeds, feats, step.pos_in[:, None] + ar[None], mask.to(dt)[:, None],
+                             self.dlen[:, None] + ar[None])  # fmt: skip
+        last = (k_rows - 1).clamp_min(0)[:, None, None].expand(-1, 1, out.shape[-1])
+        self.outs.copy_(torch.where(k_rows[:, None] > 0, out.gather(1, last)[:, 0], self.outs))
+        cols = arange_on(bd.capacity, dev)[None] - self.dlen[:, None]
+        bd.key_bias.masked_fill_((cols >= 0) & (cols < k_rows[:, None]), 0.0)
+        return self.outs
+
+
+def batch_catch_up(target: Any, bd: Any, pending: dict[int, list[Any]]) -> dict[int, torch.Tensor] | None:
+    """The drafter's catch-up of every catching slot (``pending``: slot → its pending cycles) as one replay, or None
+    for the eager ``BatchDrafter.extend``: each slot's one pending cycle is the last verify of one graphed
+    ``BatchTreeStep`` (``BatchSlots``)."""
+    firsts = [p[0] for p in pending.values() if len(p) == 1 and isinstance(p[0], BatchSlots)]
+    if len(firsts) != len(pending):
+        return None
+    step = firsts[0].step
+    if not step.graphed or any(x.step is not step or x.verify != step.verifies for x in firsts):
+        return None
+    runner = runner_for(bd, BatchCatchUp, None, lambda: BatchCatchUp(bd, step.graphed))
+    return runner.run(target, step, {s: p[0].k for s, p in pending.items()})
 
 
 def batch_step_for(
@@ -284,4 +394,5 @@ def batch_steps_of(bt: BatchTarget) -> list[BatchTreeStep]:
     return [] if bt.static is None else runners_of(bt.static, BatchTreeStep)
 
 
-__all__ = ["BatchTreeStep", "SlotCase", "SlotRows", "batch_step_for", "batch_steps_of"]
+__all__ = ["BatchCatchUp", "BatchSlots", "BatchTreeStep", "SlotCase", "SlotRows", "batch_catch_up", "batch_step_for",
+           "batch_steps_of"]  # fmt: skip

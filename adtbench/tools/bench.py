@@ -390,6 +390,7 @@ BATCH_PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.batch", "verify_slots", "acceptance (device)"),
     ("adtbench.algorithm.slot", "read_verdicts", "the cycle's host read"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "launch", BATCH_STEP),
+    ("adtbench.algorithm.batch_step:BatchCatchUp", "launch", CATCH_UP),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "fill", "batched verify step: the trees into its buffers, draws"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "verify", "the cycle's host read"),
 )
