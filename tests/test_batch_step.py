@@ -29,7 +29,9 @@ from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.engine import decode_ar
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.policies.adt import ADTPolicy
+from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.algorithm.sampling import process_logits, sample_rows_cdf
+from adtbench.algorithm.tree import DraftTree
 from adtbench.algorithm.verify import EXACT, Draws, accept_tree
 from adtbench.errors import ConfigError
 from adtbench.graph_modes import GraphModes
@@ -97,7 +99,7 @@ class _Checked:
     step's verdict; a root alone's bonus is its row's argmax (greedy) or the inverse-CDF draw of its last uniform."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, rule: Any) -> None:
-        self.cycles, self.alone, self.rule, self.seen = 0, 0, rule, set()
+        self.cycles, self.alone, self.one_node, self.rule, self.seen = 0, 0, 0, rule, set()
         real = BS.BatchTreeStep.verify
 
         def verify(step: BS.BatchTreeStep, cases: list) -> Any:
@@ -114,9 +116,10 @@ class _Checked:
         sp, bt = step.sp, step.bt
         assert step.raw is not None
         n = 1 if tree is None else tree.size
-        depth = torch.zeros(1, dtype=torch.long, device=bt.device) if tree is None else tree.depth
+        depth = torch.zeros(1, dtype=torch.long, device=bt.device) if n == 1 else tree.depth
         processed = process_logits(step.raw[bt.slot_rows(s), :n], g + 1 + depth, bt.layout, sp)
-        if tree is None:
+        if n == 1:  # a root alone, or a one-node tree (its root)
+            self.one_node += tree is not None
             u = step.draws[s, -1:]
             bonus = processed[0].argmax() if sp.greedy else sample_rows_cdf(processed[0].softmax(-1)[None], None, u)[0]
             assert read.acceptance.path == [0] and read.acceptance.bonus == int(bonus)
@@ -134,7 +137,7 @@ class _Checked:
 @pytest.mark.parametrize(
     "name,sp,lantern",
     [("eagle2", T1, False), ("static_sampled", T1, False), ("adt_sampled", T1, False), ("gate", T1, False),
-     ("eagle2", T1, True), ("chain", T1, True), ("adt_fixed", GREEDY, False)],
+     ("eagle2", T1, True), ("chain", T1, True), ("adt_fixed", GREEDY, False), ("adt_cost", T1, True)],
 )  # fmt: skip
 def test_each_slot_decides_as_its_unpadded_tree(
     name: str, sp: SamplingParams, lantern: bool, monkeypatch: pytest.MonkeyPatch
@@ -163,6 +166,50 @@ def test_each_slot_decides_as_its_unpadded_tree(
         assert any(padded for padded, _ in checked.seen)  # trees smaller than the batch's bucket were verified
         if name == "gate":
             assert checked.alone > 0  # the gate's AR steps: roots alone through the step
+
+
+class _OneNodeSometimes(Eagle2Policy):
+    """EAGLE-2 that proposes a one-node tree (its root, child ranks 8 wide: as a static builder may declare) every
+    third proposal: a slot's tree that is its root alone, beside the others' real trees."""
+
+    calls = 0
+
+    def propose_steps(self, session: Any, room: int) -> Any:
+        type(self).calls += 1
+        if type(self).calls % 3:
+            return super().propose_steps(session, room)
+        tree = DraftTree(session.root_token, [-1], 0, max_children=8)
+
+        def done() -> Any:
+            return tree
+            yield  # a coroutine that asks for no level
+
+        return done()
+
+
+@pytest.mark.parametrize("sp", [T1, GREEDY])
+def test_a_one_node_tree_beside_real_ones(sp: SamplingParams, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot whose policy proposes a one-node tree goes through the step as a root alone (its wide child ranks are
+    not copied into a narrower rank buffer), LANTERN's rank loop included; verdicts as ``accept_tree``'s, greedy =
+    AR."""
+    from adtbench.algorithm.methods.lantern import LanternRule
+
+    with accel.simulate():
+        target, drafter = tiny("tiny_llamagen", dtype="float64", device="cuda")
+        c = target.layout.num_codes
+        table = torch.tensor([[(i + j) % c for j in range(1, 4)] for i in range(c)], device="cuda")
+        rule = LanternRule(table, target.layout.image_token_offset, delta=0.3, k=3) if not sp.greedy else EXACT
+        checked = _Checked(monkeypatch, rule)
+        inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS]
+        policy = _OneNodeSometimes(depth=2, top_k=3, total_tokens=9)
+        policy.graphs = GraphModes(verify="auto")
+        bt = batch(target, 2, inputs)
+        items = [(i, x, accel.generator(bt.device, i)) for i, x in enumerate(inputs)]
+        got: dict[int, list[int]] = {}
+        generate_batch(bt, drafter, policy, items, sp, lambda k, r: got.__setitem__(k, r.tokens), rule)
+        assert checked.one_node > 0 and checked.cycles > 8 and launches(bt) == bt.forwards
+        if sp.greedy:
+            assert [got[i] for i in range(3)] == [decode_ar(target, x, sp, None).tokens for x in inputs]
 
 
 def test_eager_never_runs_the_step_and_t1_runs_it() -> None:

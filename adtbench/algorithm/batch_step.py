@@ -150,7 +150,7 @@ class BatchTreeStep(GraphRunner):
                 continue
             tree, root, g, gen = case
             rows = self.rows[s]
-            if tree is None:
+            if tree is None or tree.size == 1:  # the root alone (a one-node tree: its root)
                 rows.tokens[:1].copy_(root)
                 rows.parents.copy_(rows.own)
                 rows.anc.copy_(rows.eye)
