@@ -4,8 +4,12 @@ the simulated CUDA device (the graph stand-in: a replay runs the captured ops on
 host copy during a capture, no random op in the graph), float64:
 
 - T = 0: each slot's tokens are AR greedy's (and the eager batched cycle's) for every tree policy, through slots
-  refilled mid-stream and idle ones, with one step launch per batched cycle that drafted;
-- per batched cycle: one replay and one host read (``bench overhead bench.count=true``);
+  refilled mid-stream and idle ones, with one step launch per batched cycle and the drafter's catch-up replayed
+  (``BatchCatchUp``);
+- cycle for cycle and slot for slot the step's verdict is ``accept_tree``'s on the unpadded tree from the same logits
+  and uniforms (closed form, rank loop with proposals, LANTERN, a gate's roots alone, a one-node tree);
+- per batched cycle: two replays (the verify step, the catch-up) and one host read (``bench overhead
+  bench.count=true``);
 - planted: a draw inside the captured step and a mask buffer not the step's own fail (``GraphError``);
 - the choice: ``eager`` never runs the step; ``graph`` at B > 1 without ``engine.compile`` names
   ``engine.graphs.verify`` before any weights load.

@@ -38,6 +38,13 @@ state of one run.
 slot), its uniforms, one transfer of the root indices and activity, two copies of the lengths, one replay, one read
 and one copy of the committed tokens (they outlive the next replay in the drafter's pending slots).
 
+**The drafter's catch-up** (``BatchCatchUp``, the B = 1 ``drafters.catch_up`` at B > 1): each slot's committed
+slots stay in the step's buffers (``path_feats``: each row's features, its path first; ``following``; ``pos_in``) as
+a ``BatchSlots`` pending entry, and the next cycle's catch-up of every drafting slot is one more replay, per (slot
+bucket m, attention width W), over the ``BatchDrafter``'s cache: one transfer of the slots' drafter lengths and
+path lengths, one replay. A slot that does not catch up before the step's next verify (a gate's AR step) gets its
+entry as tensors first (``BatchSlots.materialised``); two pending cycles take the eager ``extend``.
+
 **Where it runs** (``engine.graphs.verify``): ``auto`` and ``graph`` — where the batch's verify buckets are captured
 (``engine.compile=true`` on CUDA or the simulated device: ``BatchTarget.request_static``), acceptance is on the
 device, the largest tree fits a bucket (a cycle of roots alone takes the two-node one) and the slots' drafted trees
