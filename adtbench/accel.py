@@ -17,12 +17,12 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from adtbench import accel_sim
+from adtbench import accel_graphs, accel_sim
 from adtbench.accel_sim import Simulation
 
 log = logging.getLogger("adtbench")
@@ -56,6 +56,23 @@ def resolve(name: str) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"{name!r} requested but no CUDA device is available")
     return dev
+
+
+def vmap(fn: Callable[..., Any], in_dims: tuple[int | None, ...]) -> Callable[..., Any]:
+    """``torch.vmap(fn, in_dims)``: ``fn`` over the leading dimension of its mapped arguments, one set of kernels
+    for all. On the simulated device the placement rules see through functorch's wrappers and the outputs live where
+    the inputs do (``Simulation.vmapped``)."""
+    mapped = torch.vmap(fn, in_dims=in_dims)
+    sim = accel_sim.active
+    if sim is None:
+        return mapped
+
+    def simulated(*args: Any) -> Any:
+        out = sim.vmapped(mapped, args)
+        accel_graphs.made(out)  # a stand-in graph's own outputs, not inputs it reads
+        return out
+
+    return simulated
 
 
 def is_cuda(device: torch.device | str | None) -> bool:

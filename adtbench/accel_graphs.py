@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 from adtbench import accel_sim
-from adtbench.accel_sim import DRAWS, NO_SIGNATURE, READS, call_site, op_name, tensors_in
+from adtbench.accel_sim import DRAWS, NO_SIGNATURE, READS, _functorch, call_site, op_name, tensors_in
 
 
 class GraphError(RuntimeError):
@@ -259,8 +259,22 @@ _VALUES = frozenset((int, float, bool, str, type(None), torch.dtype, torch.devic
 """The exact types ``_signature`` keeps as they are (subclasses take the ``isinstance`` path)."""
 
 
+_TRACES: list[_Trace] = []  # the stand-in traces active now (``made``)
+
 _NO_MODES = torch._C.DisableTorchFunction
 """Within: torch calls reach no ``TorchFunctionMode`` (neither the trace nor the simulated device below it)."""
+
+
+def made(out: Any) -> None:
+    """The tensors of ``out`` were made by the forward a stand-in graph is tracing, by work its mode cannot see
+    (functorch's unwrapping of ``accel.vmap``'s outputs): their storages are the graph's own, not inputs it reads.
+    Nothing outside a trace (and on CUDA: the graph sees the kernels)."""
+    if not _TRACES:
+        return
+    with _NO_MODES():
+        for t in [out] if isinstance(out, torch.Tensor) else tensors_in((out,), {}):
+            for trace in _TRACES:
+                trace.made.add(_storage(t)[0])
 
 
 class _Trace(TorchFunctionMode):
@@ -278,6 +292,15 @@ class _Trace(TorchFunctionMode):
         self.made: set[int] = set()
         self.held: dict[int, torch.UntypedStorage] = {}
         self.first_use: dict[int, str] = {}
+
+    def __enter__(self) -> _Trace:
+        _TRACES.append(self)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        super().__exit__(*exc)
+        _TRACES.remove(self)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -318,7 +341,10 @@ class _Trace(TorchFunctionMode):
 
 
 def _storage(t: torch.Tensor) -> tuple[int, torch.UntypedStorage | None]:
-    """A tensor's storage as (data pointer, the storage), or (``id(t)``, None) for a tensor without one."""
+    """A tensor's storage as (data pointer, the storage), or (``id(t)``, None) for a tensor without one; a functorch
+    wrapper (inside ``accel.vmap``) has the storage of the tensor it wraps."""
+    while _functorch.is_batchedtensor(t):
+        t = _functorch.get_unwrapped(t)
     try:
         s = t.untyped_storage()
         return s.data_ptr(), s

@@ -35,6 +35,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
+_functorch: Any = torch._C._functorch  # vmap's wrappers (``Simulation.vmapped``)
+
 SIM_DEVICE = torch.device("cpu", 0)
 """The simulated device: CPU memory, told apart from the host (``cpu``) by its index."""
 
@@ -258,10 +260,41 @@ class Simulation(TorchFunctionMode):
         self.reads_by_op: Counter[str] = Counter()
         self._saved: dict[str, Any] = {}
         self.report_at_exit: Callable[[], None] | None = None  # ``activate_from_env``'s exit line
+        self._vmapping = 0  # inside ``vmapped``: functorch wrappers are placed where what they wrap is
 
     # --- tags ---
     def is_device(self, t: torch.Tensor) -> bool:
         return t in self.on_device
+
+    def _on(self, t: torch.Tensor) -> bool:
+        """Is ``t`` on the device; inside ``vmapped`` a functorch wrapper is where the tensor it wraps is."""
+        if t in self.on_device:
+            return True
+        while self._vmapping and _functorch.is_batchedtensor(t):
+            t = _functorch.get_unwrapped(t)
+            if t in self.on_device:
+                return True
+        return False
+
+    def vmapped(self, mapped: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """``mapped(*args)`` (a ``torch.vmap``-ped function, ``accel.vmap``): inside it, ops see functorch's
+        wrappers of the arguments, placed where the wrapped tensors are; its outputs are device tensors when any
+        argument is (functorch unwraps them where this mode cannot see). Mixing host and device arguments raises as
+        any op does."""
+        tensors = tensors_in(args, {})
+        dev = [t for t in tensors if t in self.on_device]
+        host = [t for t in tensors if t not in self.on_device and t.dim() > 0]
+        if dev and host:
+            raise PlacementError(
+                f"simulated cuda: vmap at {call_site()} mixes a host tensor {list(host[0].shape)} {host[0].dtype} "
+                f"({self._where(host[0])}) into device work: create it with device= the model's device"
+            )
+        self._vmapping += 1
+        try:
+            out = mapped(*args)
+        finally:
+            self._vmapping -= 1
+        return self._tag(out, bool(dev), None if dev else f"{call_site()} (vmap)")
 
     def tag_device(self, t: torch.Tensor) -> torch.Tensor:
         self.on_device[t] = True
@@ -296,16 +329,16 @@ class Simulation(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name == "__get__":
             if owner is _DEVICE_DESC:
-                return SIM_DEVICE if args[0] in self.on_device else func(*args)
+                return SIM_DEVICE if self._on(args[0]) else func(*args)
             if owner is _IS_CUDA_DESC:
-                return args[0] in self.on_device
+                return self._on(args[0])
             out = func(*args, **kwargs)
-            if isinstance(out, torch.Tensor) and args[0] in self.on_device:
+            if isinstance(out, torch.Tensor) and self._on(args[0]):
                 self.on_device[out] = True
             return out
         if name == "__set__":
             if owner is _DATA_DESC:
-                self._tag(args[0], args[1] in self.on_device, None)
+                self._tag(args[0], self._on(args[1]), None)
             return func(*args, **kwargs)
         if func is torch.device:
             dev = func(*args, **kwargs)
@@ -314,7 +347,7 @@ class Simulation(TorchFunctionMode):
             return func(*args, **kwargs)
 
         tensors = tensors_in(args, kwargs)
-        on = [t in self.on_device for t in tensors]
+        on = [self._on(t) for t in tensors]
         dev_in = [t for t, d in zip(tensors, on) if d]
         if "device" in kwargs and _is_device_arg(kwargs["device"]):
             kwargs = {**kwargs, "device": SIM_DEVICE}
@@ -322,7 +355,7 @@ class Simulation(TorchFunctionMode):
         # factories: born where ``device=`` says, or like their input
         if name in _FACTORIES and not (name == "normal" and tensors):
             on_dev = bool(_is_device_arg(kwargs.get("device")))
-            if on_dev and name in ("tensor", "as_tensor") and not (tensors and tensors[0] in self.on_device):
+            if on_dev and name in ("tensor", "as_tensor") and not (tensors and self._on(tensors[0])):
                 self._h2d(f"torch.{name}")
             self._check_generator(name, kwargs, on_dev)
             out = func(*args, **kwargs)
@@ -338,14 +371,14 @@ class Simulation(TorchFunctionMode):
             src = args[0]
             target = self._to_target(name, args, kwargs)
             if target is None:  # a dtype-only ``to``: stays where it is
-                return self._tag(func(*args, **kwargs), src in self.on_device, None)
+                return self._tag(func(*args, **kwargs), self._on(src), None)
             if name == "cuda":
                 args, kwargs = (src,), {}
                 func = torch.Tensor.to
                 kwargs = {"device": SIM_DEVICE}
             elif target:
                 args, kwargs = self._rewrite_to(args, kwargs)
-            src_dev = src in self.on_device
+            src_dev = self._on(src)
             if target and not src_dev and src.numel() > 0:
                 self._h2d(".to(device)")
             if not target and src_dev:
@@ -365,11 +398,11 @@ class Simulation(TorchFunctionMode):
             self._read(name)
         if name == "__getitem__" and dev_in and self._bool_index(args):
             self._read("boolean-mask indexing")
-        if name == "__setitem__" and args[0] in self.on_device and _element_write(args[1], args[2]):
+        if name == "__setitem__" and self._on(args[0]) and _element_write(args[1], args[2]):
             self._h2d("__setitem__ of a Python number at an index")  # a blocking copy on CUDA (seen on an H200)
         if dev_in:
             host = [t for t, d in zip(tensors, on) if not d and t.dim() > 0]
-            if name == "copy_" and tensors[0] not in self.on_device and tensors[1] in self.on_device:
+            if name == "copy_" and not self._on(tensors[0]) and self._on(tensors[1]):
                 if kwargs.get("non_blocking") and tensors[0] in PINNED:
                     self.counts["async_copies"] += 1  # into page-locked memory: CUDA copies without waiting
                 else:
@@ -384,7 +417,7 @@ class Simulation(TorchFunctionMode):
                         f'({self._where(t)}) into device work; CUDA refuses it ("Expected all tensors to be on the '
                         "same device\"): create it with device= the model's device"
                     )
-        elif name == "copy_" and len(tensors) >= 2 and tensors[1] in self.on_device:
+        elif name == "copy_" and len(tensors) >= 2 and self._on(tensors[1]):
             self._read("copy_ to the host")
         if name in _RANDOM:
             self._check_generator(name, kwargs, bool(dev_in) or bool(_is_device_arg(kwargs.get("device"))))
@@ -392,7 +425,7 @@ class Simulation(TorchFunctionMode):
         if not tensors:
             return out
         if name in ("copy_", "__setitem__") or (name.endswith("_") and not name.startswith("__")):
-            return self._tag(out, tensors[0] in self.on_device, None) if isinstance(out, torch.Tensor) else out
+            return self._tag(out, self._on(tensors[0]), None) if isinstance(out, torch.Tensor) else out
         site = None if dev_in else next((self.host_site[t] for t in tensors if t in self.host_site), None)
         return self._tag(out, bool(dev_in), site)
 

@@ -339,6 +339,7 @@ MEASURED_S = {
     "test_jacobi_step.py::test_law_of_the_fixed_shape_step[scd-up-step-t1]": 25,
     "test_laws.py::test_law[static-sampled-cycle-graphed-k2w4]": 18,  # the graphed cycle (ci3's measure, load 1.3-2.3)
     "test_laws.py::test_law[eagle2-cycle-graphed-k2w4]": 21,
+    "test_laws.py::test_law[eagle2-cycle-graphed-k2w4-b2]": 16,  # load 2.3, one core
     "test_typecheck.py::test_algorithm_layer_is_mypy_clean": 21,
     "test_emu3_shape.py::test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout": 21,
     "test_laws.py::test_law[sjd_pac-K2D2-pac]": 20,

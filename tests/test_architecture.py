@@ -346,6 +346,7 @@ def test_the_graph_maker_check_catches_what_it_should(tmp_path: Path) -> None:
 
 def test_the_graphed_parts_are_graph_runners() -> None:
     """Each user of the runner is one (subclass): none keeps a graphs dict or a capture of its own."""
+    from adtbench.algorithm.batch_step import BatchTreeStep
     from adtbench.algorithm.drafters.catch_up import CatchUp
     from adtbench.algorithm.drafters.graphed import LevelGraphs
     from adtbench.algorithm.methods.jacobi.step import JacobiStep
@@ -354,7 +355,16 @@ def test_the_graphed_parts_are_graph_runners() -> None:
     from adtbench.models.batch import StaticBatchVerify
     from adtbench.models.graphs import StaticDraft, StaticVerify
 
-    for cls in (JacobiStep, TreeStep, LevelGraphs, CatchUp, StaticVerify, StaticDraft, StaticBatchVerify):
+    for cls in (
+        JacobiStep,
+        TreeStep,
+        LevelGraphs,
+        CatchUp,
+        StaticVerify,
+        StaticDraft,
+        StaticBatchVerify,
+        BatchTreeStep,
+    ):
         assert issubclass(cls, GraphRunner), cls
         own = {k for c in cls.__mro__[: cls.__mro__.index(GraphRunner)] for k in vars(c)}
         assert not own & {"replay_or_run", "capture", "buffer", "drop"}, (cls, own)

@@ -101,6 +101,21 @@ def test_bench_overhead_phases_and_count_on_the_simulated_device(tmp_path: Path)
         assert json.loads(out.read_text())["host_reads_per_cycle"] == 1.0
 
 
+def test_bench_overhead_counts_a_batched_cycle(tmp_path: Path) -> None:
+    """``bench.count=true`` at B = 2 (``decode.batch_size``): every prompt in one window of the method's side, counted
+    per batched cycle (one target forward for every slot; the slots' admissions are prefill); one host read per
+    cycle; at B > 1 the tool counts only (a ``ConfigError`` naming ``decode.batch_size`` otherwise)."""
+    batch = [*TINY, "policy=eagle2", "engine.compile=true", "decode.batch_size=2", "dataset.limit=3", "bench.prompts=3"]
+    with accel.simulate():
+        out = tmp_path / "count.json"
+        assert bench_main(["overhead", *batch, "bench.count=true", f"bench.out={out}"]) == 0
+        r = json.loads(out.read_text())
+        assert r["batch_size"] == 2 and r["cycles"] < r["slot_cycles"] <= 2 * r["cycles"]
+        assert r["host_reads_per_cycle"] == pytest.approx(1.0, abs=0.1) and r["graph_replays_per_cycle"] >= 1.0
+        assert r["engine_kernels_per_cycle"] > 0
+        assert bench_main(["overhead", *batch]) == 2
+
+
 def test_bench_cost_and_probe_on_the_simulated_device(tmp_path: Path, capsys) -> None:
     """``bench cost`` (the 7B shape's commands, shrunk) measures through the graphs at the pinned capacities and names
     the simulated device, with no bandwidth (no GPU figure); ``bench probe`` replays buckets 1 and 64 (graphed =

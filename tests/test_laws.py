@@ -252,10 +252,13 @@ CYCLE: dict[str, Case] = {
                                           "drafter", exact, "device", 1),
     "eagle2-cycle-graphed-k2w4": ("k2w4-cycle-graphed", lambda: Eagle2Policy(depth=1, top_k=2, total_tokens=4),
                                   "drafter", exact, "device", 1),
+    "eagle2-cycle-graphed-k2w4-b2": ("k2w4-cycle-graphed", lambda: Eagle2Policy(depth=1, top_k=2, total_tokens=4),
+                                     "drafter", exact, "device", 2),
 }  # fmt: skip
 """The whole graphed tree cycle on the simulated device (``engine.compile``: the draft phase, the tree step with its KV
 commit, the drafter's catch-up — one replay each; ``tests/test_draft_phase.py``), one policy for every image (its
-graphs captured once): ``CYCLE_N`` images of 4 tokens, 16 cells, at the variant tier's bound."""
+graphs captured once): ``CYCLE_N`` images of 4 tokens, 16 cells, at the variant tier's bound. ``…-b2``: two slots
+(``generate_batch``: the batched verify step, ``tests/test_batch_step.py``)."""
 
 TIERS: dict[str, tuple[dict[str, Case], int | dict[str, int], float]] = {
     "headline": (HEADLINE, HEADLINE_N, HEADLINE_TV),
@@ -398,6 +401,8 @@ def sample_images(
         counts: Counter = Counter()
         accepted = extra = 0.0
         chain, depth = _chain_and_depth(make)
+        if slots > 1 and setup_name.endswith("-graphed"):  # the batched cycle's graphed verify (``batch_step``)
+            return _graphed_batch(s, make, n, seed, rule, where, slots, paths, chain, depth)
         if slots > 1:
             pol = make()
             bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
@@ -458,6 +463,36 @@ def sample_images(
         if whole_cycle:  # and the drafter caught up by its graph after a verify, in a quarter of the images at least
             assert catch_up_replays(s.drafter) - caught_up >= n // 4
         return counts, accepted / n, extra / n
+
+
+def _graphed_batch(
+    s: Any, make: Any, n: int, seed: int, rule: Any, where: str, slots: int, paths: Any, chain: bool, depth: int
+) -> tuple[Counter, float, float]:
+    """``n`` images through ``generate_batch`` on the simulated device with the batch's buckets captured: every
+    batched cycle one replay of the batched verify step (asserted). Its draws are its own (``b + 1`` uniforms per
+    slot at the batch's bucket), so no image is compared with a B = 1 decode: greedy equality is
+    ``tests/test_batch_step.py``'s."""
+    from adtbench.algorithm.batch_step import batch_steps_of
+
+    counts: Counter = Counter()
+    accepted = 0.0
+    with accel.simulate():
+        bt = BatchTarget(s.target, slots, True, 64 + s.target.layout.num_gen_tokens)
+        bt.request_static(graphs=True)
+        pol = make()
+        pol.graphs = GraphModes(verify="auto")
+        items = [(i, s.inputs, accel.generator(bt.device, seed * 1_000_003 + i)) for i in range(n)]
+
+        def done(key: Any, res: Any) -> None:
+            nonlocal accepted
+            counts[tuple(res.tokens)] += 1
+            accepted += sum(c.accepted for c in res.cycles)
+            if paths is not None:
+                paths.image(items[key][2], res, chain, depth)
+
+        generate_batch(bt, s.drafter, pol, items, s.sp, done, rule, where)
+        assert sum(x.launches for x in batch_steps_of(bt)) == bt.forwards >= n
+    return counts, accepted / n, 0.0
 
 
 def required_paths(case: Case) -> tuple[str, ...]:

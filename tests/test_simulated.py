@@ -28,6 +28,7 @@ from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.methods.lantern import LanternRule, nearest_codes
 from adtbench.algorithm.policies import methods
 from adtbench.algorithm.verify import EXACT
+from adtbench.graph_modes import GraphModes
 from adtbench.harness.config import build_policy, register_resolvers
 from adtbench.sampling_params import SamplingParams
 
@@ -213,7 +214,9 @@ def test_the_model_cards_cost_figures_on_the_simulated_device() -> None:
 def test_graphed_batched_decoding_equals_eager_on_the_simulated_device(temperature: float) -> None:
     """``engine.compile`` with B > 1 and CFG: every batched verify runs as a captured graph of the batch's buckets
     (``BatchTarget.request_static``) and decodes the eager batch's tokens (float64: the same sums), speculation and the
-    AR baseline alike; three prompts through two slots, so slots are refilled mid-run."""
+    AR baseline alike; three prompts through two slots, so slots are refilled mid-run. At T > 0 the speculation's
+    verify is the op-by-op one over the captured forward (``engine.graphs.verify=eager``): the batched verify step
+    draws its own uniforms (other tokens, the same law: ``tests/test_batch_step.py``)."""
     from adtbench.algorithm.batch import decode_ar_batch, generate_batch
     from adtbench.algorithm.policies.eagle2 import Eagle2Policy
     from adtbench.models.batch import BatchTarget
@@ -223,6 +226,7 @@ def test_graphed_batched_decoding_equals_eager_on_the_simulated_device(temperatu
         target, drafter = tiny("tiny_llamagen", dtype="float64", device="cuda")
         inputs = [target.encode_prompt(t, cfg=True) for t in ("a red circle", "two blue squares", "a green cat")]
         policy = Eagle2Policy(depth=2, top_k=3, total_tokens=9)
+        policy.graphs = GraphModes(verify="auto" if temperature == 0 else "eager")
         need = max(target.prompt_length(x) for x in inputs) + target.layout.num_gen_tokens + 16 + 1  # bucket 16
         out = []
         for graphs in (False, True):

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from adtbench.algorithm.ar import first_token
+from adtbench.algorithm.batch_step import BatchSlots, batch_catch_up, batch_step_for
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.eagle import EagleDrafter
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
@@ -160,54 +161,38 @@ def generate_batch(
         live = {s: sl.state for s, sl in enumerate(slots) if sl is not None}
         drafting = {s: st for s, st in live.items() if st.drafts()}
         catching = {s: st for s, st in drafting.items() if st.pending}
-        if catching:  # the drafter consumes every drafting slot's committed positions, one forward for all
-            outs = bd.extend({s: pending_slots(bt.target, bd.single, st.pending) for s, st in catching.items()})
+        if catching:  # the drafter consumes every drafting slot's committed positions, one forward (or replay) for all
+            outs = batch_catch_up(bt.target, bd, {s: st.pending for s, st in catching.items()})
+            if outs is None:
+                outs = bd.extend({s: pending_slots(bt.target, bd.single, st.pending) for s, st in catching.items()})
             for s, st in catching.items():
                 st.caught_up(outs[s])
+        for st in live.values():  # a slot that did not catch up keeps its committed slots past the next verify
+            st.pending = BatchSlots.materialised(st.pending)
         sessions: dict[int, DraftSession] = {}
         steps: dict[int, tuple[DraftSession, Steps]] = {}
         for s, st in drafting.items():
             sessions[s] = st.session(drafters[s], bt.target, sp, bt.next_pos[bt.slot_rows(s)])
             steps[s] = (sessions[s], st.policy.propose_steps(sessions[s], st.room))
         trees = _draft_in_lockstep(bd, steps)
-        forward: list[SlotTree] = []
-        gidx = torch.ones(bt.B, dtype=torch.long)  # generation index of each slot's root + 1
         drafted = clock.mark()
         for s, sl in enumerate(slots):
-            if sl is None:
-                forward.append(BatchTarget.idle(zero))
-                continue
-            gidx[s] = len(sl.state.tokens)
-            bd.rollback(s)
-            tree = trees.get(s)
-            forward.append(
-                BatchTarget.idle(sl.state.root)
-                if tree is None
-                else SlotTree(tree.tokens, tree.ancestor_mask, tree.depth)
-            )
-            sl.timing.drafts.append((start_mark, drafted))
+            if sl is not None:
+                bd.rollback(s)
+                sl.timing.drafts.append((start_mark, drafted))
         start_mark = clock.mark()
-        next_pos = bt.next_pos.clone()
-        raw, feats = bt.forward(forward)
-        depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in forward], batch_first=True)
-        processed = _processed(bt, raw, gidx.to(dev)[:, None] + depth, sp)
-        cases = [None if sl is None else (trees.get(s), sl.state.generator) for s, sl in enumerate(slots)]
         entropy = policy.gate is not None
-        reads = verify_slots(cases, processed, sp, rule, acceptance, on_host, entropy)
-        keeps: list[torch.Tensor | None] = []
-        in_place: list[bool] = []
-        for s, sl in enumerate(slots):
-            read = reads[s]
-            if sl is None:
-                keeps.append(None)
-                in_place.append(True)
-            elif isinstance(read, CycleRead):
-                keeps.append(read.keep)
-                in_place.append(read.acceptance.path[-1] == read.acceptance.accepted)
-            else:  # the root alone
-                keeps.append(zero)
-                in_place.append(True)
-        bt.commit(keeps, in_place)
+        slot_trees = [trees.get(s) for s, sl in enumerate(slots) if sl is not None]
+        step = batch_step_for(bt, slot_trees, sp, rule, entropy, policy.graphs.verify, on_host)
+        reads: list[CycleRead | torch.Tensor | None]
+        if step is not None:  # one replay: forward, acceptance, the verdicts' one read, the commit
+            graphed = [None if sl is None else (trees.get(s), sl.state.root, sl.state.g, sl.state.generator)
+                       for s, sl in enumerate(slots)]  # fmt: skip
+            graphed_reads, feats, next_pos = step.verify(graphed)
+            reads, processed = list(graphed_reads), None
+        else:
+            next_pos = bt.next_pos.clone()
+            reads, feats, processed = _eager_verify(bt, trees, slots, sp, rule, acceptance, on_host, entropy, zero)
         verified = clock.mark()
         for s, sl in enumerate(slots):
             if sl is None:
@@ -217,11 +202,59 @@ def generate_batch(
             f, pos = feats.index_select(0, rows), next_pos[rows]
             sl.timing.forwards += 1
             sl.timing.verifies.append((start_mark, verified))
-            if isinstance(read, CycleRead):
+            if isinstance(read, CycleRead) and s in trees:
                 st.advance(read, f, pos, trees[s], sessions[s])
+            elif isinstance(read, CycleRead):  # the root alone, through the graphed step
+                st.advance(read, f[:, :1], pos)
             else:
-                assert isinstance(read, torch.Tensor)
+                assert isinstance(read, torch.Tensor) and processed is not None
                 extra = [DraftGate.entropy(processed[s, 0])] if entropy else []
                 st.advance(root_alone(st.root, read, extra), f[:, :1], pos)
             if st.done:
                 stream.finish(s)
+
+
+def _eager_verify(
+    bt: BatchTarget,
+    trees: dict[int, DraftTree],
+    slots: list[Any],
+    sp: SamplingParams,
+    rule: AcceptanceRule,
+    acceptance: str,
+    on_host: bool,
+    entropy: bool,
+    zero: torch.Tensor,
+) -> tuple[list[CycleRead | torch.Tensor | None], torch.Tensor, torch.Tensor]:
+    """The eager batched verify: one target forward over every slot's tree (its root alone where it drafted none;
+    ``zero`` for an idle slot), each slot's acceptance (``slot.verify_slots``) and the ragged commit. Returns the
+    reads (as ``verify_slots``), the features and the processed logits ``[B, N, V]``."""
+    forward: list[SlotTree] = []
+    gidx = torch.ones(bt.B, dtype=torch.long)  # generation index of each slot's root + 1
+    for s, sl in enumerate(slots):
+        tree = None if sl is None else trees.get(s)
+        if sl is not None:
+            gidx[s] = len(sl.state.tokens)
+        if tree is None:
+            forward.append(BatchTarget.idle(zero if sl is None else sl.state.root))
+        else:
+            forward.append(SlotTree(tree.tokens, tree.ancestor_mask, tree.depth))
+    raw, feats = bt.forward(forward)
+    depth = torch.nn.utils.rnn.pad_sequence([t.depth for t in forward], batch_first=True)
+    processed = _processed(bt, raw, gidx.to(bt.device)[:, None] + depth, sp)
+    cases = [None if sl is None else (trees.get(s), sl.state.generator) for s, sl in enumerate(slots)]
+    reads = verify_slots(cases, processed, sp, rule, acceptance, on_host, entropy)
+    keeps: list[torch.Tensor | None] = []
+    in_place: list[bool] = []
+    for s, sl in enumerate(slots):
+        read = reads[s]
+        if sl is None:
+            keeps.append(None)
+            in_place.append(True)
+        elif isinstance(read, CycleRead):
+            keeps.append(read.keep)
+            in_place.append(read.acceptance.path[-1] == read.acceptance.accepted)
+        else:  # the root alone
+            keeps.append(zero)
+            in_place.append(True)
+    bt.commit(keeps, in_place)
+    return reads, feats, processed

@@ -42,14 +42,15 @@ before it. Then three small writes (g, L, the root's positions), one fill of the
 (``engine.compile=true`` on CUDA or the simulated device), acceptance is on the device and the tree fits a bucket;
 ``graph`` — also where the buckets are static but not captured (the same function, run eagerly); a ``ConfigError``
 naming ``engine.graphs.verify`` where that cannot be (no static buckets, acceptance on the host); ``eager`` — the
-op-by-op cycle. One-node trees, trees larger than every bucket and batched decoding (``decode.batch_size > 1``) take
-the eager cycle. The law is the eager cycle's; a seed gives other tokens at T > 0 (the bonus by inverse CDF, the
-uniforms from a buffer of b + 1) and the same tokens (AR's) when greedy: ``tests/test_tree_step.py``.
+op-by-op cycle. One-node trees and trees larger than every bucket take the eager cycle; batched decoding
+(``decode.batch_size > 1``) verifies through ``batch_step`` (every slot's tree in one replay). The law is the eager
+cycle's; a seed gives other tokens at T > 0 (the bonus by inverse CDF, the uniforms from a buffer of b + 1) and the
+same tokens (AR's) when greedy: ``tests/test_tree_step.py``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -142,28 +143,7 @@ class TreeStep(GraphRunner):
             draw_into(self.draws, "uniform_", generator)
 
     def _copy_tree(self, tree: DraftTree) -> None:
-        """``tree`` padded to the bucket in the step's buffers (a padded node its own parent, dead, the identity's
-        ancestor row)."""
-        n = tree.size
-        self.tokens[:n].copy_(tree.tokens)
-        self.parents.copy_(self.own)  # a padded node its own parent: no (parent, token) pair of a real node's row
-        self.parents[:n].copy_(tree.parents)
-        self.depth[:n].copy_(tree.depth)
-        self.anc.copy_(self.eye)
-        self.anc[:n, :n].copy_(tree.ancestor_mask)
-        if tree.alive is None:
-            self.alive[:n].fill_(True)
-        else:
-            self.alive[:n].copy_(tree.alive)
-        self.alive[n:].fill_(False)
-        if self.ranks is not None:
-            self.ranks.fill_(-1)
-            # a static source's ranks from its parents now: a replay re-runs this, the cached property would not
-            ranks = tree.child_ranks if not tree.static else tree_child_ranks(tree)
-            self.ranks[:n, : ranks.shape[1]].copy_(ranks)
-        if self.proposal is not None:
-            assert tree.proposal is not None
-            self.proposal[:n].copy_(tree.proposal)
+        copy_tree(self, tree)
 
     def launch(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One verify at attention width ``K``: its graph's replay (keyed by ``K`` and a static tree's storages;
@@ -237,7 +217,7 @@ class TreeStep(GraphRunner):
 
     def _step(self, K: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The fixed-shape verify (module docstring): everything from the static buffers, nothing read."""
-        b, dev, st, sp = self.b, self.device, self.bucket, self.sp
+        dev, st, sp = self.device, self.bucket, self.sp
         st.tokens.copy_(self.tokens)
         st.pos.copy_(self.pos0[:, None] + self.depth[None])
         block = torch.where(self.anc, 0.0, float("-inf")).to(st.masks[K].dtype)
@@ -245,28 +225,85 @@ class TreeStep(GraphRunner):
         st.place(self.length, torch.where(committed, self.bias[:, :K], float("-inf")), block, K)
         raw, feats = st._forward_at(K)
         processed = process_logits(raw, self.root_gen + 1 + self.depth, self.target.layout, sp)
-        ranks = self.ranks_n
-        tree = DraftTree(
-            self.tokens,
-            self.parents,
-            0,
-            proposal=self.proposal,
-            alive=self.alive,
-            depth=self.depth,
-            ancestor_mask=self.anc,
-            max_children=ranks,  # the rank loop's length (its buffer's width); 0 where the loop is not taken
-            child_ranks=self.ranks,
-        )
-        verdict = accept_tree(tree, processed, sp.greedy, Draws(buffer=self.draws), self.rule)
-        extra = [DraftGate.entropy(verdict.bonus_logits)] if self.entropy else []
-        packed, order, path_tokens = pack_verdict(tree, verdict, extra, width=b)
+        parts = (self.tokens, self.parents, self.depth, self.anc, self.alive, self.ranks, self.proposal)
+        packed, order, following = tree_verdict(
+            *parts, processed, self.draws, sp.greedy, self.rule, self.entropy, self.ranks_n
+        )  # ``ranks_n``: the rank loop's length (its buffer's width); 0 where the loop is not taken
         self.packed.copy_(packed)
         self.order.copy_(order)
-        k = verdict.on_path.sum()
-        after = arange_on(b, dev)
-        drafts = path_tokens.index_select(0, (after + 1).clamp_max(b - 1))
-        self.following.copy_(torch.where(after == k - 1, verdict.bonus, drafts))
+        self.following.copy_(following)
         return raw, feats
+
+
+class TreeBuffers(Protocol):
+    """A padded tree's static buffers (b nodes): what ``copy_tree`` writes and ``tree_verdict`` reads. ``own`` /
+    ``eye``: ``arange(b)`` and the identity (constants)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    own: torch.Tensor
+    depth: torch.Tensor
+    eye: torch.Tensor
+    anc: torch.Tensor
+    alive: torch.Tensor
+    ranks: torch.Tensor | None
+    proposal: torch.Tensor | None
+
+
+def copy_tree(dst: TreeBuffers, tree: DraftTree) -> None:
+    """``tree`` (n ≤ b nodes) padded to the bucket in ``dst``'s buffers: a padded node its own parent, dead, the
+    identity's ancestor row."""
+    n = tree.size
+    dst.tokens[:n].copy_(tree.tokens)
+    dst.parents.copy_(dst.own)  # a padded node its own parent: no (parent, token) pair of a real node's row
+    dst.parents[:n].copy_(tree.parents)
+    dst.depth[:n].copy_(tree.depth)
+    dst.anc.copy_(dst.eye)
+    dst.anc[:n, :n].copy_(tree.ancestor_mask)
+    if tree.alive is None:
+        dst.alive[:n].fill_(True)
+    else:
+        dst.alive[:n].copy_(tree.alive)
+    dst.alive[n:].fill_(False)
+    if dst.ranks is not None:
+        dst.ranks.fill_(-1)
+        # a static source's ranks from its parents now: a replay re-runs this, the cached property would not
+        ranks = tree.child_ranks if not tree.static else tree_child_ranks(tree)
+        dst.ranks[:n, : ranks.shape[1]].copy_(ranks)
+    if dst.proposal is not None:
+        assert tree.proposal is not None
+        dst.proposal[:n].copy_(tree.proposal)
+
+
+def tree_verdict(
+    tokens: torch.Tensor,
+    parents: torch.Tensor,
+    depth: torch.Tensor,
+    anc: torch.Tensor,
+    alive: torch.Tensor,
+    ranks: torch.Tensor | None,
+    proposal: torch.Tensor | None,
+    processed: torch.Tensor,
+    draws: torch.Tensor,
+    greedy: bool,
+    rule: AcceptanceRule,
+    entropy: bool,
+    max_children: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One padded tree's acceptance at its fixed shape (b nodes, processed rows ``[b, V]``, ``draws [b + 1]``), no
+    host read: (the packed verdict ``pack_verdict`` at width b — then the gate's entropy where ``entropy`` —, the node
+    ids path first ``[b]``, the committed tokens after the root ``[b]``: the path's drafts, then the bonus at a). What
+    ``TreeStep`` replays, and ``batch_step`` over every slot at once (``torch.vmap``)."""
+    b = tokens.shape[0]
+    tree = DraftTree(tokens, parents, 0, proposal=proposal, alive=alive, depth=depth, ancestor_mask=anc,
+                     max_children=max_children, child_ranks=ranks)  # fmt: skip
+    verdict = accept_tree(tree, processed, greedy, Draws(buffer=draws), rule)
+    extra = [DraftGate.entropy(verdict.bonus_logits)] if entropy else []
+    packed, order, path_tokens = pack_verdict(tree, verdict, extra, width=b)
+    k = verdict.on_path.sum()
+    after = arange_on(b, tokens.device)
+    drafts = path_tokens.index_select(0, (after + 1).clamp_max(b - 1))
+    return packed, order, torch.where(after == k - 1, verdict.bonus, drafts)
 
 
 def _storages(tree: DraftTree) -> tuple[int, ...]:
@@ -317,4 +354,4 @@ def steps_of(target: Any) -> list[TreeStep]:
     return [] if static is None else runners_of(static, TreeStep)
 
 
-__all__ = ["TreeStep", "step_for", "steps_of"]
+__all__ = ["TreeBuffers", "TreeStep", "copy_tree", "step_for", "steps_of", "tree_verdict"]

@@ -683,7 +683,7 @@ def _by_rank(tree: DraftTree, processed: torch.Tensor, p: torch.Tensor, draws: D
             if q is not None:
                 q = torch.where(rejected[:, None], _normalise_rows(q.scatter(1, x[:, None], 0.0), q), q)
     chosen = torch.zeros(n + 1, dtype=torch.bool, device=p.device)
-    chosen.scatter_(0, torch.where(accepted >= 0, accepted, n), True)
+    chosen = chosen.scatter(0, torch.where(accepted >= 0, accepted, n), True)  # out of place: vmapped per slot
     return _finish(tree, processed, chosen[1:n], p, draws)
 
 

@@ -399,6 +399,12 @@ def check_decode(cfg: DictConfig, conf: schema.AppConf, policy: Policy) -> None:
             "model is not on a CUDA device (model.device); the CPU's compiled stacks are single-prompt: "
             "use engine.compile=false with decode.batch_size > 1 there",
         )
+    if engine_graphs(cfg).verify == "graph" and not conf.engine.compile and not isinstance(policy, LoopPolicy):
+        raise ConfigError(
+            "engine.graphs.verify",
+            "graph with decode.batch_size > 1 runs the batched verify step over the batch's captured buckets: needs "
+            "engine.compile=true and model.device=cuda (a GPU or the simulated device); use auto or eager",
+        )
 
 
 def _on_cuda(cfg: DictConfig) -> bool:

@@ -99,12 +99,13 @@ class BatchTarget:
         self.length = [0] * self.B
         self._len = torch.zeros(self.rows, dtype=torch.long, device=self.device)  # length per row (device copy)
         self._cols = torch.arange(capacity, device=self.device)
+        self._slot_rows = [slot_rows(s, self.B, self.c, self.device) for s in range(self.B)]
         self.forwards = 0
         self.static: StaticBatchVerifier | None = None  # ``request_static``: bucketed (and graphed) forwards
 
     def slot_rows(self, s: int) -> torch.Tensor:
-        """The cache rows of slot ``s`` (its CFG rows, cond first)."""
-        return slot_rows(s, self.B, self.c, self.device)
+        """The cache rows of slot ``s`` (its CFG rows, cond first; made once, never written)."""
+        return self._slot_rows[s]
 
     # --- prompts ---------------------------------------------------------------------------------------------------
     @torch.no_grad()

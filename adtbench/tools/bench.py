@@ -31,7 +31,9 @@ an 8,191-token Emu3 image (``tests/test_emu3_shape.py``); a GPU measures whole i
 target network — variable-shape forward or static bucket / graph replay —, masks, acceptance, drafter network,
 drafting bookkeeping, draws, policy, …) and the rest of the cycle's own lines; a host-side diagnostic that
 synchronises a GPU around every phase. ``bench.count=true`` counts instead, per cycle and per phase, the aten ops
-issued outside the networks and the device→host reads (``adtbench.tools.bench_count``; any machine).
+issued outside the networks and the device→host reads (``adtbench.tools.bench_count``; any machine); with
+``decode.batch_size=B > 1`` per *batched* cycle (one target forward for every slot) over one window of the method's
+side holding every prompt (the slots' admissions counted as prefill; at B > 1 the tool only counts).
 
 ``cost``: the cost model of one draft–verify cycle on this machine (``adtbench.algorithm.cost.measure_cost``, the same
 measurement ``budget: cost`` trees use), for any model — real-shaped ones with random weights included (timing
@@ -86,6 +88,7 @@ from adtbench.harness.config import (
 )
 from adtbench.io import atomic_write_json
 from adtbench.sampling_params import build_sampling
+from adtbench.tools.bench_count import PREFILL
 from adtbench.tools.bench_cycle import device_bandwidth, overhead_line, overhead_table
 
 # Where a cycle's time goes (``bench.phases=true``): (owner, attribute, label). Owner: a module or class path, or
@@ -97,8 +100,11 @@ JACOBI_STEP = "jacobi: step (one graph replay)"  # ``methods.jacobi.step``: the 
 LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection)"  # ``drafters.graphed``
 TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance, KV commit)"  # ``tree_step``
 CATCH_UP = "drafter catch-up (one graph replay)"  # ``drafters.catch_up``
+BATCH_STEP = "batched verify step (one graph replay: forward, processing, every slot's acceptance, KV commit)"
 # ``bench.count``: not engine ops
-NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP})
+NETWORKS = frozenset(
+    {TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP, BATCH_STEP}
+)
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -255,8 +261,15 @@ def overhead(cfg: Any, target: Any = None, drafter: Any = None) -> dict:
     def run(p: Any) -> Any:
         return job.decode(p, True)
 
-    job.decode(prompts[0], True, seed=0)  # warm-up (graph capture, compilation)
     instances = {"target": target, "drafter": drafter, "policy": job.policy}
+    if job.batched is not None:  # B > 1: the method's side of one window over every prompt, counted per batched cycle
+        if not bool(cfg.bench.get("count", False)):
+            raise ConfigError("decode.batch_size", "bench overhead at B > 1 counts only: add bench.count=true")
+        job.batched.baseline, job.batched.acceptance = False, "device"
+        job.decode_window(prompts[: job.batch_size], 0)  # warm-up (graph capture)
+        # the slots' drafters and policies are copies made inside the count: a wrapped method would travel with them
+        return _count_breakdown(cfg, prompts, run, {**instances, "drafter": None, "policy": None}, job.batched)
+    job.decode(prompts[0], True, seed=0)  # warm-up (graph capture, compilation)
     if bool(cfg.bench.get("count", False)):
         return _count_breakdown(cfg, prompts, run, instances)
     if bool(cfg.bench.get("phases", False)):
@@ -363,12 +376,35 @@ def _phase_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     }
 
 
-def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str, Any]) -> dict:
-    """``bench.count=true``: aten ops outside the networks and host reads per cycle, by phase (``bench_count``)."""
-    from adtbench.tools.bench_count import PREFILL, DeviceCounter
+# the batched loop's parts (``algorithm.batch``): admissions are prefill, its forwards networks
+BATCH_PHASES: tuple[tuple[str, str, str], ...] = (
+    ("adtbench.algorithm.slot:SlotStream", "admit", PREFILL),  # a slot's prompt: prefill, first token, drafter's
+    ("adtbench.models.batch:BatchTarget", "static_forward", TARGET_NET),
+    ("adtbench.models.batch:StaticBatchVerify", "run", TARGET_NET),
+    ("adtbench.algorithm.drafters.eagle:EagleDrafter", "forward", DRAFTER_NET),
+    ("adtbench.models.batch:BatchTarget", "forward", "batched verify: padding, mask, positions"),
+    ("adtbench.models.batch:BatchTarget", "commit", "KV commit"),
+    ("adtbench.algorithm.drafters.batch:BatchDrafter", "extend", "drafter extend (bookkeeping)"),
+    ("adtbench.algorithm.drafters.batch:BatchDrafter", "expand", "batched drafter level (bookkeeping)"),
+    ("adtbench.algorithm.batch", "_processed", "target logits processing"),
+    ("adtbench.algorithm.batch", "verify_slots", "acceptance (device)"),
+    ("adtbench.algorithm.slot", "read_verdicts", "the cycle's host read"),
+    ("adtbench.algorithm.batch_step:BatchTreeStep", "launch", BATCH_STEP),
+    ("adtbench.algorithm.batch_step:BatchCatchUp", "launch", CATCH_UP),
+    ("adtbench.algorithm.batch_step:BatchTreeStep", "fill", "batched verify step: the trees into its buffers, draws"),
+    ("adtbench.algorithm.batch_step:BatchTreeStep", "verify", "the cycle's host read"),
+)
+
+
+def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str, Any], batched: Any = None) -> dict:
+    """``bench.count=true``: aten ops outside the networks and host reads per cycle, by phase (``bench_count``).
+    ``batched`` (a ``harness.batched.BatchedDecoder``): every prompt in one window of its method side; a cycle is
+    one batched cycle (one target forward for all slots), ``slot_cycles`` the slots' cycles in it."""
+    from adtbench.tools.bench_count import DeviceCounter
 
     counter = DeviceCounter(NETWORKS, instances["target"].device)
     phases = (
+        *(BATCH_PHASES if batched is not None else ()),
         ("adtbench.algorithm.engine", "prefill", PREFILL),
         ("adtbench.algorithm.methods.jacobi.loop", "prefill_token", PREFILL),
         ("target", "encode_prompt", PREFILL),
@@ -378,20 +414,29 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
     cycles = levels = 0
     graphs = getattr(instances["drafter"], "level_graphs", None)  # graphed drafting levels (``drafters.graphed``)
     replays = 0 if graphs is None else graphs.level_replays
+    slot_cycles = 0
     with _Phases(instances, False, phases, counter=counter), counter, _counted_replays(counter) as cycle_replays:
-        for p in prompts:
-            res = run(p)
-            cycles += len(res.cycles)
+        if batched is None:
+            results = [run(p) for p in prompts]
+        else:
+            bt, forwards = batched.bt, batched.bt.forwards
+            results = [d[2] for d in batched.window(prompts, 1)]
+            cycles = batched.bt.forwards - (forwards if batched.bt is bt else 0)
+        for res in results:
+            slot_cycles += len(res.cycles)
             levels += sum(c.drafted_depth for c in res.cycles)
+    cycles = cycles or slot_cycles
     target = instances["target"]
     level_replays = 0 if graphs is None else graphs.level_replays - replays
     return {
         "model": str(cfg.model.name),
-        "policy": instances["policy"].name,
+        "policy": (instances["policy"] if batched is None else batched.policy).name,
         "device": str(target.device),
         "prompts": len(prompts),
+        "batch_size": 1 if batched is None else batched.B,
+        "slot_cycles": slot_cycles,
         **counter.per_cycle(cycles),
-        "levels_per_cycle": levels / cycles,
+        "levels_per_cycle": levels / slot_cycles,  # per slot's cycle
         "level_graph_replays_per_cycle": level_replays / cycles,  # one per drafting level when graphed
         "graph_replays_per_cycle": cycle_replays[0] / cycles,  # every graph replayed outside prefill
     }
@@ -401,8 +446,6 @@ def _count_breakdown(cfg: Any, prompts: list[Any], run: Any, instances: dict[str
 def _counted_replays(counter: Any) -> Iterator[list[int]]:
     """Within: every graph replay (CUDA or stand-in) outside ``counter``'s prefill label is counted in the yielded
     ``[n]``; the classes' ``replay`` is restored on exit."""
-    from adtbench.tools.bench_count import PREFILL
-
     n = [0]
     saved = {cls: cls.replay for cls in (accel_graphs.CudaGraph, accel_graphs.StandInGraph)}
 
@@ -577,7 +620,9 @@ def main(args: list[str]) -> int:
         print(probe_table(r))
     elif "host_reads_per_cycle" in r:
         print(
-            f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles: "
+            f"{r['model']}, policy={r['policy']}, {r['prompts']} prompts, {r['cycles']} cycles"
+            + (f" (B = {r['batch_size']}: {r['slot_cycles']} slot cycles)" if r["batch_size"] > 1 else "")
+            + ": "
             f"{r['host_reads_per_cycle']:.2f} host reads, {r['graph_replays_per_cycle']:.2f} graph replays, "
             f"{r['engine_ops_per_cycle']:.1f} engine ops ({r['engine_kernels_per_cycle']:.1f} kernels, the rest views) "
             "and "

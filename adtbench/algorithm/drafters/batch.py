@@ -44,9 +44,11 @@ class BatchDrafter:
         self.key_bias = torch.full((self.R, capacity), float("-inf"), dtype=p.dtype, device=p.device)
         self.length = [0] * slots
         self.scratch = [0] * slots
+        self._rows = [slot_rows(s, slots, rows_per_slot, p.device) for s in range(slots)]
 
     def rows(self, s: int) -> torch.Tensor:
-        return slot_rows(s, self.B, self.c, self.device)
+        """The rows of slot ``s`` (made once, never written)."""
+        return self._rows[s]
 
     def admit(self, s: int, start: Any) -> torch.Tensor:
         """Slot ``s`` takes a new prompt: ``start(drafter)`` runs the prompt through a single drafter (e.g.
