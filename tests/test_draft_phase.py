@@ -15,6 +15,7 @@ import torch
 from conftest import recording_trees, small_tree_policies, tiny
 
 from adtbench import accel, accel_graphs
+from adtbench.algorithm.drafters.catch_up import catch_up_replays
 from adtbench.algorithm.drafters.graphed import LevelGraphs
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.sampling_params import SamplingParams
@@ -150,3 +151,37 @@ def test_a_mask_for_the_wrong_bucket_fails() -> None:
             step.anc = step.anc.clone()
         with pytest.raises(accel_graphs.GraphError, match=r"no live tensor owns|never read"):
             generate(target, drafter, POLICIES["eagle2"](), inputs, sp, None)
+
+
+def test_the_graphed_catch_up_of_a_two_layer_drafter_builds_the_eager_trees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catch-up's replay (``drafters.catch_up``) is idempotent: a capture's warm-ups mark the committed columns
+    L … L + a before the replay runs, and a new slot i still sees columns L … L + i only. A drafter of two layers
+    shows it (a second layer's keys are the first's attention outputs): float64, simulated device, the static sampled
+    tree at T = 1, the same trees and proposal rows in every cycle as with the catch-up eager (``extend``)."""
+    from omegaconf import OmegaConf
+
+    from adtbench.algorithm import engine
+    from adtbench.harness.drafters import build_drafter
+
+    runs = []
+    for graphed in (True, False):
+        with accel.simulate():
+            target, _ = tiny("tiny_llamagen", device="cuda")
+            dcfg = OmegaConf.create({"kind": "eagle", "path": None, "seed": 1, "num_layers": 2, "input_norm": False})
+            drafter = build_drafter(dcfg, target)
+            drafter.request_static(graphs=True)
+            target.request_static(graphs=True)  # the verify's step: the catch-up reads its buffers
+            if not graphed:
+                monkeypatch.setattr(engine, "catch_up_graphed", lambda *a: None)
+            policy = recording_trees(POLICIES["static_sampled"]())
+            inputs = target.encode_prompt("two blue squares on a striped floor", cfg=True)
+            sp = SamplingParams(temperature=1.0, cfg_scale=3.0)
+            res = generate(target, drafter, policy, inputs, sp, torch.Generator(device="cuda").manual_seed(5))
+            runs.append((res.tokens, policy.trees))
+            assert (catch_up_replays(drafter) > 3) == graphed
+    (tok_g, trees_g), (tok_e, trees_e) = runs
+    assert len(trees_g) == len(trees_e) > 3
+    for (a_tok, a_par, a_shape, a_alive, a_q), (b_tok, b_par, b_shape, b_alive, b_q) in zip(trees_g, trees_e):
+        assert (a_tok, a_par, a_shape, a_alive) == (b_tok, b_par, b_shape, b_alive)
+        assert a_q is not None and b_q is not None and torch.allclose(a_q, b_q, rtol=0, atol=1e-12)
+    assert tok_g == tok_e

@@ -12,7 +12,9 @@ those buffers and the drafter's pinned cache, captured per (step, slot bucket m,
 
 - m = the smallest drafter bucket ≥ a + 1; slot i < m takes ``path_feats[:, i]`` and the embedding of
   ``following[i]`` at position ``pos0 + i``, written at column L + i (L the drafter's committed length, a device
-  scalar), seeing the committed columns (the drafter's ``bias``) and columns L … L + i (causal);
+  scalar), seeing the committed columns (the drafter's ``bias`` before L) and columns L … L + i (causal, whatever
+  the bias holds there: the program is idempotent, as a capture's warm-ups need — they mark L … L + a before the
+  replay runs);
 - the output at the root is row a (the device's a + 1 − 1) into ``out``; the drafter's ``valid`` / ``bias`` mark
   columns L … L + a inside the replay.
 
@@ -104,7 +106,9 @@ class CatchUp(GraphRunner):
         pos = step.pos0[:, None] + rows[None]
         rel = arange_on(K, dev) - L  # column − L
         causal = (rel[None] >= 0) & (rel[None] <= rows[:, None])  # [m, K]: columns L … L + i
-        mask = torch.where(causal[None, None], 0.0, d.bias[:, None, None, :K])
+        # columns ≥ L from the causal rule alone, never the bias: a first use's warm-ups have already marked them
+        ahead = torch.where(causal, 0.0, float("-inf"))
+        mask = torch.where((rel >= 0)[None, None, None], ahead[None, None], d.bias[:, None, None, :K])
         out = d.static_forward(feats, embeds, pos, L + rows, mask)
         k = step.packed[:1].long()  # a + 1
         root_out.copy_(out.index_select(1, k - 1)[:, 0])
