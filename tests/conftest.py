@@ -329,13 +329,13 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
 
 
 MEASURED_S = {
-    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 63,
-    "test_lean_forward.py::test_compiled_forward_matches_eager": 41,
-    "test_report.py::test_one_page_with_its_images_within_10_s": 34,  # the module's sweep (≈ 30 s) for its 4 tests:
-    "test_report.py::test_leaderboard_numbers_are_the_tables": 34,  # listed together, so that one worker runs them
-    "test_report.py::test_each_setting_sits_beside_its_ar_with_the_same_seed": 34,  # (split: 2 × 30 s, measured)
-    "test_report.py::test_page_in_headless_chromium": 34,
-    "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 29,
+    "test_gpu_script.py::test_every_gpu_stage_runs_on_the_simulated_device": 38,
+    "test_lean_forward.py::test_compiled_forward_matches_eager": 17,
+    "test_report.py::test_one_page_with_its_images_within_10_s": 28,  # the module's sweep (≈ 25 s) for its 4 tests:
+    "test_report.py::test_leaderboard_numbers_are_the_tables": 28,  # listed together, so that one worker runs them
+    "test_report.py::test_each_setting_sits_beside_its_ar_with_the_same_seed": 28,  # (split: 2 × 30 s, measured)
+    "test_report.py::test_page_in_headless_chromium": 28,
+    "test_eval_protocols.py::test_fid_prc_kid_equal_torch_fidelity_cli": 22,
     "test_jacobi_step.py::test_law_of_the_fixed_shape_step[scd-up-step-t1]": 25,
     "test_laws.py::test_law[static-sampled-cycle-graphed-k2w4]": 18,  # the graphed cycle (ci3's measure, load 1.3-2.3)
     "test_laws.py::test_law[eagle2-cycle-graphed-k2w4]": 21,
@@ -344,15 +344,15 @@ MEASURED_S = {
     "test_emu3_shape.py::test_the_emu3_shape_probe_runs_through_the_graphs_at_the_real_layout": 21,
     "test_laws.py::test_law[sjd_pac-K2D2-pac]": 20,
     "test_laws.py::test_q_not_reduced_fails_the_sjd_pac_headline": 17,
-    "test_slurm.py::test_submitit_local_multirun_of_two_shard_jobs_then_merge": 16,
+    "test_slurm.py::test_submitit_local_multirun_of_two_shard_jobs_then_merge": 9,
     "test_laws.py::test_law[eagle2-K2-q3]": 16,
-    "test_tracking.py::test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples": 15,
+    "test_tracking.py::test_kill_9_at_sample_5_of_12_then_rerun_gives_one_wandb_run_with_12_samples": 10,
     "test_laws.py::test_law[adt-sampled-K2-q3]": 14,
-    "test_gpu_script.py::test_the_emu3_shape_probes_on_the_simulated_device": 12,
-    "test_bench_compare.py::test_a_one_prompt_one_row_comparison_writes_its_table": 12,
+    "test_gpu_script.py::test_the_emu3_shape_probes_on_the_simulated_device": 7,
+    "test_bench_compare.py::test_a_one_prompt_one_row_comparison_writes_its_table": 8,
     "test_window_ship.py::test_shipped_table_agrees_with_a_fresh_calibration": 11,
     "test_plugins.py::test_the_entropy_window_as_a_plugin_passes_adtbench_check_and_runs_in_the_app": 11,
-    "test_bench_speed.py::test_speed_table_rows_readme_and_reuse": 11,
+    "test_bench_speed.py::test_speed_table_rows_readme_and_reuse": 8,
     "test_bench_device.py::test_probe_judges_every_policy_at_a_pinned_shape_on_one_set_of_models": 10,
     "test_laws.py::test_law[static-sampled-q3]": 10,
     "test_laws.py::test_law[sjd-random-long]": 10,
@@ -369,7 +369,7 @@ MEASURED_S = {
     "test_simulated.py::test_the_command_line_runs_on_the_simulated_device": 7,
     "test_bench_device.py::test_bench_batch_and_versus_on_the_simulated_device": 7,
     "test_emu3.py::test_scd_law_at_t1_on_tiny_emu3": 7,
-    "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 5,
+    "test_tree_step.py::test_bench_count_of_a_graphed_tree_cycle": 8,
     "test_user_faults.py::test_ctrl_c_is_one_line_and_the_run_dir_resumes": 6,
     "test_simulated.py::test_every_policy_and_rule_on_the_simulated_device": 3,  # 4 cases, one module's models
     "test_plugins.py::test_adtbench_check_fails_scd_with_the_authors_stored_proposal": 6,
@@ -385,7 +385,8 @@ MEASURED_S = {
 """The longest tests' CPU seconds (every phase, their subprocesses' included: ``ADTBENCH_TEST_CPU``, below), those of
 5 s or more, per test function or per parametrisation (``file::function[id]``, looked up first), from one run of the
 README's test command (``ADTBENCH_TEST_CPU=cpu.jsonl pytest -q -n 2``; the files ``tests/test_prefill_reuse.py``
-changed measured again after it): the scheduling order, longest first. Tests that share an expensive module fixture
+changed measured again after it; the tests that start interpreters scaled by their change in a run with the bytecode
+written, above): the scheduling order, longest first. Tests that share an expensive module fixture
 are listed at one value, adjacent, so that one worker runs them all (a worker that steals one builds it again).
 Those not marked ``slow`` are marked here
 (over ~5 s, the marker's definition). A test missing from the list is only scheduled by its marker; refresh the list
