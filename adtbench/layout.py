@@ -49,6 +49,17 @@ class TokenLayout:
         return self.grid_h * self.row_len + (1 if self.eoi_token is not None else 0)
 
     @property
+    def forces(self) -> bool:
+        """Does some generation index force a token (an end-of-line or end-of-image slot)?"""
+        return self.eol_token is not None or self.eoi_token is not None
+
+    @property
+    def masks_logits(self) -> bool:
+        """Does the logits constraint mask anything (``sampling.constrain``): a vocabulary token that is no image
+        token, or a forced slot? False: every token is allowed at every index (LlamaGen, the mini model)."""
+        return self.forces or self.image_token_offset != 0 or self.num_codes != self.vocab_size
+
+    @property
     def image_ids(self) -> range:
         return range(self.image_token_offset, self.image_token_offset + self.num_codes)
 

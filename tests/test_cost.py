@@ -37,6 +37,24 @@ def test_best_maximises_expected_tokens_per_ms_by_brute_force():
     assert n == int(np.argmax(rates)) == 3 and rate == pytest.approx(max(rates))
 
 
+def test_best_is_the_vectorised_rule_bit_for_bit():
+    """``TreeBudget._best``'s scalar loop returns what ``argmax((1 + c·cumsum(π)) / (spent + t_verify))`` over the
+    prefixes returns, to the bit — N (the first maximum), the rate, Σπ of the prefix — on random sorted path
+    probabilities, with ties (zero π under a flat verify cost) and under a calibration c ≠ 1."""
+    rng = np.random.default_rng(1)
+    for trial in range(300):
+        b = TreeBudget(linear_model(0.0, fixed=0.3) if trial % 3 == 0 else synthetic_cost_model())
+        b.observe(float(rng.uniform(0, 3)), trial % 4)
+        m = int(rng.integers(0, 40))
+        raw = rng.choice([0.5, 0.25, 0.0], m) if trial % 2 else rng.uniform(0, 1, m)
+        pi = np.sort(raw)[::-1]
+        spent = float(rng.uniform(0, 2))
+        cum = np.concatenate([[0.0], np.cumsum(pi)])
+        rate = (1.0 + b.c * cum) / (spent + b._t_verify_upto(cum.size))
+        n = int(np.argmax(rate))
+        assert b._best(pi, spent) == (n, float(rate[n]), float(cum[n])), trial
+
+
 def test_free_nodes_are_all_verified_and_costly_ones_none():
     pi = np.array([0.5, 0.2, 0.1])
     assert TreeBudget(linear_model(0.0), calibrate=False).best(pi, 0.0)[0] == 3
@@ -235,7 +253,8 @@ def _real_session(sp: SamplingParams, on_host: bool, target, drafter, out, root)
 def test_host_and_device_eagle2_trees_are_the_same(rounds, temperature):
     """``eagle2_host_steps`` (numpy on host copies: the CPU's default) builds the tree ``eagle2_device_steps`` builds
     (what a GPU runs) — tokens, parents, dead nodes, levels drafted, the budget's N, E_pred and round plan — cycle
-    after cycle of a real drafter, with and without a budget, live or planned rounds."""
+    after cycle of a real drafter, with and without a budget, live or planned rounds; depth 0: the root's children
+    alone (the host's star fast path), all of them kept or fewer."""
     from adtbench.algorithm.engine import prefill
     from adtbench.algorithm.policies.eagle2 import eagle2_device_steps, eagle2_host_steps
 
@@ -243,7 +262,7 @@ def test_host_and_device_eagle2_trees_are_the_same(rounds, temperature):
     sp = SamplingParams(temperature=temperature, cfg_scale=3.0)
     root, _, out = prefill(target, drafter, target.encode_prompt("a red circle", cfg=True), sp, 64, 64, None)
     budgets = [None if rounds is None else TreeBudget(synthetic_cost_model(), rounds=rounds) for _ in range(2)]
-    for cycle, (depth, k, total) in enumerate([(3, 4, 20), (3, 4, 30), (2, 6, 12), (4, 3, 40)]):
+    for cycle, (depth, k, total) in enumerate([(3, 4, 20), (3, 4, 30), (2, 6, 12), (4, 3, 40), (0, 5, 6), (0, 5, 4)]):
         trees = []
         for host, b in zip((False, True), budgets):
             s = _real_session(sp, host, target, drafter, out, root)
@@ -255,6 +274,9 @@ def test_host_and_device_eagle2_trees_are_the_same(rounds, temperature):
         dev, host = trees
         assert dev.tokens.tolist() == host.tokens.tolist() and dev.parent_list == host.parent_list, cycle
         alive = [True] * host.size if host.alive is None else host.alive.tolist()
+        # the host builder's own copies (``tree.HostTree``) are what its tensors hold
+        assert host.host is not None and host.parent_list == host.parents.tolist() and host.alive_list == alive
+        assert host.max_depth == dev.max_depth == max(d for d, a in zip(host.depth.tolist(), alive) if a)
         assert dev.alive is not None and dev.alive.tolist() == alive
         assert dev.drafted_depth == host.drafted_depth and dev.depth.tolist() == host.depth.tolist()
         assert torch.equal(dev.ancestor_mask, host.ancestor_mask)

@@ -49,3 +49,18 @@ def test_process_order_cfg_then_mask_then_temperature():
     assert torch.allclose(out[1:], mixed[1:] / 2.0)
     greedy = process_logits(raw, torch.tensor([0]), lay, SamplingParams(temperature=0.0, cfg_scale=2.0))[0]
     assert torch.allclose(greedy[1:], mixed[1:])
+
+
+def test_an_unmasked_layout_adds_no_row_to_a_cfg_mix():
+    """Where every token is allowed at every index (``TokenLayout.masks_logits`` False) the processed logits of a CFG
+    mix are the mix itself, bit for bit what adding the all-zero row gives; one row (no mix) and a masking layout
+    still go through ``constrain``."""
+    free = TokenLayout(vocab_size=16, image_token_offset=0, num_codes=16, grid_h=2, grid_w=2)
+    assert not free.masks_logits and not free.forces
+    assert TokenLayout(16, 1, 15, 2, 2).masks_logits and TokenLayout(17, 0, 16, 2, 2, eol_token=16).masks_logits
+    raw = torch.randn(2, 3, 16)
+    greedy = SamplingParams(temperature=0.0, cfg_scale=3.0)
+    out = process_logits(raw, torch.arange(3), free, greedy)
+    assert torch.equal(out, constrain(cfg_mix(raw, 3.0), torch.arange(3), free))
+    one = process_logits(raw[:1], 5, free, greedy)
+    assert torch.equal(one, raw[0]) and one.untyped_storage().data_ptr() != raw.untyped_storage().data_ptr()

@@ -146,12 +146,19 @@ class TreeBudget:
         n, rate, _ = self._best(pi_sorted, spent_ms)
         return n, rate
 
-    def _best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float, np.ndarray]:
-        """``best`` and the cumulative sums ``Σ_{i<N} π_i`` for N = 0 … len (the predicted drafts of each prefix)."""
-        cum = np.concatenate([[0.0], np.cumsum(pi_sorted)])
-        rate = (1.0 + self.c * cum) / (spent_ms + self._t_verify_upto(cum.size))
-        n = int(np.argmax(rate))
-        return n, float(rate[n]), cum
+    def _best(self, pi_sorted: np.ndarray, spent_ms: float) -> tuple[int, float, float]:
+        """``best`` and ``Σ_{i<N} π_i`` at that N (the predicted drafts of the prefix kept). A scalar loop over the few
+        to few dozen entries, the arithmetic of ``rate = (1 + c·cumsum) / (spent + t_verify)`` in float64: sequential
+        sums (``np.cumsum``'s), the same products and divisions, ``np.argmax``'s first maximum — bit for bit."""
+        tv = self._t_verify_upto(pi_sorted.size + 1).tolist()
+        c = self.c
+        n, best, cum, cum_n = 0, (1.0 + c * 0.0) / (spent_ms + tv[0]), 0.0, 0.0
+        for i, p in enumerate(pi_sorted.tolist(), start=1):
+            cum += p
+            r = (1.0 + c * cum) / (spent_ms + tv[i])
+            if r > best:
+                n, best, cum_n = i, r, cum
+        return n, best, cum_n
 
     def _t_level_upto(self, m: int) -> np.ndarray:
         """``t_level(1 … m)`` as an array (tabulated once, grown on demand)."""
@@ -240,8 +247,8 @@ class TreeBudget:
         (module docstring); the level rule stops at the first l where that does not beat the rate without it, and
         the next cycle drafts that many rounds."""
         if not plan:
-            n, _, cum = self._best(pi[:max_n], self.spent_ms(level_sizes))
-            return n, float(cum[n])
+            n, _, cum_n = self._best(pi[:max_n], self.spent_ms(level_sizes))
+            return n, cum_n
         L = len(level_sizes)
         rounds = np.arange(L + 1)[:, None]
         upto = -np.sort(-np.where(level[None] <= rounds, pi[None], 0.0), axis=-1)

@@ -152,7 +152,8 @@ def speculative_cycle(
         read, feats = step.verify(tree, session.root_gen, st.generator)
     else:
         raw, feats = target.verify_forward(tree.tokens, tree.ancestor_mask, tree.depth)
-        processed = process_logits(raw, session.root_gen + 1 + tree.depth, target.layout, sp)
+        gen = session.root_gen + 1  # per node where some index forces a token, else one index serves every row
+        processed = process_logits(raw, gen + tree.depth if target.layout.forces else gen, target.layout, sp)
         read = judge(tree, processed, sp, rule, st.generator, entropy, acceptance)
         target.commit(read.keep, in_place=read.acceptance.path[-1] == read.acceptance.accepted)
     marks = (drafted, clock.mark(), clock.mark())

@@ -97,10 +97,13 @@ def process_logits(
     """Raw ``[R, n, V]`` logits → processed ``[n, V]`` logits (−inf outside the support).
 
     ``gen_idx[i]`` is the generation index of the token *predicted* by row i (an int: the same for every row).
-    Temperature 1 divides by nothing (``x / 1 = x`` bit for bit).
+    Temperature 1 divides by nothing (``x / 1 = x`` bit for bit); a layout that masks nothing
+    (``TokenLayout.masks_logits`` False) adds no all-zero row to a CFG mix (already a new tensor; ``x + 0 = x``).
     """
     dtype = torch.promote_types(raw.dtype, torch.float32)
-    x = constrain(cfg_mix(raw.to(dtype), sp.cfg_scale), gen_idx, layout)
+    x = cfg_mix(raw.to(dtype), sp.cfg_scale)
+    if raw.shape[0] == 1 or layout.masks_logits:
+        x = constrain(x, gen_idx, layout)
     if sp.greedy:
         return x
     if sp.temperature != 1.0:

@@ -23,10 +23,22 @@ of nodes without children are unused). Trees without it are point-mass (determin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
+
+
+@dataclass(frozen=True)
+class HostTree:
+    """What a host-side builder already holds of its tree (``policies.eagle2``'s host path), so the host views of
+    ``DraftTree`` need no read: ``parents`` (node 0's −1 first), the realised depth over the live nodes, and the
+    liveness per node (None: every node live). Never written to."""
+
+    parents: list[int]
+    max_depth: int
+    alive: list[bool] | None = None
 
 
 class DraftTree:
@@ -37,7 +49,8 @@ class DraftTree:
     static buffer that a graph rewrites in place (a draft phase's, ``drafters.draft_phase``): a graphed verify reads
     them inside its replay instead of copying them in (``tree_step``). ``readout``: float64 scalars the policy decided
     on the device (``budget: cost``'s node count, ``policies.eagle2``), read with the verdict and handed to
-    ``on_read`` (a static tree's only: the tree step packs them into its one read)."""
+    ``on_read`` (a static tree's only: the tree step packs them into its one read). ``host``: the builder's host
+    copies (``HostTree``), read by the host views instead of the tensors."""
 
     def __init__(
         self,
@@ -56,8 +69,10 @@ class DraftTree:
         static: bool = False,
         readout: torch.Tensor | None = None,
         on_read: Callable[[list[float]], None] | None = None,
+        host: HostTree | None = None,
     ) -> None:
         dev = tokens.device
+        self.host = host
         self.static = static
         self.readout, self.on_read = readout, on_read
         self.tokens = tokens
@@ -67,15 +82,15 @@ class DraftTree:
         n = tokens.numel()
         if isinstance(parents, torch.Tensor):
             self.parents = parents if parents.device == dev else parents.to(dev)
-            host: np.ndarray | None = None
+            par: np.ndarray | None = None
         else:  # host parents (tests, host-built trees): checked, and the static structure is derived on the host
-            host = np.asarray(parents, dtype=np.int64)
-            _check_parents(host, n)
-            self.parents = torch.from_numpy(host).to(dev)
+            par = np.asarray(parents, dtype=np.int64)
+            _check_parents(par, n)
+            self.parents = torch.from_numpy(par).to(dev)
         if depth is None or ancestor_mask is None:
-            if host is None:
-                host = self.parents.cpu().numpy()
-            d, anc = host_ancestry(host)
+            if par is None:
+                par = self.parents.cpu().numpy()
+            d, anc = host_ancestry(par)
             depth = torch.from_numpy(d).to(dev) if depth is None else depth
             ancestor_mask = torch.from_numpy(anc).to(dev) if ancestor_mask is None else ancestor_mask
         self.depth, self.ancestor_mask = depth, ancestor_mask
@@ -95,6 +110,8 @@ class DraftTree:
     # --- host views (reference verifier, sampled-tree bookkeeping, tests): each reads the device once -----------
     @cached_property
     def parent_list(self) -> list[int]:
+        if self.host is not None:
+            return self.host.parents
         return [int(p) for p in self.parents.tolist()]
 
     @cached_property
@@ -104,11 +121,15 @@ class DraftTree:
     @cached_property
     def alive_list(self) -> list[bool]:
         """Per node: live (``alive``; every node when the tree has no dead ones)."""
+        if self.host is not None and self.host.alive is not None:
+            return self.host.alive
         return [True] * self.size if self.alive is None else self.alive.tolist()
 
     @property
     def max_depth(self) -> int:
         """Realised depth d after reranking (root at depth 0), over the live nodes."""
+        if self.host is not None:
+            return self.host.max_depth
         if self.alive is None:
             return int(self.depth.max())
         return max(int(d) for d, live in zip(self.depth.tolist(), self.alive_list, strict=True) if live)

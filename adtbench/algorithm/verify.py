@@ -455,11 +455,10 @@ def verify_cycle(
     acc = verify_tree(tree, processed, greedy, generator, rule)
     tokens = tree.token_list
     committed = [tokens[i] for i in acc.path[1:]] + [acc.bonus]
-    dev = tree.tokens.device
-    row = processed[acc.path[-1]]
-    values = [float(x) for x in extra(row)] if extra is not None else []
-    keep = torch.tensor(acc.path, device=dev)
-    return CycleRead(acc, tokens[0], committed, keep, torch.tensor(committed, device=dev), values)
+    values = [float(x) for x in extra(processed[acc.path[-1]])] if extra is not None else []
+    k = len(acc.path)
+    both = torch.tensor(acc.path + committed, device=tree.tokens.device)  # one tensor: the path's ids, its tokens
+    return CycleRead(acc, tokens[0], committed, both[:k], both[k:], values)
 
 
 @dataclass(frozen=True)

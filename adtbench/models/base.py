@@ -284,7 +284,7 @@ class Target(ABC):
         self.next_pos = self.next_pos + k if next_pos is None else next_pos
 
     def _mark_valid(self, start: int, k: int) -> None:
-        self.valid[:, start : start + k] = True
+        self.valid[:, start : start + k].fill_(True)  # fill_: no scalar tensor lifted
 
 
 PlainDecode = Callable[[Target, PromptInputs, SamplingParams, "torch.Generator | None"], list[int]]
@@ -484,7 +484,7 @@ class StaticGPTTarget(Target):
     def _mark_valid(self, start: int, k: int) -> None:
         super()._mark_valid(start, k)
         assert self.key_bias is not None
-        self.key_bias[:, start : start + k] = 0.0
+        self.key_bias[:, start : start + k].fill_(0.0)
 
     def _verify_mask(self, tree_mask: torch.Tensor) -> torch.Tensor:
         """Additive ``[R, 1, n, L + n]``: the committed columns' bias, then the tree's ancestor block."""

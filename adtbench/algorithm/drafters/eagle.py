@@ -392,8 +392,8 @@ class EagleDrafter(InferenceWeights, nn.Module):
         st = self._static_for(m, L) if valid is None else None
         if st is not None:  # the decode loop's case at a static-shape bucket
             out = st.forward(feats, embeds, pos, self.bias, self._causal_block(m), L, L)
-            self.valid[:, L : L + m] = True
-            self.bias[:, L : L + m] = 0.0
+            self.valid[:, L : L + m].fill_(True)
+            self.bias[:, L : L + m].fill_(0.0)
             self.length += m
             return out[:, -1]
         if valid is None:  # the decode loop's case: every committed token is a real position
@@ -409,8 +409,8 @@ class EagleDrafter(InferenceWeights, nn.Module):
             mask = additive_mask(allowed[:, None], embeds.dtype)
         out = self.forward(embeds, feats.to(embeds.dtype), pos, mask, L)
         if valid is None:
-            self.valid[:, L : L + m] = True
-            self.bias[:, L : L + m] = 0.0
+            self.valid[:, L : L + m].fill_(True)
+            self.bias[:, L : L + m].fill_(0.0)
         else:
             v = valid.to(dev)
             self.valid[:, L : L + m] = v

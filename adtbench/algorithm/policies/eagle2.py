@@ -42,7 +42,7 @@ from adtbench.algorithm.policies.base import (
 )
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.records import Acceptance
-from adtbench.algorithm.tree import DraftTree, ancestry_on_device, host_ancestry, true_flag
+from adtbench.algorithm.tree import DraftTree, HostTree, ancestry_on_device, host_ancestry, true_flag
 from adtbench.errors import ConfigError, check_number
 
 
@@ -406,7 +406,8 @@ def eagle2_host_steps(
     for r in range(rounds):
         if live:
             assert budget is not None
-            if not _worth_a_round(budget, pi[:count], pi[f_cand], session.levels):
+            first = r == 0  # the root's children: ranked already, and the whole frontier
+            if not _worth_a_round(budget, pi[:count], pi[:count] if first else pi[f_cand], session.levels, first):
                 break
         ids, lp_t = yield Expand(torch.from_numpy(f_sess).to(dev), torch.from_numpy(toks[f_cand]).to(dev), r + 1)
         lp = lp_t.cpu().numpy()
@@ -422,31 +423,41 @@ def eagle2_host_steps(
         f_cand = count + best
         count = end
     score = scores[:count]
-    order = desc_stable(score)  # the rerank order of every candidate
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
-    if budget is not None:
-        keep, e_pred = budget.choose(pi[order], level[:count][order], keep, session.levels, K, plan=not live)
-        info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
-    sel = np.sort(order[:keep])  # kept candidates in creation order: parents before children
-    slot = np.full(count + 1, -1, dtype=np.int64)  # candidate → tree node; slot ``count`` = the root
-    slot[sel] = np.arange(1, keep + 1)
-    slot[count] = 0
-    parents = np.concatenate([[-1], slot[np.where(par[sel] < 0, count, par[sel])]])
-    assert keep == 0 or parents[1:].min() >= 0, "EAGLE-2 kept a candidate without its parent"
+    if count == k0:  # no round drafted: the root's children, already in rerank order (``t0``'s stable order)
+        if budget is not None:
+            keep, e_pred = budget.choose(pi[:count], level[:count], keep, session.levels, K, plan=not live)
+            info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
+        sel: np.ndarray | slice = slice(0, keep)  # the first ``keep``: a view, no gather
+        parents = _star(keep)
+    else:
+        order = desc_stable(score)  # the rerank order of every candidate
+        if budget is not None:
+            keep, e_pred = budget.choose(pi[order], level[:count][order], keep, session.levels, K, plan=not live)
+            info.update(N_cost=keep, E_pred=e_pred, calib=budget.c)
+        sel = np.sort(order[:keep])  # kept candidates in creation order: parents before children
+        slot = np.full(count + 1, -1, dtype=np.int64)  # candidate → tree node; slot ``count`` = the root
+        slot[sel] = np.arange(1, keep + 1)
+        slot[count] = 0
+        parents = np.concatenate([[-1], slot[np.where(par[sel] < 0, count, par[sel])]])
+        assert keep == 0 or parents[1:].min() >= 0, "EAGLE-2 kept a candidate without its parent"
     d, anc = host_ancestry(parents)  # parents precede children by construction: no check
     live_nodes = score[sel] > -np.inf
-    alive = None if live_nodes.all() else torch.from_numpy(np.concatenate([[True], live_nodes])).to(dev)
+    alive = None if live_nodes.all() else np.concatenate([[True], live_nodes])
+    depth = int(d.max() if alive is None else d[alive].max())  # the realised depth, over the live nodes
+    host = HostTree(parents.tolist(), depth, None if alive is None else alive.tolist())
     return DraftTree(
         torch.cat([session.root_token, torch.from_numpy(toks[sel]).to(dev)]),
         torch.from_numpy(parents).to(dev),
         drafted_depth=len(session.levels) + 1,
         width=K,
         info=info,
-        alive=alive,
+        alive=None if alive is None else torch.from_numpy(alive).to(dev),
         depth=torch.from_numpy(d).to(dev),
         ancestor_mask=torch.from_numpy(anc).to(dev),
         max_children=K,
+        host=host,
     )
 
 
@@ -457,10 +468,22 @@ def _exp64(scores: np.ndarray) -> np.ndarray:
     return out
 
 
-def _worth_a_round(budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray, levels: list[int]) -> bool:
+def _worth_a_round(
+    budget: TreeBudget, drafted: np.ndarray, frontier: np.ndarray, levels: list[int], ordered: bool = False
+) -> bool:
     """The level rule before a round (``TreeBudget.worth_expanding``) from the path probabilities of the candidates
-    drafted so far and of the frontier it would expand (host arrays)."""
-    return budget.worth_expanding(np.sort(drafted)[::-1], float(frontier.sum()), frontier.size, budget.spent_ms(levels))
+    drafted so far and of the frontier it would expand (host arrays). ``ordered``: ``drafted`` is descending already
+    (the root's children in rank order, before the first round), so sorting it would give the same values."""
+    ranked = drafted if ordered else np.sort(drafted)[::-1]
+    return budget.worth_expanding(ranked, float(frontier.sum()), frontier.size, budget.spent_ms(levels))
+
+
+@lru_cache(maxsize=64)
+def _star(n: int) -> np.ndarray:
+    """Parents ``[n + 1]`` of a root with ``n`` children: ``[−1, 0, …, 0]`` (cached, never written)."""
+    out = np.zeros(n + 1, dtype=np.int64)
+    out[0] = -1
+    return out
 
 
 @lru_cache(maxsize=256)
