@@ -61,7 +61,7 @@ from typing import Any
 import torch
 
 from adtbench import accel
-from adtbench.algorithm.drafters.catch_up import CommittedSlots
+from adtbench.algorithm.drafters.catch_up import CommittedSlots, catch_up_mask
 from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.tree import DraftTree, arange_on
@@ -340,7 +340,7 @@ class BatchCatchUp(GraphRunner):
         embeds = bd.single.embed(target, step.following[:, :m]).to(dt).repeat(bd.c, 1, 1)
         rel = arange_on(W, dev)[None] - self.dlen[:, None]  # [R, W]: column − L
         causal = (rel[:, None] >= 0) & (rel[:, None] <= ar[None, :, None])  # [R, m, W]: columns L … L + i
-        mask = torch.where(rel[:, None] >= 0, torch.where(causal, 0.0, float("-inf")), bd.key_bias[:, None, :W])
+        mask = catch_up_mask(rel[:, None], causal, bd.key_bias[:, None, :W])
         out = bd.net.forward(embeds, feats, step.pos_in[:, None] + ar[None], mask.to(dt)[:, None],
                              self.dlen[:, None] + ar[None])  # fmt: skip
         last = (k_rows - 1).clamp_min(0)[:, None, None].expand(-1, 1, out.shape[-1])

@@ -106,9 +106,7 @@ class CatchUp(GraphRunner):
         pos = step.pos0[:, None] + rows[None]
         rel = arange_on(K, dev) - L  # column − L
         causal = (rel[None] >= 0) & (rel[None] <= rows[:, None])  # [m, K]: columns L … L + i
-        # columns ≥ L from the causal rule alone, never the bias: a first use's warm-ups have already marked them
-        ahead = torch.where(causal, 0.0, float("-inf"))
-        mask = torch.where((rel >= 0)[None, None, None], ahead[None, None], d.bias[:, None, None, :K])
+        mask = catch_up_mask(rel, causal, d.bias[:, None, None, :K])
         out = d.static_forward(feats, embeds, pos, L + rows, mask)
         k = step.packed[:1].long()  # a + 1
         root_out.copy_(out.index_select(1, k - 1)[:, 0])
@@ -117,6 +115,14 @@ class CatchUp(GraphRunner):
         d.valid.masked_fill_(committed, True)
         d.bias.masked_fill_(committed, 0.0)
         return root_out
+
+
+def catch_up_mask(rel: torch.Tensor, causal: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """A catch-up's additive mask (B = 1 and batched, broadcast shapes): ``rel`` = column − L, ``causal`` True where
+    new slot i may see the column (L … L + i), ``bias`` the committed columns' additive bias. Columns ≥ L come from
+    the causal rule alone, never from ``bias``: a capture's warm-ups mark L … L + a before the replay runs, so the
+    program stays idempotent (new slot i never sees a later one)."""
+    return torch.where(rel >= 0, torch.where(causal, 0.0, float("-inf")), bias)
 
 
 def catch_up_graphed(target: Any, drafter: Any, pending: list[Any]) -> torch.Tensor | None:
@@ -148,4 +154,12 @@ def materialised(pending: list[Any]) -> list[tuple[torch.Tensor, torch.Tensor, t
     return [p.tensors() if isinstance(p, CommittedSlots) else p for p in pending]
 
 
-__all__ = ["CatchUp", "CommittedSlots", "catch_up_graphed", "catch_up_of", "catch_up_replays", "materialised"]
+__all__ = [
+    "CatchUp",
+    "CommittedSlots",
+    "catch_up_graphed",
+    "catch_up_mask",
+    "catch_up_of",
+    "catch_up_replays",
+    "materialised",
+]
