@@ -24,8 +24,9 @@ per (node bucket b, attention width K) for the batch's B slots:
   ``verify.Draws``), so the graph holds no random op. A slot whose root is verified alone (no drafts: no room or a
   gate's AR step) is a one-node tree padded with dead nodes: no child is tried and the bonus is drawn from (or the
   argmax of) the root's row — the law of ``engine.ar_cycle``'s draw.
-- **The verdict**: one float64 row per slot (``pack_verdict`` at width b, the gate's entropy where one reads it),
-  read by the host at once: one read per cycle for the whole batch.
+- **The verdict**: one float64 row per slot (``pack_verdict`` at width b, the gate's entropy where one reads it,
+  then the tree's ``readout``: ``budget: cost``'s node count, copied in by ``fill``), read by the host at once: one
+  read per cycle for the whole batch.
 - **The KV commit** inside the replay: row r's columns ``L + order[i] → L + i`` for all b (the accepted path first;
   the rest lie past the committed length), columns ``L … L + a`` marked in ``key_bias`` and the rows' lengths and
   positions advanced by ``(a + 1) · active`` (``BatchTarget._len`` / ``next_pos``); the host keeps ``length``.
@@ -65,7 +66,7 @@ from adtbench.algorithm.drafters.catch_up import CommittedSlots, catch_up_mask
 from adtbench.algorithm.records import Acceptance
 from adtbench.algorithm.sampling import draw_into, process_logits
 from adtbench.algorithm.tree import DraftTree, arange_on
-from adtbench.algorithm.tree_step import copy_tree, tree_verdict
+from adtbench.algorithm.tree_step import READOUT, copy_tree, tree_verdict
 from adtbench.algorithm.verify import VERDICT_HEAD, AcceptanceRule, CycleRead, takes_rank_loop, unpack_verdict
 from adtbench.graph_runner import GraphRunner, runner_for, runners_of
 from adtbench.models.batch import BatchTarget, row_mask
@@ -126,7 +127,8 @@ class BatchTreeStep(GraphRunner):
         self.len_in = buffer("len_in", (R,), long)
         self.pos_in = buffer("pos_in", (R,), long)
         self.width = VERDICT_HEAD + int(entropy) + 2 * b
-        self.verdict = buffer("verdict", (B, self.width), torch.float64)  # what the host reads, at once
+        # what the host reads, at once: each slot's packed verdict, then its tree's readout (``DraftTree.readout``)
+        self.verdict = buffer("verdict", (B, self.width + READOUT), torch.float64)
         self.order = buffer("order", (B, b), long)  # each slot's node ids, its accepted path first
         self.following = buffer("following", (B, b), long)  # each slot's committed tokens after its root
         hidden = bt.target.net.tok_embeddings.weight.shape[-1]
@@ -166,6 +168,8 @@ class BatchTreeStep(GraphRunner):
                     rows.ranks.fill_(-1)
             else:
                 copy_tree(rows, tree)
+                if tree.readout is not None:
+                    self.verdict[s, self.width : self.width + tree.readout.numel()].copy_(tree.readout)
             if not self.sp.greedy:
                 draw_into(self.draws[s], "uniform_", gen)
             host[s], host[self.bt.B + s] = g, 1
@@ -198,8 +202,11 @@ class BatchTreeStep(GraphRunner):
                 reads.append(None)
                 continue
             acc, root, tokens, extra = unpack_verdict(values[s], b, int(self.entropy))
-            if case[0] is None:  # the root alone: one node, no depth
+            tree = case[0]
+            if tree is None:  # the root alone: one node, no depth
                 acc = Acceptance([0], acc.bonus)
+            elif tree.readout is not None and tree.on_read is not None:
+                tree.on_read(values[s][self.width : self.width + tree.readout.numel()])
             k = acc.accepted + 1
             bt.length[s] += k
             slots = BatchSlots(self, k, s, self.following_copy)
@@ -239,7 +246,7 @@ class BatchTreeStep(GraphRunner):
         args = (self.tokens, self.parents, self.depth, self.anc, self.alive, self.ranks, self.proposal, processed,
                 self.draws)  # fmt: skip
         packed, order, following = accel.vmap(one, tuple(None if a is None else 0 for a in args))(*args)
-        self.verdict.copy_(packed)
+        self.verdict[:, : self.width].copy_(packed)
         self.order.copy_(order)
         self.following.copy_(following)
         H = feats.shape[-1]

@@ -49,7 +49,8 @@ class DraftTree:
     static buffer that a graph rewrites in place (a draft phase's, ``drafters.draft_phase``): a graphed verify reads
     them inside its replay instead of copying them in (``tree_step``). ``readout``: float64 scalars the policy decided
     on the device (``budget: cost``'s node count, ``policies.eagle2``), read with the verdict and handed to
-    ``on_read`` (a static tree's only: the tree step packs them into its one read). ``host``: the builder's host
+    ``on_read`` (every verify path packs them into its one read: ``tree_step``, ``batch_step``,
+    ``verify.read_verdicts``). ``host``: the builder's host
     copies (``HostTree``), read by the host views instead of the tensors."""
 
     def __init__(

@@ -124,6 +124,7 @@ class TreeStep(GraphRunner):
         hidden = target.net.tok_embeddings.weight.shape[-1]
         self.path_feats = buffer("path_feats", (static.rows, b, hidden), target.dtype)  # path first (``order``)
         self.source: DraftTree | None = None  # this cycle's tree when its tensors are static buffers (read in-graph)
+        self.readout_of: DraftTree | None = None  # this cycle's tree when it hands the host a readout
         self.launches = 0
         self.raw: torch.Tensor | None = None  # the last verify's raw logits [R, b, V] (a static output; tests)
 
@@ -134,8 +135,11 @@ class TreeStep(GraphRunner):
         copies them) and the target's committed state into the buffers; fill the draws."""
         t = self.target
         self.source = tree if tree.static else None
+        self.readout_of = tree if tree.readout is not None else None
         if self.source is None:
             self._copy_tree(tree)
+            if tree.readout is not None:  # a static tree's is copied in the replay
+                self.readout[: tree.readout.numel()].copy_(tree.readout)
         self.root_gen.fill_(root_gen)
         self.length.fill_(t.length)
         self.pos0.copy_(t.next_pos)
@@ -171,10 +175,10 @@ class TreeStep(GraphRunner):
         t.forwards += 1
         values = self.verdict.tolist()
         acc, root, tokens, extra = unpack_verdict(values, b, int(self.entropy))
-        source = self.source
-        if source is not None and source.readout is not None and source.on_read is not None:
+        told = self.readout_of
+        if told is not None and told.readout is not None and told.on_read is not None:
             size = self.packed.numel()
-            source.on_read(values[size : size + source.readout.numel()])
+            told.on_read(values[size : size + told.readout.numel()])
         k = acc.accepted + 1
         keep = self.order[:k]
         if self.commits:  # moved, marked and the positions advanced in the replay

@@ -415,13 +415,22 @@ def unpack_verdict(values: Sequence[float], width: int, extra: int) -> tuple[Acc
 
 def read_verdicts(verified: Sequence[tuple[DraftTree, Verdict, Sequence[torch.Tensor]]]) -> list[CycleRead]:
     """``read_verdict`` of many trees (a batch's slots, ``algorithm.batch``) in one read: their packed tensors
-    (``pack_verdict``) are concatenated, read once, and split."""
+    (``pack_verdict``) are concatenated, each followed by its tree's ``readout`` (handed to its ``on_read``), read
+    once, and split."""
     packs = [pack_verdict(tree, verdict, extra) for tree, verdict, extra in verified]
-    values = torch.cat([packed for packed, _, _ in packs]).tolist()
+    parts = []
+    for (tree, _, _), (packed, _, _) in zip(verified, packs, strict=True):
+        parts += [packed] if tree.readout is None else [packed, tree.readout.to(torch.float64)]
+    values = torch.cat(parts).tolist()
     out, at = [], 0
-    for (_, verdict, extra), (packed, ids, path_tokens) in zip(verified, packs, strict=True):
+    for (tree, verdict, extra), (packed, ids, path_tokens) in zip(verified, packs, strict=True):
         acc, root, tokens, scalars = unpack_verdict(values[at : at + packed.numel()], ids.numel(), len(extra))
         at += packed.numel()
+        if tree.readout is not None:
+            told = values[at : at + tree.readout.numel()]
+            at += len(told)
+            if tree.on_read is not None:
+                tree.on_read(told)
         k = acc.accepted + 1
         following = torch.cat([path_tokens[1:k], verdict.bonus.view(1)])  # the packed ids' tokens: no second gather
         out.append(CycleRead(acc, root, tokens, ids[:k], following, scalars))
@@ -449,10 +458,12 @@ def verify_cycle(
     The same law either way (tested); the draws differ, so a seed gives other tokens on the two paths."""
     if where == "device" or (where == "auto" and accel.is_cuda(processed.device)):
         verdict = accept(tree, processed, greedy, generator, rule)
-        if extra is None and tree.is_chain:
+        if extra is None and tree.is_chain and tree.readout is None:
             return read_chain(tree, verdict)
         return read_verdict(tree, verdict, extra(verdict.bonus_logits) if extra is not None else [])
     acc = verify_tree(tree, processed, greedy, generator, rule)
+    if tree.readout is not None and tree.on_read is not None:
+        tree.on_read(tree.readout.tolist())
     tokens = tree.token_list
     committed = [tokens[i] for i in acc.path[1:]] + [acc.bonus]
     values = [float(x) for x in extra(processed[acc.path[-1]])] if extra is not None else []
