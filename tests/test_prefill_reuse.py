@@ -18,7 +18,6 @@ import test_laws as TL
 import torch
 from conftest import tiny
 
-from adtbench.algorithm.batch_step import BatchTreeStep
 from adtbench.algorithm.engine import decode_ar, generate
 from adtbench.algorithm.policies.eagle2 import Eagle2Policy
 from adtbench.models.base import StaticGPTTarget
@@ -75,11 +74,11 @@ CASES = cases_per_setup()
 @pytest.fixture
 def prompt_kv_watch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """After every commit (a target's ``commit`` or the tree step's in-replay one, both ending in ``committed``; a
-    batch's, or the batched step's in-replay one), the prompt's K/V columns of every prefilled row equal the
-    prefill's kept copy (``reuse_prefill``'s): decoding — the trees' scratch columns, compaction, rollback — writes
-    past the prompt only. Returns the number of commits checked."""
+    batch's, or the batched step's in-replay one, both ending in ``BatchTarget.committed``), the prompt's K/V columns of
+    every prefilled row equal the prefill's kept copy (``reuse_prefill``'s): decoding — the trees' scratch columns,
+    compaction, rollback — writes past the prompt only. Returns the number of commits checked."""
     checked = [0]
-    committed, batch_commit, step_verified = StaticGPTTarget.committed, BatchTarget.commit, BatchTreeStep.verify
+    committed, batch_committed = StaticGPTTarget.committed, BatchTarget.committed
 
     def kept(t: Any) -> torch.Tensor | None:
         if t._reuse is None:
@@ -94,26 +93,17 @@ def prompt_kv_watch(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             assert torch.equal(self.cache.buf[:, :, :, : kv.shape[3]], kv), "decoding wrote the prompt's K/V"
             checked[0] += 1
 
-    def slots_checked(bt: Any) -> None:
-        kv = kept(bt.target)
+    def slots_committed(self: Any, k: Any) -> None:  # a batch's ``commit``'s end, or the batched step's
+        batch_committed(self, k)
+        kv = kept(self.target)
         if kv is not None:
-            for s in (s for s in range(bt.B) if bt.length[s] > 0):
-                got = bt.cache.buf[:, bt.slot_rows(s), :, : kv.shape[3]]
+            for s in (s for s in range(self.B) if self.length[s] > 0):
+                got = self.cache.buf[:, self.slot_rows(s), :, : kv.shape[3]]
                 assert torch.equal(got, kv), f"decoding wrote slot {s}'s prompt K/V"
             checked[0] += 1
 
-    def slots_commit(self: Any, keeps: Any, in_place: Any) -> None:
-        batch_commit(self, keeps, in_place)
-        slots_checked(self)
-
-    def step_verify(self: Any, cases: Any) -> Any:  # the batched step commits inside its replay
-        out = step_verified(self, cases)
-        slots_checked(self.bt)
-        return out
-
     monkeypatch.setattr(StaticGPTTarget, "committed", target_committed)
-    monkeypatch.setattr(BatchTarget, "commit", slots_commit)
-    monkeypatch.setattr(BatchTreeStep, "verify", step_verify)
+    monkeypatch.setattr(BatchTarget, "committed", slots_committed)
     return checked
 
 

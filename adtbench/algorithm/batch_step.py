@@ -29,7 +29,8 @@ per (node bucket b, attention width K) for the batch's B slots:
   read per cycle for the whole batch.
 - **The KV commit** inside the replay: row r's columns ``L + order[i] → L + i`` for all b (the accepted path first;
   the rest lie past the committed length), columns ``L … L + a`` marked in ``key_bias`` and the rows' lengths and
-  positions advanced by ``(a + 1) · active`` (``BatchTarget._len`` / ``next_pos``); the host keeps ``length``.
+  positions advanced by ``(a + 1) · active`` (``BatchTarget._len`` / ``next_pos``); the host's ``length`` in
+  ``BatchTarget.committed``, where every batched commit ends.
 
 Every write is idempotent given the inputs (the forward rewrites the columns the commit permutes; lengths and
 positions are ``*_in`` plus the path), so the two warm-ups and the capture of a graph at its first use leave the
@@ -197,6 +198,7 @@ class BatchTreeStep(GraphRunner):
         values = self.verdict.tolist()
         following = self.following_copy = self.following.clone()  # they outlive the next replay (the root, pending)
         reads: list[CycleRead | None] = []
+        ks = [0] * bt.B
         for s, case in enumerate(cases):
             if case is None:
                 reads.append(None)
@@ -207,10 +209,10 @@ class BatchTreeStep(GraphRunner):
                 acc = Acceptance([0], acc.bonus)
             elif tree.readout is not None and tree.on_read is not None:
                 tree.on_read(values[s][self.width : self.width + tree.readout.numel()])
-            k = acc.accepted + 1
-            bt.length[s] += k
+            k = ks[s] = acc.accepted + 1
             slots = BatchSlots(self, k, s, self.following_copy)
             reads.append(CycleRead(acc, root, tokens, self.order[s, :k], following[s, :k], extra, slots))
+        bt.committed(ks)  # moved, marked and the lengths and positions advanced in the replay
         return reads, feats, self.pos_in
 
     # --- the captured step ---

@@ -196,6 +196,12 @@ class BatchTarget:
         self.key_bias.masked_fill_((self._cols[None] >= lo) & (self._cols[None] < lo + add[:, None]), 0.0)
         self._len += add
         self.next_pos += add
+        self.committed(k)
+
+    def committed(self, k: list[int]) -> None:
+        """The host's bookkeeping of a commit of ``k[s]`` entries per slot whose K/V moves, valid marks and device
+        lengths and positions are done (``commit``'s work, or a graph's: ``algorithm.batch_step``): the slots'
+        lengths. Every batched commit ends here, as a target's ends in ``Target.committed``."""
         self.length = [L + n for L, n in zip(self.length, k, strict=True)]
 
     @staticmethod
