@@ -112,7 +112,10 @@ class BatchPhase(GraphRunner):
         use; returns each slot's tree tensors (static buffers of its ``SlotLevels``)."""
         bd = self.bd
         self.host_in.copy_(torch.tensor(bd.length + [self.slots[s].g for s in range(bd.B)], device=self.device))
-        K = self._width(phases)
+        return self.launch(phases, self._width(phases))
+
+    def launch(self, phases: dict[int, DraftPhase], K: int | None) -> dict[int, Any]:
+        """The replay of (the slots' phase keys, K) (``GraphRunner.replay_or_run``: captured at its first use)."""
         key = (tuple((s, p.key) for s, p in sorted(phases.items())), K)
         out: dict[int, Any] = self.replay_or_run(key, lambda: self._program(phases, K))
         return out
