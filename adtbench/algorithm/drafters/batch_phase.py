@@ -42,13 +42,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from adtbench.algorithm.drafters.draft_phase import DraftPhase
 from adtbench.algorithm.drafters.graphed import LevelGraphs, LevelRequest
 from adtbench.graph_runner import GraphRunner
 from adtbench.models.graphs import capacity_buckets
 
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
-    from adtbench.algorithm.drafters.draft_phase import DraftPhase
     from adtbench.algorithm.drafters.session import DraftSession
 
 
@@ -204,8 +204,6 @@ class BatchPhase(GraphRunner):
 
 def drafts_in_phases(requests: dict[int, Any]) -> dict[int, DraftPhase]:
     """The slots whose request is a queued draft phase (``DraftPhase.run`` of a batched slot)."""
-    from adtbench.algorithm.drafters.draft_phase import DraftPhase
-
     return {s: r for s, r in requests.items() if isinstance(r, DraftPhase)}
 
 

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from adtbench.algorithm.drafters.session import QueuedPhase
+
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.graphed import LevelGraphs, LevelRequest, Program
 
@@ -39,7 +41,7 @@ def logprob_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
-class DraftPhase:
+class DraftPhase(QueuedPhase):
     """One cycle's level programs, replayed as one graph (module docstring). ``add`` has ``LevelGraphs.run``'s
     signature, so a policy's graphed levels are handed either to the graphs (one replay per level) or to a phase.
     ``run`` is a generator (``yield from phase.run(…)`` in a policy's ``Steps``): alone it replays at once and never

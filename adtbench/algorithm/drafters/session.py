@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar, Union
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -32,7 +32,6 @@ from adtbench.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from adtbench.algorithm.drafters.base import Drafter
-    from adtbench.algorithm.drafters.draft_phase import DraftPhase
     from adtbench.algorithm.tree import DraftTree
 
 
@@ -140,9 +139,14 @@ class LevelInputs:
     level: int
 
 
-Request = Union[Expand, "DraftPhase"]
-"""What a policy's ``Steps`` yields: a level to draft eagerly, or (a slot of a batch with graphed levels) its whole
-queued draft phase (``drafters.draft_phase``), answered with the phase's tree tensors."""
+class QueuedPhase:
+    """A batched slot's whole draft phase, queued for its batch to replay with the other slots' (the base of
+    ``drafters.draft_phase.DraftPhase``; answered with the phase's tree tensors)."""
+
+
+Request = Expand | QueuedPhase
+"""What a policy's ``Steps`` yields: a level to draft eagerly, or its queued draft phase (a slot of a batch with
+graphed levels)."""
 
 Steps = Generator[Request, Any, "DraftTree"]
 """A policy's tree building as a coroutine: it yields each level it wants drafted (``Expand``), receives what
