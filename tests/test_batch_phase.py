@@ -22,6 +22,7 @@ from adtbench import accel, accel_graphs
 from adtbench.algorithm.batch import generate_batch
 from adtbench.algorithm.drafters.batch_phase import BatchPhase
 from adtbench.algorithm.engine import decode_ar
+from adtbench.algorithm.policies.static import StaticTreePolicy
 from adtbench.graph_modes import GraphModes
 from adtbench.models.batch import BatchTarget
 from adtbench.sampling_params import SamplingParams
@@ -30,6 +31,8 @@ GREEDY = SamplingParams(temperature=0.0, cfg_scale=3.0)
 T1 = SamplingParams(temperature=1.0, cfg_scale=3.0)
 PROMPTS = ("a red circle", "two blue squares on a striped floor", "a green cat")
 POLICIES = small_tree_policies()
+POLICIES["static_sampled"] = lambda: StaticTreePolicy([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], "sample")
+"""Three levels (two drafter forwards, the second's nodes attending their parents' scratch slots)."""
 
 
 def batch(target: Any, slots: int, inputs: list[Any]) -> BatchTarget:
@@ -139,3 +142,21 @@ def test_a_draw_inside_the_batched_phase_is_refused(monkeypatch: pytest.MonkeyPa
         monkeypatch.setattr(torch.Tensor, "log", drawn_log)
         with pytest.raises(accel_graphs.GraphError, match="draws random numbers"):
             decode(batch(target, 2, inputs), drafter, POLICIES["static_sampled"](), T1, inputs, "auto")
+
+
+def test_a_slot_without_room_drafts_eagerly_beside_the_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot whose graphed levels do not fit (``SlotLevels.fits`` False for slot 1, planted) drafts op by op in the
+    eager lockstep while slot 0's phase replays in the same cycle (its rows padding in the phase's forward): greedy
+    tokens are still AR's, and the phase replays in every cycle slot 0 drafts."""
+    from adtbench.algorithm.drafters.batch_phase import SlotLevels
+
+    real = SlotLevels.fits
+    monkeypatch.setattr(SlotLevels, "fits", lambda self, slots: self.s == 0 and real(self, slots))
+    rec = Recorder(monkeypatch)
+    with accel.simulate():
+        target, drafter = tiny("tiny_llamagen", dtype="float64", device="cuda")
+        inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS[:2]]
+        ar = [decode_ar(target, x, GREEDY, None).tokens for x in inputs]
+        assert decode(batch(target, 2, inputs), drafter, POLICIES["eagle2"](), GREEDY, inputs, "auto") == ar
+    both_slots = sum(len(c) == 2 for c in rec.cycles)
+    assert both_slots > 3 and rec.replays == [int(0 in c) for c in rec.cycles]
