@@ -17,7 +17,9 @@ every policy and relaxation keeps the law it has at B = 1.
 What is batched: the target forward, the drafter's forwards (policies are coroutines, ``TreePolicy.propose_steps``,
 so every slot's levels are drafted in lockstep), the logit processing (CFG mix, constraint, temperature, filters),
 for AR the greedy argmax, and on a device the cycle's read (``verify.read_verdicts``). What runs per slot: the
-policy's tree building and acceptance.
+policy's tree building and acceptance. Under ``engine.compile`` the cycle is three replays: every slot's draft phase
+(``drafters.batch_phase``: the slots' graphed levels, one drafter forward per level for all), the verify with every
+slot's acceptance and commit and the drafter's catch-up (``batch_step``).
 
 Timing: a slot's ``latency_s`` runs from its admission (its prefill) to its last token; in a batch it includes the
 other slots' work, as a served request's latency does. ``prefill_s`` is its own prefill, ``draft_s`` its own

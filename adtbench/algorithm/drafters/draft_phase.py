@@ -6,7 +6,9 @@ per batch bucket (``EAGLEDraftCudaGraphRunner``); ``DraftPhase`` does the same b
 level programs in drafting order (``add``, the signature of ``LevelGraphs.run``) and the tree's program (``run``),
 and the phase captures them as ONE program per (phase key, K) — K the width holding the last level's columns
 (``LevelGraphs.width`` of the largest ``end``) — and replays it once per cycle. The levels' math is theirs,
-unchanged; the phase only chooses when they run.
+unchanged; the phase only chooses when they run. At B > 1 a slot's phase is not replayed alone: ``run`` yields it to
+the batch, which replays every drafting slot's phase as one graph with one drafter forward per level for all slots
+(``drafters.batch_phase``).
 
 Exactness: a level run at a wider K than its own attends the same committed and scratch columns — the extra
 columns are past every column it writes, −inf in the drafter's committed bias and never scattered into — so it

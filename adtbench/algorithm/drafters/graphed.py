@@ -23,7 +23,9 @@ The cycle's state on the device (``LevelGraphs``), sized to the largest tree ask
 - ``length`` (the drafter's committed length L), ``root_gen`` (the root's generation index g), ``root_pos [R]``,
   ``root`` (the root's token ``[1]``).
 
-``expand`` is the drafting session's ``expand`` on that state, for a program: m new nodes at session ids
+``expand`` is the drafting session's ``expand`` on that state, for a program (a generator: it yields the level's
+drafter inputs, ``LevelRequest``, and its driver runs the forward — ``drive`` here, one forward of the batch's drafter
+for every slot in ``drafters.batch_phase``): m new nodes at session ids
 ``n0 … n0 + m − 1`` (scratch slots ``S = n0 − 1 …``), children of ``parents [m]`` (a static buffer the previous
 level's program wrote), tokens ``tokens [m]``, at depth ``level``. Their slot rows are the parents' rows plus their
 own slot; the drafter's mask ``[R, 1, m, K]`` is its committed key bias over the first K columns (0 on committed
