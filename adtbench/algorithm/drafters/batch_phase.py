@@ -44,6 +44,7 @@ import torch
 
 from adtbench.algorithm.drafters.draft_phase import DraftPhase
 from adtbench.algorithm.drafters.graphed import LevelGraphs, LevelRequest
+from adtbench.algorithm.sampling import process_logits
 from adtbench.graph_runner import GraphRunner
 from adtbench.models.graphs import capacity_buckets
 
@@ -79,7 +80,7 @@ class SlotLevels(LevelGraphs):
         self.root.copy_(session.root_token)
         self.root_pos.copy_(session.root_pos)
 
-    def forward(self, req: LevelRequest) -> torch.Tensor:
+    def forward(self, req: LevelRequest) -> tuple[torch.Tensor, torch.Tensor]:
         raise RuntimeError("a batched slot's levels run in its batch's phase (BatchPhase.run)")
 
     def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype, fill: float = 0) -> torch.Tensor:
@@ -149,7 +150,7 @@ class BatchPhase(GraphRunner):
         pending: dict[int, LevelRequest] = {}
         trees: dict[int, Any] = {}
 
-        def advance(s: int, reply: torch.Tensor | None) -> None:
+        def advance(s: int, reply: tuple[torch.Tensor, torch.Tensor] | None) -> None:
             try:
                 pending[s] = works[s].send(reply)  # type: ignore[arg-type]
             except StopIteration as done:
@@ -166,10 +167,13 @@ class BatchPhase(GraphRunner):
                 advance(s, outs[s])
         return trees
 
-    def _forward(self, reqs: dict[int, LevelRequest], scratch: dict[int, int], K: int) -> dict[int, torch.Tensor]:
-        """One batch-drafter forward of every row for the slots' requests (module docstring); ``scratch``: the scratch
-        slots of the slots drafting in this phase (past which a slot without a request writes). Returns slot → its
-        outputs ``[c, m, H]``."""
+    def _forward(
+        self, reqs: dict[int, LevelRequest], scratch: dict[int, int], K: int
+    ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+        """One batch-drafter forward of every row for the slots' requests, then one LM head and one logits processing
+        for all rows (module docstring); ``scratch``: the scratch slots of the slots drafting in this phase (past which
+        a slot without a request writes). Returns slot → its outputs ``[c, m, H]`` and children's log-probs
+        ``[m, V]``."""
         bd, dev = self.bd, self.device
         c, B = bd.c, bd.B
         M = max(r.m for r in reqs.values())
@@ -198,8 +202,14 @@ class BatchPhase(GraphRunner):
         write = torch.stack(writes).repeat(c, 1)  # [R, M]
         with torch.no_grad():
             out = bd.net.forward(rows(embeds), rows(feats), rows(pos), rows(masks), write)
+        target, layout, sp = next(iter(reqs.values())).head
+        first = next(iter(reqs))  # a slot without a request takes its generation indices (in the table's range)
+        gen = [self.gens[s if s in reqs else first] + (reqs[s if s in reqs else first].level + 1) for s in range(B)]
+        gen_idx = torch.stack(gen)[:, None].expand(B, M).reshape(-1)
+        raw = target.lm_head(out).view(c, B * M, -1)
+        lp = process_logits(raw, gen_idx, layout, sp).log_softmax(-1).view(B, M, -1)
         out = out.view(c, B, M, -1)
-        return {s: out[:, s, : r.m] for s, r in reqs.items()}
+        return {s: (out[:, s, : r.m], lp[s, : r.m]) for s, r in reqs.items()}
 
 
 def drafts_in_phases(requests: dict[int, Any]) -> dict[int, DraftPhase]:

@@ -82,7 +82,7 @@ class DraftPhase(QueuedPhase):
         run = lambda K: self.program(K)  # noqa: E731
         return self.graphs.run(self.key, max(ends) if ends else None, run, level=False)
 
-    def program(self, K: int | None) -> Generator[LevelRequest, torch.Tensor, Any]:
+    def program(self, K: int | None) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], Any]:
         """The phase's work at width K: the queued levels in drafting order (each level's drafter forward yielded to
         the driver), then the tree's tensors copied into the phase key's static buffers."""
         for _, end, program in self.queued:

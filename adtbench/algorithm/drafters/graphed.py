@@ -80,7 +80,9 @@ that drafts is a generator (``yield from graphs.expand(…)``): its driver serve
 class LevelRequest:
     """One level's drafter inputs (``LevelGraphs.expand`` yields it): ``feats``, ``embeds [R, m, H]``, positions
     ``[R, m]``, the nodes' ancestry ``rows [m, slots]`` (additive, 0 on scratch slots ``< S + m`` they attend), the
-    scratch slots before them ``S``, their count ``m`` and the attention width ``K``."""
+    scratch slots before them ``S``, their count ``m``, the attention width ``K``, their depth ``level`` and the
+    (target, layout, sampling params) of their log-probs (``head``). The driver answers (outputs ``[R, m, H]``,
+    the children's log-probs ``[m, V]``)."""
 
     feats: torch.Tensor
     embeds: torch.Tensor
@@ -89,6 +91,8 @@ class LevelRequest:
     S: int
     m: int
     K: int
+    level: int
+    head: tuple[Target, TokenLayout, SamplingParams]
 
 
 class LevelGraphs(GraphRunner):
@@ -193,11 +197,12 @@ class LevelGraphs(GraphRunner):
         n0: int,
         level: int,
         K: int,
-    ) -> Generator[LevelRequest, torch.Tensor, torch.Tensor]:
+    ) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """Nodes ``n0 …`` = ``tokens [m]`` under session nodes ``parents [m]`` at depth ``level`` (module docstring);
         returns their children's log-probs ``[m, V]``. A generator (``lp = yield from graphs.expand(…)``): it yields
-        the level's drafter inputs (``LevelRequest``) and receives the forward's outputs ``[R, m, H]`` — the driver
-        (``drive``: this drafter's one forward; a batch's phase: one forward for every slot) owns the forward."""
+        the level's drafter inputs (``LevelRequest``) and receives the forward's outputs ``[R, m, H]`` and log-probs —
+        the driver (``drive``: this drafter's one forward; a batch's phase: one forward and one LM head for every
+        slot) owns the forward and the head."""
         m, S = parents.numel(), n0 - 1
         rows = self.anc.index_select(0, parents)  # [m, slots]: −inf from the parents' slots on (S …)
         rows[:, S : S + m] = _diagonal(m, self.dtype, self.device)
@@ -205,21 +210,22 @@ class LevelGraphs(GraphRunner):
         feats = self.outputs.index_select(1, parents)
         embeds = self.drafter.embed(target, tokens)[None].expand(self.rows, -1, -1).to(self.dtype)
         pos = (self.root_pos + (level - 1))[:, None].expand(self.rows, m).contiguous()
-        out = yield LevelRequest(feats, embeds, pos, rows, S, m, K)
+        out, lp = yield LevelRequest(feats, embeds, pos, rows, S, m, K, level, (target, layout, sp))
         self.outputs[:, n0 : n0 + m] = out
-        return self.logprobs(target, layout, sp, out, level)
+        return lp
 
-    def forward(self, req: LevelRequest) -> torch.Tensor:
-        """The drafter forward of one level (``LevelRequest``): written at columns ``L + S + i`` of the pinned cache,
-        the mask its committed key bias over the first K columns with the ancestry rows scattered at columns
-        ``L + 0 … L + S + m − 1``."""
+    def forward(self, req: LevelRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter forward of one level (``LevelRequest``) and its children's log-probs: written at columns
+        ``L + S + i`` of the pinned cache, the mask its committed key bias over the first K columns with the ancestry
+        rows scattered at columns ``L + 0 … L + S + m − 1``. Returns the outputs ``[R, m, H]`` and log-probs
+        ``[m, V]``."""
         S, m, K, R, d = req.S, req.m, req.K, self.rows, self.drafter
         write = self.length + _arange(S, S + m, self.device)
         cols = (self.length + _arange(0, S + m, self.device))[None, None, None].expand(R, 1, m, S + m)
         mask = d.bias[:, None, None, :K].expand(R, 1, m, K).clone()
         mask.scatter_(-1, cols, req.rows[None, None, :, : S + m].expand(R, 1, m, S + m))
         out: torch.Tensor = d.static_forward(req.feats, req.embeds, req.pos, write, mask)
-        return out
+        return out, self.logprobs(*req.head, out, req.level)
 
     def drive(self, work: Any) -> Any:
         """A program's result run to its end: a generator's level requests each served by ``forward`` (its return

@@ -352,7 +352,7 @@ def _graphed_candidates(
 
         def level(
             Kw: int | None, r: int = r, m: int = m, n0: int = n0, c0: int = c0, nxt: int = nxt
-        ) -> Generator[LevelRequest, torch.Tensor, None]:
+        ) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], None]:
             assert Kw is not None
             lp = yield from graphs.expand(target, layout, sp, fn[r, :m], ft[r, :m], n0, r + 1, Kw)
             vals, kids = stable_topk(lp, K)  # [m, kk]

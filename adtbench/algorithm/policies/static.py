@@ -239,7 +239,7 @@ class StaticTreePolicy(TreePolicy):
 
             def level(
                 K: int | None, i: int = i, lv: _Level = lv, node: int = node, n0: int = n0, q_row: int = q_row
-            ) -> Generator[LevelRequest, torch.Tensor, None]:
+            ) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], None]:
                 if i == 0:
                     lp = graphs.root_logprobs(target, layout, sp)[None]
                     alive[:1], toks[:1] = true_flag(dev), graphs.root
