@@ -50,12 +50,16 @@ class Recorder:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.cycles: list[dict[int, tuple[Any, ...]]] = []
         self.replays: list[int] = []
+        self.eager: list[int] = []  # phases run eagerly (a combined key's first use)
         real = batch_mod._draft_in_lockstep
 
         def lockstep(bd: Any, steps: Any, phase: BatchPhase | None = None) -> Any:
-            before = 0 if phase is None else phase.replays
+            runs = lambda: (0, 0) if phase is None else (phase.replays, phase.eager_runs)  # noqa: E731
+            before = runs()
             trees = real(bd, steps, phase)
-            self.replays.append((0 if phase is None else phase.replays) - before)
+            after = runs()
+            self.replays.append(after[0] - before[0])
+            self.eager.append(after[1] - before[1])
             self.cycles.append({s: self.copy(t) for s, t in trees.items()})
             return trees
 
@@ -96,13 +100,15 @@ def both(name: str, sp: SamplingParams, monkeypatch: pytest.MonkeyPatch) -> tupl
 @pytest.mark.parametrize("name", ["static", "chain", "eagle2", "adt_fixed"])
 def test_greedy_equals_ar_through_the_batched_phase(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Three prompts through two slots (one refilled, then one idle): each prompt's tokens are AR greedy's and the
-    eager batched cycle's; every batched cycle that drafts is one phase replay, the eager one none; every slot's tree
-    in every cycle is the eager lockstep's."""
+    eager batched cycle's; every batched cycle that drafts is one phase replay (or, at a combined key's first use,
+    one eager run of the same program), the eager one none; every slot's tree in every cycle is the eager
+    lockstep's."""
     ar, (eager, rec_e), (graphed, rec_g) = both(name, GREEDY, monkeypatch)
     assert graphed == eager == ar
-    assert sum(rec_e.replays) == 0
-    drafting = [bool(c) for c in rec_g.cycles]
-    assert rec_g.replays == [int(d) for d in drafting] and sum(drafting) > 3
+    assert sum(rec_e.replays) == sum(rec_e.eager) == 0
+    drafting = [int(bool(c)) for c in rec_g.cycles]
+    assert [r + e for r, e in zip(rec_g.replays, rec_g.eager, strict=True)] == drafting
+    assert sum(rec_g.replays) > 3 and sum(rec_g.eager) < sum(drafting) / 2
     assert rec_g.cycles == rec_e.cycles
 
 
@@ -159,4 +165,5 @@ def test_a_slot_without_room_drafts_eagerly_beside_the_phase(monkeypatch: pytest
         ar = [decode_ar(target, x, GREEDY, None).tokens for x in inputs]
         assert decode(batch(target, 2, inputs), drafter, POLICIES["eagle2"](), GREEDY, inputs, "auto") == ar
     both_slots = sum(len(c) == 2 for c in rec.cycles)
-    assert both_slots > 3 and rec.replays == [int(0 in c) for c in rec.cycles]
+    runs = [r + e for r, e in zip(rec.replays, rec.eager, strict=True)]
+    assert both_slots > 3 and runs == [int(0 in c) for c in rec.cycles] and sum(rec.replays) > 3

@@ -10,7 +10,8 @@ is the batch's:
   slot ancestry, root, root positions and program buffers — the B = 1 state, so the policies' programs run unchanged);
   its ``DraftPhase.run`` yields the phase instead of replaying it;
 - ``BatchPhase.run`` takes every drafting slot's phase and replays, per combined key (each slot's phase key and the
-  attention width K), one program that advances every slot's levels in lockstep: round j gathers each slot's j-th
+  attention width K; captured at the key's second use, run eagerly at its first), one program that advances every
+  slot's levels in lockstep: round j gathers each slot's j-th
   level request, runs ONE forward of the batch drafter over all rows (``_forward``), sends each slot its rows, and
   the slots' programs go on to their next request or their tree.
 
@@ -97,8 +98,9 @@ class SlotLevels(LevelGraphs):
 
 class BatchPhase(GraphRunner):
     """Every drafting slot's draft phase as one replay per (slots' phase keys, K) over a ``BatchDrafter`` (module
-    docstring). ``slots[s]``: slot s's ``SlotLevels``; ``room``: the largest level a policy drafts (a padded level's
-    room past a slot's scratch); ``replays`` counts the batched phases replayed."""
+        docstring). ``slots[s]``: slot s's ``SlotLevels``; ``room``: the largest level a policy drafts (a padded level's
+        room past a slot's scratch); ``replays`` counts the batched phases replayed, ``eager_runs`` those run eagerly (a
+    combined key's first use), ``captures`` the graphs captured."""
 
     def __init__(self, bd: BatchDrafter, drafters: list[SlotDrafter], room: int) -> None:
         super().__init__(bd.device)
@@ -107,17 +109,30 @@ class BatchPhase(GraphRunner):
         self.host_in = self.buffer("host_in", (2 * bd.B,), torch.long)  # the slots' drafter lengths, then their g
         self.lengths, self.gens = self.host_in[: bd.B], self.host_in[bd.B :]
         self.slots = [SlotLevels(self, d, s) for s, d in enumerate(drafters)]
+        self.seen: set[Any] = set()  # the combined keys run once (``launch``)
 
     def run(self, phases: dict[int, DraftPhase]) -> dict[int, Any]:
-        """Replay the slots' ``phases`` (slot → its queued phase) as one graph, captured at the combined key's first
-        use; returns each slot's tree tensors (static buffers of its ``SlotLevels``)."""
+        """Replay the slots' ``phases`` (slot → its queued phase) as one graph, captured at the combined key's second
+        use (``launch``; the first runs the program eagerly, ``first_use``); returns each slot's tree tensors (static
+        buffers of its ``SlotLevels``)."""
         bd = self.bd
         self.host_in.copy_(torch.tensor(bd.length + [self.slots[s].g for s in range(bd.B)], device=self.device))
-        return self.launch(phases, self._width(phases))
-
-    def launch(self, phases: dict[int, DraftPhase], K: int | None) -> dict[int, Any]:
-        """The replay of (the slots' phase keys, K) (``GraphRunner.replay_or_run``: captured at its first use)."""
+        K = self._width(phases)
         key = (tuple((s, p.key) for s, p in sorted(phases.items())), K)
+        if self.graphed and key not in self.graphs and key not in self.seen:
+            self.seen.add(key)
+            return self.first_use(phases, K)
+        return self.launch(key, phases, K)
+
+    def first_use(self, phases: dict[int, DraftPhase], K: int | None) -> dict[int, Any]:
+        """A combined key's first use: its program run eagerly (``eager_runs``). A combined key is a tuple of every
+        slot's tree shape, so policies whose shape changes per cycle (ADT-Tree's (D, K)) meet many keys once: a
+        capture costs about three runs of the program (two warm-ups, the capture) and holds its memory, this one."""
+        self.eager_runs += 1
+        return self._program(phases, K)
+
+    def launch(self, key: Any, phases: dict[int, DraftPhase], K: int | None) -> dict[int, Any]:
+        """The replay of ``key`` = (the slots' phase keys, K) (``GraphRunner.replay_or_run``: captured now if new)."""
         out: dict[int, Any] = self.replay_or_run(key, lambda: self._program(phases, K))
         return out
 
