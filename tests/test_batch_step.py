@@ -8,8 +8,8 @@ host copy during a capture, no random op in the graph), float64:
   (``BatchCatchUp``);
 - cycle for cycle and slot for slot the step's verdict is ``accept_tree``'s on the unpadded tree from the same logits
   and uniforms (closed form, rank loop with proposals, LANTERN, a gate's roots alone, a one-node tree);
-- per batched cycle: two replays (the verify step, the catch-up) and one host read (``bench overhead
-  bench.count=true``);
+- per batched cycle: three replays (the draft phase, ``tests/test_batch_phase.py``; the verify step; the catch-up)
+  and one host read (``bench overhead bench.count=true``);
 - planted: a draw inside the captured step and a mask buffer not the step's own fail (``GraphError``);
 - the choice: ``eager`` never runs the step; ``graph`` at B > 1 without ``engine.compile`` names
   ``engine.graphs.verify`` before any weights load.

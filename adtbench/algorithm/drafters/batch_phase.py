@@ -60,6 +60,7 @@ class SlotLevels(LevelGraphs):
     all slots per cycle); reallocating a program buffer or the state drops the owner's graphs too (they read them)."""
 
     batched = True
+    phases = True  # always: its levels run only inside the batch's phase
 
     def __init__(self, owner: BatchPhase, drafter: SlotDrafter, s: int) -> None:
         bd = owner.bd
