@@ -267,7 +267,8 @@ def test_a_mask_for_the_wrong_bucket_fails() -> None:
 def test_a_batched_cycle_is_one_replay_and_one_read(tmp_path: Path) -> None:
     """``bench overhead bench.count=true`` at B = 2 with ``engine.compile=true``: the verify, acceptance and commit of
     every slot are one replay, the drafter's catch-up one more, every slot's draft phase a third
-    (``drafters.batch_phase``: no batched drafter level op by op), and the cycle reads the host once."""
+    (``drafters.batch_phase``: no batched drafter level op by op; a combined key's first use runs eagerly), and the
+    cycle reads the host once."""
     from adtbench.tools.bench import BATCH_PHASE, BATCH_STEP, CATCH_UP
     from adtbench.tools.bench import main as bench_main
 
@@ -279,7 +280,7 @@ def test_a_batched_cycle_is_one_replay_and_one_read(tmp_path: Path) -> None:
         assert bench_main(args) == 0
     r = json.loads(out.read_text())
     rows = {x["phase"]: x for x in r["phases"]}
-    assert r["cycles"] > 5 and 2.5 < r["graph_replays_per_cycle"] <= 3.0 and r["host_reads_per_cycle"] == 1.0
+    assert r["cycles"] > 5 and 2.25 < r["graph_replays_per_cycle"] <= 3.0 and r["host_reads_per_cycle"] == 1.0
     assert all(rows[p]["ops_per_cycle"] > 0 for p in (BATCH_STEP, CATCH_UP, BATCH_PHASE))
     eager = {"acceptance (device)", "KV commit", "batched verify: padding, mask, positions",
              "drafter extend (bookkeeping)", "batched drafter level (bookkeeping)"}  # fmt: skip

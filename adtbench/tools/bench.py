@@ -392,6 +392,7 @@ BATCH_PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.batch_step:BatchTreeStep", "launch", BATCH_STEP),
     ("adtbench.algorithm.batch_step:BatchCatchUp", "launch", CATCH_UP),
     ("adtbench.algorithm.drafters.batch_phase:BatchPhase", "launch", BATCH_PHASE),
+    ("adtbench.algorithm.drafters.batch_phase:BatchPhase", "first_use", "batched draft phase: a first use, eager"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "fill", "batched verify step: the trees into its buffers, draws"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "verify", "the cycle's host read"),
 )
