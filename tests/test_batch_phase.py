@@ -167,3 +167,27 @@ def test_a_slot_without_room_drafts_eagerly_beside_the_phase(monkeypatch: pytest
     both_slots = sum(len(c) == 2 for c in rec.cycles)
     runs = [r + e for r, e in zip(rec.replays, rec.eager, strict=True)]
     assert both_slots > 3 and runs == [int(0 in c) for c in rec.cycles] and sum(rec.replays) > 3
+
+
+def test_at_most_max_graphs_phases_are_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ADT-Tree's (D, K) changes per slot and cycle, so combined keys keep coming: with ``MAX_GRAPHS`` 1 the phase
+    keeps one graph (the least recently replayed released first, recaptured at its next use) and greedy tokens stay
+    AR's."""
+    import adtbench.algorithm.drafters.batch_phase as BP
+
+    monkeypatch.setattr(BP, "MAX_GRAPHS", 1)
+    made: list[BatchPhase] = []
+    real = BP.BatchPhase.__init__
+
+    def init(self: BatchPhase, *a: Any) -> None:
+        real(self, *a)
+        made.append(self)
+
+    monkeypatch.setattr(BP.BatchPhase, "__init__", init)
+    with accel.simulate():
+        target, drafter = tiny("tiny_llamagen", dtype="float64", device="cuda")
+        inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS]
+        ar = [decode_ar(target, x, GREEDY, None).tokens for x in inputs]
+        assert decode(batch(target, 2, inputs), drafter, POLICIES["adt_fixed"](), GREEDY, inputs, "auto") == ar
+    (phase,) = made
+    assert phase.captures >= 2 and len(phase.graphs) == 1 and phase.replays > 3

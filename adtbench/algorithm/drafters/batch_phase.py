@@ -54,6 +54,11 @@ if TYPE_CHECKING:
     from adtbench.algorithm.drafters.session import DraftSession
 
 
+MAX_GRAPHS = 64
+"""The batched phases' graphs kept at once (each holds its capture's memory on a GPU): combined keys multiply every
+slot's tree shapes, and ADT-Tree's change per cycle."""
+
+
 class SlotLevels(LevelGraphs):
     """Slot ``s``'s graphed levels in a batch (module docstring): ``LevelGraphs``'s state for one slot, its forward
     the batch's. Its drafter length and root generation index are views of the owner's ``host_in`` (one transfer for
@@ -133,7 +138,13 @@ class BatchPhase(GraphRunner):
         return self._program(phases, K)
 
     def launch(self, key: Any, phases: dict[int, DraftPhase], K: int | None) -> dict[int, Any]:
-        """The replay of ``key`` = (the slots' phase keys, K) (``GraphRunner.replay_or_run``: captured now if new)."""
+        """The replay of ``key`` = (the slots' phase keys, K) (``GraphRunner.replay_or_run``: captured now if new; at
+        most ``MAX_GRAPHS`` kept, the least recently replayed released first)."""
+        graph = self.graphs.pop(key, None)
+        if graph is not None:
+            self.graphs[key] = graph  # the most recent last
+        elif len(self.graphs) >= MAX_GRAPHS:
+            del self.graphs[next(iter(self.graphs))]
         out: dict[int, Any] = self.replay_or_run(key, lambda: self._program(phases, K))
         return out
 
