@@ -10,7 +10,8 @@ is the batch's:
   slot ancestry, root, root positions and program buffers — the B = 1 state, so the policies' programs run unchanged);
   its ``DraftPhase.run`` yields the phase instead of replaying it;
 - ``BatchPhase.run`` takes every drafting slot's phase and replays, per combined key (each slot's phase key and the
-  attention width K; captured at the key's second use, run eagerly at its first), one program that advances every
+  attention width K; captured at the key's second use, run eagerly at its first; at most ``MAX_GRAPHS`` kept), one
+  program that advances every
   slot's levels in lockstep: round j gathers each slot's j-th
   level request, runs ONE forward of the batch drafter over all rows (``_forward``), sends each slot its rows, and
   the slots' programs go on to their next request or their tree.
