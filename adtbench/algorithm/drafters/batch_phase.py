@@ -11,10 +11,9 @@ is the batch's:
   its ``DraftPhase.run`` yields the phase instead of replaying it;
 - ``BatchPhase.run`` takes every drafting slot's phase and replays, per combined key (each slot's phase key and the
   attention width K; captured at the key's second use, run eagerly at its first; at most ``MAX_GRAPHS`` kept), one
-  program that advances every
-  slot's levels in lockstep: round j gathers each slot's j-th
-  level request, runs ONE forward of the batch drafter over all rows (``_forward``), sends each slot its rows, and
-  the slots' programs go on to their next request or their tree.
+  program that advances every slot's levels in lockstep: round j gathers each slot's j-th level request, runs ONE
+  forward of the batch drafter over all rows and one LM head and logits processing (``_forward``), sends each slot
+  its rows, and the slots' programs go on to their next request or their tree.
 
 The batched forward (rows CFG-major: row k·B + s is CFG row k of slot s, ``BatchDrafter``'s layout): M = the largest
 m of the round; slot s's m nodes padded to M, written at columns ``L_s + S_s + i`` (L_s its committed drafter length,
