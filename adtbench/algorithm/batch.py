@@ -17,7 +17,9 @@ every policy and relaxation keeps the law it has at B = 1.
 What is batched: the target forward, the drafter's forwards (policies are coroutines, ``TreePolicy.propose_steps``,
 so every slot's levels are drafted in lockstep), the logit processing (CFG mix, constraint, temperature, filters),
 for AR the greedy argmax, and on a device the cycle's read (``verify.read_verdicts``). What runs per slot: the
-policy's tree building and acceptance.
+policy's tree building and acceptance. Under ``engine.compile`` the cycle is three replays: every slot's draft phase
+(``drafters.batch_phase``: the slots' graphed levels, one drafter forward per level for all), the verify with every
+slot's acceptance and commit and the drafter's catch-up (``batch_step``).
 
 Timing: a slot's ``latency_s`` runs from its admission (its prefill) to its last token; in a batch it includes the
 other slots' work, as a served request's latency does. ``prefill_s`` is its own prefill, ``draft_s`` its own
@@ -33,11 +35,13 @@ from typing import Any
 
 import torch
 
+from adtbench import accel
 from adtbench.algorithm.ar import first_token
 from adtbench.algorithm.batch_step import BatchSlots, batch_catch_up, batch_step_for
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
+from adtbench.algorithm.drafters.batch_phase import BatchPhase, drafts_in_phases
 from adtbench.algorithm.drafters.eagle import EagleDrafter
-from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
+from adtbench.algorithm.drafters.session import DraftSession, Steps
 from adtbench.algorithm.engine import pending_slots, prefill_drafter
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.policies.base import TreePolicy
@@ -98,10 +102,14 @@ def decode_ar_batch(bt: BatchTarget, items: list[Item], sp: SamplingParams) -> l
     return out
 
 
-def _draft_in_lockstep(bd: BatchDrafter, steps: dict[int, tuple[DraftSession, Steps]]) -> dict[int, DraftTree]:
+def _draft_in_lockstep(
+    bd: BatchDrafter, steps: dict[int, tuple[DraftSession, Steps]], phase: BatchPhase | None = None
+) -> dict[int, DraftTree]:
     """Run every drafting slot's ``propose_steps`` (with its session) to its tree, one ``BatchDrafter.expand`` per
-    round for all the levels the slots ask for in that round (a slot whose tree is done drops out)."""
-    requests: dict[int, Expand] = {}
+    round for all the levels the slots ask for in that round (a slot whose tree is done drops out). Slots whose
+    levels are graphed hand over their whole draft phase (``DraftPhase``): all of them run as one ``phase`` replay
+    (``drafters.batch_phase``), before the eager slots' rounds."""
+    requests: dict[int, Any] = {}
     trees: dict[int, DraftTree] = {}
 
     def advance(s: int, reply: Any) -> None:
@@ -114,6 +122,13 @@ def _draft_in_lockstep(bd: BatchDrafter, steps: dict[int, tuple[DraftSession, St
     for s in steps:
         advance(s, None)
     while requests:
+        phases = drafts_in_phases(requests)
+        if phases:
+            assert phase is not None, "a draft phase without the batch's"
+            outs = phase.run(phases)
+            for s in phases:
+                advance(s, outs[s])
+            continue
         levels = {s: steps[s][0].prepare(r) for s, r in requests.items()}
         outs = bd.expand({s: li.inputs for s, li in levels.items()})
         for s, li in levels.items():
@@ -144,6 +159,7 @@ def generate_batch(
     bd = BatchDrafter(drafter, bt.B, bt.c, bt.capacity + 2 * room_slots)
     zero = torch.zeros(1, dtype=torch.long, device=dev)  # an idle slot's root; a one-node tree's kept node
     drafters = [SlotDrafter(bd, s) for s in range(bt.B)]
+    phase = _batch_phase(bt, bd, drafters, policy, room_slots, on_host)
 
     def start(s: int, inputs: PromptInputs, gen: torch.Generator | None) -> DecodeState:
         res = bt.admit(s, inputs)
@@ -174,7 +190,7 @@ def generate_batch(
         for s, st in drafting.items():
             sessions[s] = st.session(drafters[s], bt.target, sp, bt.next_pos[bt.slot_rows(s)])
             steps[s] = (sessions[s], st.policy.propose_steps(sessions[s], st.room))
-        trees = _draft_in_lockstep(bd, steps)
+        trees = _draft_in_lockstep(bd, steps, phase)
         drafted = clock.mark()
         for s, sl in enumerate(slots):
             if sl is not None:
@@ -212,6 +228,22 @@ def generate_batch(
                 st.advance(root_alone(st.root, read, extra), f[:, :1], pos)
             if st.done:
                 stream.finish(s)
+
+
+def _batch_phase(
+    bt: BatchTarget, bd: BatchDrafter, drafters: list[SlotDrafter], policy: TreePolicy, room: int, on_host: bool
+) -> BatchPhase | None:
+    """The batch's draft phase (``drafters.batch_phase``), each slot's ``SlotLevels`` handed to its drafter — where the
+    B = 1 levels would be graphed: ``engine.graphs.levels`` not eager, the batch's verify buckets captured
+    (``engine.compile``) on a device with graphs, decisions on the device. None: every slot drafts eagerly."""
+    static = bt.static
+    captured = static is not None and any(st.graphed for st in static.steps.values())
+    if policy.graphs.levels == "eager" or on_host or not captured or not accel.graphs_supported(bd.device):
+        return None
+    phase = BatchPhase(bd, drafters, room)
+    for d, levels in zip(drafters, phase.slots, strict=True):
+        d.level_graphs = levels
+    return phase
 
 
 def _eager_verify(

@@ -101,10 +101,10 @@ LEVEL_GRAPH = "drafter level graph (replay: network, head, processing, selection
 TREE_STEP = "tree verify step (one graph replay: forward, processing, acceptance, KV commit)"  # ``tree_step``
 CATCH_UP = "drafter catch-up (one graph replay)"  # ``drafters.catch_up``
 BATCH_STEP = "batched verify step (one graph replay: forward, processing, every slot's acceptance, KV commit)"
+BATCH_PHASE = "batched draft phase (one graph replay: every slot's levels, one drafter forward per level, trees)"
 # ``bench.count``: not engine ops
-NETWORKS = frozenset(
-    {TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP, BATCH_STEP}
-)
+_GRAPHS = {JACOBI_STEP, LEVEL_GRAPH, TREE_STEP, CATCH_UP, BATCH_STEP, BATCH_PHASE}  # one replay each
+NETWORKS = frozenset({TARGET_NET, DRAFTER_NET, DRAFTER_HEAD, EMBEDDING, *_GRAPHS})
 PHASES: tuple[tuple[str, str, str], ...] = (
     ("target", "_forward", TARGET_NET),  # the variable-shape forward
     ("adtbench.models.graphs:StaticVerify", "run", TARGET_NET),  # a static bucket: eager, or its graph's replay
@@ -391,6 +391,8 @@ BATCH_PHASES: tuple[tuple[str, str, str], ...] = (
     ("adtbench.algorithm.slot", "read_verdicts", "the cycle's host read"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "launch", BATCH_STEP),
     ("adtbench.algorithm.batch_step:BatchCatchUp", "launch", CATCH_UP),
+    ("adtbench.algorithm.drafters.batch_phase:BatchPhase", "launch", BATCH_PHASE),
+    ("adtbench.algorithm.drafters.batch_phase:BatchPhase", "first_use", "batched draft phase: a first use, eager"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "fill", "batched verify step: the trees into its buffers, draws"),
     ("adtbench.algorithm.batch_step:BatchTreeStep", "verify", "the cycle's host read"),
 )

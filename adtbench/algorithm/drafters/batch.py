@@ -145,10 +145,12 @@ class BatchDrafter:
 
 
 class SlotDrafter:
-    """Slot ``s`` of a ``BatchDrafter`` through the ``Drafter`` protocol (what a ``DraftSession`` calls)."""
+    """Slot ``s`` of a ``BatchDrafter`` through the ``Drafter`` protocol (what a ``DraftSession`` calls);
+    ``level_graphs``: its graphed levels in the batch's draft phase (``drafters.batch_phase.SlotLevels``), or None."""
 
     def __init__(self, batch: BatchDrafter, s: int) -> None:
         self.batch, self.s = batch, s
+        self.level_graphs: Any = None
 
     @property
     def length(self) -> int:

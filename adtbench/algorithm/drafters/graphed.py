@@ -23,7 +23,9 @@ The cycle's state on the device (``LevelGraphs``), sized to the largest tree ask
 - ``length`` (the drafter's committed length L), ``root_gen`` (the root's generation index g), ``root_pos [R]``,
   ``root`` (the root's token ``[1]``).
 
-``expand`` is the drafting session's ``expand`` on that state, for a program: m new nodes at session ids
+``expand`` is the drafting session's ``expand`` on that state, for a program (a generator: it yields the level's
+drafter inputs, ``LevelRequest``, and its driver runs the forward — ``drive`` here, one forward of the batch's drafter
+for every slot in ``drafters.batch_phase``): m new nodes at session ids
 ``n0 … n0 + m − 1`` (scratch slots ``S = n0 − 1 …``), children of ``parents [m]`` (a static buffer the previous
 level's program wrote), tokens ``tokens [m]``, at depth ``level``. Their slot rows are the parents' rows plus their
 own slot; the drafter's mask ``[R, 1, m, K]`` is its committed key bias over the first K columns (0 on committed
@@ -48,7 +50,8 @@ graph's outputs. A captured graph reads the buffers of its capture: ``ensure`` r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any
 
@@ -69,7 +72,27 @@ and growing the state drops every graph."""
 
 Program = Callable[[int | None], Any]
 """A level's work as a function of the attention width K (None: the level runs no drafter forward), reading and
-writing static buffers only; what it returns is the graph's output (static tensors every replay rewrites)."""
+writing static buffers only; what it returns is the graph's output (static tensors every replay rewrites). A program
+that drafts is a generator (``yield from graphs.expand(…)``): its driver serves the forward (``LevelGraphs.drive``)."""
+
+
+@dataclass
+class LevelRequest:
+    """One level's drafter inputs (``LevelGraphs.expand`` yields it): ``feats``, ``embeds [R, m, H]``, positions
+    ``[R, m]``, the nodes' ancestry ``rows [m, slots]`` (additive, 0 on scratch slots ``< S + m`` they attend), the
+    scratch slots before them ``S``, their count ``m``, the attention width ``K``, their depth ``level`` and the
+    (target, layout, sampling params) of their log-probs (``head``). The driver answers (outputs ``[R, m, H]``,
+    the children's log-probs ``[m, V]``)."""
+
+    feats: torch.Tensor
+    embeds: torch.Tensor
+    pos: torch.Tensor
+    rows: torch.Tensor
+    S: int
+    m: int
+    K: int
+    level: int
+    head: tuple[Target, TokenLayout, SamplingParams]
 
 
 class LevelGraphs(GraphRunner):
@@ -80,14 +103,18 @@ class LevelGraphs(GraphRunner):
 
     phases = True
     """The policies queue their levels into one replay per cycle (``drafters.draft_phase``); False: one per level."""
+    batched = False
+    """A slot of a batch (``drafters.batch_phase.SlotLevels``): its phase is replayed with the other slots'."""
 
-    def __init__(self, drafter: Any, rows: int, capacity: int, widths: tuple[int, ...]) -> None:
+    def __init__(self, drafter: Any, rows: int, capacity: int, widths: tuple[int, ...], weights: Any = None) -> None:
         """``drafter``: an ``EagleDrafter`` with its pinned cache (``static_forward``, ``bias``, ``embed``; not
-        imported: it owns this object)."""
-        p = drafter.fc.weight
+        imported: it owns this object); ``weights``: the network whose dtype and width the state takes (the
+        drafter's own by default; a batch slot's drafter has none)."""
+        net = drafter if weights is None else weights
+        p = net.fc.weight
         super().__init__(p.device)
         self.drafter, self.rows, self.capacity, self.widths = drafter, rows, capacity, widths
-        self.dtype, self.hidden = p.dtype, drafter.config.hidden_size
+        self.dtype, self.hidden = p.dtype, net.config.hidden_size
         self.length = torch.zeros((), dtype=torch.long, device=self.device)
         self.root_gen = torch.zeros((), dtype=torch.long, device=self.device)
         self.root_pos = torch.zeros(rows, dtype=torch.long, device=self.device)
@@ -139,7 +166,7 @@ class LevelGraphs(GraphRunner):
         runs no drafter forward, one graph); capture it first at its first use. Returns the graph's outputs.
         ``level`` False: a tree's finalisation (counted in ``tree_replays`` too, not in ``level_replays``)."""
         K = None if end is None else self.width(end)
-        out = self.replay_or_run((key, K), lambda: program(K))
+        out = self.replay_or_run((key, K), lambda: self.drive(program(K)))
         self.tree_replays += not level
         return out
 
@@ -170,23 +197,47 @@ class LevelGraphs(GraphRunner):
         n0: int,
         level: int,
         K: int,
-    ) -> torch.Tensor:
+    ) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """Nodes ``n0 …`` = ``tokens [m]`` under session nodes ``parents [m]`` at depth ``level`` (module docstring);
-        returns their children's log-probs ``[m, V]``."""
-        m, S, R, d = parents.numel(), n0 - 1, self.rows, self.drafter
+        returns their children's log-probs ``[m, V]``. A generator (``lp = yield from graphs.expand(…)``): it yields
+        the level's drafter inputs (``LevelRequest``) and receives the forward's outputs ``[R, m, H]`` and log-probs —
+        the driver (``drive``: this drafter's one forward; a batch's phase: one forward and one LM head for every
+        slot) owns the forward and the head."""
+        m, S = parents.numel(), n0 - 1
         rows = self.anc.index_select(0, parents)  # [m, slots]: −inf from the parents' slots on (S …)
         rows[:, S : S + m] = _diagonal(m, self.dtype, self.device)
         self.anc[n0 : n0 + m] = rows  # whole rows: no slot of an earlier cycle's tree stays admitted
         feats = self.outputs.index_select(1, parents)
-        embeds = d.embed(target, tokens)[None].expand(R, -1, -1).to(self.dtype)
-        pos = (self.root_pos + (level - 1))[:, None].expand(R, m).contiguous()
+        embeds = self.drafter.embed(target, tokens)[None].expand(self.rows, -1, -1).to(self.dtype)
+        pos = (self.root_pos + (level - 1))[:, None].expand(self.rows, m).contiguous()
+        out, lp = yield LevelRequest(feats, embeds, pos, rows, S, m, K, level, (target, layout, sp))
+        self.outputs[:, n0 : n0 + m] = out
+        return lp
+
+    def forward(self, req: LevelRequest) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter forward of one level (``LevelRequest``) and its children's log-probs: written at columns
+        ``L + S + i`` of the pinned cache, the mask its committed key bias over the first K columns with the ancestry
+        rows scattered at columns ``L + 0 … L + S + m − 1``. Returns the outputs ``[R, m, H]`` and log-probs
+        ``[m, V]``."""
+        S, m, K, R, d = req.S, req.m, req.K, self.rows, self.drafter
         write = self.length + _arange(S, S + m, self.device)
         cols = (self.length + _arange(0, S + m, self.device))[None, None, None].expand(R, 1, m, S + m)
         mask = d.bias[:, None, None, :K].expand(R, 1, m, K).clone()
-        mask.scatter_(-1, cols, rows[None, None, :, : S + m].expand(R, 1, m, S + m))
-        out = d.static_forward(feats, embeds, pos, write, mask)
-        self.outputs[:, n0 : n0 + m] = out
-        return self.logprobs(target, layout, sp, out, level)
+        mask.scatter_(-1, cols, req.rows[None, None, :, : S + m].expand(R, 1, m, S + m))
+        out: torch.Tensor = d.static_forward(req.feats, req.embeds, req.pos, write, mask)
+        return out, self.logprobs(*req.head, out, req.level)
+
+    def drive(self, work: Any) -> Any:
+        """A program's result run to its end: a generator's level requests each served by ``forward`` (its return
+        value returned); anything else returned as it is."""
+        if not isinstance(work, Generator):
+            return work
+        try:
+            request = next(work)
+            while True:
+                request = work.send(self.forward(request))
+        except StopIteration as done:
+            return done.value
 
     def advance(self, session: DraftSession, m: int) -> range:
         """The host's bookkeeping of a graphed level of ``m`` nodes (``DraftSession.receive``'s counters and the
@@ -199,12 +250,15 @@ class LevelGraphs(GraphRunner):
         return range(n0, n0 + m)
 
 
-def levels_for(session: DraftSession, nodes: int, slots: int) -> LevelGraphs | None:
+def levels_for(session: DraftSession, nodes: int, slots: int, cost: bool = False) -> LevelGraphs | None:
     """The session's graphed levels for a tree of at most ``nodes`` session nodes (root included) and ``slots``
     scratch slots, the cycle loaded (``begin``) — or None: drafting runs eagerly (no graphs requested, the cycle's
-    decisions on the host, another drafter kind, or no room in the pinned cache)."""
+    decisions on the host, another drafter kind, no room in the pinned cache, or ``cost`` — a budget's node count
+    chosen in the phase — for a slot of a batch, whose readout reaches the host another way)."""
     graphs: LevelGraphs | None = getattr(getattr(session, "drafter", None), "level_graphs", None)
     if graphs is None or getattr(session, "on_host", False) or session.num_nodes != 1 or not graphs.fits(slots):
+        return None
+    if cost and graphs.batched:
         return None
     graphs.ensure(nodes, slots)
     graphs.begin(session)

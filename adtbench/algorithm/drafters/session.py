@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -139,20 +139,32 @@ class LevelInputs:
     level: int
 
 
-Steps = Generator[Expand, tuple[range, torch.Tensor], "DraftTree"]
+class QueuedPhase:
+    """A batched slot's whole draft phase, queued for its batch to replay with the other slots' (the base of
+    ``drafters.draft_phase.DraftPhase``; answered with the phase's tree tensors)."""
+
+
+Request = Expand | QueuedPhase
+"""What a policy's ``Steps`` yields: a level to draft eagerly, or its queued draft phase (a slot of a batch with
+graphed levels)."""
+
+Steps = Generator[Request, Any, "DraftTree"]
 """A policy's tree building as a coroutine: it yields each level it wants drafted (``Expand``), receives what
 ``DraftSession.expand`` returns for it, and returns the tree. ``drive`` runs one alone; ``algorithm.batch`` runs
-those of many slots in lockstep, one drafter forward per round for all of them."""
+those of many slots in lockstep, one drafter forward per round for all of them (a batched slot's graphed phase: one
+replay for all of them, ``drafters.batch_phase``)."""
 
 
 T = TypeVar("T")
 
 
-def drive(steps: Generator[Expand, tuple[range, torch.Tensor], T], session: DraftSession) -> T:
-    """Run a policy's ``Steps`` against one session (each request through ``session.expand``); returns the tree."""
+def drive(steps: Generator[Request, Any, T], session: DraftSession) -> T:
+    """Run a policy's ``Steps`` against one session (each request through ``session.expand``; a session alone
+    replays its draft phase at once, never yielding it); returns the tree."""
     try:
         request = next(steps)
         while True:
+            assert isinstance(request, Expand)
             request = steps.send(session.expand(request.parents, request.tokens, request.level))
     except StopIteration as done:
         result: T = done.value

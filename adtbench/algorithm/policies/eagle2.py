@@ -29,7 +29,7 @@ import torch
 
 from adtbench.algorithm.cost import CostModelSource, PolicyBudget, TreeBudget
 from adtbench.algorithm.drafters.draft_phase import DraftPhase, logprob_dtype
-from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
+from adtbench.algorithm.drafters.graphed import LevelGraphs, LevelRequest, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import (
     Method,
@@ -102,7 +102,7 @@ def eagle2_device_steps(
     rounds = max(0, min(depth, max_depth - 1))
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
-    graphs = levels_for(session, 1 + rounds * K, rounds * K) if graphed and not live else None
+    graphs = levels_for(session, 1 + rounds * K, rounds * K, budget is not None) if graphed and not live else None
     phase = DraftPhase(graphs) if graphs is not None and graphs.phases else None
     if graphs is not None:
         score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds, phase)
@@ -112,7 +112,7 @@ def eagle2_device_steps(
     keep = min(total_tokens - 1, count)
     info: dict[str, float | int | str] = {}
     if phase is not None and graphs is not None and budget is not None:  # the rule in the phase, read with the verdict
-        return _device_budget_tree(session, graphs, phase, budget, score, tok, parent, sizes, keep, K)
+        return (yield from _device_budget_tree(session, graphs, phase, budget, score, tok, parent, sizes, keep, K))
     if budget is not None:  # the policy's decision on the host, from one read of the candidates' scores
         scores = np.asarray(score.tolist(), dtype=np.float64)
         order = desc_stable(scores)  # the rerank order of every candidate
@@ -123,7 +123,7 @@ def eagle2_device_steps(
         key, n_lev = ("eagle2-tree", K, tuple(sizes), keep, score.data_ptr()), len(sizes)
         program = lambda _: _tree(score, tok, parent, keep, graphs.root, n_lev)  # noqa: E731
         if phase is not None:  # every level, the rerank and the tree: one replay (``drafters.draft_phase``)
-            tokens, parents, d, anc, alive = phase.run(key, program)
+            tokens, parents, d, anc, alive = yield from phase.run(key, program)
         else:
             tokens, parents, d, anc, alive = graphs.run(key, None, program, level=False)
     else:
@@ -162,7 +162,7 @@ def _device_budget_tree(
     sizes: list[int],
     keep: int,
     K: int,
-) -> DraftTree:
+) -> Generator[DraftPhase, Any, DraftTree]:
     """``budget: cost`` with planned rounds inside the draft phase's one replay (``_cost_tree``): the tree of the
     ``keep`` best candidates at its bucket, those past the node count N the budget chose dead; N, the predicted
     drafts and the next cycle's rounds reach the host with the verdict (``DraftTree.readout`` → ``on_read``).
@@ -181,7 +181,7 @@ def _device_budget_tree(
     program = lambda _: _cost_tree(  # noqa: E731
         score, tok, parent, keep, graphs.root, len(sizes), level_of, spent, tv, t_level, c, K
     )
-    tokens, parents, d, anc, alive, readout = phase.run(key, program)
+    tokens, parents, d, anc, alive, readout = yield from phase.run(key, program)
     info: dict[str, float | int | str] = {}
 
     def on_read(values: list[float]) -> None:
@@ -350,9 +350,11 @@ def _graphed_candidates(
         n0, c0, made = session.num_nodes, count, m * kk
         nxt = min(K, made)
 
-        def level(Kw: int | None, r: int = r, m: int = m, n0: int = n0, c0: int = c0, nxt: int = nxt) -> None:
+        def level(
+            Kw: int | None, r: int = r, m: int = m, n0: int = n0, c0: int = c0, nxt: int = nxt
+        ) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], None]:
             assert Kw is not None
-            lp = graphs.expand(target, layout, sp, fn[r, :m], ft[r, :m], n0, r + 1, Kw)
+            lp = yield from graphs.expand(target, layout, sp, fn[r, :m], ft[r, :m], n0, r + 1, Kw)
             vals, kids = stable_topk(lp, K)  # [m, kk]
             cum = (vals + fs[r, :m, None]).view(-1)
             sc[c0 : c0 + m * kk], tk[c0 : c0 + m * kk] = cum, kids.reshape(-1)

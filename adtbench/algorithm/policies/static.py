@@ -13,14 +13,14 @@ forward per level over all nodes of that level that have children.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from adtbench.algorithm.drafters.draft_phase import DraftPhase, logprob_dtype
-from adtbench.algorithm.drafters.graphed import LevelGraphs, levels_for
+from adtbench.algorithm.drafters.graphed import LevelGraphs, LevelRequest, levels_for
 from adtbench.algorithm.drafters.session import DraftSession, Expand, Steps
 from adtbench.algorithm.policies.base import Method, TreePolicy, register_method, stable_topk, with_gate
 from adtbench.algorithm.sampling import draw_into, gumbel_top_k
@@ -173,7 +173,7 @@ class StaticTreePolicy(TreePolicy):
         grown = sum(lv.grow.numel() for lv in plan.levels)
         graphs = levels_for(session, 1 + grown, grown) if self.graphs.levels != "eager" else None
         if graphs is not None:
-            return self._graphed(session, graphs, plan, sample)
+            return (yield from self._graphed(session, graphs, plan, sample))
         lp = session.root_logprobs()[None]  # [rows, V]: the level's parents' distributions
         tokens, alive, qs = [session.root_token], [true_flag(session.device)], []
         alive_all = alive[0]
@@ -207,7 +207,9 @@ class StaticTreePolicy(TreePolicy):
             child_ranks=plan.child_ranks,
         )
 
-    def _graphed(self, session: DraftSession, graphs: LevelGraphs, plan: _Plan, sample: bool) -> DraftTree:
+    def _graphed(
+        self, session: DraftSession, graphs: LevelGraphs, plan: _Plan, sample: bool
+    ) -> Generator[DraftPhase, Any, DraftTree]:
         """``propose_steps``'s tree with each level one graph replay (``drafters.graphed``): level i's program draws
         its nodes from its parents' log-probs (the root's, computed in level 0's program, or the buffer the previous
         level's program wrote) — a stable top-k, or Gumbel keys from noise drawn into a static buffer just before the
@@ -237,7 +239,7 @@ class StaticTreePolicy(TreePolicy):
 
             def level(
                 K: int | None, i: int = i, lv: _Level = lv, node: int = node, n0: int = n0, q_row: int = q_row
-            ) -> None:
+            ) -> Generator[LevelRequest, tuple[torch.Tensor, torch.Tensor], None]:
                 if i == 0:
                     lp = graphs.root_logprobs(target, layout, sp)[None]
                     alive[:1], toks[:1] = true_flag(dev), graphs.root
@@ -256,7 +258,7 @@ class StaticTreePolicy(TreePolicy):
                 toks[node : node + lv.rank.numel()] = tok
                 alive[node : node + lv.rank.numel()] = ok[lv.row, lv.rank] & alive[lv.parents]
                 if K is not None:
-                    out = graphs.expand(target, layout, sp, lv.grow_parents, tok[lv.grow], n0, i + 1, K)
+                    out = yield from graphs.expand(target, layout, sp, lv.grow_parents, tok[lv.grow], n0, i + 1, K)
                     lps[i][: lv.grow.numel()] = out
 
             if sample:  # before the level's replay, or every level's before the phase's: the same order
@@ -268,7 +270,7 @@ class StaticTreePolicy(TreePolicy):
             q_row += 1 if i == 0 else plan.levels[i - 1].grow.numel()
             node, n0 = node + m, n0 + g
         if phase is not None:  # every level in one replay; the tree's shape is the plan's, its tokens the buffers
-            phase.run(("static", id(plan), sample, sp, id(target)))
+            yield from phase.run(("static", id(plan), sample, sp, id(target)))
         return DraftTree(  # the buffers themselves: the cycle verifies this tree before the next one is drafted
             toks,
             plan.parents,
