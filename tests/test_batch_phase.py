@@ -6,6 +6,8 @@ simulated CUDA device (the graph stand-in), float64:
   ADT-Tree fixed, through a slot refilled mid-stream and an idle one, with one phase replay per batched drafting cycle;
 - each slot's tree in each cycle (tokens, parents, depth, mask, alive, proposal rows) is the eager lockstep's, greedy
   and at T = 1 with sampled drafts (the draws the eager path's);
+- ``budget: cost``: each slot's N chosen in the phase is the eager host choice's, read in the batched verdict (one
+  read per batched cycle);
 - planted: a draw inside the captured phase fails (``GraphError``).
 """
 
@@ -191,3 +193,36 @@ def test_at_most_max_graphs_phases_are_kept(monkeypatch: pytest.MonkeyPatch) -> 
         assert decode(batch(target, 2, inputs), drafter, POLICIES["adt_fixed"](), GREEDY, inputs, "auto") == ar
     (phase,) = made
     assert phase.captures >= 2 and len(phase.graphs) == 1 and phase.replays > 3
+
+
+@pytest.mark.parametrize("name", ["eagle2_cost", "adt_cost"])
+def test_a_cost_budget_chooses_in_the_batched_phase(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``budget: cost`` at B > 1: each slot's node count N is chosen inside the batched phase (``_cost_tree``, the
+    tree at the kept candidates' bucket with the nodes past N dead) and reaches the host in the slot's row of the
+    batched verdict: per slot and cycle the same N as the eager lockstep's host choice (``TreeBudget.choose`` from a
+    read of the scores), N live drafts in the verified tree, greedy tokens AR's; one host read per batched cycle
+    (the eager lockstep: one more per drafting slot)."""
+    with accel.simulate() as sim:
+        target, drafter = tiny("tiny_llamagen", dtype="float64", device="cuda")
+        inputs = [target.encode_prompt(p, cfg=True) for p in PROMPTS]
+        ar = [decode_ar(target, x, GREEDY, None).tokens for x in inputs]
+        runs = []
+        for levels in ("eager", "auto"):
+            policy = POLICIES[name]()
+            policy.graphs = GraphModes(verify="auto", levels=levels)
+            bt = batch(target, 2, inputs)
+            got: dict[int, Any] = {}
+            items = [(i, x, accel.generator(bt.device, i)) for i, x in enumerate(inputs)]
+            before = sim.counts["device_reads"]
+            generate_batch(bt, drafter, policy, items, GREEDY, got.__setitem__)
+            runs.append(([got[i] for i in range(3)], sim.counts["device_reads"] - before, bt.forwards))
+    (eager, reads_e, cycles_e), (graphed, reads_g, cycles_g) = runs
+    assert [r.tokens for r in graphed] == [r.tokens for r in eager] == ar
+    drafted_slot_cycles = 0
+    for e, g in zip(eager, graphed, strict=True):
+        drafted = [(ce, cg) for ce, cg in zip(e.cycles, g.cycles, strict=True) if cg.drafted_depth > 0]
+        drafted_slot_cycles += len(drafted)
+        assert len(drafted) > 3
+        for ce, cg in drafted:
+            assert ce.extra["N_cost"] == cg.extra["N_cost"] == cg.nodes - 1
+    assert (reads_g, reads_e) == (cycles_g, cycles_e + drafted_slot_cycles)

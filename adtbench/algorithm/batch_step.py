@@ -169,8 +169,8 @@ class BatchTreeStep(GraphRunner):
                     rows.ranks.fill_(-1)
             else:
                 copy_tree(rows, tree)
-                if tree.readout is not None:
-                    self.verdict[s, self.width : self.width + tree.readout.numel()].copy_(tree.readout)
+            if tree is not None and tree.readout is not None:
+                self.verdict[s, self.width : self.width + tree.readout.numel()].copy_(tree.readout)
             if not self.sp.greedy:
                 draw_into(self.draws[s], "uniform_", gen)
             host[s], host[self.bt.B + s] = g, 1

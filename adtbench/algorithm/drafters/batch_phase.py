@@ -33,7 +33,8 @@ static buffers (``DraftTree.static``), read by the batched verify's replay.
 A slot drafts through here only when its policy's levels are graphed (the same switches as B = 1:
 ``engine.graphs.levels``, the batch's captured verify buckets under ``engine.compile``) and its tree fits the cache;
 otherwise it drafts op by op in the eager lockstep (``algorithm.batch``), and both kinds mix in one cycle. ``budget:
-cost``'s device node count stays eager at B > 1 (``levels_for``'s ``cost``).
+cost`` chooses each slot's node count inside the phase, as at B = 1 (``policies.eagle2._cost_tree``); it reaches the
+host in the slot's row of the batched verdict (``DraftTree.readout``, ``batch_step``).
 """
 
 from __future__ import annotations

@@ -250,15 +250,12 @@ class LevelGraphs(GraphRunner):
         return range(n0, n0 + m)
 
 
-def levels_for(session: DraftSession, nodes: int, slots: int, cost: bool = False) -> LevelGraphs | None:
+def levels_for(session: DraftSession, nodes: int, slots: int) -> LevelGraphs | None:
     """The session's graphed levels for a tree of at most ``nodes`` session nodes (root included) and ``slots``
     scratch slots, the cycle loaded (``begin``) — or None: drafting runs eagerly (no graphs requested, the cycle's
-    decisions on the host, another drafter kind, no room in the pinned cache, or ``cost`` — a budget's node count
-    chosen in the phase — for a slot of a batch, whose readout reaches the host another way)."""
+    decisions on the host, another drafter kind, or no room in the pinned cache)."""
     graphs: LevelGraphs | None = getattr(getattr(session, "drafter", None), "level_graphs", None)
     if graphs is None or getattr(session, "on_host", False) or session.num_nodes != 1 or not graphs.fits(slots):
-        return None
-    if cost and graphs.batched:
         return None
     graphs.ensure(nodes, slots)
     graphs.begin(session)

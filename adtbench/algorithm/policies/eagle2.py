@@ -102,7 +102,7 @@ def eagle2_device_steps(
     rounds = max(0, min(depth, max_depth - 1))
     if budget is not None and not live:
         rounds = budget.plan_rounds(rounds)
-    graphs = levels_for(session, 1 + rounds * K, rounds * K, budget is not None) if graphed and not live else None
+    graphs = levels_for(session, 1 + rounds * K, rounds * K) if graphed and not live else None
     phase = DraftPhase(graphs) if graphs is not None and graphs.phases else None
     if graphs is not None:
         score, tok, parent, sizes = _graphed_candidates(session, graphs, K, rounds, phase)
