@@ -41,7 +41,7 @@ from adtbench.algorithm.batch_step import BatchSlots, batch_catch_up, batch_step
 from adtbench.algorithm.drafters.batch import BatchDrafter, SlotDrafter
 from adtbench.algorithm.drafters.batch_phase import BatchPhase, drafts_in_phases
 from adtbench.algorithm.drafters.eagle import EagleDrafter
-from adtbench.algorithm.drafters.session import DraftSession, Steps
+from adtbench.algorithm.drafters.session import DraftSession, Lockstep, Steps
 from adtbench.algorithm.engine import pending_slots, prefill_drafter
 from adtbench.algorithm.methods.gate import DraftGate
 from adtbench.algorithm.policies.base import TreePolicy
@@ -109,31 +109,20 @@ def _draft_in_lockstep(
     round for all the levels the slots ask for in that round (a slot whose tree is done drops out). Slots whose
     levels are graphed hand over their whole draft phase (``DraftPhase``): all of them run as one ``phase`` replay
     (``drafters.batch_phase``), before the eager slots' rounds."""
-    requests: dict[int, Any] = {}
-    trees: dict[int, DraftTree] = {}
-
-    def advance(s: int, reply: Any) -> None:
-        try:
-            requests[s] = steps[s][1].send(reply)
-        except StopIteration as done:
-            trees[s] = done.value
-            requests.pop(s, None)
-
-    for s in steps:
-        advance(s, None)
-    while requests:
-        phases = drafts_in_phases(requests)
+    slots: Lockstep[Any, DraftTree] = Lockstep({s: st for s, (_, st) in steps.items()})
+    while slots.pending:
+        phases = drafts_in_phases(slots.pending)
         if phases:
             assert phase is not None, "a draft phase without the batch's"
             outs = phase.run(phases)
             for s in phases:
-                advance(s, outs[s])
+                slots.send(s, outs[s])
             continue
-        levels = {s: steps[s][0].prepare(r) for s, r in requests.items()}
+        levels = {s: steps[s][0].prepare(r) for s, r in slots.pending.items()}
         outs = bd.expand({s: li.inputs for s, li in levels.items()})
         for s, li in levels.items():
-            advance(s, steps[s][0].receive(li, outs[s]))
-    return trees
+            slots.send(s, steps[s][0].receive(li, outs[s]))
+    return slots.done
 
 
 @torch.no_grad()

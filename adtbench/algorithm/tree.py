@@ -265,6 +265,12 @@ def arange_on(n: int, device: torch.device) -> torch.Tensor:
     return torch.arange(n, device=device)
 
 
+@lru_cache(maxsize=256)
+def arange_from(a: int, b: int, device: torch.device) -> torch.Tensor:
+    """``arange(a, b)`` long on ``device`` (scratch columns, candidate ranges; cached, never written)."""
+    return torch.arange(a, b, device=device)
+
+
 def root_only(token: torch.Tensor) -> DraftTree:
     """The one-node tree of plain AR decoding (``token``: ``[1]`` long on the device)."""
     return DraftTree(token.view(1), [-1], drafted_depth=0, width=0)

@@ -46,7 +46,9 @@ import torch
 
 from adtbench.algorithm.drafters.draft_phase import DraftPhase
 from adtbench.algorithm.drafters.graphed import LevelGraphs, LevelRequest
+from adtbench.algorithm.drafters.session import Lockstep
 from adtbench.algorithm.sampling import process_logits
+from adtbench.algorithm.tree import arange_from
 from adtbench.graph_runner import GraphRunner
 from adtbench.models.graphs import capacity_buckets
 
@@ -173,27 +175,15 @@ class BatchPhase(GraphRunner):
     def _program(self, phases: dict[int, DraftPhase], K: int | None) -> dict[int, Any]:
         """Every slot's phase program at width K, in lockstep: each round one batched forward for the slots' requests
         (module docstring). Returns slot → its tree tensors."""
-        works = {s: p.program(K) for s, p in phases.items()}
+        slots: Lockstep[LevelRequest, Any] = Lockstep({s: p.program(K) for s, p in phases.items()})
         scratch = dict.fromkeys(phases, 0)  # a slot's scratch slots so far (its phase starts with none)
-        pending: dict[int, LevelRequest] = {}
-        trees: dict[int, Any] = {}
-
-        def advance(s: int, reply: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-            try:
-                pending[s] = works[s].send(reply)  # type: ignore[arg-type]
-            except StopIteration as done:
-                trees[s] = done.value
-                pending.pop(s, None)
-
-        for s in works:
-            advance(s, None)
-        while pending:
+        while slots.pending:
             assert K is not None
-            outs = self._forward(pending, scratch, K)
-            for s, req in list(pending.items()):
+            outs = self._forward(slots.pending, scratch, K)
+            for s, req in list(slots.pending.items()):
                 scratch[s] = req.S + req.m
-                advance(s, outs[s])
-        return trees
+                slots.send(s, outs[s])
+        return slots.done
 
     def _forward(
         self, reqs: dict[int, LevelRequest], scratch: dict[int, int], K: int
@@ -222,8 +212,8 @@ class BatchPhase(GraphRunner):
             block = _padded_block(m, M, S, bd.dtype, dev).clone()  # [M, S + M]: padded rows see their own column
             if r is not None:
                 block[:m, : S + m] = r.rows[:, : S + m]
-            writes.append(L + _arange(S, S + M, dev))
-            cols = (L + _arange(0, S + M, dev))[None, None, None].expand(c, 1, M, S + M)
+            writes.append(L + arange_from(S, S + M, dev))
+            cols = (L + arange_from(0, S + M, dev))[None, None, None].expand(c, 1, M, S + M)
             mask = bd.key_bias.index_select(0, bd.rows(s))[:, None, None, :K].expand(c, 1, M, K).clone()
             masks.append(mask.scatter_(-1, cols, block[None, None].expand(c, 1, M, S + M)))
         rows = lambda xs: torch.stack(xs, 1).flatten(0, 1)  # noqa: E731  [c, …] per slot → [c·B, …] CFG-major
@@ -258,12 +248,6 @@ def _padded_block(m: int, M: int, S: int, dtype: torch.dtype, device: torch.devi
 def _zeros(c: int, M: int, H: int | None, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros ``[c, M, H]`` (``[c, M]`` for H None) (cached, never written)."""
     return torch.zeros((c, M) if H is None else (c, M, H), dtype=dtype, device=device)
-
-
-@lru_cache(maxsize=256)
-def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
-    """``arange(a, b)`` long on ``device`` (cached, never written)."""
-    return torch.arange(a, b, device=device)
 
 
 __all__ = ["BatchPhase", "SlotLevels", "drafts_in_phases"]

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from adtbench.algorithm.sampling import process_logits
+from adtbench.algorithm.tree import arange_from
 from adtbench.graph_runner import GraphRunner
 
 if TYPE_CHECKING:
@@ -220,8 +221,8 @@ class LevelGraphs(GraphRunner):
         rows scattered at columns ``L + 0 … L + S + m − 1``. Returns the outputs ``[R, m, H]`` and log-probs
         ``[m, V]``."""
         S, m, K, R, d = req.S, req.m, req.K, self.rows, self.drafter
-        write = self.length + _arange(S, S + m, self.device)
-        cols = (self.length + _arange(0, S + m, self.device))[None, None, None].expand(R, 1, m, S + m)
+        write = self.length + arange_from(S, S + m, self.device)
+        cols = (self.length + arange_from(0, S + m, self.device))[None, None, None].expand(R, 1, m, S + m)
         mask = d.bias[:, None, None, :K].expand(R, 1, m, K).clone()
         mask.scatter_(-1, cols, req.rows[None, None, :, : S + m].expand(R, 1, m, S + m))
         out: torch.Tensor = d.static_forward(req.feats, req.embeds, req.pos, write, mask)
@@ -266,9 +267,3 @@ def levels_for(session: DraftSession, nodes: int, slots: int) -> LevelGraphs | N
 def _diagonal(m: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Additive ``[m, m]``: 0 on the diagonal, −inf elsewhere (cached, never written)."""
     return torch.full((m, m), float("-inf"), dtype=dtype, device=device).fill_diagonal_(0.0)
-
-
-@lru_cache(maxsize=256)
-def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
-    """``arange(a, b)`` long on ``device`` (cached, never written)."""
-    return torch.arange(a, b, device=device)

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Generator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import torch
 
@@ -169,6 +169,31 @@ def drive(steps: Generator[Request, Any, T], session: DraftSession) -> T:
     except StopIteration as done:
         result: T = done.value
         return result
+
+
+Q = TypeVar("Q")
+
+
+class Lockstep(Generic[Q, T]):
+    """Many coroutines advanced together (``drive`` of one, for many): ``pending[s]`` is what coroutine s asks for
+    now, ``done[s]`` what it returned. Started at construction (each one sent None, in the mapping's order); ``send(s,
+    reply)`` answers s's request, after which s has a new request or is done. A driver answers every pending request
+    of a round (one drafter forward for all of them) until none is left: ``algorithm.batch``'s slots' ``Steps``,
+    ``drafters.batch_phase``'s slots' phase programs."""
+
+    def __init__(self, works: dict[int, Generator[Q, Any, T]]) -> None:
+        self.works = works
+        self.pending: dict[int, Q] = {}
+        self.done: dict[int, T] = {}
+        for s in works:
+            self.send(s, None)
+
+    def send(self, s: int, reply: Any) -> None:
+        try:
+            self.pending[s] = self.works[s].send(reply)
+        except StopIteration as finished:
+            self.done[s] = finished.value
+            self.pending.pop(s, None)
 
 
 @lru_cache(maxsize=64)

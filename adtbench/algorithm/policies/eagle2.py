@@ -42,7 +42,7 @@ from adtbench.algorithm.policies.base import (
 )
 from adtbench.algorithm.policies.sampled import SampledDrafts
 from adtbench.algorithm.records import Acceptance
-from adtbench.algorithm.tree import DraftTree, HostTree, ancestry_on_device, host_ancestry, true_flag
+from adtbench.algorithm.tree import DraftTree, HostTree, ancestry_on_device, arange_from, host_ancestry, true_flag
 from adtbench.errors import ConfigError, check_number
 
 
@@ -237,7 +237,7 @@ def _cost_tree(
     pi = vals.to(torch.float64).exp()
     lev = level_of.index_select(0, order)
     L = spent.numel() - 1
-    rounds = _arange(0, L + 1, dev)[:, None]
+    rounds = arange_from(0, L + 1, dev)[:, None]
     upto = torch.where(lev[None] <= rounds, pi[None], 0.0).sort(-1, descending=True).values
     cums = torch.cat([upto.new_zeros(L + 1, 1), upto[:, :keep].cumsum(-1)], -1)  # [L + 1, keep + 1]
     rate = (1.0 + c * cums) / (spent[:, None] + tv[None, : keep + 1])
@@ -250,7 +250,7 @@ def _cost_tree(
     next_rounds = stop.to(torch.uint8).argmax()  # the first True
     N = n[L:]
     tokens, parents, d, anc, alive = _tree(score, tok, parent, keep, root, levels)
-    rank = torch.empty_like(order).scatter_(0, order, _arange(0, count, dev))  # candidate → its rerank rank
+    rank = torch.empty_like(order).scatter_(0, order, arange_from(0, count, dev))  # candidate → its rerank rank
     sel = order[:keep].sort().values  # the tree's nodes 1 … keep, as ``_tree`` orders them
     alive = alive & torch.cat([true_flag(dev), rank.index_select(0, sel) < N])
     readout = torch.cat([N.to(torch.float64), cums[L].index_select(0, N), next_rounds.view(1).to(torch.float64)])
@@ -268,7 +268,7 @@ def _tree(
     _, order = stable_topk(score, keep)
     sel = order.sort().values  # kept candidates in creation order: parents before children
     slot = torch.full((count + 1,), -1, dtype=torch.long, device=dev)  # candidate → tree node; slot ``count`` = root
-    slot[sel] = _arange(1, keep + 1, dev)
+    slot[sel] = arange_from(1, keep + 1, dev)
     slot[count:] = 0  # a slice: a fill on the device (an index would copy the 0 from the host)
     tree_par = slot[torch.where(parent[sel] < 0, count, parent[sel])]
     parents = torch.cat([_const(-1, 1, dev), tree_par])
@@ -341,7 +341,7 @@ def _graphed_candidates(
         v0, t0 = stable_topk(graphs.root_logprobs(target, layout, sp), K)
         sc[:k0], tk[:k0] = v0, t0
         pr[:k0] = _const(-1, k0, dev)
-        fs[0, :k0], ft[0, :k0], fc[0, :k0] = v0, t0, _arange(0, k0, dev)
+        fs[0, :k0], ft[0, :k0], fc[0, :k0] = v0, t0, arange_from(0, k0, dev)
         fn[0, :k0] = _const(0, k0, dev)
 
     run(("eagle2", K, cap, 0, sp, id(target)), None, level0)
@@ -486,12 +486,6 @@ def _star(n: int) -> np.ndarray:
     out = np.zeros(n + 1, dtype=np.int64)
     out[0] = -1
     return out
-
-
-@lru_cache(maxsize=256)
-def _arange(a: int, b: int, device: torch.device) -> torch.Tensor:
-    """``arange(a, b)`` long on ``device`` (cached, never written)."""
-    return torch.arange(a, b, device=device)
 
 
 @lru_cache(maxsize=256)
